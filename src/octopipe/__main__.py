@@ -1,0 +1,5 @@
+import sys
+
+from octopipe.cli import main
+
+sys.exit(main())

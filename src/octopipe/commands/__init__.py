@@ -1,0 +1,1 @@
+"""One module per `octopipe` subcommand; `cli.py` finds them here by name."""

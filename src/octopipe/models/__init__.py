@@ -1,0 +1,1 @@
+"""Small real torch models of heterogeneous families, for running and profiling."""

@@ -1,0 +1,241 @@
+"""Plan (`octopipe.plan/1`): stages, placement and per-device schedule. JSON and CSV I/O.
+
+A plan says what runs where and in which order; it does not say how long anything takes
+(that is `sim/`) nor how a plan is found (`schedules/`, `partition.py`, `tune/`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from octopipe.errors import InputError
+from octopipe.profile import read_json
+
+PLAN_FORMAT = "octopipe.plan/1"
+
+F, B, I, W = "F", "B", "I", "W"  # forward, full backward, backward-input, backward-weight
+_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
+
+
+class Action(NamedTuple):
+    """One compute action in `torch.distributed.pipelining` notation: `{stage}{kind}{mb}`."""
+
+    stage: int
+    kind: str
+    mb: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.mb}"
+
+    @staticmethod
+    def parse(text: str) -> Action:
+        m = _ACTION.match(text.strip())
+        if not m:
+            raise ValueError(f"bad action {text!r}, expected e.g. '0F3' (stage, F|B|I|W, microbatch)")
+        return Action(int(m.group(1)), m.group(2), int(m.group(3)))
+
+
+class Stage(NamedTuple):
+    """Layers `[start, end)` of the profile, run on `device`."""
+
+    start: int
+    end: int
+    device: int
+
+    @property
+    def num_layers(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Plan:
+    num_devices: int
+    num_microbatches: int
+    stages: tuple[Stage, ...]
+    schedule: Mapping[int, tuple[Action, ...]]  # device -> its compute actions in order
+    predicted: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def placement(self) -> tuple[int, ...]:
+        """Stage index -> device."""
+        return tuple(s.device for s in self.stages)
+
+    def stages_on(self, device: int) -> list[int]:
+        return [i for i, s in enumerate(self.stages) if s.device == device]
+
+    def with_predicted(self, predicted: Mapping[str, Any]) -> Plan:
+        return Plan(self.num_devices, self.num_microbatches, self.stages, self.schedule, predicted)
+
+    # --- serialization -----------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "format": PLAN_FORMAT,
+            "num_devices": self.num_devices,
+            "num_microbatches": self.num_microbatches,
+            "stages": [{"layers": [s.start, s.end], "device": s.device} for s in self.stages],
+            "schedule": {str(d): [str(a) for a in acts] for d, acts in sorted(self.schedule.items())},
+        }
+        if self.predicted is not None:
+            data["predicted"] = dict(self.predicted)
+        return data
+
+    def csv_rows(self) -> list[list[str]]:
+        """One row per device (rank), as `_PipelineScheduleRuntime._load_csv` reads them."""
+        return [[str(a) for a in self.schedule.get(d, ())] for d in range(self.num_devices)]
+
+
+def make_plan(
+    num_devices: int,
+    num_microbatches: int,
+    ranges: Sequence[tuple[int, int]],
+    placement: Sequence[int],
+    orders: Mapping[int, Iterable[Action]],
+) -> Plan:
+    """Assemble a plan from layer ranges, a stage->device map and per-device orders."""
+    stages = tuple(Stage(a, b, d) for (a, b), d in zip(ranges, placement, strict=True))
+    schedule = {d: tuple(orders.get(d, ())) for d in range(num_devices)}
+    return Plan(num_devices, num_microbatches, stages, schedule)
+
+
+def plan_from_dict(data: Any, where: str = "<plan>") -> Plan:
+    """Parse a plan file's content; a fault raises an InputError naming its place."""
+    if not isinstance(data, dict):
+        raise InputError(where, "expected a JSON object")
+    fmt = data.get("format", PLAN_FORMAT)
+    if fmt != PLAN_FORMAT:
+        raise InputError(where, f"unknown format {fmt!r}, expected {PLAN_FORMAT!r}", "format")
+    nd = _positive_int(data, "num_devices", where)
+    nm = _positive_int(data, "num_microbatches", where)
+    raw_stages = data.get("stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        raise InputError(where, "expected a non-empty list of stages", "stages")
+    stages = []
+    for i, st in enumerate(raw_stages):
+        place = f"stages[{i}]"
+        if not isinstance(st, dict):
+            raise InputError(where, "expected an object with 'layers' and 'device'", place)
+        rng, dev = st.get("layers"), st.get("device")
+        if not (isinstance(rng, list) and len(rng) == 2 and all(_is_int(x) for x in rng)):
+            raise InputError(where, f"expected [start, end) as two integers, got {rng!r}", place + ".layers")
+        if not _is_int(dev):
+            raise InputError(where, f"expected a device index, got {dev!r}", place + ".device")
+        stages.append(Stage(rng[0], rng[1], dev))
+    raw_sched = data.get("schedule")
+    if not isinstance(raw_sched, dict):
+        raise InputError(where, "expected an object mapping device to its action list", "schedule")
+    schedule: dict[int, tuple[Action, ...]] = {}
+    for key, acts in raw_sched.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise InputError(where, f"device key must be a device index, got {key!r}", "schedule")
+        if not isinstance(acts, list):
+            raise InputError(where, "expected a list of actions", f"schedule.{key}")
+        parsed = []
+        for j, text in enumerate(acts):
+            try:
+                parsed.append(Action.parse(str(text)))
+            except ValueError as exc:
+                raise InputError(where, str(exc), f"schedule.{key}[{j}]") from None
+        schedule[int(key)] = tuple(parsed)
+    predicted = data.get("predicted")
+    plan = Plan(nd, nm, tuple(stages), schedule, predicted if isinstance(predicted, dict) else None)
+    check_structure(plan, where)
+    return plan
+
+
+def check_structure(plan: Plan, where: str = "<plan>", num_layers: int | None = None) -> None:
+    """Check the plan's own consistency (and, given `num_layers`, its fit to a profile).
+
+    Stages tile the layers in order; devices are in range; every (stage, microbatch) has one F
+    and either one B or one I and one W, on the stage's device. Dependency order is not checked
+    here: the simulator reports a cyclic order as a deadlock.
+    """
+    nd, nm = plan.num_devices, plan.num_microbatches
+    expect = 0
+    for i, s in enumerate(plan.stages):
+        if s.start != expect:
+            raise InputError(where, f"starts at layer {s.start}, expected {expect} (stages tile the layers in order)", f"stages[{i}].layers")
+        if s.end <= s.start:
+            raise InputError(where, f"empty layer range [{s.start}, {s.end})", f"stages[{i}].layers")
+        if not 0 <= s.device < nd:
+            raise InputError(where, f"device {s.device} out of range 0..{nd - 1}", f"stages[{i}].device")
+        expect = s.end
+    if num_layers is not None and expect != num_layers:
+        raise InputError(where, f"stages cover {expect} layers but the profile has {num_layers}", "stages")
+    for d in plan.schedule:
+        if not 0 <= d < nd:
+            raise InputError(where, f"device {d} out of range 0..{nd - 1}", f"schedule.{d}")
+    seen: dict[tuple[int, str, int], int] = {}
+    for d, acts in plan.schedule.items():
+        for j, a in enumerate(acts):
+            place = f"schedule.{d}[{j}]"
+            if not 0 <= a.stage < plan.num_stages:
+                raise InputError(where, f"action {a}: stage {a.stage} does not exist", place)
+            if plan.stages[a.stage].device != d:
+                raise InputError(where, f"action {a}: stage {a.stage} is placed on device {plan.stages[a.stage].device}", place)
+            if not 0 <= a.mb < nm:
+                raise InputError(where, f"action {a}: microbatch {a.mb} out of range 0..{nm - 1}", place)
+            if (a.stage, a.kind, a.mb) in seen:
+                raise InputError(where, f"action {a} appears twice", place)
+            seen[(a.stage, a.kind, a.mb)] = d
+    for s in range(plan.num_stages):
+        for m in range(nm):
+            has = {k for k in "FBIW" if (s, k, m) in seen}
+            problem = None
+            if "F" not in has:
+                problem = f"{s}F{m} is missing"
+            elif "B" in has and has & {"I", "W"}:
+                problem = f"stage {s} microbatch {m} has both B and I/W"
+            elif "B" not in has and has != {"F", "I", "W"}:
+                problem = f"stage {s} microbatch {m} needs B, or I and W"
+            if problem:
+                raise InputError(where, problem, "schedule")
+
+
+def load_plan(path: str | Path, num_layers: int | None = None) -> Plan:
+    plan = plan_from_dict(read_json(path), str(path))
+    if num_layers is not None:
+        check_structure(plan, str(path), num_layers)
+    return plan
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+
+
+def save_schedule_csv(plan: Plan, path: str | Path) -> None:
+    with open(path, "w", newline="") as fh:
+        csv.writer(fh).writerows(plan.csv_rows())
+
+
+def load_schedule_csv(path: str | Path) -> dict[int, tuple[Action, ...]]:
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    out = {}
+    for rank, row in enumerate(rows):
+        try:
+            out[rank] = tuple(Action.parse(x) for x in row if x.strip())
+        except ValueError as exc:
+            raise InputError(str(path), str(exc), f"row {rank}") from None
+    return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _positive_int(data: dict, key: str, where: str) -> int:
+    v = data.get(key)
+    if not _is_int(v) or v < 1:
+        raise InputError(where, f"expected a positive integer, got {v!r}", key)
+    return v

@@ -1,0 +1,165 @@
+"""Profile (`octopipe.profile/1`): per-layer costs, devices and link. Load, validate, save.
+
+This module only describes a model's costs; it does not compute them (see `costmodel/` and
+`runtime/profiler.py`) nor interpret them (see `sim/`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from octopipe.errors import InputError
+
+PROFILE_FORMAT = "octopipe.profile/1"
+
+
+class _Frozen(BaseModel):
+    # Readers ignore keys they do not know (DESIGN.md: stable contracts).
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class LayerCost(_Frozen):
+    """One layer's cost for one microbatch on a device of speed 1.0."""
+
+    name: str
+    kind: str = "layer"
+    f: float = Field(ge=0, description="forward seconds")
+    b: float = Field(ge=0, description="backward-for-input seconds")
+    w: float = Field(ge=0, description="backward-for-weights seconds")
+    act_bytes: int = Field(ge=0, description="held from F until the backward")
+    wact_bytes: int = Field(ge=0, description="part of act_bytes still held after I until W")
+    param_bytes: int = Field(ge=0, description="static: weights, gradients, optimizer state")
+    out_bytes: int = Field(ge=0, description="output size: what crosses a stage boundary")
+
+    @model_validator(mode="after")
+    def _wact_within_act(self) -> LayerCost:
+        if self.wact_bytes > self.act_bytes:
+            raise ValueError(
+                f"wact_bytes ({self.wact_bytes}) exceeds act_bytes ({self.act_bytes})"
+            )
+        return self
+
+    @property
+    def work(self) -> float:
+        return self.f + self.b + self.w
+
+
+class Device(_Frozen):
+    speed: float = Field(default=1.0, gt=0, description="a device of speed s runs an op in t/s")
+    memory_bytes: float = Field(default=float("inf"), gt=0, description="capacity to fit")
+
+
+class Link(_Frozen):
+    bandwidth: float = Field(default=float("inf"), gt=0, description="bytes per second")
+    latency: float = Field(default=0.0, ge=0, description="seconds per transfer")
+
+    def transfer_time(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+class Profile(_Frozen):
+    name: str = "profile"
+    layers: tuple[LayerCost, ...]
+    devices: tuple[Device, ...] | None = None
+    link: Link = Link()
+
+    @field_validator("layers")
+    @classmethod
+    def _not_empty(cls, layers: tuple[LayerCost, ...]) -> tuple[LayerCost, ...]:
+        if not layers:
+            raise ValueError("the layer list is empty")
+        return layers
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def device_list(self, num_devices: int | None = None) -> tuple[Device, ...]:
+        """The devices a plan runs on: the profile's own, or `num_devices` default ones."""
+        if num_devices is None:
+            if self.devices is None:
+                raise InputError(self.name, "the profile lists no devices: give a device count")
+            return self.devices
+        if num_devices < 1:
+            raise InputError(self.name, f"device count must be at least 1, got {num_devices}")
+        if self.devices is None:
+            return tuple(Device() for _ in range(num_devices))
+        if len(self.devices) != num_devices:
+            raise InputError(
+                self.name,
+                f"asked for {num_devices} devices but the profile lists {len(self.devices)}",
+                "devices",
+            )
+        return self.devices
+
+    def with_devices(self, devices: list[Device] | tuple[Device, ...]) -> Profile:
+        return self.model_copy(update={"devices": tuple(devices)})
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"format": PROFILE_FORMAT, "name": self.name}
+        data["layers"] = [layer.model_dump() for layer in self.layers]
+        if self.devices is not None:
+            data["devices"] = [_finite(d.model_dump()) for d in self.devices]
+        data["link"] = _finite(self.link.model_dump())
+        return data
+
+
+def _finite(values: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no infinity: an unlimited capacity or bandwidth is written by omission."""
+    return {k: v for k, v in values.items() if v != float("inf")}
+
+
+def location(loc: tuple[int | str, ...]) -> str:
+    """('layers', 12, 'f') -> 'layers[12].f'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def first_error(err: ValidationError) -> tuple[str, str]:
+    """The place and message of a pydantic error's first fault, for a one-line report."""
+    e = err.errors()[0]
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "missing":
+        msg = "missing field"
+    elif "input" in e and e["type"] not in ("model_type",) and not isinstance(e["input"], dict):
+        msg = f"{msg} (got {e['input']!r})"
+    return location(tuple(e["loc"])), msg
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(str(path), f"malformed JSON: {exc.msg}", f"line {exc.lineno}") from None
+
+
+def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
+    if not isinstance(data, dict):
+        raise InputError(where, "expected a JSON object")
+    fmt = data.get("format", PROFILE_FORMAT)
+    if fmt != PROFILE_FORMAT:
+        raise InputError(where, f"unknown format {fmt!r}, expected {PROFILE_FORMAT!r}", "format")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        place, msg = first_error(exc)
+        raise InputError(where, msg, place) from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    return profile_from_dict(read_json(path), str(path))
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
