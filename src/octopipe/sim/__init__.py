@@ -1,1 +1,44 @@
-"""TODO"""
+"""Graph-based simulator: predicts a plan's iteration time, bubbles and peak memory.
+
+    sim = Simulator(profile)            # once per profile: prefix sums of layer costs
+    result = sim.run(plan)              # SimResult; DeadlockError on a cyclic order
+    simulate(profile, plan)             # the same in one call
+
+`graph.py` lowers a plan to integer ids, `evaluate.py` times it. The default cost semantics
+(DESIGN.md) are the only ones implemented.
+"""
+
+from __future__ import annotations
+
+from octopipe.plan import Plan
+from octopipe.profile import Device, Profile
+from octopipe.sim.evaluate import Event, SimResult, evaluate
+from octopipe.sim.graph import CostTable, build_graph, devices_for
+
+__all__ = ["CostTable", "Event", "SimResult", "Simulator", "lower_bound", "simulate"]
+
+
+def lower_bound(profile: Profile, devices: tuple[Device, ...], num_microbatches: int) -> float:
+    """Physical limit: M * max(total work / total speed, largest layer work / fastest speed)."""
+    works = [layer.work for layer in profile.layers]
+    speeds = [d.speed for d in devices]
+    return num_microbatches * max(sum(works) / sum(speeds), max(works) / max(speeds))
+
+
+class Simulator:
+    """Reusable evaluator for many plans of one profile (the tuner's inner loop)."""
+
+    def __init__(self, profile: Profile):
+        self.profile = profile
+        self.costs = CostTable(profile)
+
+    def run(self, plan: Plan, detail: bool = True, check: bool = True) -> SimResult:
+        """Simulate `plan`. `detail=False` skips events and critical path; `check=False` skips the
+        structural validation of a plan a generator has just built."""
+        devices = devices_for(self.profile, plan)
+        graph = build_graph(self.costs, plan, devices, check=check)
+        return evaluate(graph, lower_bound(self.profile, devices, plan.num_microbatches), detail)
+
+
+def simulate(profile: Profile, plan: Plan, detail: bool = True) -> SimResult:
+    return Simulator(profile).run(plan, detail=detail)

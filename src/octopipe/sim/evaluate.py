@@ -1,0 +1,206 @@
+"""Evaluate a compiled graph: start/end times, memory levels, bubbles, critical path.
+
+Each device runs its actions one at a time in its order; an action starts when its device is free
+and every dependency has ended (plus the transfer lag). A sweep advances each device as far as its
+dependencies allow and repeats until all actions ran; a sweep without progress is a deadlock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from octopipe.errors import DeadlockError
+from octopipe.plan import Action
+from octopipe.sim.graph import NO_DEP, Graph, action_of
+
+
+@dataclass(frozen=True)
+class Event:
+    """One action as simulated (or measured): device, action, start and end seconds."""
+
+    device: int
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    iteration_time: float
+    busy: tuple[float, ...]  # per device: seconds computing
+    peak_memory_bytes: tuple[float, ...]  # per device: static + highest dynamic level
+    static_memory_bytes: tuple[float, ...]
+    capacity_bytes: tuple[float, ...]
+    lower_bound: float  # physical limit of the iteration time (DESIGN.md)
+    critical_path: tuple[Action, ...]  # from the first action to the last, the binding chain
+    events: tuple[Event, ...] = field(default=(), repr=False)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.busy)
+
+    @property
+    def idle(self) -> tuple[float, ...]:
+        return tuple(self.iteration_time - b for b in self.busy)
+
+    @property
+    def bubble_ratio(self) -> float:
+        total = self.iteration_time * self.num_devices
+        return sum(self.idle) / total if total > 0 else 0.0
+
+    @property
+    def efficiency(self) -> float:
+        return self.lower_bound / self.iteration_time if self.iteration_time > 0 else 1.0
+
+    @property
+    def fits_per_device(self) -> tuple[bool, ...]:
+        return tuple(p <= c for p, c in zip(self.peak_memory_bytes, self.capacity_bytes))
+
+    @property
+    def fits(self) -> bool:
+        return all(self.fits_per_device)
+
+    @property
+    def memory_excess_bytes(self) -> tuple[float, ...]:
+        """Per device: how much more memory it would need (0 where it fits)."""
+        return tuple(max(0.0, p - c) for p, c in zip(self.peak_memory_bytes, self.capacity_bytes))
+
+    def predicted(self) -> dict:
+        """The `predicted` block of a plan file."""
+        return {
+            "iteration_time": self.iteration_time,
+            "peak_memory_bytes": list(self.peak_memory_bytes),
+            "bubble_ratio": self.bubble_ratio,
+            "efficiency": self.efficiency,
+            "fits": self.fits,
+        }
+
+    def summary(self) -> dict:
+        """Everything a report or `--json` needs, as plain JSON values."""
+        return {
+            **self.predicted(),
+            "lower_bound": self.lower_bound,
+            "busy": list(self.busy),
+            "idle": list(self.idle),
+            "static_memory_bytes": list(self.static_memory_bytes),
+            "capacity_bytes": [c if c != float("inf") else None for c in self.capacity_bytes],
+            "fits_per_device": list(self.fits_per_device),
+            "critical_path": [str(a) for a in self.critical_path],
+        }
+
+
+def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult:
+    """Time and memory of `graph`. `detail=False` skips events and the critical path (search)."""
+    rows = graph.rows
+    nd = len(rows)
+    end = [-1.0] * graph.num_ids
+    cause = [NO_DEP] * graph.num_ids if detail else None
+    start_of = [0.0] * graph.num_ids if detail else None
+    ptr = [0] * nd
+    free_at = [0.0] * nd
+    last = [NO_DEP] * nd
+    busy = [0.0] * nd
+    remaining = sum(len(r) for r in rows)
+
+    while remaining:
+        progressed = False
+        for d in range(nd):
+            row = rows[d]
+            p = ptr[d]
+            if p == len(row):
+                continue
+            t = free_at[d]
+            prev = last[d]
+            n = len(row)
+            while p < n:
+                aid, dur, d1, l1, d2, l2 = row[p]
+                t0 = t
+                why = prev
+                if d1 != NO_DEP:
+                    e = end[d1]
+                    if e < 0.0:
+                        break
+                    e += l1
+                    if e > t0:
+                        t0, why = e, d1
+                if d2 != NO_DEP:
+                    e = end[d2]
+                    if e < 0.0:
+                        break
+                    e += l2
+                    if e > t0:
+                        t0, why = e, d2
+                t = t0 + dur
+                end[aid] = t
+                busy[d] += dur
+                if detail:
+                    start_of[aid] = t0
+                    cause[aid] = why
+                prev = aid
+                p += 1
+            if p != ptr[d]:
+                remaining -= p - ptr[d]
+                ptr[d] = p
+                free_at[d] = t
+                last[d] = prev
+                progressed = True
+        if not progressed:
+            raise DeadlockError(_deadlock_message(graph, ptr, end))
+
+    makespan = max(free_at) if nd else 0.0
+    peaks = _peak_memory(graph)
+    capacity = tuple(dev.memory_bytes for dev in graph.devices)
+    M = graph.plan.num_microbatches
+    events: tuple[Event, ...] = ()
+    path: tuple[Action, ...] = ()
+    if detail:
+        events = tuple(
+            Event(d, action_of(r[0], M), start_of[r[0]], end[r[0]])
+            for d in range(nd) for r in rows[d]
+        )
+        path = _critical_path(end, cause, M)
+    return SimResult(
+        iteration_time=makespan,
+        busy=tuple(busy),
+        peak_memory_bytes=peaks,
+        static_memory_bytes=tuple(float(s) for s in graph.static_bytes),
+        capacity_bytes=capacity,
+        lower_bound=lower_bound,
+        critical_path=path,
+        events=events,
+    )
+
+
+def _peak_memory(graph: Graph) -> tuple[float, ...]:
+    """Static memory plus the highest activation level, walking each device's order."""
+    delta = graph.mem_delta
+    peaks = []
+    for d, row in enumerate(graph.rows):
+        level = top = 0
+        for r in row:
+            level += delta[r[0]]
+            if level > top:
+                top = level
+        peaks.append(float(graph.static_bytes[d] + top))
+    return tuple(peaks)
+
+
+def _critical_path(end: list[float], cause: list[int], M: int) -> tuple[Action, ...]:
+    aid = max(range(len(end)), key=end.__getitem__)
+    chain = []
+    while aid != NO_DEP:
+        chain.append(action_of(aid, M))
+        aid = cause[aid]
+    return tuple(reversed(chain))
+
+
+def _deadlock_message(graph: Graph, ptr: list[int], end: list[float]) -> str:
+    M = graph.plan.num_microbatches
+    waits = []
+    for d, row in enumerate(graph.rows):
+        if ptr[d] == len(row):
+            continue
+        aid, _, d1, _, d2, _ = row[ptr[d]]
+        missing = [str(action_of(x, M)) for x in (d1, d2) if x != NO_DEP and end[x] < 0.0]
+        waits.append(f"device {d}: {action_of(aid, M)} waits for {', '.join(missing)}")
+    return "deadlock: the schedule's dependencies form a cycle; " + "; ".join(waits)
