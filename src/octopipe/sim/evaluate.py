@@ -33,6 +33,7 @@ class SimResult:
     capacity_bytes: tuple[float, ...]
     lower_bound: float  # physical limit of the iteration time (DESIGN.md)
     critical_path: tuple[Action, ...]  # from the first action to the last, the binding chain
+    end_memory_bytes: tuple[float, ...]  # per device after the last action: static if balanced
     events: tuple[Event, ...] = field(default=(), repr=False)
 
     @property
@@ -148,7 +149,7 @@ def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult
             raise DeadlockError(_deadlock_message(graph, ptr, end))
 
     makespan = max(free_at) if nd else 0.0
-    peaks = _peak_memory(graph)
+    peaks, ends = _memory_levels(graph)
     capacity = tuple(dev.memory_bytes for dev in graph.devices)
     M = graph.plan.num_microbatches
     events: tuple[Event, ...] = ()
@@ -167,14 +168,16 @@ def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult
         capacity_bytes=capacity,
         lower_bound=lower_bound,
         critical_path=path,
+        end_memory_bytes=ends,
         events=events,
     )
 
 
-def _peak_memory(graph: Graph) -> tuple[float, ...]:
-    """Static memory plus the highest activation level, walking each device's order."""
+def _memory_levels(graph: Graph) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per device: static plus the highest activation level, and the level after the last
+    action, walking each device's order (a device's memory changes only by its own actions)."""
     delta = graph.mem_delta
-    peaks = []
+    peaks, ends = [], []
     for d, row in enumerate(graph.rows):
         level = top = 0
         for r in row:
@@ -182,7 +185,8 @@ def _peak_memory(graph: Graph) -> tuple[float, ...]:
             if level > top:
                 top = level
         peaks.append(float(graph.static_bytes[d] + top))
-    return tuple(peaks)
+        ends.append(float(graph.static_bytes[d] + level))
+    return tuple(peaks), tuple(ends)
 
 
 def _critical_path(end: list[float], cause: list[int], M: int) -> tuple[Action, ...]:
