@@ -1,0 +1,278 @@
+"""Parse a Hugging Face style config.json into an `Architecture`.
+
+Field names follow the `transformers` configs of each family (LLaMA, Qwen2, Mistral, Gemma-2/3,
+DeepSeek-V2/V3, Qwen2-MoE, Mixtral, Nemotron-H, Mllama). Every fault is one InputError naming
+the file and the field. Only shapes are read; training hyper-parameters are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from octopipe.costmodel.arch import (
+    DEEPSEEK, DENSE, GEMMA, HYBRID, HYBRID_CHARS, SPARSE, VLM,
+    Architecture, AttentionShape, LatentAttentionShape, MambaShape, MoEShape, VisionShape,
+)
+from octopipe.errors import InputError
+
+FAMILY_OF_MODEL_TYPE = {
+    "llama": DENSE, "mistral": DENSE, "qwen2": DENSE, "qwen3": DENSE,
+    "gemma2": GEMMA, "gemma3": GEMMA, "gemma3_text": GEMMA,
+    "deepseek_v2": DEEPSEEK, "deepseek_v3": DEEPSEEK,
+    "qwen2_moe": SPARSE, "qwen3_moe": SPARSE, "mixtral": SPARSE,
+    "nemotron_h": HYBRID,
+    "mllama": VLM,
+}
+
+_MISSING = object()
+
+
+class _Fields:
+    """Typed access to one JSON object's fields; faults name the file and the dotted field."""
+
+    def __init__(self, data: Any, where: str, prefix: str = ""):
+        if not isinstance(data, dict):
+            raise InputError(where, "expected a JSON object", prefix.rstrip(".") or None)
+        self.data, self.where, self.prefix = data, where, prefix
+
+    def fault(self, key: str, message: str) -> InputError:
+        return InputError(self.where, message, self.prefix + key)
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def _get(self, key: str, default: Any) -> Any:
+        value = self.data.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise self.fault(key, "missing field")
+            return default
+        return value
+
+    def int(self, key: str, default: Any = _MISSING, minimum: int = 1) -> Any:
+        value = self._get(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.fault(key, f"expected an integer >= {minimum} (got {value!r})")
+        return value
+
+    def float(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise self.fault(key, f"expected a positive number (got {value!r})")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise self.fault(key, f"expected true or false (got {value!r})")
+        return value
+
+    def str(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if not isinstance(value, str):
+            raise self.fault(key, f"expected a string (got {value!r})")
+        return value
+
+    def int_list(self, key: str) -> tuple[int, ...]:
+        value = self._get(key, [])
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+        ):
+            raise self.fault(key, f"expected a list of non-negative integers (got {value!r})")
+        return tuple(value)
+
+    def sub(self, key: str) -> _Fields:
+        return _Fields(self._get(key, _MISSING), self.where, f"{self.prefix}{key}.")
+
+
+def architecture_from_hf(data: Any, where: str, name: str) -> Architecture:
+    """Build an Architecture from a parsed config.json (`where` names the file in errors)."""
+    top = _Fields(data, where)
+    model_type = top.str("model_type")
+    family = FAMILY_OF_MODEL_TYPE.get(model_type)
+    if family is None:
+        known = ", ".join(sorted(FAMILY_OF_MODEL_TYPE))
+        raise top.fault("model_type", f"unsupported model_type {model_type!r} (known: {known})")
+    # Multimodal wrappers keep the language model's fields in text_config.
+    text = top.sub("text_config") if top.has("text_config") else top
+    arch = _text_stack(text, model_type, family, name)
+    if family == VLM:
+        arch = _with_vision(arch, top.sub("vision_config"), text)
+    _check_layer_tuples(arch, text)
+    return arch
+
+
+def _text_stack(f: _Fields, model_type: str, family: str, name: str) -> Architecture:
+    hidden = f.int("hidden_size")
+    num_layers = f.int("num_hidden_layers")
+    heads = f.int("num_attention_heads")
+    kv_heads = f.int("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise f.fault("num_key_value_heads", f"{kv_heads} does not divide {heads} heads")
+    gemma = family == GEMMA
+    attention = AttentionShape(
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=f.int("head_dim", hidden // heads),
+        bias=f.bool("attention_bias", model_type == "qwen2" or model_type == "qwen2_moe"),
+        logit_softcap=f.float("attn_logit_softcapping", None),
+        query_scale=f.float("query_pre_attn_scalar", None) if gemma else None,
+        qk_norm=model_type in ("gemma3", "gemma3_text", "qwen3", "qwen3_moe"),
+    )
+    act_key = "hidden_activation" if f.has("hidden_activation") else "hidden_act"
+    if family == HYBRID:
+        act_key = "mlp_hidden_act"
+    return Architecture(
+        name=name,
+        model_type=model_type,
+        family=family,
+        vocab_size=f.int("vocab_size"),
+        hidden_size=hidden,
+        num_layers=num_layers,
+        intermediate_size=f.int("intermediate_size"),
+        hidden_act=f.str(act_key, "silu"),
+        attention=attention,
+        norm_eps=f.float("rms_norm_eps", f.float("layer_norm_epsilon", 1e-5)),
+        rope_theta=f.float("rope_theta", 10000.0),
+        max_position_embeddings=f.int("max_position_embeddings", 4096),
+        tie_word_embeddings=f.bool("tie_word_embeddings", gemma),
+        embed_scale=math.sqrt(hidden) if gemma else 1.0,
+        final_logit_softcap=f.float("final_logit_softcapping", None),
+        layer_windows=_layer_windows(f, model_type, num_layers),
+        gated_mlp=family != HYBRID,
+        latent_attention=_latent_attention(f, heads) if family == DEEPSEEK else None,
+        moe=_moe(f, model_type) if family in (DEEPSEEK, SPARSE) else None,
+        moe_layers=_moe_layers(f, model_type, num_layers),
+        mamba=_mamba(f) if family == HYBRID else None,
+        hybrid_pattern=_hybrid_pattern(f, num_layers) if family == HYBRID else None,
+        cross_attention_layers=f.int_list("cross_attention_layers") if family == VLM else (),
+        extra_vocab=8 if family == VLM else 0,
+    )
+
+
+def _layer_windows(f: _Fields, model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    """Per layer: the sliding window, or None for global attention."""
+    window = f.int("sliding_window", None)
+    if window is None or (model_type.startswith("qwen") and not f.bool("use_sliding_window", False)):
+        return (None,) * num_layers
+    if f.has("layer_types"):
+        types = f.data["layer_types"]
+        if not isinstance(types, list) or len(types) != num_layers:
+            raise f.fault("layer_types", f"expected a list of {num_layers} layer types")
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if model_type == "gemma2":  # even layers slide, odd layers are global
+        return tuple(window if i % 2 == 0 else None for i in range(num_layers))
+    if model_type.startswith("gemma3"):  # every `pattern`-th layer is global
+        pattern = f.int("sliding_window_pattern", 6)
+        return tuple(None if (i + 1) % pattern == 0 else window for i in range(num_layers))
+    return (window,) * num_layers  # Mistral v0.1: every layer slides
+
+
+def _latent_attention(f: _Fields, heads: int) -> LatentAttentionShape:
+    return LatentAttentionShape(
+        num_heads=heads,
+        q_lora_rank=f.int("q_lora_rank", None),
+        kv_lora_rank=f.int("kv_lora_rank"),
+        qk_nope_head_dim=f.int("qk_nope_head_dim"),
+        qk_rope_head_dim=f.int("qk_rope_head_dim"),
+        v_head_dim=f.int("v_head_dim"),
+    )
+
+
+def _moe(f: _Fields, model_type: str) -> MoEShape:
+    if model_type == "mixtral":
+        return MoEShape(
+            num_experts=f.int("num_local_experts"),
+            top_k=f.int("num_experts_per_tok"),
+            expert_intermediate_size=f.int("intermediate_size"),
+        )
+    if model_type.startswith("deepseek"):
+        expert = f.int("moe_intermediate_size")
+        shape = MoEShape(
+            num_experts=f.int("n_routed_experts"),
+            top_k=f.int("num_experts_per_tok"),
+            expert_intermediate_size=expert,
+            shared_intermediate_size=f.int("n_shared_experts", 0, minimum=0) * expert,
+        )
+    else:  # Qwen-MoE
+        shape = MoEShape(
+            num_experts=f.int("num_experts"),
+            top_k=f.int("num_experts_per_tok"),
+            expert_intermediate_size=f.int("moe_intermediate_size"),
+            shared_intermediate_size=f.int("shared_expert_intermediate_size", 0, minimum=0),
+            shared_expert_gate=f.int("shared_expert_intermediate_size", 0, minimum=0) > 0,
+        )
+    if shape.top_k > shape.num_experts:
+        raise f.fault("num_experts_per_tok", f"{shape.top_k} exceeds {shape.num_experts} experts")
+    return shape
+
+
+def _moe_layers(f: _Fields, model_type: str, num_layers: int) -> tuple[bool, ...]:
+    if model_type == "mixtral":
+        return (True,) * num_layers
+    if model_type.startswith("deepseek"):
+        first_dense = f.int("first_k_dense_replace", 0, minimum=0)
+        freq = f.int("moe_layer_freq", 1)
+        return tuple(i >= first_dense and i % freq == 0 for i in range(num_layers))
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        step = f.int("decoder_sparse_step", 1)
+        dense_only = set(f.int_list("mlp_only_layers"))
+        return tuple((i + 1) % step == 0 and i not in dense_only for i in range(num_layers))
+    return ()
+
+
+def _mamba(f: _Fields) -> MambaShape:
+    return MambaShape(
+        num_heads=f.int("mamba_num_heads"),
+        head_dim=f.int("mamba_head_dim"),
+        state_size=f.int("ssm_state_size"),
+        n_groups=f.int("n_groups", 1),
+        conv_kernel=f.int("conv_kernel", 4),
+        chunk_size=f.int("chunk_size", 256),
+    )
+
+
+def _hybrid_pattern(f: _Fields, num_layers: int) -> str:
+    pattern = f.str("hybrid_override_pattern")
+    if len(pattern) != num_layers:
+        raise f.fault(
+            "hybrid_override_pattern",
+            f"has {len(pattern)} characters but num_hidden_layers is {num_layers}",
+        )
+    bad = sorted(set(pattern) - set(HYBRID_CHARS))
+    if bad:
+        raise f.fault("hybrid_override_pattern", f"unknown layer characters {bad} (use M, *, -)")
+    return pattern
+
+
+def _with_vision(arch: Architecture, v: _Fields, text: _Fields) -> Architecture:
+    layers = v.int("num_hidden_layers") + v.int("num_global_layers", 0, minimum=0)
+    image, patch = v.int("image_size"), v.int("patch_size")
+    if image % patch:
+        raise v.fault("patch_size", f"{patch} does not divide image_size {image}")
+    vision = VisionShape(
+        image_size=image,
+        patch_size=patch,
+        num_channels=v.int("num_channels", 3),
+        hidden_size=v.int("hidden_size"),
+        num_layers=layers,
+        num_heads=v.int("attention_heads") if v.has("attention_heads") else v.int("num_attention_heads"),
+        intermediate_size=v.int("intermediate_size"),
+        output_dim=v.int("vision_output_dim", v.int("hidden_size")),
+        max_num_tiles=v.int("max_num_tiles", 1),
+    )
+    if not arch.cross_attention_layers:
+        raise text.fault("cross_attention_layers", "a vision model needs at least one")
+    return replace(arch, vision=vision)
+
+
+def _check_layer_tuples(arch: Architecture, f: _Fields) -> None:
+    for i in arch.cross_attention_layers:
+        if i >= arch.num_layers:
+            raise f.fault("cross_attention_layers", f"layer {i} is beyond {arch.num_layers} layers")
