@@ -175,31 +175,35 @@ def check_structure(plan: Plan, where: str = "<plan>", num_layers: int | None = 
     for d in plan.schedule:
         if not 0 <= d < nd:
             raise InputError(where, f"device {d} out of range 0..{nd - 1}", f"schedule.{d}")
-    seen: dict[tuple[int, str, int], int] = {}
+    S = plan.num_stages
+    device_of = plan.placement
+    kind_bit = {"F": 1, "I": 2, "W": 4, "B": 8}
+    held = [0] * (S * nm)  # per (stage, mb): bit set of the kinds scheduled
     for d, acts in plan.schedule.items():
-        for j, a in enumerate(acts):
-            place = f"schedule.{d}[{j}]"
-            if not 0 <= a.stage < plan.num_stages:
-                raise InputError(where, f"action {a}: stage {a.stage} does not exist", place)
-            if plan.stages[a.stage].device != d:
-                raise InputError(where, f"action {a}: stage {a.stage} is placed on device {plan.stages[a.stage].device}", place)
-            if not 0 <= a.mb < nm:
-                raise InputError(where, f"action {a}: microbatch {a.mb} out of range 0..{nm - 1}", place)
-            if (a.stage, a.kind, a.mb) in seen:
-                raise InputError(where, f"action {a} appears twice", place)
-            seen[(a.stage, a.kind, a.mb)] = d
-    for s in range(plan.num_stages):
-        for m in range(nm):
-            has = {k for k in "FBIW" if (s, k, m) in seen}
-            problem = None
-            if "F" not in has:
+        for j, (s, k, m) in enumerate(acts):
+            if not (0 <= s < S and device_of[s] == d and 0 <= m < nm) or held[s * nm + m] & kind_bit[k]:
+                raise InputError(where, _action_fault(plan, d, Action(s, k, m)), f"schedule.{d}[{j}]")
+            held[s * nm + m] |= kind_bit[k]
+    for i, bits in enumerate(held):
+        if bits != 1 | 8 and bits != 1 | 2 | 4:
+            s, m = divmod(i, nm)
+            if not bits & 1:
                 problem = f"{s}F{m} is missing"
-            elif "B" in has and has & {"I", "W"}:
+            elif bits & 8:
                 problem = f"stage {s} microbatch {m} has both B and I/W"
-            elif "B" not in has and has != {"F", "I", "W"}:
+            else:
                 problem = f"stage {s} microbatch {m} needs B, or I and W"
-            if problem:
-                raise InputError(where, problem, "schedule")
+            raise InputError(where, problem, "schedule")
+
+
+def _action_fault(plan: Plan, device: int, a: Action) -> str:
+    if not 0 <= a.stage < plan.num_stages:
+        return f"action {a}: stage {a.stage} does not exist"
+    if plan.stages[a.stage].device != device:
+        return f"action {a}: stage {a.stage} is placed on device {plan.stages[a.stage].device}"
+    if not 0 <= a.mb < plan.num_microbatches:
+        return f"action {a}: microbatch {a.mb} out of range 0..{plan.num_microbatches - 1}"
+    return f"action {a} appears twice"
 
 
 def load_plan(path: str | Path, num_layers: int | None = None) -> Plan:

@@ -8,6 +8,7 @@ dependencies allow and repeats until all actions ran; a sweep without progress i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from octopipe.errors import DeadlockError
 from octopipe.plan import Action
@@ -34,7 +35,19 @@ class SimResult:
     lower_bound: float  # physical limit of the iteration time (DESIGN.md)
     critical_path: tuple[Action, ...]  # from the first action to the last, the binding chain
     end_memory_bytes: tuple[float, ...]  # per device after the last action: static if balanced
-    events: tuple[Event, ...] = field(default=(), repr=False)
+    # (device orders as action ids, start per id, end per id, microbatches): events on demand.
+    _timing: tuple | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def events(self) -> tuple[Event, ...]:
+        """Every action with its device, start and end, device by device (empty without detail)."""
+        if self._timing is None:
+            return ()
+        orders, start, end, M = self._timing
+        return tuple(
+            Event(d, action_of(aid, M), start[aid], end[aid])
+            for d, ids in enumerate(orders) for aid in ids
+        )
 
     @property
     def num_devices(self) -> int:
@@ -152,13 +165,10 @@ def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult
     peaks, ends = _memory_levels(graph)
     capacity = tuple(dev.memory_bytes for dev in graph.devices)
     M = graph.plan.num_microbatches
-    events: tuple[Event, ...] = ()
+    timing = None
     path: tuple[Action, ...] = ()
     if detail:
-        events = tuple(
-            Event(d, action_of(r[0], M), start_of[r[0]], end[r[0]])
-            for d in range(nd) for r in rows[d]
-        )
+        timing = (tuple(tuple(r[0] for r in row) for row in rows), start_of, end, M)
         path = _critical_path(end, cause, M)
     return SimResult(
         iteration_time=makespan,
@@ -169,7 +179,7 @@ def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult
         lower_bound=lower_bound,
         critical_path=path,
         end_memory_bytes=ends,
-        events=events,
+        _timing=timing,
     )
 
 
