@@ -1,0 +1,40 @@
+"""`octopipe simulate`: predict a plan's time, bubbles and memory from a profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from octopipe.plan import load_plan
+from octopipe.profile import load_profile
+from octopipe.report import print_simulation
+from octopipe.sim import Simulator
+
+NAME = "simulate"
+HELP = "Simulate a plan on a profile: iteration time, bubbles, peak memory, critical path."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True, help="profile JSON (octopipe.profile/1)")
+    p.add_argument("--plan", required=True, help="plan JSON (octopipe.plan/1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--png", metavar="PATH", help="write a timeline picture (.png or .svg)")
+    p.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    plan = load_plan(args.plan, num_layers=profile.num_layers)
+    result = Simulator(profile).run(plan, check=False)  # load_plan checked the structure
+    if args.png or args.trace:
+        from octopipe import viz
+
+        if args.png:
+            viz.save_timeline(result, args.png, title=f"{profile.name}: {args.plan}")
+        if args.trace:
+            viz.save_chrome_trace(result.events, args.trace)
+    if args.json:
+        print(json.dumps(result.summary()))
+    else:
+        print_simulation(result, title=f"{profile.name} / {args.plan}")
+    return 0

@@ -1,0 +1,55 @@
+"""Human-readable reports shared by commands: byte and time formatting, simulation summaries."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from octopipe.sim import SimResult
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None or n == float("inf"):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def compress_path(actions, limit: int = 14) -> str:
+    text = [str(a) for a in actions]
+    if len(text) > limit:
+        text = text[: limit // 2] + [f"... ({len(text) - limit} more) ..."] + text[-limit // 2:]
+    return " -> ".join(text)
+
+
+def print_simulation(result: SimResult, console: Console | None = None, title: str = "") -> None:
+    console = console or Console()
+    r = result
+    console.print(
+        f"[bold]{title or 'simulated plan'}[/bold]: iteration {fmt_time(r.iteration_time)}, "
+        f"bubble {r.bubble_ratio:.1%}, efficiency {r.efficiency:.1%} "
+        f"(physical limit {fmt_time(r.lower_bound)}), "
+        + ("[green]fits memory[/green]" if r.fits else "[red]exceeds memory[/red]")
+    )
+    table = Table("device", "busy", "idle", "static mem", "peak mem", "capacity", "fits")
+    for d in range(r.num_devices):
+        table.add_row(
+            str(d), fmt_time(r.busy[d]), fmt_time(r.idle[d]),
+            fmt_bytes(r.static_memory_bytes[d]), fmt_bytes(r.peak_memory_bytes[d]),
+            fmt_bytes(r.capacity_bytes[d]),
+            "yes" if r.fits_per_device[d] else f"[red]no (+{fmt_bytes(r.memory_excess_bytes[d])})[/red]",
+        )
+    console.print(table)
+    if r.critical_path:
+        console.print(f"critical path ({len(r.critical_path)} actions): {compress_path(r.critical_path)}")
