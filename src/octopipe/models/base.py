@@ -35,6 +35,7 @@ class PipelineModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._layer_names: list[str] = []
+        self._skipped: set[str] = set()
 
     def add_layer(self, fqn: str, module: nn.Module) -> None:
         parent: nn.Module = self
@@ -46,12 +47,24 @@ class PipelineModel(nn.Module):
         parent.add_module(leaf, module)
         self._layer_names.append(fqn)
 
+    def skip_layer(self, fqn: str) -> None:
+        """Record a layer this process does not build: a pipeline rank builds only its stages,
+        yet keeps the model's full list of names so layer indices mean the same everywhere."""
+        self._layer_names.append(fqn)
+        self._skipped.add(fqn)
+
+    def has_layer(self, index: int) -> bool:
+        return self._layer_names[index] not in self._skipped
+
     @property
     def layer_names(self) -> list[str]:
         return list(self._layer_names)
 
     def layer(self, index: int) -> nn.Module:
-        return self.get_submodule(self._layer_names[index])
+        name = self._layer_names[index]
+        if name in self._skipped:
+            raise LookupError(f"layer {index} ({name}) was not built in this process")
+        return self.get_submodule(name)
 
     def forward_layers(self, start: int, end: int, x: Activation) -> Activation:
         """Run layers [start, end) on an activation tuple."""

@@ -1,0 +1,176 @@
+"""Attention building blocks: RMSNorm, rotary embeddings, self-attention and cross-attention.
+
+Plain torch, one small module per idea, shapes passed in explicitly (the caller reads them from
+the architecture config). Nothing here knows about pipeline layers or activation tuples.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate [batch, heads, seq, head_dim] by position (rotate-half layout, as in HF LLaMA)."""
+    seq, head_dim = x.shape[-2], x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=x.device, dtype=x.dtype) / head_dim)
+    angles = torch.outer(torch.arange(seq, device=x.device, dtype=x.dtype), inv_freq)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], -1) * sin
+
+
+def causal_mask(seq: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """True where query i may attend key j: j <= i, and within `window` tokens when given."""
+    i = torch.arange(seq, device=device)[:, None]
+    j = torch.arange(seq, device=device)[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed &= (i - j) < window
+    return allowed
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Scaled dot-product attention over [batch, heads, seq, head_dim]; k/v may have fewer heads."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    # Gemma-2 caps the logits with tanh, which the fused kernel cannot express.
+    scores = softcap * torch.tanh((q @ k.transpose(-2, -1)) * scale / softcap)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+class SelfAttention(nn.Module):
+    """Grouped-query self-attention; causal with RoPE for text, bidirectional without for vision."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        causal: bool = True,
+        rope_theta: float | None = 10000.0,
+        window: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
+        bias: bool = False,
+        qk_norm: bool = False,
+    ):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.causal, self.rope_theta, self.window, self.softcap = causal, rope_theta, window, softcap
+        self.scale = scale if scale is not None else head_dim**-0.5
+        self.wq = nn.Linear(dim, n_heads * head_dim, bias=bias)
+        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
+        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+        # Gemma-3 / Qwen-3 normalize each head's queries and keys before RoPE.
+        self.q_norm = RMSNorm(head_dim) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(head_dim) if qk_norm else nn.Identity()
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.q_norm(self._heads(self.wq(x), self.n_heads))
+        k = self.k_norm(self._heads(self.wk(x), self.n_kv_heads))
+        v = self._heads(self.wv(x), self.n_kv_heads)
+        if self.rope_theta is not None:
+            q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
+        mask = causal_mask(x.shape[1], self.window, x.device) if self.causal else None
+        out = attend(q, k, v, mask, self.scale, self.softcap)
+        return self.wo(out.transpose(1, 2).flatten(2))
+
+
+class CrossAttention(nn.Module):
+    """Text queries attend to every image feature (Llama-3.2-Vision style, no RoPE, no mask)."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        q = self._heads(self.wq(x), self.n_heads)
+        k = self._heads(self.wk(image), self.n_kv_heads)
+        v = self._heads(self.wv(image), self.n_kv_heads)
+        out = attend(q, k, v, None, self.head_dim**-0.5)
+        return self.wo(out.transpose(1, 2).flatten(2))
+
+
+class LatentAttention(nn.Module):
+    """DeepSeek-V2/V3 multi-head latent attention (MLA).
+
+    Queries (optionally) and keys/values pass through low-rank latents; a small slice of each
+    query and one shared key slice carry RoPE, the rest carries no position.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        q_lora_rank: int | None,
+        kv_lora_rank: int,
+        nope_dim: int,
+        rope_dim: int,
+        v_dim: int,
+        rope_theta: float = 10000.0,
+    ):
+        super().__init__()
+        self.n_heads, self.nope_dim, self.rope_dim, self.v_dim = n_heads, nope_dim, rope_dim, v_dim
+        self.kv_lora_rank, self.rope_theta = kv_lora_rank, rope_theta
+        qk_dim = nope_dim + rope_dim
+        if q_lora_rank is None:
+            self.wq = nn.Linear(dim, n_heads * qk_dim, bias=False)
+        else:
+            self.wq = nn.Sequential(
+                nn.Linear(dim, q_lora_rank, bias=False),
+                RMSNorm(q_lora_rank),
+                nn.Linear(q_lora_rank, n_heads * qk_dim, bias=False),
+            )
+        self.wkv_a = nn.Linear(dim, kv_lora_rank + rope_dim, bias=False)
+        self.kv_norm = RMSNorm(kv_lora_rank)
+        self.wkv_b = nn.Linear(kv_lora_rank, n_heads * (nope_dim + v_dim), bias=False)
+        self.wo = nn.Linear(n_heads * v_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.wq(x).view(batch, seq, self.n_heads, -1).transpose(1, 2)
+        q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], -1)
+        latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], -1)
+        kv = self.wkv_b(self.kv_norm(latent)).view(batch, seq, self.n_heads, -1).transpose(1, 2)
+        k_nope, v = kv.split([self.nope_dim, self.v_dim], -1)
+        k_rope = apply_rope(k_rope[:, None], self.rope_theta).expand(-1, self.n_heads, -1, -1)
+        q = torch.cat([q_nope, apply_rope(q_rope, self.rope_theta)], -1)
+        k = torch.cat([k_nope, k_rope], -1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).flatten(2))

@@ -1,0 +1,174 @@
+"""The bundled real torch models: contract with layer_specs, training, splitting, seeding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octopipe.costmodel.arch import layer_specs, load_architecture
+from octopipe.models import build_model, bundled_models
+from octopipe.models.mamba import ssd_scan
+
+MODELS = bundled_models()
+REQUIRED = {"tiny-llama", "tiny-gemma", "tiny-moe", "tiny-hybrid", "tiny-vlm"}
+
+
+def test_required_families_are_bundled():
+    assert REQUIRED <= set(MODELS)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_layers_match_layer_specs(name):
+    model = build_model(name)
+    specs = layer_specs(load_architecture(name))
+    assert model.layer_names == [s.name for s in specs]
+    assert model.layer_kinds == [s.kind for s in specs]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_forward_backward_gives_finite_loss_and_gradients(name):
+    model = build_model(name)
+    batch = model.make_batch(1, seed=0)
+    loss = model.loss(model(*batch.inputs[0]), batch.targets[0])
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    # Every layer learns something: no part of the model is cut off from the loss.
+    for i in range(len(model.layer_names)):
+        layer_grads = [p.grad.abs().sum() for p in model.layer(i).parameters()]
+        assert sum(layer_grads) > 0, model.layer_names[i]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_forward_over_a_split_equals_the_whole_forward(name):
+    model = build_model(name)
+    x = model.make_batch(1, seed=3).inputs[0]
+    whole = model(*x)
+    n = len(model.layer_names)
+    for cut in (1, n // 2, n - 1):
+        split = model.forward_layers(cut, n, model.forward_layers(0, cut, x))
+        assert len(split) == len(whole)
+        torch.testing.assert_close(split[0], whole[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_subset_of_layers_has_the_full_models_weights(name):
+    full = build_model(name, seed=7)
+    n = len(full.layer_names)
+    subset = [0, n // 2, n - 1]
+    part = build_model(name, seed=7, layers=subset)
+    assert part.layer_names == full.layer_names
+    for i in range(n):
+        if i in subset:
+            got = part.layer(i).state_dict()
+            want = full.layer(i).state_dict()
+            assert got.keys() == want.keys()
+            for key in want:
+                assert torch.equal(got[key], want[key]), (i, key)
+        else:
+            assert not part.has_layer(i)
+            with pytest.raises(LookupError):
+                part.layer(i)
+    assert sum(p.numel() for p in part.parameters()) < sum(p.numel() for p in full.parameters())
+
+
+def test_weights_depend_on_the_seed_and_nothing_else():
+    a, b, c = build_model("tiny-llama", seed=1), build_model("tiny-llama", seed=1), build_model(
+        "tiny-llama", seed=2
+    )
+    torch.manual_seed(12345)  # the global generator must not matter
+    d = build_model("tiny-llama", seed=1)
+    wa, wb, wc, wd = (m.state_dict()["layers.0.mixer.wq.weight"] for m in (a, b, c, d))
+    assert torch.equal(wa, wb) and torch.equal(wa, wd)
+    assert not torch.equal(wa, wc)
+
+
+def test_layers_of_one_model_get_different_weights():
+    model = build_model("tiny-llama")
+    w0 = model.layer(1).mixer.wq.weight
+    w1 = model.layer(2).mixer.wq.weight
+    assert not torch.equal(w0, w1)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-vlm"])
+def test_make_batch_is_deterministic_in_seed_and_step(name):
+    model = build_model(name, seq_len=16, micro_batch_size=3)
+    first, again = model.make_batch(2, seed=5, step=1), model.make_batch(2, seed=5, step=1)
+    other = model.make_batch(2, seed=5, step=2)
+    assert len(first.inputs) == 2 and len(first.targets) == 2
+    for x, y in zip(first.inputs, again.inputs):
+        assert all(torch.equal(a, b) for a, b in zip(x, y))
+    assert not torch.equal(first.inputs[0][0], other.inputs[0][0])
+    tokens, target = first.inputs[0][0], first.targets[0]
+    assert tokens.shape == target.shape == (3, 16)
+    assert torch.equal(tokens[:, 1:], target[:, :-1])  # targets are the next tokens
+
+
+def test_vlm_activations_carry_image_features_to_the_text_stack():
+    model = build_model("tiny-vlm")
+    x = model.make_batch(1, seed=0).inputs[0]
+    assert len(x) == 2 and x[1].dim() == 5  # token ids and pixels [batch, tiles, C, H, W]
+    embed = model.layer_names.index("tok_embeddings")
+    streams = model.forward_layers(0, embed + 1, x)
+    assert [t.shape[-1] for t in streams] == [64, 64]
+    assert streams[1].shape[1] == model.arch.vision.num_tokens  # as the cost model counts them
+    # The image changes the text's output through the cross-attention layers.
+    other = (x[0], torch.randn_like(x[1]))
+    assert not torch.allclose(model(*x)[0], model(*other)[0])
+
+
+def test_sliding_window_limits_what_a_token_sees():
+    model = build_model("tiny-gemma")
+    arch = model.arch
+    assert arch.layer_windows[0] == 8 and arch.layer_windows[1] is None
+    attn = model.layer(1).mixer  # layers.0: sliding
+    h = torch.randn(1, 20, arch.hidden_size)
+    changed = h.clone()
+    changed[:, 0] += 1.0
+    # The last position is more than 8 tokens after position 0: unaffected.
+    torch.testing.assert_close(attn(h)[:, -1], attn(changed)[:, -1])
+    assert not torch.allclose(attn(h)[:, 5], attn(changed)[:, 5])
+
+
+def test_moe_routes_each_token_to_top_k_experts():
+    model = build_model("tiny-moe")
+    moe = model.layer(2).ffn  # layers.1 (layers.0 is dense: mlp_only_layers)
+    assert model.layer_kinds[1:3] == ["decoder", "moe"]
+    calls = []
+    for e, expert in enumerate(moe.experts):
+        expert.register_forward_hook(lambda mod, inp, out, e=e: calls.append(inp[0].shape[0]))
+    moe(torch.randn(2, 5, 64))
+    assert sum(calls) == 2 * 5 * moe.top_k
+
+
+def test_ssd_scan_equals_the_recurrence():
+    gen = torch.Generator().manual_seed(0)
+    batch, seq, heads, head_dim, state = 2, 7, 3, 4, 5
+    x = torch.randn(batch, seq, heads, head_dim, generator=gen)
+    dt = torch.rand(batch, seq, heads, generator=gen) + 0.1
+    a = -torch.rand(heads, generator=gen) - 0.5
+    b = torch.randn(batch, seq, heads, state, generator=gen)
+    c = torch.randn(batch, seq, heads, state, generator=gen)
+    h = torch.zeros(batch, heads, head_dim, state)
+    expected = []
+    for t in range(seq):
+        decay = torch.exp(dt[:, t] * a)[..., None, None]
+        h = decay * h + (dt[:, t, :, None, None] * x[:, t, :, :, None] * b[:, t, :, None, :])
+        expected.append(torch.einsum("bhpn,bhn->bhp", h, c[:, t]))
+    torch.testing.assert_close(ssd_scan(x, dt, a, b, c), torch.stack(expected, 1))
+
+
+def test_mamba_mixer_is_causal():
+    model = build_model("tiny-hybrid")
+    mixer = model.layer(1).mixer  # layers.0 is 'M'
+    assert model.layer_kinds[1] == "mamba"
+    h = torch.randn(1, 12, 64)
+    changed = h.clone()
+    changed[:, 6:] += 1.0
+    torch.testing.assert_close(mixer(h)[:, :6], mixer(changed)[:, :6])
+
+
+def test_unknown_layer_index_is_refused():
+    with pytest.raises(ValueError, match="no layer 99"):
+        build_model("tiny-llama", layers=[0, 99])
