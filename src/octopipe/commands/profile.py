@@ -1,0 +1,89 @@
+"""`octopipe profile`: measure a real model layer by layer on this machine, write a profile."""
+
+from __future__ import annotations
+
+import argparse
+
+from octopipe.errors import InputError
+
+NAME = "profile"
+HELP = "Measure a bundled (or config.json) model's per-layer costs on this device; write a profile."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="bundled model name or config.json path")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
+    parser.add_argument("--micro-batch-size", type=int, default=2, help="sequences per microbatch")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per layer (median)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs per layer first")
+    parser.add_argument("--seed", type=int, default=0, help="weights and data seed")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads for torch (default 1: small layers gain nothing from more, and "
+        "timings stay steady on a shared machine)",
+    )
+    parser.add_argument("-o", "--output", required=True, help="profile JSON to write")
+
+
+def _check(args: argparse.Namespace) -> None:
+    for flag, value, least in (
+        ("--seq-len", args.seq_len, 1),
+        ("--micro-batch-size", args.micro_batch_size, 1),
+        ("--repeats", args.repeats, 1),
+        ("--warmup", args.warmup, 0),
+        ("--threads", args.threads, 1),
+    ):
+        if value < least:
+            raise InputError(flag, f"must be at least {least}, got {value}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from octopipe.models import build_model
+    from octopipe.profile import save_profile
+    from octopipe.runtime.profiler import profile_model
+
+    _check(args)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device", "cuda was asked for but this torch sees no CUDA device")
+    torch.set_num_threads(args.threads)
+    model = build_model(
+        args.model, args.seed, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size
+    )
+    console = Console(stderr=True)
+    names = model.layer_names
+    with Progress(
+        TextColumn("[bold]profiling[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(names[0], total=len(names))
+
+        def advance(index: int, _name: str) -> None:
+            following = names[index + 1] if index + 1 < len(names) else "done"
+            progress.update(task, advance=1, description=following)
+
+        profile = profile_model(
+            model,
+            device=args.device,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            seed=args.seed,
+            name=f"{model.arch.name}-{args.device}-s{args.seq_len}-mb{args.micro_batch_size}",
+            on_layer=advance,
+        )
+    save_profile(profile, args.output)
+    work = sum(layer.work for layer in profile.layers)
+    console.print(
+        f"wrote {args.output}: {profile.num_layers} layers, "
+        f"{work * 1e3:.2f} ms of F+B+W per microbatch on {args.device}"
+    )
+    return 0
