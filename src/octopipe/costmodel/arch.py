@@ -128,6 +128,10 @@ class VisionShape:
     output_dim: int
     """Width of the tower's output features (Mllama: several layers' states concatenated)."""
     max_num_tiles: int = 1
+    num_global_layers: int = 0
+    """The last `num_global_layers` of the tower are gated global blocks (Mllama)."""
+    intermediate_layers: tuple[int, ...] = ()
+    """Blocks whose outputs are kept and concatenated to the tower's output (Mllama)."""
 
     @property
     def patches_per_tile(self) -> int:

@@ -252,7 +252,8 @@ def _hybrid_pattern(f: _Fields, num_layers: int) -> str:
 
 
 def _with_vision(arch: Architecture, v: _Fields, text: _Fields) -> Architecture:
-    layers = v.int("num_hidden_layers") + v.int("num_global_layers", 0, minimum=0)
+    global_layers = v.int("num_global_layers", 0, minimum=0)
+    layers = v.int("num_hidden_layers") + global_layers
     image, patch = v.int("image_size"), v.int("patch_size")
     if image % patch:
         raise v.fault("patch_size", f"{patch} does not divide image_size {image}")
@@ -266,7 +267,11 @@ def _with_vision(arch: Architecture, v: _Fields, text: _Fields) -> Architecture:
         intermediate_size=v.int("intermediate_size"),
         output_dim=v.int("vision_output_dim", v.int("hidden_size")),
         max_num_tiles=v.int("max_num_tiles", 1),
+        num_global_layers=global_layers,
+        intermediate_layers=v.int_list("intermediate_layers_indices"),
     )
+    if any(i >= layers for i in vision.intermediate_layers):
+        raise v.fault("intermediate_layers_indices", f"an index is beyond {layers} layers")
     if not arch.cross_attention_layers:
         raise text.fault("cross_attention_layers", "a vision model needs at least one")
     return replace(arch, vision=vision)

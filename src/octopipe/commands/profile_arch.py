@@ -1,0 +1,91 @@
+"""`octopipe profile-arch`: an analytic profile of a model architecture on a hardware preset."""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+from octopipe.costmodel.arch import load_architecture, shipped_models
+from octopipe.costmodel.build import build_profile, parameter_count
+from octopipe.costmodel.hardware import PRESETS, hardware_preset
+from octopipe.costmodel.settings import Settings
+from octopipe.errors import InputError
+from octopipe.profile import Profile, save_profile
+
+NAME = "profile-arch"
+HELP = "Estimate a profile from an architecture config (HF config.json or a shipped model name)."
+
+GB = 1e9
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", metavar="CONFIG_OR_NAME",
+                        help=f"config.json path or shipped model: {', '.join(shipped_models())}")
+    parser.add_argument("--hardware", default="h100", help=f"preset: {', '.join(PRESETS)}")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    parser.add_argument("--sequence-parallel", action="store_true",
+                        help="Megatron sequence parallelism (split replicated activations)")
+    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sample")
+    parser.add_argument("--micro-batch-size", type=int, default=1, help="samples per microbatch")
+    parser.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    parser.add_argument("--optimizer-bytes", type=int, default=12,
+                        help="optimizer-state bytes per parameter (mixed-precision Adam: 12)")
+    parser.add_argument("--devices", type=int, help="list this many devices in the profile")
+    parser.add_argument("--memory-gb", type=float, help="override device memory (GB, 1e9 bytes)")
+    parser.add_argument("--link-bandwidth", type=float,
+                        help="override inter-stage link bandwidth (GB/s)")
+    parser.add_argument("--link-latency", type=float, help="override link latency (seconds)")
+    parser.add_argument("-o", "--output", required=True, help="profile JSON to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.devices is not None and args.devices < 1:
+        raise InputError("--devices", f"must be at least 1 (got {args.devices})")
+    arch = load_architecture(args.config)
+    hardware = hardware_preset(
+        args.hardware,
+        memory_bytes=args.memory_gb * GB if args.memory_gb is not None else None,
+        link_bandwidth=args.link_bandwidth * GB if args.link_bandwidth is not None else None,
+        link_latency=args.link_latency,
+    )
+    settings = Settings(
+        seq_len=args.seq_len,
+        micro_batch_size=args.micro_batch_size,
+        tensor_parallel=args.tp,
+        sequence_parallel=args.sequence_parallel,
+        recompute=args.recompute,
+        optimizer_bytes=args.optimizer_bytes,
+    )
+    profile = build_profile(arch, hardware, settings, args.devices)
+    save_profile(profile, args.output)
+    _print_summary(profile, parameter_count(arch), args.output)
+    return 0
+
+
+def _print_summary(profile: Profile, params: int, path: str) -> None:
+    by_kind: dict[str, list] = defaultdict(list)
+    for layer in profile.layers:
+        by_kind[layer.kind].append(layer)
+    table = Table(title=f"{profile.name}: {len(profile.layers)} layers, {params / 1e9:.2f}B params")
+    for column in ("kind", "layers", "f ms", "b ms", "w ms", "act GB", "param GB", "out MB"):
+        table.add_column(column, justify="left" if column == "kind" else "right")
+    for kind, layers in by_kind.items():
+        table.add_row(kind, str(len(layers)), *_sums(layers))
+    table.add_row("total", str(len(profile.layers)), *_sums(profile.layers), style="bold")
+    console = Console()
+    console.print(table)
+    console.print(f"wrote {path}")
+
+
+def _sums(layers) -> list[str]:
+    return [
+        f"{sum(x.f for x in layers) * 1e3:.2f}",
+        f"{sum(x.b for x in layers) * 1e3:.2f}",
+        f"{sum(x.w for x in layers) * 1e3:.2f}",
+        f"{sum(x.act_bytes for x in layers) / GB:.2f}",
+        f"{sum(x.param_bytes for x in layers) / GB:.2f}",
+        f"{max(x.out_bytes for x in layers) / 1e6:.1f}",
+    ]

@@ -1,0 +1,144 @@
+"""Assemble a `Profile` from an architecture, a hardware preset and settings.
+
+Times are each layer's kernels through the roofline of `work.kernel_time`; memory figures are
+the saved activations and parameter bytes `layercost` counts. Also the model-level totals tests
+and reports use: parameter count and training FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from octopipe.costmodel import arch as A
+from octopipe.costmodel.arch import Architecture, LayerSpec, layer_specs
+from octopipe.costmodel.hardware import Hardware
+from octopipe.costmodel.layercost import boundary_bytes, layer_work
+from octopipe.costmodel.settings import Settings
+from octopipe.costmodel.work import F, I, W, LayerWork
+from octopipe.profile import Device, LayerCost, Link, Profile
+
+# Blocks that full recomputation checkpoints: everything between two residual-stream boundaries.
+RECOMPUTED_KINDS = frozenset(
+    {A.DECODER, A.MOE, A.MAMBA, A.ATTENTION, A.MLP, A.CROSS_ATTENTION, A.VISION_BLOCK}
+)
+
+
+@dataclass(frozen=True)
+class LayerEstimate:
+    """One layer's analytic cost for one microbatch on one tensor-parallel rank."""
+
+    spec: LayerSpec
+    f: float
+    b: float
+    w: float
+    flops: tuple[float, float, float]
+    """Forward, input-gradient and weight-gradient FLOPs (recomputation not included)."""
+    params: int
+    act_bytes: int
+    wact_bytes: int
+    param_bytes: int
+    out_bytes: int
+
+
+def estimate_layers(arch: Architecture, hw: Hardware, settings: Settings) -> list[LayerEstimate]:
+    specs = layer_specs(arch)
+    return [
+        _estimate(arch, specs, i, layer_work(arch, spec, settings), hw, settings)
+        for i, spec in enumerate(specs)
+    ]
+
+
+def _estimate(
+    arch: Architecture,
+    specs: list[LayerSpec],
+    index: int,
+    work: LayerWork,
+    hw: Hardware,
+    s: Settings,
+) -> LayerEstimate:
+    spec = specs[index]
+    f, b, w = (work.phase_time(phase, hw) for phase in (F, I, W))
+    act, wact = work.act_bytes, work.wact_bytes
+    if s.recompute and spec.kind in RECOMPUTED_KINDS:
+        # Keep only the block's input; the backward first redoes the forward (part of I).
+        # The recomputed linear inputs then live from I to W: the profile format cannot show
+        # memory that rises at I, so they are counted as transient (docs/COSTMODEL.md).
+        act = wact = _checkpoint_bytes(arch, spec, s)
+        b += f
+    return LayerEstimate(
+        spec=spec,
+        f=f,
+        b=b,
+        w=w,
+        flops=(work.phase_flops(F), work.phase_flops(I), work.phase_flops(W)),
+        params=work.params,
+        act_bytes=int(act),
+        wact_bytes=int(min(wact, act)),
+        param_bytes=work.params * s.bytes_per_param,
+        out_bytes=boundary_bytes(arch, specs, index, s),
+    )
+
+
+def _checkpoint_bytes(arch: Architecture, spec: LayerSpec, s: Settings) -> float:
+    sp = s.tensor_parallel if s.sequence_parallel else 1
+    if spec.kind == A.VISION_BLOCK:
+        assert arch.vision is not None
+        tokens = s.micro_batch_size * arch.vision.num_tokens
+        return tokens * arch.vision.hidden_size * s.activation_bytes / sp
+    return s.tokens * arch.hidden_size * s.activation_bytes / sp
+
+
+def build_profile(
+    arch: Architecture,
+    hardware: Hardware,
+    settings: Settings,
+    num_devices: int | None = None,
+) -> Profile:
+    """The profile of `arch` on `hardware`: one entry per layer of `layer_specs(arch)`,
+    `num_devices` identical devices when given, and the hardware's inter-stage link."""
+    layers = tuple(
+        LayerCost(
+            name=e.spec.name,
+            kind=e.spec.kind,
+            f=e.f,
+            b=e.b,
+            w=e.w,
+            act_bytes=e.act_bytes,
+            wact_bytes=e.wact_bytes,
+            param_bytes=e.param_bytes,
+            out_bytes=e.out_bytes,
+        )
+        for e in estimate_layers(arch, hardware, settings)
+    )
+    devices = None
+    if num_devices is not None:
+        devices = tuple(
+            Device(speed=1.0, memory_bytes=hardware.memory_bytes) for _ in range(num_devices)
+        )
+    return Profile(
+        name=f"{arch.name}-tp{settings.tensor_parallel}-{hardware.name}",
+        layers=layers,
+        devices=devices,
+        link=Link(bandwidth=hardware.link_bandwidth, latency=hardware.link_latency),
+    )
+
+
+def parameter_count(arch: Architecture) -> int:
+    """Distinct parameters of the model (a tied output head shares the embedding table)."""
+    settings = Settings(seq_len=1)
+    total = 0
+    for spec in layer_specs(arch):
+        if spec.kind == A.HEAD and arch.tie_word_embeddings:
+            continue
+        total += layer_work(arch, spec, settings).params
+    return total
+
+
+def training_flops(arch: Architecture, settings: Settings) -> float:
+    """FLOPs of one microbatch's forward and backward over the whole model (one TP rank times
+    the TP degree), without recomputation."""
+    total = 0.0
+    for spec in layer_specs(arch):
+        work = layer_work(arch, spec, settings)
+        total += sum(work.phase_flops(phase) for phase in (F, I, W))
+    return total * settings.tensor_parallel

@@ -1,0 +1,107 @@
+"""Accelerator presets for the analytic cost model: peak rates, achieved efficiencies, links.
+
+Each figure names its source. Peak FLOP/s are dense BF16 tensor-core rates (NVIDIA datasheets
+quote 2x with 2:4 sparsity; we halve those). Efficiencies are what large kernels typically
+achieve, not peaks; they are the knobs to calibrate against measurements (see docs/COSTMODEL.md).
+Override any field with `dataclasses.replace` or `hardware_preset(name, **overrides)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from octopipe.errors import InputError
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator and the links it uses in a pipeline."""
+
+    name: str
+    peak_flops: float
+    """Dense BF16 tensor-core FLOP/s."""
+    memory_bandwidth: float
+    """HBM bytes/s."""
+    memory_bytes: float
+    """Capacity a plan must fit."""
+    matmul_efficiency: float = 0.7
+    """Fraction of peak_flops large GEMMs achieve."""
+    attention_efficiency: float = 0.5
+    """Fraction of peak_flops fused (flash) attention achieves, forward and backward."""
+    memory_efficiency: float = 0.8
+    """Fraction of memory_bandwidth that streaming (memory-bound) kernels achieve."""
+    link_bandwidth: float = 50e9
+    """Inter-stage point-to-point bytes/s (pipeline stages usually sit on different nodes)."""
+    link_latency: float = 1e-5
+    """Seconds per inter-stage transfer."""
+    tp_bandwidth: float = 400e9
+    """All-reduce bus bytes/s among the tensor-parallel group (NVLink within a node)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "name" and not value > 0:
+                raise InputError(f"hardware {self.name}", f"must be positive (got {value})", f.name)
+        for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):
+            if getattr(self, name) > 1:
+                raise InputError(f"hardware {self.name}", "an efficiency is at most 1", name)
+
+
+# Inter-node links: DGX A100 has one 200 Gb/s HDR InfiniBand NIC per GPU (25 GB/s); DGX H100/H200
+# and DeepSeek's H800 nodes one 400 Gb/s NDR NIC per GPU (50 GB/s) (NVIDIA DGX datasheets;
+# DeepSeek-V3 technical report, sec. 3.2.1). Latency ~10 us: a few us of InfiniBand plus NCCL's
+# per-message overhead. TP all-reduce bandwidths are typical nccl-tests bus bandwidths on one node.
+PRESETS: dict[str, Hardware] = {
+    "a100": Hardware(
+        name="a100",
+        peak_flops=312e12,  # A100 SXM4 datasheet: BF16 312 TFLOPS dense
+        memory_bandwidth=2.039e12,  # A100 80GB SXM datasheet: HBM2e 2,039 GB/s
+        memory_bytes=81920 * MIB,  # nvidia-smi total of an A100-SXM4-80GB
+        matmul_efficiency=0.75,  # cuBLAS BF16 GEMMs of LLM sizes reach ~230-250 TFLOP/s
+        attention_efficiency=0.55,  # FlashAttention-2 paper: 50-73% of peak forward on A100
+        link_bandwidth=25e9,  # 200 Gb/s HDR InfiniBand per GPU
+        tp_bandwidth=230e9,  # NVLink3 (600 GB/s aggregate): ~230 GB/s all-reduce bus bandwidth
+    ),
+    "h100": Hardware(
+        name="h100",
+        peak_flops=989e12,  # H100 SXM5 datasheet: BF16 1,979 TFLOPS with sparsity -> 989 dense
+        memory_bandwidth=3.35e12,  # H100 SXM5 datasheet: HBM3 3.35 TB/s
+        memory_bytes=81559 * MIB,  # nvidia-smi total of an H100 80GB HBM3
+        matmul_efficiency=0.7,  # cuBLAS BF16 GEMMs of LLM sizes reach ~650-750 TFLOP/s
+        attention_efficiency=0.5,  # FlashAttention-2/3 papers: 35-75% of peak on H100
+        link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU
+        tp_bandwidth=450e9,  # NVLink4 (900 GB/s aggregate): ~450 GB/s all-reduce bus bandwidth
+    ),
+    "h800": Hardware(
+        name="h800",
+        peak_flops=989e12,  # H800 SXM: same tensor cores and clocks as H100 SXM
+        memory_bandwidth=3.35e12,  # H800 SXM: HBM3 3.35 TB/s
+        memory_bytes=81559 * MIB,  # 80 GB HBM3, as H100
+        matmul_efficiency=0.7,
+        attention_efficiency=0.5,
+        link_bandwidth=50e9,  # DeepSeek-V3 report: 400 Gb/s InfiniBand (50 GB/s) per GPU
+        tp_bandwidth=160e9,  # DeepSeek-V3 report: NVLink (export-limited 400 GB/s) ~160 GB/s
+    ),
+    "h200": Hardware(
+        name="h200",
+        peak_flops=989e12,  # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity -> 989 dense
+        memory_bandwidth=4.8e12,  # H200 SXM datasheet: HBM3e 4.8 TB/s
+        memory_bytes=143771 * MIB,  # nvidia-smi total of an H200 (141 GB marketed)
+        matmul_efficiency=0.7,
+        attention_efficiency=0.5,
+        link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU (DGX H200)
+        tp_bandwidth=450e9,  # NVLink4, as H100
+    ),
+}
+
+
+def hardware_preset(name: str, **overrides: float | None) -> Hardware:
+    """A preset by name, with any field replaced (None values are ignored)."""
+    preset = PRESETS.get(name.lower())
+    if preset is None:
+        known = ", ".join(sorted(PRESETS))
+        raise InputError(name, f"unknown hardware (known: {known})")
+    changes = {key: value for key, value in overrides.items() if value is not None}
+    return replace(preset, **changes) if changes else preset
