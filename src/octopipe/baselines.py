@@ -1,0 +1,56 @@
+"""Baseline plans: a named schedule with a named partitioner, predicted by the simulator.
+
+    make_baseline(profile, "i1f1b", "uniform", num_devices=4, num_microbatches=8) -> Plan
+    all_baselines(profile, 4, 8) -> [("gpipe/uniform", Plan), ...]
+
+These are the plans people run today (Megatron-LM, torchtitan, the zero-bubble schedules,
+DualPipeV); the tuner must beat them. This module only combines `schedules` and `partition`.
+"""
+
+from __future__ import annotations
+
+from octopipe.errors import InputError
+from octopipe.partition import METHODS
+from octopipe.partition import partition as split_layers
+from octopipe.plan import Plan, make_plan
+from octopipe.profile import Profile
+from octopipe.schedules import SCHEDULES, generate
+from octopipe.sim import Simulator
+
+
+def make_baseline(
+    profile: Profile,
+    schedule: str,
+    partition: str,
+    num_devices: int,
+    num_microbatches: int,
+    chunks: int | None = None,
+    simulator: Simulator | None = None,
+) -> Plan:
+    """The plan of `schedule` over the stages the `partition` method cuts, with `predicted` filled.
+
+    The balanced partitioner sees the schedule's placement, so a fast device gets more layers.
+    """
+    profile.device_list(num_devices)  # a device count the profile cannot serve is an input error
+    spec = generate(schedule, num_devices, num_microbatches, chunks)
+    ranges = split_layers(profile, spec.num_stages, partition, spec.placement)
+    plan = make_plan(num_devices, num_microbatches, ranges, spec.placement, spec.orders)
+    result = (simulator or Simulator(profile)).run(plan, detail=False)
+    return plan.with_predicted(result.predicted())
+
+
+def all_baselines(profile: Profile, num_devices: int, num_microbatches: int) -> list[tuple[str, Plan]]:
+    """Every schedule (default chunks) with every partitioner, labelled "schedule/partition";
+    combinations the counts do not support (too few microbatches or layers) are skipped."""
+    profile.device_list(num_devices)  # wrong device count: an error, not an empty list
+    simulator = Simulator(profile)
+    out = []
+    for schedule in SCHEDULES:
+        for method in METHODS:
+            try:
+                plan = make_baseline(profile, schedule, method, num_devices, num_microbatches,
+                                     simulator=simulator)
+            except InputError:
+                continue
+            out.append((f"{schedule}/{method}", plan))
+    return out

@@ -1,0 +1,45 @@
+"""`octopipe baseline`: write the plan of a named schedule and partitioner, simulator-predicted."""
+
+from __future__ import annotations
+
+import argparse
+
+from octopipe.baselines import make_baseline
+from octopipe.errors import InputError
+from octopipe.partition import METHODS
+from octopipe.plan import save_plan
+from octopipe.profile import load_profile
+from octopipe.schedules import DEFAULT_CHUNKS, SCHEDULES
+
+NAME = "baseline"
+HELP = "Build a baseline plan (GPipe, 1F1B, interleaved, ZB-H1/H2, ZB-V, DualPipeV) for a profile."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True, help="profile JSON (octopipe.profile/1)")
+    p.add_argument("--schedule", required=True, choices=SCHEDULES)
+    p.add_argument("--partition", required=True, choices=METHODS,
+                   help="uniform (Megatron-LM), titan (torchtitan), balanced (min-max stage time)")
+    p.add_argument("--devices", type=int, help="device count (default: the profile's devices)")
+    p.add_argument("--microbatches", type=int, required=True)
+    p.add_argument("--chunks", type=int,
+                   help="stages per device (default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_CHUNKS.items()) + ")")
+    p.add_argument("-o", "--output", required=True, help="plan JSON to write (octopipe.plan/1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    num_devices = len(profile.device_list(args.devices))
+    plan = make_baseline(profile, args.schedule, args.partition, num_devices, args.microbatches,
+                         args.chunks)
+    try:
+        save_plan(plan, args.output)
+    except OSError as exc:
+        raise InputError(args.output, f"cannot write: {exc.strerror or exc}") from None
+    pred = plan.predicted or {}
+    print(
+        f"{args.schedule}/{args.partition}: {plan.num_stages} stages on {num_devices} devices, "
+        f"iteration {pred['iteration_time']:.6g} s, bubble {pred['bubble_ratio']:.1%}, "
+        f"{'fits' if pred['fits'] else 'exceeds memory'} -> {args.output}"
+    )
+    return 0
