@@ -172,3 +172,23 @@ def test_mamba_mixer_is_causal():
 def test_unknown_layer_index_is_refused():
     with pytest.raises(ValueError, match="no layer 99"):
         build_model("tiny-llama", layers=[0, 99])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_few_adam_steps_lower_the_loss(name):
+    model = build_model(name, seq_len=16)
+    # Tokens the model saw: tiny-gemma's 8192-word vocabulary is mostly unseen after 15 steps.
+    seen = model.make_batch(1, seed=0, step=0)
+
+    def loss() -> float:
+        with torch.no_grad():
+            return model.loss(model(*seen.inputs[0]), seen.targets[0]).item()
+
+    before = loss()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(15):
+        batch = model.make_batch(1, seed=0, step=step)
+        opt.zero_grad()
+        model.loss(model(*batch.inputs[0]), batch.targets[0]).backward()
+        opt.step()
+    assert loss() < before - 0.3

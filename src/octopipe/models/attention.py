@@ -81,7 +81,8 @@ class SelfAttention(nn.Module):
     ):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.causal, self.rope_theta, self.window, self.softcap = causal, rope_theta, window, softcap
+        self.causal, self.rope_theta = causal, rope_theta
+        self.window, self.softcap = window, softcap
         self.scale = scale if scale is not None else head_dim**-0.5
         self.wq = nn.Linear(dim, n_heads * head_dim, bias=bias)
         self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)

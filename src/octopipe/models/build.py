@@ -45,7 +45,7 @@ def build_seeded_layer(arch: Architecture, spec, seed: int) -> nn.Module:
 
 
 class ArchModel(PipelineModel):
-    """A pipeline model of any supported architecture, trained on synthetic motif data."""
+    """A pipeline model of any supported architecture, trained on synthetic token chains."""
 
     def __init__(
         self,
@@ -78,7 +78,7 @@ class ArchModel(PipelineModel):
         inputs: list[Activation] = []
         targets: list[torch.Tensor] = []
         for _ in range(num_microbatches):
-            tokens = synthetic.motif_tokens(
+            tokens = synthetic.chain_tokens(
                 gen, self.micro_batch_size, self.seq_len + 1, self.arch.vocab_size
             )
             if self.arch.vision is None:

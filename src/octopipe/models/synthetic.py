@@ -1,27 +1,34 @@
 """Deterministic synthetic training data for the bundled models.
 
-Each text row repeats a short random motif, so a model can learn to copy the token one period
-back and its loss visibly falls; images are Gaussian noise. Everything comes from one
-generator seeded by (seed, step), so every process draws the same batch.
+Each text row walks a fixed random successor table from a random first token, so the next
+token is a function of the current one: a model learns it in a few dozen steps and its loss
+visibly falls. Images are Gaussian noise. Everything is drawn from one generator seeded by
+(seed, step), so every process builds the same batch.
 """
 
 from __future__ import annotations
 
 import torch
 
-MAX_MOTIF = 8
+TABLE_SEED = 1234  # the successor table is part of the "language", the same for every seed
 
 
 def batch_generator(seed: int, step: int) -> torch.Generator:
-    # Distinct (seed, step) pairs give distinct streams; Python's hash of ints is stable.
+    # Python's hash of a tuple of ints is stable across processes (no string hashing).
     return torch.Generator().manual_seed(hash((seed, step)) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
-def motif_tokens(gen: torch.Generator, rows: int, length: int, vocab: int) -> torch.Tensor:
-    """[rows, length] token ids; row r repeats a random motif of 2..MAX_MOTIF tokens."""
-    period = torch.randint(2, MAX_MOTIF + 1, (rows, 1), generator=gen)
-    motif = torch.randint(0, vocab, (rows, MAX_MOTIF), generator=gen)
-    return motif.gather(1, torch.arange(length).expand(rows, -1) % period)
+def successor_table(vocab: int) -> torch.Tensor:
+    return torch.randperm(vocab, generator=torch.Generator().manual_seed(TABLE_SEED))
+
+
+def chain_tokens(gen: torch.Generator, rows: int, length: int, vocab: int) -> torch.Tensor:
+    """[rows, length] token ids: random first tokens, each next token the table's successor."""
+    table = successor_table(vocab)
+    tokens = [torch.randint(0, vocab, (rows,), generator=gen)]
+    for _ in range(length - 1):
+        tokens.append(table[tokens[-1]])
+    return torch.stack(tokens, dim=1)
 
 
 def pixels(gen: torch.Generator, rows: int, tiles: int, channels: int, size: int) -> torch.Tensor:

@@ -34,7 +34,9 @@ class ViTBlock(nn.Module):
     def __init__(self, dim: int, n_heads: int, hidden: int, eps: float = 1e-5):
         super().__init__()
         self.attn_norm = nn.LayerNorm(dim, eps=eps)
-        self.attn = SelfAttention(dim, n_heads, n_heads, dim // n_heads, causal=False, rope_theta=None)
+        self.attn = SelfAttention(
+            dim, n_heads, n_heads, dim // n_heads, causal=False, rope_theta=None
+        )
         self.mlp_norm = nn.LayerNorm(dim, eps=eps)
         self.mlp = MLP(dim, hidden, "gelu")
 

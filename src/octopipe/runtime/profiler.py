@@ -199,8 +199,8 @@ def measure_memory(
     # Autograd runs one node at a time; a pre-hook marks whose saved tensors are being read.
     handles = []
     for node in _graph_nodes(roots):
-        is_w = node in w_nodes
-        handles.append(node.register_prehook(lambda grads, is_w=is_w: in_w_node.__setitem__(0, is_w)))
+        mark = node in w_nodes
+        handles.append(node.register_prehook(lambda _, mark=mark: in_w_node.__setitem__(0, mark)))
     try:
         grad_targets = [t for t in inputs if t.requires_grad] + params
         if roots and grad_targets:
