@@ -136,7 +136,8 @@ def profiles(draw, max_blocks=12):
     before = draw(KINDS_BEFORE)
     after = draw(KINDS_AFTER)
     works = st.floats(0.0, 10.0, allow_nan=False)
-    middle = draw(st.lists(st.sampled_from(["decoder", "decoder", "projector"]), max_size=max_blocks))
+    middle_kinds = st.sampled_from(["decoder", "decoder", "projector"])
+    middle = draw(st.lists(middle_kinds, max_size=max_blocks))
     kinds = [*before, *middle, *after]
     if not kinds:
         kinds = ["decoder"]
@@ -185,11 +186,12 @@ def test_balanced_is_optimal(works, speeds):
     if len(speeds) > len(works):
         return
     devices = tuple(Device(speed=s) for s in speeds)
-    profile = Profile(name="drawn", layers=tuple(layer(f"l{i}", work=w) for i, w in enumerate(works)),
-                      devices=devices)
+    layers = tuple(layer(f"l{i}", work=w) for i, w in enumerate(works))
+    profile = Profile(name="drawn", layers=layers, devices=devices)
     ranges = partition(profile, len(speeds), "balanced", placement=list(range(len(speeds))))
     assert_tiles(ranges, len(works), len(speeds))
-    assert bottleneck(profile, ranges, speeds) == pytest.approx(brute_force_bottleneck(profile, speeds))
+    best = brute_force_bottleneck(profile, speeds)
+    assert bottleneck(profile, ranges, speeds) == pytest.approx(best)
 
 
 def torchtitan_module_names(num_stages, num_blocks):
@@ -216,4 +218,5 @@ def test_titan_matches_torchtitan_module_lists(num_stages, num_blocks):
     if num_blocks + 2 < num_stages:  # torchtitan refuses: fewer effective blocks than stages
         return
     p = llm(num_blocks)
-    assert names(p, partition(p, num_stages, "titan")) == torchtitan_module_names(num_stages, num_blocks)
+    expected = torchtitan_module_names(num_stages, num_blocks)
+    assert names(p, partition(p, num_stages, "titan")) == expected

@@ -53,7 +53,9 @@ def test_placements():
     assert generate("dualpipev", 2, 4).placement == (0, 1, 1, 0)
 
 
-GRID = [(P, M, V) for P in (1, 2, 3, 4, 5) for M in (1, 2, 3, 4, 5, 7, 8, 10, 12) for V in (1, 2, 3)]
+GRID = [
+    (P, M, V) for P in (1, 2, 3, 4, 5) for M in (1, 2, 3, 4, 5, 7, 8, 10, 12) for V in (1, 2, 3)
+]
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
@@ -125,7 +127,7 @@ def test_interleaved_idle_is_divided_by_chunks(P, M, V, f, b, w):
 
 
 @pytest.mark.parametrize("P,M", SHAPES)
-@pytest.mark.parametrize("f,b,w", [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (1.0, 3.0, 1.0), (2.0, 1.0, 1.0)])
+@pytest.mark.parametrize("f,b,w", COSTS)
 def test_zbh1_idle_is_p_minus_1_times_f_plus_b_minus_w(P, M, f, b, w):
     # Qi et al.: (P-1)(T_F + T_B - T_W) with T_B the input-gradient part; with F=B=W that is
     # (P-1)(F + B_full - 2W) in full-backward terms, a third of 1F1B's.
@@ -157,7 +159,8 @@ def test_v_schedules_reach_the_v_start_up_floor_with_equal_costs(name, P, M):
 
 def test_zero_bubble_orders_rank_as_the_papers_say():
     P, M, cost = 4, 16, dict(f=1.0, b=2.0, w=1.0)
-    t = {n: simulate_uniform(n, P, M, **cost).iteration_time for n in ("1f1b", "zbh1", "zbh2", "zbv")}
+    names = ("1f1b", "zbh1", "zbh2", "zbv")
+    t = {n: simulate_uniform(n, P, M, **cost).iteration_time for n in names}
     assert t["zbh2"] < t["zbh1"] < t["1f1b"]
     assert t["zbv"] <= t["zbh2"]
 

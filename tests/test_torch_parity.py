@@ -61,6 +61,7 @@ def our_orders(name: str, num_devices: int, num_microbatches: int, chunks: int |
 
 
 GRID = [(P, M) for P in (1, 2, 3, 4, 5) for M in (1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 16)]
+GRID += [(6, 12), (8, 8), (8, 16), (8, 24), (8, 20)]
 
 
 @pytest.mark.parametrize("P,M", GRID)

@@ -39,7 +39,9 @@ def make_baseline(
     return plan.with_predicted(result.predicted())
 
 
-def all_baselines(profile: Profile, num_devices: int, num_microbatches: int) -> list[tuple[str, Plan]]:
+def all_baselines(
+    profile: Profile, num_devices: int, num_microbatches: int
+) -> list[tuple[str, Plan]]:
     """Every schedule (default chunks) with every partitioner, labelled "schedule/partition";
     combinations the counts do not support (too few microbatches or layers) are skipped."""
     profile.device_list(num_devices)  # wrong device count: an error, not an empty list

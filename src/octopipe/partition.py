@@ -12,8 +12,8 @@
 
 A "block" is any layer whose kind is not an embedding, norm, head or projector; a non-block
 layer between blocks rides with the block before it. When the blocks cannot give every stage
-one (titan: counting the ends as blocks), every layer counts as a block. This module knows nothing of
-schedules or time beyond a stage's work.
+one (titan: counting the ends as blocks), every layer counts as a block. This module knows
+nothing of schedules or time beyond a stage's work.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def partition(
 ) -> Ranges:
     """Layer ranges of `num_stages` stages by `method` (see the module docstring)."""
     if method not in METHODS:
-        raise InputError("partition", f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        known = ", ".join(METHODS)
+        raise InputError("partition", f"unknown method {method!r}; choose one of {known}")
     if num_stages < 1:
         raise InputError("partition", f"needs at least 1 stage, got {num_stages}")
     if profile.num_layers < num_stages:
@@ -101,13 +102,17 @@ def stage_speeds(profile: Profile, num_stages: int, placement: Sequence[int] | N
     if placement is None:
         return [1.0] * num_stages
     if len(placement) != num_stages:
-        raise InputError("partition", f"placement names {len(placement)} stages, expected {num_stages}")
+        raise InputError(
+            "partition", f"placement names {len(placement)} stages, expected {num_stages}"
+        )
     devices = profile.devices
     if devices is None:
         return [1.0] * num_stages
     for s, d in enumerate(placement):
         if not 0 <= d < len(devices):
-            raise InputError("partition", f"stage {s} placed on device {d}, the profile has {len(devices)}")
+            raise InputError(
+                "partition", f"stage {s} placed on device {d}, the profile has {len(devices)}"
+            )
     return [devices[d].speed for d in placement]
 
 

@@ -22,8 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="uniform (Megatron-LM), titan (torchtitan), balanced (min-max stage time)")
     p.add_argument("--devices", type=int, help="device count (default: the profile's devices)")
     p.add_argument("--microbatches", type=int, required=True)
-    p.add_argument("--chunks", type=int,
-                   help="stages per device (default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_CHUNKS.items()) + ")")
+    defaults = ", ".join(f"{name} {chunks}" for name, chunks in DEFAULT_CHUNKS.items())
+    p.add_argument("--chunks", type=int, help=f"stages per device (default: {defaults})")
     p.add_argument("-o", "--output", required=True, help="plan JSON to write (octopipe.plan/1)")
 
 

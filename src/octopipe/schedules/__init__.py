@@ -66,8 +66,10 @@ def generate(
 def check_supported(name: str, num_devices: int, num_microbatches: int, chunks: int) -> None:
     """Raise InputError when `name` cannot run with these counts."""
     if name not in SCHEDULES:
-        raise InputError("schedule", f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-    for what, value in (("devices", num_devices), ("microbatches", num_microbatches), ("chunks", chunks)):
+        known = ", ".join(SCHEDULES)
+        raise InputError("schedule", f"unknown schedule {name!r}; choose one of {known}")
+    counts = (("devices", num_devices), ("microbatches", num_microbatches), ("chunks", chunks))
+    for what, value in counts:
         if value < 1:
             raise InputError(name, f"needs at least 1 of {what}, got {value}")
     P, M, V = num_devices, num_microbatches, chunks

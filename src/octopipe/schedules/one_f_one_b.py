@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from octopipe.plan import Action
 from octopipe.schedules.writer import OrderWriter
 
-NEVER = 1 << 62  # a weight lag that holds every W until the backwards are done
-
 
 @dataclass(frozen=True)
 class DeviceRule:
@@ -32,7 +30,6 @@ class DeviceRule:
     round_size: int  # microbatches one chunk runs before the next chunk takes its turn
     split: bool = False  # backward as I now and W later, instead of one B
     weight_lag: int = 0  # a W runs once this many later backwards have run (split only)
-    cooldown_weight_lag: int | None = None  # the lag after the last forward (default: the same)
 
 
 def family_order(
@@ -57,11 +54,8 @@ def family_order(
         if k < 0:
             continue
         out.backward(backward_stage(k), rule.split)
-        lag = rule.weight_lag
-        if step >= total and rule.cooldown_weight_lag is not None:
-            lag = rule.cooldown_weight_lag
-        if rule.split and k >= lag:
-            out.weight()
+        if rule.split and k >= rule.weight_lag:
+            out.weight()  # the oldest pending one; the rest run after the last backward
     return out.finish(M)
 
 
@@ -73,12 +67,16 @@ def gpipe_rule(device: int, num_devices: int, chunks: int, num_microbatches: int
     return DeviceRule(warmup=chunks * num_microbatches, round_size=num_microbatches)
 
 
-def one_f_one_b_rule(device: int, num_devices: int, chunks: int, num_microbatches: int) -> DeviceRule:
+def one_f_one_b_rule(
+    device: int, num_devices: int, chunks: int, num_microbatches: int
+) -> DeviceRule:
     """1F1B (PipeDream-Flush): as many forwards as stages after this one, then alternate."""
     return DeviceRule(warmup=num_devices - 1 - device, round_size=num_microbatches)
 
 
-def interleaved_rule(device: int, num_devices: int, chunks: int, num_microbatches: int) -> DeviceRule:
+def interleaved_rule(
+    device: int, num_devices: int, chunks: int, num_microbatches: int
+) -> DeviceRule:
     """Interleaved 1F1B (Megatron-LM): whole rounds of the earlier chunks, then two forwards per
     stage still ahead (a forward and a backward must cross each hop before the first backward)."""
     size = round_size(num_devices, num_microbatches)
