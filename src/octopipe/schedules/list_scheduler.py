@@ -1,0 +1,262 @@
+"""Memory-aware list scheduler: per-device orders for any partition and placement.
+
+Given the stages (their durations on their devices, activation sizes, transfer lags) and a set of
+`Rules`, it simulates the devices event by event and, whenever a device is free, runs the ready
+action that the rules rank first. The rules are what a tuner turns:
+
+- `split_backward`: backward as I then W (zero-bubble family) or as one B (1F1B family);
+- `inflight`: per stage, how many microbatches may sit between their F and their backward
+  (the warm-up depth; a 1F1B stage s of S has S - s);
+- `defer_w`: W waits until its device has nothing else ready (filling bubbles) or memory forces it;
+- `backward_first` and `oldest_first`: the ranking of ready backward and forward actions;
+- `memory_budget`: per device, activation bytes that may be held at once.
+
+With one stage per device, `inflight = S - s`, `backward_first` and no split the orders are
+1F1B's; with the split and `defer_w` they are ZB-H1-like. The timing follows DESIGN.md's default
+cost semantics, so the simulator reproduces the scheduler's makespan; still, callers report the
+simulator's figures, not this module's. This module does not search (see `octopipe.tune`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from octopipe.errors import DeadlockError
+from octopipe.plan import Action
+from octopipe.profile import Device, Link
+from octopipe.sim.graph import CostTable
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One stage as its device sees it: op seconds at the device's speed, activation bytes."""
+
+    device: int
+    f: float
+    i: float  # backward for the input
+    w: float  # backward for the weights
+    act: float  # held from F until the backward
+    wact: float  # of which still held after I until W
+    lag_next: float  # transfer to the next stage (0 on the same device or for the last stage)
+
+    @property
+    def work(self) -> float:
+        return self.f + self.i + self.w
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Priorities and limits of the list scheduler (see the module docstring)."""
+
+    inflight: tuple[int, ...]  # per stage, >= 1
+    split_backward: bool = True
+    defer_w: bool = True
+    backward_first: bool = True
+    oldest_first: bool = True  # among ready actions of one kind: lowest microbatch, else deepest stage
+    memory_budget: tuple[float, ...] | None = None  # per device, bytes of activations
+
+
+@dataclass(frozen=True)
+class ListSchedule:
+    """The scheduler's orders, with its own estimate of time and activation peaks."""
+
+    codes: tuple[tuple[tuple[int, str, int], ...], ...]  # per device: (stage, kind, mb)
+    makespan: float
+    busy: tuple[float, ...]
+    peak_activation_bytes: tuple[float, ...]
+
+    @property
+    def orders(self) -> dict[int, tuple[Action, ...]]:
+        """Per device, its actions in order (built on demand: a search discards most schedules)."""
+        return {d: tuple(Action(*a) for a in acts) for d, acts in enumerate(self.codes)}
+
+
+def stage_costs(
+    costs: CostTable,
+    ranges: Sequence[tuple[int, int]],
+    placement: Sequence[int],
+    devices: Sequence[Device],
+    link: Link,
+) -> tuple[StageCost, ...]:
+    """The StageCost of each stage of a partition + placement (durations divided by speed)."""
+    out = []
+    last = len(ranges) - 1
+    for s, ((a, b), d) in enumerate(zip(ranges, placement, strict=True)):
+        f, bi, bw = costs.stage_times(a, b)
+        speed = devices[d].speed
+        crosses = s < last and placement[s + 1] != d
+        lag = link.transfer_time(costs.boundary_bytes(b)) if crosses else 0.0
+        out.append(StageCost(
+            device=d, f=f / speed, i=bi / speed, w=bw / speed,
+            act=costs.act[b] - costs.act[a], wact=costs.wact[b] - costs.wact[a], lag_next=lag,
+        ))
+    return tuple(out)
+
+
+def list_schedule(
+    stages: Sequence[StageCost], num_devices: int, num_microbatches: int, rules: Rules
+) -> ListSchedule:
+    """Per-device orders for `stages` under `rules`; every device appears in the result."""
+    return _Scheduler(stages, num_devices, num_microbatches, rules).run()
+
+
+class _Scheduler:
+    """One run of the event-driven list scheduler (state lives here, not in module globals).
+
+    F and backward of a stage go in microbatch order; the candidates of a free device are thus
+    one F and one backward per stage it holds, plus its oldest deferred W.
+    """
+
+    def __init__(self, stages: Sequence[StageCost], nd: int, M: int, rules: Rules):
+        S = len(stages)
+        if len(rules.inflight) != S:
+            raise ValueError(f"rules give {len(rules.inflight)} in-flight caps for {S} stages")
+        self.stages, self.nd, self.M, self.S, self.rules = stages, nd, M, S, rules
+        self.cap = [max(1, c) for c in rules.inflight]
+        self.budget = list(rules.memory_budget) if rules.memory_budget else [INF] * nd
+        self.on_device = [[s for s in range(S) if stages[s].device == d] for d in range(nd)]
+        if not rules.oldest_first:
+            for owned in self.on_device:
+                owned.reverse()  # deepest stage first
+        self.f_end = [INF] * (S * M)  # by s * M + m
+        self.bwd_end = [INF] * (S * M)
+        self.next_f = [0] * S
+        self.next_bwd = [0] * S
+        self.pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(nd)]
+        self.level = [0.0] * nd
+        self.peak = [0.0] * nd
+        self.free_at = [0.0] * nd
+        self.busy = [0.0] * nd
+        self.orders: list[list[tuple[int, str, int]]] = [[] for _ in range(nd)]
+        self.wakeups: list[tuple[float, int]] = [(0.0, d) for d in range(nd)]
+        self.remaining = S * M * (3 if rules.split_backward else 2)
+
+    def run(self) -> ListSchedule:
+        wakeups = self.wakeups
+        while self.remaining:
+            if not wakeups:
+                raise DeadlockError("list scheduler: no device can make progress (in-flight caps too small?)")
+            now, d = heapq.heappop(wakeups)
+            if self.free_at[d] <= now:
+                self._dispatch(d, now)
+        return ListSchedule(
+            codes=tuple(tuple(acts) for acts in self.orders),
+            makespan=max(self.free_at, default=0.0),
+            busy=tuple(self.busy),
+            peak_activation_bytes=tuple(self.peak),
+        )
+
+    # --- choosing ------------------------------------------------------------------------
+
+    def _dispatch(self, d: int, now: float) -> None:
+        """Start the best ready action on free device `d`, if any."""
+        rules = self.rules
+        if self.pending_w[d] and not rules.defer_w:
+            self._run_w(d, now)
+            return
+        attempts = (self._try_backward, self._try_forward)
+        for attempt in attempts if rules.backward_first else reversed(attempts):
+            if attempt(d, now):
+                return
+        if self.pending_w[d]:
+            self._run_w(d, now)
+
+    def _try_forward(self, d: int, now: float) -> bool:
+        s = self._ready_forward(d, now)
+        if s is not None:
+            self._run_forward(s, d, now)
+        return s is not None
+
+    def _try_backward(self, d: int, now: float) -> bool:
+        s = self._ready_backward(d, now)
+        if s is not None:
+            self._run_backward(s, d, now)
+        return s is not None
+
+    def _ready_forward(self, d: int, now: float) -> int | None:
+        best, best_mb = None, self.M
+        M = self.M
+        for s in self.on_device[d]:
+            m = self.next_f[s]
+            if m >= M or m > best_mb:
+                continue
+            inflight = m - self.next_bwd[s]
+            if inflight >= self.cap[s]:
+                continue
+            if s and self.f_end[(s - 1) * M + m] + self.stages[s - 1].lag_next > now:
+                continue
+            # Over budget, F waits for deferred W to free memory; with none to run, a stage's
+            # first microbatch in flight is admitted anyway, so a tight budget cannot deadlock.
+            over = self.level[d] + self.stages[s].act > self.budget[d]
+            if over and (inflight or self.pending_w[d]):
+                continue
+            if not self.rules.oldest_first:
+                return s
+            best, best_mb = s, m
+        return best
+
+    def _ready_backward(self, d: int, now: float) -> int | None:
+        best, best_mb = None, self.M
+        M, last = self.M, self.S - 1
+        for s in self.on_device[d]:
+            m = self.next_bwd[s]
+            if m >= self.next_f[s] or m > best_mb:
+                continue
+            if self.f_end[s * M + m] > now:
+                continue
+            if s < last and self.bwd_end[(s + 1) * M + m] + self.stages[s].lag_next > now:
+                continue
+            if not self.rules.oldest_first:
+                return s
+            best, best_mb = s, m
+        return best
+
+    # --- running -------------------------------------------------------------------------
+
+    def _start(self, d: int, now: float, action: tuple[int, str, int], duration: float,
+               mem_delta: float) -> float:
+        end = now + duration
+        self.orders[d].append(action)
+        self.free_at[d] = end
+        self.busy[d] += duration
+        self.level[d] += mem_delta
+        if self.level[d] > self.peak[d]:
+            self.peak[d] = self.level[d]
+        self.remaining -= 1
+        heapq.heappush(self.wakeups, (end, d))
+        return end
+
+    def _wake(self, stage: int, at: float) -> None:
+        heapq.heappush(self.wakeups, (at, self.stages[stage].device))
+
+    def _run_forward(self, s: int, d: int, now: float) -> None:
+        st = self.stages[s]
+        m = self.next_f[s]
+        self.next_f[s] = m + 1
+        end = self._start(d, now, (s, "F", m), st.f, st.act)
+        self.f_end[s * self.M + m] = end
+        if s + 1 < self.S:
+            self._wake(s + 1, end + st.lag_next)
+
+    def _run_backward(self, s: int, d: int, now: float) -> None:
+        st = self.stages[s]
+        m = self.next_bwd[s]
+        self.next_bwd[s] = m + 1
+        if self.rules.split_backward:
+            end = self._start(d, now, (s, "I", m), st.i, st.wact - st.act)
+            self.pending_w[d].append((s, m))
+        else:
+            end = self._start(d, now, (s, "B", m), st.i + st.w, -st.act)
+        self.bwd_end[s * self.M + m] = end
+        if s > 0:
+            self._wake(s - 1, end + self.stages[s - 1].lag_next)
+
+    def _run_w(self, d: int, now: float) -> None:
+        s, m = self.pending_w[d].popleft()
+        st = self.stages[s]
+        self._start(d, now, (s, "W", m), st.w, -st.wact)
