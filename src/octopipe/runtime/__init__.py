@@ -1,1 +1,17 @@
-"""TODO"""
+"""The executor: runs any valid plan on real devices through torch.distributed.
+
+- `deps`: the plan's dependency graph and the checks before a run (acyclic, fits model and world);
+- `shapes`: what crosses each stage boundary, learned once before training;
+- `comm`: non-blocking point-to-point transfers of activations and gradients;
+- `stage`: one stage's forward, full backward and split backward (I, W);
+- `worker`: one rank running its action list, then the optimizer step;
+- `session`: one rank's whole job, and the result assembled from every rank;
+- `launcher`: spawned processes or torchrun; failures propagate, nothing is left running;
+- `trace`: Chrome/Perfetto traces; `reference`: single-process ground truth; `fuzz`: random plans.
+"""
+
+from octopipe.runtime.launcher import RankFailure, execute, launch
+from octopipe.runtime.session import Job, RunConfig, RunResult
+from octopipe.runtime.worker import OptimizerConfig
+
+__all__ = ["Job", "OptimizerConfig", "RankFailure", "RunConfig", "RunResult", "execute", "launch"]

@@ -1,0 +1,75 @@
+"""`octopipe run`: train a model with a plan on real processes and report what was measured."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from octopipe.plan import load_plan
+from octopipe.runtime.launcher import DEFAULT_TIMEOUT_S, RankFailure, execute, under_torchrun
+from octopipe.runtime.session import Job, RunConfig
+from octopipe.runtime.trace import write_trace
+from octopipe.runtime.worker import OptimizerConfig
+
+NAME = "run"
+HELP = "run a plan on torch.distributed (spawned processes or inside torchrun) and measure it"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", required=True, help="plan.json (octopipe.plan/1)")
+    parser.add_argument("--model", required=True, help="bundled model name, or module:factory taking a seed")
+    parser.add_argument("--nproc", type=int, help="processes to spawn (default: the plan's devices; ignored under torchrun)")
+    parser.add_argument("--steps", type=_positive, default=3, help="training steps (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                        help="auto: NCCL when each rank can have its own GPU, else gloo on CPU")
+    parser.add_argument("--lookahead", type=_positive, default=8, help="actions ahead whose receives are posted early")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before a stuck transfer fails")
+    parser.add_argument("--trace", help="write a Chrome/Perfetto trace of every rank's actions here")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = load_plan(args.plan)
+    optimizer = OptimizerConfig(args.optimizer, args.lr, args.momentum if args.optimizer == "sgd" else 0.0)
+    config = RunConfig(args.model, args.seed, args.steps, optimizer, args.lookahead)
+    nproc = args.nproc or plan.num_devices
+    try:
+        results = execute([Job(plan, config, args.plan)], nproc, args.backend, args.timeout)
+    except RankFailure as exc:
+        print(f"octopipe run: {exc}", file=sys.stderr)
+        return 1
+    if results is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return 0
+    result = results[0]
+    if args.trace:
+        write_trace(args.trace, result.records)
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_human(summary, under_torchrun())
+    return 0
+
+
+def _print_human(summary: dict, torchrun: bool) -> None:
+    losses = ", ".join(f"{x:.6g}" for x in summary["losses"])
+    print(f"losses per step: {losses}")
+    predicted = summary["predicted_iteration_time"]
+    line = f"iteration time: {summary['iteration_time'] * 1e3:.3f} ms (median after the first step)"
+    if predicted is not None:
+        line += f"; plan predicted {predicted * 1e3:.3f} ms"
+    print(line)
+    mems = ", ".join(f"rank {r}: {b / 2**20:.1f} MiB" for r, b in enumerate(summary["peak_memory_bytes"]))
+    print(f"peak memory: {mems}")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value

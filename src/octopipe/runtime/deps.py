@@ -1,0 +1,95 @@
+"""The dependency graph of a plan's actions, and the checks a plan must pass before it runs.
+
+Pure functions over `Plan` only: no torch, no processes. The executor calls `check_runnable`
+before any rank starts, so a plan that would deadlock or does not fit the model is refused with
+one line instead of hanging a process group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from octopipe.errors import DeadlockError, InputError
+from octopipe.plan import B, F, I, W, Action, Plan, check_structure
+
+
+def split_backwards(plan: Plan) -> frozenset[tuple[int, int]]:
+    """The (stage, microbatch) pairs whose backward is split into I and W."""
+    return frozenset((a.stage, a.mb) for acts in plan.schedule.values() for a in acts if a.kind == I)
+
+
+def dependencies(plan: Plan, act: Action, split: frozenset[tuple[int, int]] | None = None) -> Iterator[Action]:
+    """The actions whose results `act` consumes (DESIGN.md, default cost semantics).
+
+    `split` is `split_backwards(plan)`; pass it when calling this in a loop.
+    """
+    if split is None:
+        split = split_backwards(plan)
+    s, m = act.stage, act.mb
+    if act.kind == F:
+        if s > 0:
+            yield Action(s - 1, F, m)
+    elif act.kind in (B, I):
+        yield Action(s, F, m)
+        if s + 1 < plan.num_stages:
+            yield Action(s + 1, I if (s + 1, m) in split else B, m)
+    elif act.kind == W:
+        yield Action(s, I, m)
+
+
+def find_cycle(plan: Plan) -> list[Action] | None:
+    """A cycle in the plan's dependency graph, or None when it is acyclic.
+
+    In the returned list each action waits for the next one, and the last waits for the first.
+
+    Edges: every data dependency, plus each device's order (an action waits for the one listed
+    before it on its device).
+    """
+    split = split_backwards(plan)
+    waits_for: dict[Action, list[Action]] = {}
+    for acts in plan.schedule.values():
+        for j, act in enumerate(acts):
+            preds = list(dependencies(plan, act, split))
+            if j > 0:
+                preds.append(acts[j - 1])
+            waits_for[act] = preds
+    state: dict[Action, int] = {}  # 1 = on the current path, 2 = finished
+    for root in waits_for:
+        if root in state:
+            continue
+        path: list[Action] = [root]
+        todo: list[Iterator[Action]] = [iter(waits_for[root])]
+        state[root] = 1
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                todo.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):]
+            elif nxt not in state and nxt in waits_for:
+                state[nxt] = 1
+                path.append(nxt)
+                todo.append(iter(waits_for[nxt]))
+    return None
+
+
+def check_acyclic(plan: Plan) -> None:
+    cycle = find_cycle(plan)
+    if cycle:
+        chain = " waits for ".join(str(a) for a in [*cycle, cycle[0]])
+        raise DeadlockError(f"the schedule deadlocks: {chain}")
+
+
+def check_runnable(plan: Plan, num_layers: int, world_size: int, where: str = "<plan>") -> None:
+    """Refuse a plan the executor cannot run on this model and this many processes."""
+    covered = plan.stages[-1].end if plan.stages else 0
+    if covered != num_layers:
+        raise InputError(where, f"the stages cover {covered} layers but the model has {num_layers}", "stages")
+    check_structure(plan, where, num_layers)
+    if plan.num_devices > world_size:
+        raise InputError(where, f"the plan needs {plan.num_devices} devices but only {world_size} processes run", "num_devices")
+    try:
+        check_acyclic(plan)
+    except DeadlockError as exc:
+        raise InputError(where, str(exc), "schedule") from None

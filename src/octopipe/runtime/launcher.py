@@ -1,0 +1,187 @@
+"""Start the ranks of a run and bring back its results, or its first error.
+
+Two ways in: `launch` spawns one process per rank on this host (gloo on loopback for CPU,
+NCCL when there is a GPU per rank) and watches them: if one fails, the rest are killed and its
+traceback is raised here; nothing is left running. `run_under_torchrun` runs this process as one
+rank of an existing `torchrun` job (RANK/WORLD_SIZE in the environment). Both run a list of jobs
+in one process group, so tests pay for process start-up once.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from octopipe.runtime.deps import check_runnable
+from octopipe.runtime.model_source import build_pipeline_model
+from octopipe.runtime.session import Job, RunResult, run_job_on_rank
+
+DEFAULT_TIMEOUT_S = 120.0  # a hung transfer fails after this instead of blocking forever
+_GRACE_S = 2.0  # how long a failed run's other ranks get before they are killed
+
+
+class RankFailure(RuntimeError):
+    """A rank raised (or died); the message carries its original traceback."""
+
+    exit_codes: tuple[int | None, ...] = ()  # every spawned rank's, once all are stopped
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def choose_backend(requested: str, local_world_size: int) -> str:
+    """`auto`: NCCL when every local rank can have a GPU of its own, else gloo on CPU."""
+    if requested != "auto":
+        return requested
+    usable = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
+    return "nccl" if usable else "gloo"
+
+
+def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
+    """Refuse, before any rank starts, a plan that does not fit its model or the world size."""
+    for job in jobs:
+        model = build_pipeline_model(job.config.model, job.config.seed)
+        check_runnable(job.plan, len(model.layer_names), world_size, job.source)
+
+
+def execute(jobs: Sequence[Job], nproc: int, backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> list[RunResult] | None:
+    """Run the jobs on `nproc` fresh processes, or on the torchrun job this process belongs to.
+
+    Returns the results on the process that speaks for the run (the parent, or rank 0), else None.
+    """
+    if under_torchrun():
+        return run_under_torchrun(jobs, backend, timeout_s)
+    return launch(jobs, nproc, backend, timeout_s)
+
+
+# --- inside torchrun --------------------------------------------------------------------------
+
+
+def run_under_torchrun(jobs: Sequence[Job], backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> list[RunResult] | None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    validate_jobs(jobs, world)
+    backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    device = _device_for(backend, local_rank)
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    try:
+        results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
+    finally:
+        dist.destroy_process_group()
+    return results if rank == 0 else None  # type: ignore[return-value]
+
+
+# --- spawning our own ranks ---------------------------------------------------------------------
+
+
+def launch(jobs: Sequence[Job], nproc: int, backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> list[RunResult]:
+    validate_jobs(jobs, nproc)
+    backend = choose_backend(backend, nproc)
+    ctx = mp.get_context("spawn")
+    messages = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="octopipe-run-") as tmp:
+        store = Path(tmp) / "store"  # a file store: rendezvous without opening a port
+        procs = [ctx.Process(target=_rank_main, args=(rank, nproc, str(store), backend, list(jobs), messages, timeout_s),
+                             name=f"octopipe-rank{rank}", daemon=True) for rank in range(nproc)]
+        for p in procs:
+            p.start()
+        try:
+            payload = _watch(procs, messages, timeout_s * (1 + len(jobs)))
+        except RankFailure as failure:
+            _stop(procs)
+            failure.exit_codes = tuple(p.exitcode for p in procs)
+            raise
+        finally:
+            _stop(procs)
+    return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+def _watch(procs: list[mp.process.BaseProcess], messages: mp.Queue, deadline_s: float) -> bytes:
+    """Wait for rank 0's results and every rank's clean exit; raise on the first failure."""
+    deadline = time.monotonic() + deadline_s
+    payload: bytes | None = None
+    while True:
+        msg = _next_message(messages, 0.05)
+        if msg is not None and msg[0] == "error":
+            raise RankFailure(f"rank {msg[1]} failed:\n{msg[2]}")
+        if msg is not None:
+            payload = msg[1]
+        codes = [p.exitcode for p in procs]
+        bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        if bad:
+            msg = _next_message(messages, _GRACE_S)  # the failed rank's traceback may still be in flight
+            if msg is not None and msg[0] == "error":
+                raise RankFailure(f"rank {msg[1]} failed:\n{msg[2]}")
+            raise RankFailure(f"rank {bad[0][0]} died with exit code {bad[0][1]}")
+        if payload is not None and all(c == 0 for c in codes):
+            return payload
+        if all(c == 0 for c in codes):
+            msg = _next_message(messages, _GRACE_S)
+            if msg is None or msg[0] != "ok":
+                raise RankFailure("every rank exited but rank 0 sent no result")
+            return msg[1]
+        if time.monotonic() > deadline:
+            raise RankFailure(f"the run did not finish within {deadline_s:.0f} s")
+
+
+def _next_message(messages: mp.Queue, timeout: float) -> tuple | None:
+    try:
+        return messages.get(timeout=timeout)
+    except queue_mod.Empty:
+        return None
+
+
+def _stop(procs: list[mp.process.BaseProcess]) -> None:
+    """Leave nothing running: ask, then force."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(_GRACE_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _rank_main(rank: int, world: int, store: str, backend: str, jobs: list[Job], messages: mp.Queue, timeout_s: float) -> None:
+    """Body of one spawned rank: train every job; rank 0 sends the results; any error is reported."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own sockets stay on loopback
+    code = 0
+    try:
+        torch.set_num_threads(1)  # ranks share the host's cores; oversubscription only slows them
+        device = _device_for(backend, rank)
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+        results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
+        if rank == 0:
+            buf = io.BytesIO()
+            torch.save(results, buf)
+            messages.put(("ok", buf.getvalue()))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - whatever it was, the parent must hear of it
+        messages.put(("error", rank, traceback.format_exc()))
+        code = 1
+    messages.close()
+    messages.join_thread()
+    os._exit(code)  # skip interpreter teardown: a peer may be gone, and its sockets with it
+
+
+def _device_for(backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")

@@ -1,0 +1,48 @@
+"""Turn the `--model` argument into a PipelineModel: a bundled model's name, an architecture
+config.json, or `module:factory`.
+
+The factory form lets tests and users run their own PipelineModel subclass: `factory(seed)`
+must return the model, with weights that depend only on the seed (every rank builds the same).
+A bundled model can be built with only some layers (`layers`), as a pipeline rank wants; a
+factory always builds the whole model and the worker frees the layers it does not hold.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from octopipe.errors import InputError
+from octopipe.models.base import PipelineModel
+
+
+def build_pipeline_model(spec: str, seed: int, layers: Iterable[int] | None = None) -> PipelineModel:
+    """The model `spec` names; with `layers`, a bundled model builds only those layer indices."""
+    if ":" in spec:
+        model = _from_factory(spec, seed)
+    else:
+        model = _bundled(spec, seed, layers)
+    if not isinstance(model, PipelineModel):
+        raise InputError("--model", f"{spec!r} built a {type(model).__name__}, not a PipelineModel")
+    return model
+
+
+def _from_factory(spec: str, seed: int) -> PipelineModel:
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InputError("--model", f"cannot load factory {spec!r}: {exc}") from None
+    return factory(seed)
+
+
+def _bundled(name: str, seed: int, layers: Iterable[int] | None) -> PipelineModel:
+    models = importlib.import_module("octopipe.models")
+    build = getattr(models, "build_model", None)
+    if build is None:
+        raise InputError("--model", f"no bundled models are available yet; pass module:factory instead of {name!r}")
+    known = getattr(models, "bundled_models", lambda: None)()
+    if known is not None and name not in known and not Path(name).is_file():
+        raise InputError("--model", f"unknown model {name!r}; bundled: {', '.join(sorted(known))} (or a config.json)")
+    return build(name, seed, layers=None if layers is None else list(layers))

@@ -1,0 +1,191 @@
+"""One rank of the executor: builds the stages placed on it and runs its action list each step.
+
+For every action the worker gathers the inputs (from the batch, from a stage on the same rank,
+or from the P2P layer), runs the stage's compute, and hands the result on the same three ways.
+Receives are posted `lookahead` actions ahead so transfers overlap compute, and sends never
+wait, so any plan whose dependency graph is acyclic runs to the end whatever its order. After
+the last action: the optimizer step. Every action's wait/start/end times are recorded.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from octopipe.models.base import Activation, Batch, PipelineModel
+from octopipe.plan import B, F, I, W, Action, Plan
+from octopipe.runtime.comm import P2P
+from octopipe.runtime.shapes import BoundarySpec
+from octopipe.runtime.stage import StageCompute, as_leaves
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The update applied after each step; the same on every rank."""
+
+    name: str = "sgd"  # "sgd" or "adam"
+    lr: float = 0.01
+    momentum: float = 0.0  # SGD only
+    weight_decay: float = 0.0
+
+    def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if self.name == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        if self.name == "adam":
+            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        raise ValueError(f"unknown optimizer {self.name!r}, expected 'sgd' or 'adam'")
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """When one action ran, in seconds since the job's common start (a barrier)."""
+
+    step: int
+    action: str
+    wait_start: float  # began waiting for its inputs
+    start: float  # inputs ready, compute began
+    end: float
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    losses: tuple[float, ...]  # per microbatch, unscaled; empty unless this rank holds the last stage
+    duration: float  # from the step's start barrier to this rank's optimizer step end
+
+
+class Worker:
+    """The stages of `plan` placed on `rank`, and how to train them one step at a time."""
+
+    def __init__(self, plan: Plan, model: PipelineModel, rank: int, device: torch.device,
+                 specs: dict[int, BoundarySpec], optimizer: OptimizerConfig, per_channel_groups: bool,
+                 lookahead: int = 8) -> None:
+        """`model` must have this rank's layers (it may lack others); `specs[layer]` is the
+        activation entering `layer`, for the first layer of every stage but the first."""
+        self.plan, self.model, self.rank, self.device = plan, model, rank, device
+        self.lookahead = lookahead
+        self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
+        self._keep_only_my_layers()
+        last = plan.num_stages - 1
+        self.stages = {
+            s: StageCompute(model, st.start, st.end, s == last, plan.num_microbatches)
+            for s, st in enumerate(plan.stages) if st.device == rank
+        }
+        stage_specs = {b: specs[plan.stages[b].start] for b in range(1, plan.num_stages)}
+        self.comm = P2P(plan, rank, stage_specs, device, per_channel_groups)
+        self.params = [p for st in self.stages.values() for p in st.params]
+        self.optimizer = optimizer.build(self.params) if self.params else None
+        self.records: list[ActionRecord] = []
+        self._local_acts: dict[tuple[int, int], Activation] = {}
+        self._local_grads: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+    # --- a training step ---------------------------------------------------------------------
+
+    def train_step(self, step: int, batch: Batch, origin: float) -> StepRecord:
+        """Run this rank's actions for one batch, then the optimizer step."""
+        self._batch, self._step, self._origin = batch, step, origin
+        self._losses: dict[int, float] = {}
+        self.comm.reset()
+        for p in self.params:
+            p.grad = None
+        dist.barrier()
+        began = time.perf_counter()
+        for i, act in enumerate(self.actions):
+            self._prefetch(self.actions[i + 1:i + 1 + self.lookahead])
+            self._run(act)
+        self.comm.wait_sends()
+        if self.optimizer is not None:
+            self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        duration = time.perf_counter() - began
+        leftover = {s: st.in_flight() for s, st in self.stages.items() if st.in_flight()}
+        assert not leftover and not self._local_acts and not self._local_grads, f"state left after the step: {leftover}"
+        return StepRecord(tuple(self._losses[m] for m in sorted(self._losses)), duration)
+
+    def peak_memory_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+    # --- one action ----------------------------------------------------------------------------
+
+    def _run(self, act: Action) -> None:
+        wait_start = time.perf_counter()
+        if act.kind == F:
+            inputs = self._forward_inputs(act.stage, act.mb)
+            start = time.perf_counter()
+            self._forward(act.stage, act.mb, inputs)
+        elif act.kind in (B, I):
+            grads = self._backward_inputs(act.stage, act.mb)
+            start = time.perf_counter()
+            self._backward(act.stage, act.mb, grads, split=act.kind == I)
+        else:
+            start = time.perf_counter()
+            self.stages[act.stage].backward_weight(act.mb)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # so the recorded end is when the work finished
+        end = time.perf_counter()
+        o = self._origin
+        self.records.append(ActionRecord(self._step, str(act), wait_start - o, start - o, end - o))
+
+    def _forward(self, stage: int, mb: int, inputs: Activation) -> None:
+        target = self._batch.targets[mb].to(self.device) if self.stages[stage].is_last else None
+        outputs, loss = self.stages[stage].forward(mb, inputs, target)
+        if loss is not None:
+            self._losses[mb] = loss
+        elif self._on_this_rank(stage + 1):
+            self._local_acts[(stage + 1, mb)] = as_leaves(outputs)
+        else:
+            self.comm.send_forward(stage, mb, outputs)
+
+    def _backward(self, stage: int, mb: int, output_grads: list[torch.Tensor] | None, split: bool) -> None:
+        compute = self.stages[stage]
+        if split:
+            input_grads = compute.backward_input(mb, output_grads)
+        else:
+            input_grads = compute.backward(mb, output_grads)
+        if stage == 0:
+            return
+        if self._on_this_rank(stage - 1):
+            self._local_grads[(stage - 1, mb)] = input_grads
+        else:
+            self.comm.send_backward(stage, mb, input_grads)
+
+    # --- where inputs come from ----------------------------------------------------------------
+
+    def _forward_inputs(self, stage: int, mb: int) -> Activation:
+        if stage == 0:
+            return tuple(t.to(self.device) for t in self._batch.inputs[mb])
+        if self._on_this_rank(stage - 1):
+            return self._local_acts.pop((stage, mb))
+        return as_leaves(self.comm.recv_forward(stage, mb))
+
+    def _backward_inputs(self, stage: int, mb: int) -> list[torch.Tensor] | None:
+        if stage == self.plan.num_stages - 1:
+            return None
+        if self._on_this_rank(stage + 1):
+            return self._local_grads.pop((stage, mb))
+        return self.comm.recv_backward(stage, mb)
+
+    def _prefetch(self, upcoming: tuple[Action, ...]) -> None:
+        for act in upcoming:
+            if act.kind == F and act.stage > 0 and not self._on_this_rank(act.stage - 1):
+                self.comm.prefetch_forward(act.stage, act.mb)
+            elif act.kind in (B, I) and act.stage + 1 < self.plan.num_stages and not self._on_this_rank(act.stage + 1):
+                self.comm.prefetch_backward(act.stage, act.mb)
+
+    def _on_this_rank(self, stage: int) -> bool:
+        return self.plan.stages[stage].device == self.rank
+
+    def _keep_only_my_layers(self) -> None:
+        """Free the weights of layers other ranks hold; move ours to the device."""
+        mine = {i for st in self.plan.stages if st.device == self.rank for i in range(st.start, st.end)}
+        for i in range(len(self.model.layer_names)):
+            if i in mine:
+                self.model.layer(i).to(self.device)
+            elif self.model.has_layer(i):
+                self.model.layer(i).to(torch.device("meta"))

@@ -1,0 +1,163 @@
+"""Shared pieces of the executor tests: a small toy PipelineModel and hand-written plan builders.
+
+The toy model exercises what real models do at stage boundaries: activation tuples with two
+floating-point streams and an integer tensor riding along, a layer without weights, and a loss.
+The builders write the classic orders (GPipe, 1F1B) and a greedy list scheduler that turns any
+placement into a valid order, with full or split backward.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from octopipe.models.base import Batch, PipelineModel
+from octopipe.plan import B, F, I, W, Action, Plan, make_plan
+from octopipe.runtime.deps import dependencies, split_backwards
+
+TOY = "executor_helpers:toy_model"
+TOY_LAYERS = 8
+WIDTH = 6
+MB_ROWS = 3
+
+
+class _Embed(nn.Module):
+    """x -> (h, skip, ids): starts the two float streams and the integer one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = torch.tanh(self.proj(x))
+        return h, x * 0.5, ids
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = nn.Linear(WIDTH, WIDTH)
+        self.gate = nn.Parameter(torch.ones(WIDTH))
+
+    def forward(self, h: torch.Tensor, skip: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        scale = (ids.float() + 1).unsqueeze(-1) / MB_ROWS  # integer stream steers the math
+        return torch.tanh(self.mix(h) * self.gate + skip * scale), skip, ids
+
+
+class _Swap(nn.Module):
+    """No weights: exchanges the streams, so gradients must flow through both of them."""
+
+    def forward(self, h: torch.Tensor, skip: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return skip * 1.5, h, ids
+
+
+class _Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = nn.Linear(2 * WIDTH, 2)
+
+    def forward(self, h: torch.Tensor, skip: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.cat([h, skip], dim=-1))
+
+
+class ToyModel(PipelineModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_layer("embed", _Embed())
+        for i in range(TOY_LAYERS - 2):
+            self.add_layer(f"layers.{i}", _Swap() if i == 2 else _Block())
+        self.add_layer("head", _Head())
+
+    def loss(self, output, target):
+        return nn.functional.mse_loss(output[0], target)
+
+    def make_batch(self, num_microbatches: int, seed: int, step: int = 0) -> Batch:
+        gen = torch.Generator().manual_seed(seed * 7919 + step)
+        inputs, targets = [], []
+        for _ in range(num_microbatches):
+            x = torch.randn(MB_ROWS, WIDTH, generator=gen)
+            ids = torch.randint(0, MB_ROWS, (MB_ROWS,), generator=gen)
+            inputs.append((x, ids))
+            targets.append(torch.randn(MB_ROWS, 2, generator=gen))
+        return Batch(inputs, targets)
+
+
+def toy_model(seed: int) -> ToyModel:
+    torch.manual_seed(seed)
+    return ToyModel()
+
+
+class _Boom(nn.Module):
+    def forward(self, h, skip, ids):
+        if torch.is_grad_enabled():  # shape discovery runs without grad; training does not
+            raise RuntimeError("boom: injected failure in layers.3")
+        return h, skip, ids
+
+
+def failing_model(seed: int) -> ToyModel:
+    model = toy_model(seed)
+    model.layers.add_module("3", _Boom())  # replaces the block in place: same FQN, same order
+    return model
+
+
+# --- plan builders ------------------------------------------------------------------------
+
+
+def even_ranges(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
+    cuts = [round(i * num_layers / num_stages) for i in range(num_stages + 1)]
+    return list(zip(cuts, cuts[1:]))
+
+
+def gpipe(num_devices: int, num_mb: int, num_layers: int = TOY_LAYERS) -> Plan:
+    orders = {d: [Action(d, F, m) for m in range(num_mb)] + [Action(d, B, m) for m in reversed(range(num_mb))]
+              for d in range(num_devices)}
+    return make_plan(num_devices, num_mb, even_ranges(num_layers, num_devices), range(num_devices), orders)
+
+
+def one_f_one_b(num_devices: int, num_mb: int, num_layers: int = TOY_LAYERS) -> Plan:
+    orders = {}
+    for d in range(num_devices):
+        warmup = min(num_devices - d - 1, num_mb)
+        order = [Action(d, F, m) for m in range(warmup)]
+        for m in range(warmup, num_mb):
+            order += [Action(d, F, m), Action(d, B, m - warmup)]
+        order += [Action(d, B, m) for m in range(num_mb - warmup, num_mb)]
+        orders[d] = order
+    return make_plan(num_devices, num_mb, even_ranges(num_layers, num_devices), range(num_devices), orders)
+
+
+def greedy(placement: Sequence[int], num_mb: int, num_devices: int, backward: Callable[[int, int], str] = lambda s, m: B,
+           prefer_backward: bool = True, num_layers: int = TOY_LAYERS, rng: random.Random | None = None) -> Plan:
+    """List-schedule every action in unit time steps; each device picks among its ready actions.
+
+    `backward(stage, mb)` says `B` or `I` (split: I then W). Backward-first gives 1F1B-like
+    orders, forward-first GPipe-like ones; with `rng` the pick is random (irregular orders).
+    """
+    num_stages = len(placement)
+    todo = []
+    for s in range(num_stages):
+        for m in range(num_mb):
+            todo.append(Action(s, F, m))
+            todo += [Action(s, I, m), Action(s, W, m)] if backward(s, m) == I else [Action(s, B, m)]
+    ranges = even_ranges(num_layers, num_stages)
+    skeleton = make_plan(num_devices, num_mb, ranges, placement, {d: [] for d in range(num_devices)})
+    split = frozenset((a.stage, a.mb) for a in todo if a.kind == I)
+    done: set[Action] = set()
+    orders: dict[int, list[Action]] = {d: [] for d in range(num_devices)}
+    rank = {F: 1, B: 0, I: 0, W: 2} if prefer_backward else {F: 0, B: 1, I: 1, W: 2}
+    while todo:
+        ready = [a for a in todo if all(d in done for d in dependencies(skeleton, a, split))]
+        assert ready, "the builder itself deadlocked"
+        chosen = []
+        for dev in range(num_devices):
+            mine = [a for a in ready if placement[a.stage] == dev]
+            if mine:
+                pick = rng.choice(mine) if rng else min(mine, key=lambda a: (rank[a.kind], a.mb, -a.stage))
+                chosen.append(pick)
+                orders[dev].append(pick)
+        done.update(chosen)
+        todo = [a for a in todo if a not in done]
+    return make_plan(num_devices, num_mb, ranges, placement, orders)

@@ -1,0 +1,55 @@
+"""`octopipe run`: JSON report, Perfetto trace, and one-line refusals of plans it cannot run."""
+
+import json
+
+import pytest
+from executor_helpers import greedy, one_f_one_b
+
+from octopipe.cli import main
+from octopipe.plan import save_plan
+
+
+@pytest.mark.timeout(120)
+def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
+    plan = greedy([0, 1, 1, 0], 3, 2, backward=lambda s, m: "I" if m else "B", num_layers=7)
+    plan_path, trace_path = tmp_path / "plan.json", tmp_path / "trace.json"
+    save_plan(plan.with_predicted({"iteration_time": 0.123}), plan_path)
+    code = main(["run", "--plan", str(plan_path), "--model", "tiny-llama", "--steps", "3",
+                 "--optimizer", "adam", "--lr", "0.003", "--json", "--trace", str(trace_path)])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["losses"]) == 3 and all(x > 0 for x in report["losses"])
+    assert report["iteration_time"] > 0
+    assert report["predicted_iteration_time"] == 0.123
+    assert len(report["peak_memory_bytes"]) == 2 and min(report["peak_memory_bytes"]) > 0
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    actions = [e for e in events if e["ph"] == "X" and e["cat"] != "wait"]
+    for rank in (0, 1):
+        mine = [e["name"] for e in actions if e["pid"] == rank]
+        assert mine == [str(a) for a in plan.schedule[rank]] * 3
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in actions)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "tiny-vlm"], "the stages cover 7 layers but the model has 12"),
+    (["--model", "tiny-llama", "--nproc", "1"], "needs 2 devices but only 1 processes"),
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+])
+def test_plans_it_cannot_run_exit_2_with_one_line(tmp_path, capsys, args, message):
+    plan_path = tmp_path / "plan.json"
+    save_plan(one_f_one_b(2, 2, num_layers=7), plan_path)
+    assert main(["run", "--plan", str(plan_path), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_a_cyclic_plan_exits_2_naming_the_waiting_actions(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps({
+        "format": "octopipe.plan/1", "num_devices": 2, "num_microbatches": 2,
+        "stages": [{"layers": [0, 3], "device": 0}, {"layers": [3, 7], "device": 1}],
+        "schedule": {"0": ["0F0", "0B0", "0F1", "0B1"], "1": ["1F0", "1B1", "1B0", "1F1"]},
+    }))
+    assert main(["run", "--plan", str(plan_path), "--model", "tiny-llama"]) == 2
+    err = capsys.readouterr().err
+    assert "deadlocks" in err and "waits for" in err and "1B1" in err
