@@ -144,6 +144,7 @@ def write_samples(folder: str | Path) -> list[Path]:
         "interleaved_4x2x8": (layer_profile(8, 4), interleaved_1f1b(4, 2, 8)),
         "vshape_hetero_4x8": None,
         "1f1b_32x128": (layer_profile(32, 32), one_f_one_b(32, 128)),
+        "1f1b_split_32x128": (layer_profile(32, 32), one_f_one_b(32, 128, split=True)),
     }
     hetero = layer_profile(8, 4, speeds=[1.0, 1.0, 0.8, 1.25], memory_bytes=12 << 30)
     cases["vshape_hetero_4x8"] = (hetero, v_shape_greedy(hetero, 4, 8, max_in_flight=6))

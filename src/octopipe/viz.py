@@ -31,7 +31,7 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from octopipe.errors import InputError  # noqa: E402
 from octopipe.plan import Action, Plan  # noqa: E402
-from octopipe.profile import Profile  # noqa: E402
+from octopipe.profile import Profile, read_json  # noqa: E402
 from octopipe.sim import CostTable, Event, SimResult  # noqa: E402
 from octopipe.sim.graph import KIND_CODE, action_id, build_graph, devices_for  # noqa: E402
 
@@ -41,7 +41,8 @@ IDLE_COLOR = "#ECECEC"
 CRITICAL_EDGE = "#111111"
 
 # Layout of the timeline, in inches: fixed margins around an axes sized to the content.
-_MARGIN_LEFT, _MARGIN_RIGHT, _MARGIN_TOP, _MARGIN_BOTTOM = 1.5, 0.8, 0.75, 0.6
+# The top margin holds two lines of title and one of legend.
+_MARGIN_LEFT, _MARGIN_RIGHT, _MARGIN_TOP, _MARGIN_BOTTOM = 1.5, 0.8, 1.0, 0.6
 _ROW_HEIGHT = 0.34
 _BAR_FILL = 0.82  # share of a row's height a box fills
 _TYPICAL_BOX = 0.2  # inches for a short action (first quartile), room for a 3-digit label
@@ -301,9 +302,11 @@ def _add_legend(fig, events: Sequence[Event], num_chunks: int, critical: bool) -
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
     if critical:
         handles.append(Patch(facecolor="white", edgecolor=CRITICAL_EDGE, label="critical path"))
-    fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8,
-               frameon=False, bbox_to_anchor=(1.0 - 0.2 / fig.get_size_inches()[0], 1.0),
-               handlelength=1.2, columnspacing=1.0)
+    fig_w, fig_h = fig.get_size_inches()
+    # One row under the title, its left edge under the title's.
+    fig.legend(handles=handles, loc="upper left", ncol=len(handles), fontsize=8, frameon=False,
+               bbox_to_anchor=((_MARGIN_LEFT - 0.1) / fig_w, 1.0 - 0.55 / fig_h),
+               borderaxespad=0.0, handlelength=1.2, columnspacing=1.2)
 
 
 # --- memory -------------------------------------------------------------------------------
@@ -345,9 +348,16 @@ def memory_over_time(events: SimResult | Iterable[Event], plan: Plan,
         for e in by_device[d]:
             a = e.action
             delta = graph.mem_delta[action_id(a.stage, KIND_CODE[a.kind], a.mb, M)]
-            if delta:
-                level += delta
-                times.append(e.start if delta > 0 else e.end)
+            if not delta:
+                continue
+            level += delta
+            at = e.start if delta > 0 else e.end
+            if at == times[-1]:
+                # A free at an action's end and the next action's allocation at the same
+                # instant: keep one step. The free comes first, so no peak is lost.
+                levels[-1] = level
+            else:
+                times.append(at)
                 levels.append(level)
         traces.append(MemoryTrace(d, tuple(times), tuple(levels), static,
                                   float(graph.devices[d].memory_bytes)))
@@ -455,8 +465,6 @@ def events_from_chrome_trace(data: Any, where: str = "<trace>") -> tuple[Event, 
 
 
 def load_chrome_trace(path: str | Path) -> tuple[Event, ...]:
-    from octopipe.profile import read_json
-
     return events_from_chrome_trace(read_json(path), str(path))
 
 
