@@ -229,6 +229,25 @@ def test_chrome_trace_round_trips_to_events(cases, tmp_path):
         assert a.end == pytest.approx(b.end, abs=1e-12)
 
 
+def test_executor_trace_reads_as_events_of_one_step(tmp_path):
+    trace = pytest.importorskip("octopipe.runtime.trace")
+    from octopipe.runtime.worker import ActionRecord
+
+    records = (
+        (ActionRecord(0, "0F0", 0.0, 0.0, 1.0), ActionRecord(0, "0B0", 2.0, 3.0, 5.0),
+         ActionRecord(1, "0F0", 6.0, 6.0, 7.0)),
+        (ActionRecord(0, "1F0", 1.0, 1.5, 2.0), ActionRecord(0, "1B0", 2.0, 2.0, 3.0)),
+    )
+    trace.write_trace(tmp_path / "run.json", records)
+    events = viz.load_chrome_trace(tmp_path / "run.json", step=0)
+    got = sorted((e.device, str(e.action), round(e.start, 9), round(e.end, 9)) for e in events)
+    assert got == [(0, "0B0", 3.0, 5.0), (0, "0F0", 0.0, 1.0),
+                   (1, "1B0", 2.0, 3.0), (1, "1F0", 1.5, 2.0)]
+    assert len(viz.load_chrome_trace(tmp_path / "run.json")) == 5  # all steps, no waits
+    lines = viz.render_text_timeline(events, width=5).splitlines()
+    assert lines[1:] == ["0 |F..BB|", "1 |.FB..|"]
+
+
 def test_malformed_trace_names_the_event(tmp_path):
     bad = {"traceEvents": [{"ph": "X", "name": "0F0", "ts": "soon", "dur": 1, "pid": 0,
                             "args": {"stage": 0, "microbatch": 0, "kind": "F"}}]}

@@ -442,30 +442,49 @@ def save_chrome_trace(events: SimResult | Iterable[Event], path: str | Path,
     return path
 
 
-def events_from_chrome_trace(data: Any, where: str = "<trace>") -> tuple[Event, ...]:
-    """Read back the actions of a trace written by `chrome_trace` (other events are ignored),
-    e.g. to compare a measured run with the simulator."""
+def events_from_chrome_trace(data: Any, where: str = "<trace>",
+                             step: int | None = None) -> tuple[Event, ...]:
+    """The actions of a trace, as Events (pid = device), e.g. to draw a measured run or
+    compare it with the simulator. Reads what `chrome_trace` writes and the executor's traces
+    (`runtime/trace.py`: the action in the name, `args.step`); other events, such as the
+    executor's waits, are skipped. `step` keeps only that training step's actions."""
     raw = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(raw, list):
         raise InputError(where, "expected a trace object with a 'traceEvents' list")
     events = []
     for i, item in enumerate(raw):
-        if not (isinstance(item, dict) and item.get("ph") == "X" and "stage" in item.get("args", {})):
+        if not (isinstance(item, dict) and item.get("ph") == "X"):
+            continue
+        args = item.get("args") or {}
+        if step is not None and args.get("step") != step:
             continue
         try:
-            args = item["args"]
-            action = Action(int(args["stage"]), str(args["kind"]), int(args["microbatch"]))
+            action = _trace_action(item, args)
+            if action is None:
+                continue
             start = float(item["ts"]) / 1e6
             events.append(Event(int(item["pid"]), action, start, start + float(item["dur"]) / 1e6))
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(where, f"malformed action event: {exc}", f"traceEvents[{i}]") from None
-        if action.kind not in KIND_CODE:
-            raise InputError(where, f"unknown kind {action.kind!r}", f"traceEvents[{i}].args.kind")
     return tuple(events)
 
 
-def load_chrome_trace(path: str | Path) -> tuple[Event, ...]:
-    return events_from_chrome_trace(read_json(path), str(path))
+def _trace_action(item: dict[str, Any], args: dict[str, Any]) -> Action | None:
+    """The action an "X" event stands for, from its args or else its name; None for events
+    that are no action (waits, transfers)."""
+    if "stage" in args:
+        action = Action(int(args["stage"]), str(args["kind"]), int(args["microbatch"]))
+        if action.kind not in KIND_CODE:
+            raise ValueError(f"unknown kind {action.kind!r}")
+        return action
+    try:
+        return Action.parse(str(item.get("name", "")))
+    except ValueError:
+        return None
+
+
+def load_chrome_trace(path: str | Path, step: int | None = None) -> tuple[Event, ...]:
+    return events_from_chrome_trace(read_json(path), str(path), step)
 
 
 # --- terminal -------------------------------------------------------------------------------
