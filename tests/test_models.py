@@ -111,8 +111,11 @@ def test_vlm_activations_carry_image_features_to_the_text_stack():
     assert len(x) == 2 and x[1].dim() == 5  # token ids and pixels [batch, tiles, C, H, W]
     embed = model.layer_names.index("tok_embeddings")
     streams = model.forward_layers(0, embed + 1, x)
-    assert [t.shape[-1] for t in streams] == [64, 64]
+    assert [t.shape[-1] for t in streams] == [64, 64]  # hidden states, image features
     assert streams[1].shape[1] == model.arch.vision.num_tokens  # as the cost model counts them
+    last_cross = model.layer_names.index(f"layers.{max(model.arch.cross_attention_layers)}")
+    assert len(model.forward_layers(0, last_cross, x)) == 2
+    assert len(model.forward_layers(0, last_cross + 1, x)) == 1  # no one reads the image after
     # The image changes the text's output through the cross-attention layers.
     other = (x[0], torch.randn_like(x[1]))
     assert not torch.allclose(model(*x)[0], model(*other)[0])
@@ -192,3 +195,24 @@ def test_a_few_adam_steps_lower_the_loss(name):
         model.loss(model(*batch.inputs[0]), batch.targets[0]).backward()
         opt.step()
     assert loss() < before - 0.3
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_parameters_and_boundaries_agree_with_the_cost_model(name):
+    """The real model has the shapes the analytic cost model assumes for the same config:
+    per layer the same parameter count and, in fp32, the same bytes crossing each boundary."""
+    from octopipe.costmodel.layercost import boundary_bytes, layer_work
+    from octopipe.costmodel.settings import Settings
+
+    model = build_model(name, seq_len=16, micro_batch_size=2)
+    arch, specs = model.arch, layer_specs(model.arch)
+    settings = Settings(seq_len=16, micro_batch_size=2, activation_bytes=4)
+    x = model.make_batch(1, seed=0).inputs[0]
+    for i, spec in enumerate(specs):
+        n_params = sum(p.numel() for p in model.layer(i).parameters())
+        assert n_params == layer_work(arch, spec, settings).params, spec.name
+        if spec.kind == "head":
+            break  # its output is the loss, not an activation
+        x = model.forward_layers(i, i + 1, x)
+        sent = sum(t.numel() * t.element_size() for t in x)
+        assert sent == boundary_bytes(arch, specs, i, settings), spec.name

@@ -107,22 +107,25 @@ class SelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Text queries attend to every image feature (Llama-3.2-Vision style, no RoPE, no mask)."""
+    """Text queries attend to every image feature (Llama-3.2-Vision: no RoPE, no mask, per-head
+    RMSNorm of queries and keys)."""
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int):
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, eps: float = 1e-5):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
         self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
         self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        q = self._heads(self.wq(x), self.n_heads)
-        k = self._heads(self.wk(image), self.n_kv_heads)
+        q = self.q_norm(self._heads(self.wq(x), self.n_heads))
+        k = self.k_norm(self._heads(self.wk(image), self.n_kv_heads))
         v = self._heads(self.wv(image), self.n_kv_heads)
         out = attend(q, k, v, None, self.head_dim**-0.5)
         return self.wo(out.transpose(1, 2).flatten(2))

@@ -1,9 +1,11 @@
 """Pipeline layers: one module per `LayerSpec`, built from the architecture's shapes.
 
 Every layer takes the activation streams as positional tensors and returns them as a tuple:
-text models carry `(hidden,)`; the vision-language model carries `(token_ids, vision_states)`
-through the vision tower and `(hidden, image_features)` through the text stack, until `norm`
-drops the image features. Token ids are integers and carry no gradient.
+text models carry `(hidden,)`. The vision-language model carries `(token_ids, vision_states)`
+through the vision tower, plus the features it collects from intermediate layers once there
+are any, then `(token_ids, image_features)` after the projector and `(hidden, image_features)`
+through the text stack, until the last cross-attention layer drops the image features. Token
+ids are integers and carry no gradient.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from octopipe.costmodel.arch import Architecture, LayerSpec
+from octopipe.costmodel.arch import GEMMA, Architecture, LayerSpec
 from octopipe.models.attention import CrossAttention, LatentAttention, RMSNorm, SelfAttention
 from octopipe.models.feedforward import MLP, GatedMLP, MoE
 from octopipe.models.mamba import Mamba2Mixer
@@ -31,21 +33,25 @@ class TokenEmbedding(nn.Module):
 
 
 class TextLayer(nn.Module):
-    """`layers.i`: a pre-norm residual token mixer and/or feed-forward (hybrids have one)."""
+    """`layers.i`: a pre-norm residual token mixer and/or feed-forward (hybrids have one).
+    Gemma also normalizes each branch's output before the residual add."""
 
     def __init__(self, arch: Architecture, spec: LayerSpec):
         super().__init__()
         dim, eps = arch.hidden_size, arch.norm_eps
+        post_norms = arch.family == GEMMA
         self.mixer = token_mixer(arch, spec)
         self.mixer_norm = RMSNorm(dim, eps) if self.mixer is not None else None
+        self.mixer_post_norm = RMSNorm(dim, eps) if self.mixer and post_norms else nn.Identity()
         self.ffn = feed_forward(arch, spec)
         self.ffn_norm = RMSNorm(dim, eps) if self.ffn is not None else None
+        self.ffn_post_norm = RMSNorm(dim, eps) if self.ffn and post_norms else nn.Identity()
 
     def forward(self, h: torch.Tensor, *context: torch.Tensor) -> Streams:
         if self.mixer is not None:
-            h = h + self.mixer(self.mixer_norm(h))
+            h = h + self.mixer_post_norm(self.mixer(self.mixer_norm(h)))
         if self.ffn is not None:
-            h = h + self.ffn(self.ffn_norm(h))
+            h = h + self.ffn_post_norm(self.ffn(self.ffn_norm(h)))
         return (h, *context)
 
 
@@ -56,28 +62,30 @@ class CrossAttentionLayer(nn.Module):
         super().__init__()
         dim, eps, att = arch.hidden_size, arch.norm_eps, arch.attention
         self.attn_norm = RMSNorm(dim, eps)
-        self.attn = CrossAttention(dim, att.num_heads, att.num_kv_heads, att.head_dim)
+        self.attn = CrossAttention(dim, att.num_heads, att.num_kv_heads, att.head_dim, eps)
         self.ffn_norm = RMSNorm(dim, eps)
         self.ffn = feed_forward(arch, spec)
         # Mllama opens its gates from 0; a fresh model here starts half open so that the image
         # path gets gradients from the first step.
         self.attn_gate = nn.Parameter(torch.full((1,), 0.5))
         self.ffn_gate = nn.Parameter(torch.full((1,), 0.5))
+        # After the last cross-attention layer nothing reads the image features: stop sending.
+        self.passes_image_on = spec.index != max(arch.cross_attention_layers)
 
     def forward(self, h: torch.Tensor, image: torch.Tensor) -> Streams:
         h = h + torch.tanh(self.attn_gate) * self.attn(self.attn_norm(h), image)
         h = h + torch.tanh(self.ffn_gate) * self.ffn(self.ffn_norm(h))
-        return (h, image)
+        return (h, image) if self.passes_image_on else (h,)
 
 
 class FinalNorm(nn.Module):
-    """`norm`: the last normalization; the image features end here."""
+    """`norm`: the last normalization."""
 
     def __init__(self, arch: Architecture):
         super().__init__()
         self.norm = RMSNorm(arch.hidden_size, arch.norm_eps)
 
-    def forward(self, h: torch.Tensor, *context: torch.Tensor) -> Streams:
+    def forward(self, h: torch.Tensor) -> Streams:
         return (self.norm(h),)
 
 
@@ -106,37 +114,53 @@ class VisionEmbedLayer(nn.Module):
     def __init__(self, arch: Architecture):
         super().__init__()
         v = _vision(arch)
-        self.patch_embed = PatchEmbed(v.image_size, v.patch_size, v.num_channels, v.hidden_size)
+        self.patch_embed = PatchEmbed(
+            v.image_size, v.patch_size, v.num_channels, v.hidden_size, v.max_num_tiles
+        )
 
     def forward(self, tokens: torch.Tensor, pixels: torch.Tensor) -> Streams:
         return (tokens, self.patch_embed(pixels))
 
 
 class VisionLayer(nn.Module):
-    """`vision.layers.j`: one ViT block over the patch states; token ids pass through."""
+    """`vision.layers.j`: one ViT block over the patch states; token ids pass through. The
+    outputs of Mllama's intermediate layers are appended to a collected-features stream."""
+
+    def __init__(self, arch: Architecture, spec: LayerSpec):
+        super().__init__()
+        v = _vision(arch)
+        is_global = spec.index >= v.num_layers - v.num_global_layers
+        self.block = ViTBlock(
+            v.hidden_size, v.num_heads, v.intermediate_size, arch.norm_eps, gated=is_global
+        )
+        self.collects = spec.index in v.intermediate_layers
+
+    def forward(
+        self, tokens: torch.Tensor, states: torch.Tensor, *collected: torch.Tensor
+    ) -> Streams:
+        states = self.block(states)
+        if self.collects:
+            collected = (torch.cat([*collected, states], dim=-1),)
+        return (tokens, states, *collected)
+
+
+class ProjectorLayer(nn.Module):
+    """`projector`: the last vision states with the collected ones (vision_output_dim wide) to
+    the text width, giving the image features."""
 
     def __init__(self, arch: Architecture):
         super().__init__()
         v = _vision(arch)
-        self.block = ViTBlock(v.hidden_size, v.num_heads, v.intermediate_size, arch.norm_eps)
+        width = v.hidden_size * (1 + len(v.intermediate_layers))
+        if width != v.output_dim:
+            raise ValueError(
+                f"{arch.name}: vision_output_dim is {v.output_dim}, but the last layer and "
+                f"{len(v.intermediate_layers)} intermediate layers give {width} features"
+            )
+        self.proj = nn.Linear(width, arch.hidden_size)
 
-    def forward(self, tokens: torch.Tensor, states: torch.Tensor) -> Streams:
-        return (tokens, self.block(states))
-
-
-class ProjectorLayer(nn.Module):
-    """`projector`: vision states to the text width, giving the image features.
-
-    Mllama concatenates several vision layers' states (vision_output_dim wide); here only the
-    last layer's states cross the pipeline, so the projector reads hidden_size features.
-    """
-
-    def __init__(self, arch: Architecture):
-        super().__init__()
-        self.proj = nn.Linear(_vision(arch).hidden_size, arch.hidden_size)
-
-    def forward(self, tokens: torch.Tensor, states: torch.Tensor) -> Streams:
-        return (tokens, self.proj(states))
+    def forward(self, tokens: torch.Tensor, *states: torch.Tensor) -> Streams:
+        return (tokens, self.proj(torch.cat(states, dim=-1)))
 
 
 def token_mixer(arch: Architecture, spec: LayerSpec) -> nn.Module | None:
@@ -198,12 +222,13 @@ def build_layer(arch: Architecture, spec: LayerSpec) -> nn.Module:
         return TextLayer(arch, spec)
     if spec.kind == "cross_attention":
         return CrossAttentionLayer(arch, spec)
+    if spec.kind == "vision_block":
+        return VisionLayer(arch, spec)
     singletons = {
         "embedding": TokenEmbedding,
         "norm": FinalNorm,
         "head": OutputHead,
         "vision_embed": VisionEmbedLayer,
-        "vision_block": VisionLayer,
         "projector": ProjectorLayer,
     }
     if spec.kind not in singletons:

@@ -1,7 +1,10 @@
-"""Vision tower building blocks (Llama-3.2-Vision style): patch embedding of image tiles with a
-class token and learned positions per tile, and the pre-norm ViT block."""
+"""Vision tower building blocks (Llama-3.2-Vision style): the patch embedding of image tiles
+with Mllama's class token, position and tile embeddings, and the pre-norm ViT block (gated in
+the tower's global layers)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -10,28 +13,49 @@ from octopipe.models.attention import SelfAttention
 from octopipe.models.feedforward import MLP
 
 
-class PatchEmbed(nn.Module):
-    """[batch, tiles, channels, H, W] pixels -> [batch, tiles * (1 + patches), dim] tokens."""
+def aspect_ratio_count(max_tiles: int) -> int:
+    """Tile grids (w, h) with w * h <= max_tiles: the aspect ratios Mllama supports."""
+    sides = range(1, max_tiles + 1)
+    return sum(1 for w in sides for h in sides if w * h <= max_tiles)
 
-    def __init__(self, image_size: int, patch_size: int, channels: int, dim: int):
+
+class PatchEmbed(nn.Module):
+    """[batch, tiles, channels, H, W] pixels -> [batch, tiles * (1 + patches), dim] tokens.
+
+    Mllama picks tile embeddings by the image's aspect ratio (id 0 is padding); every image
+    here is the full grid of tiles, the last ratio. Mllama adds the post-tile embedding after
+    the local layers; here it stays with the other tile embeddings, in this layer.
+    """
+
+    def __init__(self, image_size: int, patch_size: int, channels: int, dim: int, tiles: int):
         super().__init__()
-        patches = (image_size // patch_size) ** 2
+        positions = (image_size // patch_size) ** 2 + 1
+        ratios = aspect_ratio_count(tiles) + 1
+        self.aspect_ratio = ratios - 1
         self.proj = nn.Conv2d(channels, dim, patch_size, stride=patch_size, bias=False)
         self.class_token = nn.Parameter(torch.randn(dim) * dim**-0.5)
-        self.positions = nn.Parameter(torch.randn(patches + 1, dim) * dim**-0.5)
+        self.positions = nn.Parameter(torch.randn(positions, dim) * dim**-0.5)
+        self.tile_positions = nn.Parameter(torch.randn(ratios, tiles, positions, dim) * dim**-0.5)
+        self.pre_tile = nn.Parameter(torch.randn(ratios, tiles, dim) * dim**-0.5)
+        self.post_tile = nn.Parameter(torch.randn(ratios, tiles, dim) * dim**-0.5)
+        self.norm = nn.LayerNorm(dim)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        batch = pixels.shape[0]
+        batch, tiles = pixels.shape[:2]
         patches = self.proj(pixels.flatten(0, 1)).flatten(2).transpose(1, 2)
         cls = self.class_token.expand(patches.shape[0], 1, -1)
-        tiles = torch.cat([cls, patches], dim=1) + self.positions
-        return tiles.reshape(batch, -1, tiles.shape[-1])
+        x = torch.cat([cls, patches], dim=1).unflatten(0, (batch, tiles))
+        ratio = self.aspect_ratio
+        x = x + self.positions + self.tile_positions[ratio] + self.pre_tile[ratio][:, None]
+        x = self.norm(x) + self.post_tile[ratio][:, None]
+        return x.flatten(1, 2)
 
 
 class ViTBlock(nn.Module):
-    """x + attn(ln(x)), then x + mlp(ln(x)); attention is bidirectional and position-free."""
+    """x + attn(ln(x)), then x + mlp(ln(x)); attention is bidirectional and position-free.
+    A gated block (Mllama's global layers) scales both branches by tanh of a learned gate."""
 
-    def __init__(self, dim: int, n_heads: int, hidden: int, eps: float = 1e-5):
+    def __init__(self, dim: int, n_heads: int, hidden: int, eps: float = 1e-5, gated: bool = False):
         super().__init__()
         self.attn_norm = nn.LayerNorm(dim, eps=eps)
         self.attn = SelfAttention(
@@ -39,7 +63,9 @@ class ViTBlock(nn.Module):
         )
         self.mlp_norm = nn.LayerNorm(dim, eps=eps)
         self.mlp = MLP(dim, hidden, "gelu")
+        self.gates = nn.Parameter(torch.full((2,), math.pi / 4)) if gated else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        attn_gate, mlp_gate = torch.tanh(self.gates) if self.gates is not None else (1.0, 1.0)
+        x = x + attn_gate * self.attn(self.attn_norm(x))
+        return x + mlp_gate * self.mlp(self.mlp_norm(x))

@@ -6,7 +6,7 @@ For each layer, on one microbatch: the forward (F), the backward for the layer's
 after `warmup` runs; the last layer's figures include the loss. Memory comes from one more
 forward and backward: the tensors autograd saves (`saved_tensors_hooks`), the part of them the
 weight-gradient nodes read (what W still needs after I), the parameters with their gradients and
-Adam state, and the size of the layer's output tuple.
+Adam state, and the size of the layer's output tuple (the loss, for the last layer).
 
 This module measures; it does not draw progress bars (the CLI passes a callback) nor pick plans.
 """
@@ -191,9 +191,7 @@ def measure_memory(
 
     inputs = as_layer_inputs(x, needs_input_grad)
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        raw = layer(*inputs)
-        raw = raw if isinstance(raw, tuple) else (raw,)
-        outputs = (loss_fn(raw),) if loss_fn is not None else raw
+        outputs = run_layer(layer, inputs, loss_fn)
     roots, seeds = backward_seeds(outputs, torch.Generator().manual_seed(0))
     w_nodes = weight_side_nodes(roots, params)
     # Autograd runs one node at a time; a pre-hook marks whose saved tensors are being read.
@@ -213,7 +211,7 @@ def measure_memory(
         act_bytes=sum(saved.values()),
         wact_bytes=wact,
         param_bytes=param_bytes(layer),
-        out_bytes=nbytes(raw),
+        out_bytes=nbytes(outputs),  # the last layer's output is its loss
     )
 
 
