@@ -191,3 +191,22 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path, capsys):
     assert main(["profile-arch", str(bad), "-o", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(bad) in err and "missing field" in err
+
+
+def test_predictions_track_the_recorded_h200_measurements():
+    """Measured once on an H200 with costmodel/calibrate_gpu.py (a recorded file, not a timing
+    taken during the test): the model must stay within about 20% of it."""
+    import json
+    from pathlib import Path
+
+    import octopipe.costmodel as costmodel
+    from octopipe.costmodel.calibration_report import layer_ratios
+
+    path = Path(costmodel.__file__).parent / "measurements" / "h200.json"
+    measured = json.loads(path.read_text())["layers"]
+    for name, values in measured.items():
+        ratios = layer_ratios(name, values, "h200")
+        assert 0.8 < ratios["b+w"] < 1.2, (name, ratios)
+        if "layers." in name or "output" in name:
+            assert 0.8 < ratios["f"] < 1.2, (name, ratios)
+            assert 0.7 < ratios["act"] <= 1.05, (name, ratios)  # eager saves a little more

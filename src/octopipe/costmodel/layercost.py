@@ -214,10 +214,13 @@ def _embedding(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings
     gradient; W scatters the output gradient into the table."""
     tp, t, h, a = s.tensor_parallel, s.tokens, arch.hidden_size, s.activation_bytes
     out = t * h * a
-    # F reads rows and writes the output; W reads the gradient and updates rows in place.
-    work.elementwise(2 * out, 0.0, w_bytes=3 * out)
+    rows = split(arch.vocab_size + arch.extra_vocab, tp)
+    # F reads rows and writes the output. W produces a dense gradient of the whole table (as
+    # PyTorch's and Megatron's embeddings do): zero it, then scatter-add the output gradient.
+    table = rows * h * a
+    work.elementwise(2 * out, 0.0, w_bytes=2 * table + 3 * out)
     work.tp_all_reduce(t, h, backward=False)
-    work.params += split(arch.vocab_size + arch.extra_vocab, tp) * h
+    work.params += rows * h
     ids = t * TOKEN_ID_BYTES
     work.act_bytes += ids
     work.wact_bytes += ids
@@ -236,9 +239,11 @@ def _head(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> 
     logits = t * vocab
     if arch.final_logit_softcap is not None:
         work.elementwise(2 * logits * a, 3 * logits * a)
-    # Softmax statistics and loss read the logits and write FP32; the backward writes the
-    # logits' gradient. The logits are saved for the backward.
-    work.elementwise(logits * (a + 4), logits * (4 + a), saved_bytes=logits * a)
+    # Unfused FP32 cross-entropy, as eager PyTorch runs it: F upcasts (read a, write 4) and
+    # takes the log-softmax (read 4, write 4, saved for the backward), the loss reads it (4);
+    # I writes the loss gradient (4), the log-softmax backward reads two and writes one (12),
+    # the downcast reads 4 and writes a. Calibrated against an H200 (docs/COSTMODEL.md).
+    work.elementwise(logits * (a + 12), logits * (20 + a), saved_bytes=logits * 4)
 
 
 # Vision tower and projector ---------------------------------------------------------------
