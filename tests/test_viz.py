@@ -146,6 +146,15 @@ def test_32_devices_by_128_microbatches_stay_legible(split):
     assert layout.axes_height / result.num_devices >= 0.3  # inches per row
 
 
+def test_zero_length_actions_do_not_shrink_the_others():
+    """A first stage with no input gradient has I of length 0: the layout ignores them."""
+    events = [Event(0, Action(0, "F", m), 2.0 * m, 2.0 * m + 1.0) for m in range(40)]
+    events += [Event(0, Action(0, "I", m), 80.0 + m, 80.0 + m) for m in range(40)]
+    layout = viz.timeline_layout(events, 120.0, 1)
+    assert all(layout.label_size(e) is not None for e in events[:40])
+    assert layout.axes_width > 8.0  # wider than the smallest picture: it scaled to the F boxes
+
+
 def test_timeline_from_measured_events_without_stage_labels(cases, tmp_path):
     *_, result = cases["1f1b"]
     shifted = [Event(e.device, e.action, e.start + 5.0, e.end + 5.0) for e in result.events]

@@ -176,7 +176,8 @@ def timeline_layout(events: Sequence[Event], span: float, num_devices: int) -> T
     """Rows of fixed height; a width that gives a short action (the first quartile of
     durations) `_TYPICAL_BOX` inches so most boxes carry their label, bounded so the image
     stays drawable."""
-    durations = sorted(e.end - e.start for e in events)
+    # Zero-length actions (an I of a stage with no input gradient) never carry a label.
+    durations = sorted(d for e in events if (d := e.end - e.start) > 0)
     short = durations[len(durations) // 4] if durations else 0.0
     width = 8.0
     if short > 0 and span > 0:
