@@ -1,0 +1,166 @@
+"""Benchmark the tuner on a zoo of heterogeneous cases from the analytic cost model.
+
+    .venv/bin/python benchmarks/bench_tuner.py            # zoo + scaling, markdown on stdout
+    .venv/bin/python benchmarks/bench_tuner.py --quick    # zoo only
+
+Per case: tuned efficiency (physical limit / simulated time), speedup over Megatron-LM
+interleaved 1F1B with the uniform partition (`i1f1b/uniform`), speedup over the best fitting
+baseline, and the tuning time on this machine. All times are the simulator's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass
+
+from octopipe.baselines import all_baselines
+from octopipe.costmodel import load_architecture
+from octopipe.costmodel.build import build_profile
+from octopipe.costmodel.hardware import hardware_preset
+from octopipe.costmodel.settings import Settings
+from octopipe.profile import Device, Profile
+from octopipe.tune import tune
+
+MEGATRON = "i1f1b/uniform"
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    model: str
+    devices: int
+    microbatches: int
+    tp: int = 1
+    slow_devices: int = 0  # the last ones become A100s among H100s
+    memory_gib: float | None = None  # capacity override, every device
+
+
+ZOO = (
+    Case("large vocabulary (gemma2-9b)", "gemma2-9b", 4, 32),
+    Case("MoE (qwen1.5-moe-a2.7b)", "qwen1.5-moe-a2.7b", 4, 32, tp=2),
+    Case("hybrid Mamba (nemotron-h-8b)", "nemotron-h-8b", 4, 32),
+    Case("vision-language (llama3.2-11b-vision)", "llama3.2-11b-vision", 8, 32),
+    Case("homogeneous control (llama3-8b)", "llama3-8b", 4, 32),
+    Case("mixed speeds: 4 H100 + 4 A100 (llama3-70b tp8)", "llama3-70b", 8, 32, tp=8,
+         slow_devices=4),
+    Case("memory-limited: 72 GiB (llama3-70b tp4)", "llama3-70b", 8, 32, tp=4, memory_gib=72),
+    Case("16 devices, 55 layers (nemotron-h-8b)", "nemotron-h-8b", 16, 64),
+)
+
+# Tighter than any baseline fits: the tuner must find a plan on its own.
+NO_BASELINE_FITS = Case("memory-limited: 48 GiB (llama3-70b tp4)", "llama3-70b", 8, 32, tp=4,
+                        memory_gib=48)
+
+SCALING = tuple(
+    Case(f"llama3-70b tp8 P={P} M={M}", "llama3-70b", P, M, tp=8)
+    for P, M in ((4, 16), (8, 32), (16, 32), (16, 64), (32, 64), (32, 128))
+)
+
+
+def profile_for(case: Case) -> Profile:
+    h100 = hardware_preset("h100")
+    profile = build_profile(load_architecture(case.model), h100, Settings(tensor_parallel=case.tp),
+                            case.devices)
+    a100 = hardware_preset("a100")
+    devices = []
+    for d in range(case.devices):
+        slow = d >= case.devices - case.slow_devices
+        speed = a100.peak_flops / h100.peak_flops if slow else 1.0
+        memory = (a100 if slow else h100).memory_bytes
+        if case.memory_gib is not None:
+            memory = case.memory_gib * GIB
+        devices.append(Device(speed=speed, memory_bytes=memory))
+    return profile.with_devices(devices)
+
+
+@dataclass(frozen=True)
+class Row:
+    case: Case
+    efficiency: float
+    vs_megatron: float
+    vs_best: float
+    best_label: str
+    seconds: float
+    evaluations: int
+    tuned_label: str
+    fits: bool
+    megatron_fits: bool
+    baselines_fitting: int
+    baselines_total: int
+
+
+def run_case(case: Case, budget: float) -> Row:
+    profile = profile_for(case)
+    started = time.perf_counter()
+    baselines = all_baselines(profile, case.devices, case.microbatches)
+    result = tune(profile, case.microbatches, case.devices, baselines=baselines,
+                  time_budget=budget)
+    seconds = time.perf_counter() - started  # baselines included: what `octopipe plan` pays
+    tuned = result.best.sim
+    fitting = [b for b in result.baselines if b.sim.fits]
+    # With no fitting baseline, compare with the fastest one anyway (it needs more memory).
+    best = min(fitting or result.baselines, key=lambda b: b.sim.iteration_time)
+    megatron = next(b for b in result.baselines if b.label == MEGATRON)
+    return Row(case, tuned.efficiency, megatron.sim.iteration_time / tuned.iteration_time,
+               best.sim.iteration_time / tuned.iteration_time, best.label, seconds,
+               result.evaluations, result.best.label, tuned.fits, megatron.sim.fits,
+               len(fitting), len(result.baselines))
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def zoo_table(rows: list[Row]) -> str:
+    lines = [
+        "| case | P x M | efficiency | vs Megatron i1F1B | vs best baseline (which) | tuning s | tuned from |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mega = f"{r.vs_megatron:.3f}x" + ("" if r.megatron_fits else " (i1F1B does not fit)")
+        lines.append(
+            f"| {r.case.label} | {r.case.devices} x {r.case.microbatches} | {r.efficiency:.3f}"
+            f"{'' if r.fits else ' (no fit)'} | {mega} | {r.vs_best:.3f}x ({r.best_label}) | "
+            f"{r.seconds:.1f} | {r.tuned_label} |"
+        )
+    lines.append(
+        f"| **geometric mean** | | **{geomean([r.efficiency for r in rows]):.3f}** | "
+        f"**{geomean([r.vs_megatron for r in rows]):.3f}x** | "
+        f"**{geomean([r.vs_best for r in rows]):.3f}x** | | |"
+    )
+    return "\n".join(lines)
+
+
+def scaling_table(rows: list[Row]) -> str:
+    lines = ["| case | stages tried | candidates | tuning s | efficiency |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.case.label} | up to {4 * r.case.devices} | {r.evaluations} | "
+                     f"{r.seconds:.1f} | {r.efficiency:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="zoo only, no scaling runs")
+    parser.add_argument("--budget", type=float, default=60.0, help="tuner time budget per case")
+    args = parser.parse_args()
+    rows = []
+    for case in ZOO:
+        rows.append(run_case(case, args.budget))
+        print(f"<!-- {case.label}: {rows[-1].seconds:.1f} s -->", flush=True)
+    print(zoo_table(rows))
+    print()
+    tight = run_case(NO_BASELINE_FITS, args.budget)
+    print(f"{tight.case.label}: the tuned plan {'fits' if tight.fits else 'does NOT fit'} "
+          f"(efficiency {tight.efficiency:.3f}, {tight.seconds:.1f} s); "
+          f"{tight.baselines_fitting} of {tight.baselines_total} baselines fit.")
+    if not args.quick:
+        print()
+        print(scaling_table([run_case(c, args.budget) for c in SCALING]))
+
+
+if __name__ == "__main__":
+    main()

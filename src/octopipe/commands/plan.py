@@ -1,0 +1,199 @@
+"""`octopipe plan`: tune a plan for a profile (or a model config) and write it out.
+
+Writes OUTDIR/plan.json (with `predicted`), schedule.csv, torchtitan.toml and timeline.png,
+and prints the tuned plan beside every baseline. The search itself lives in `octopipe.tune`;
+this module only gathers inputs, reports and writes files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from octopipe.errors import InputError, MemoryExceededError
+from octopipe.export import write_schedule_csv, write_torchtitan_toml
+from octopipe.plan import Plan, save_plan
+from octopipe.profile import Device, Profile, load_profile
+from octopipe.sim import Simulator
+from octopipe.tune import Evaluated, TuneResult, tune
+
+NAME = "plan"
+HELP = "Tune partition, placement and schedule together; write plan.json, schedule.csv, " \
+       "torchtitan.toml and timeline.png."
+
+DEFAULT_MODEL = "gemma2-9b"  # large vocabulary: what an uneven pipeline costs, at a glance
+DEFAULT_DEVICES = 4
+GIB = 2**30
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("what to plan (a profile, or a model for the analytic cost model)")
+    src.add_argument("--profile", help="profile JSON (octopipe.profile/1)")
+    src.add_argument("--model", help=f"shipped model name or config.json (default {DEFAULT_MODEL})")
+    src.add_argument("--hardware", default="h100", help="hardware preset for --model")
+    src.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for --model")
+    src.add_argument("--seq-len", type=int, default=4096, help="tokens per sample for --model")
+    src.add_argument("--micro-batch-size", type=int, default=1,
+                     help="samples per microbatch for --model (also written to torchtitan.toml)")
+    p.add_argument("--devices", type=int,
+                   help=f"device count (default: the profile's devices; {DEFAULT_DEVICES} for --model)")
+    p.add_argument("--microbatches", type=int, help="microbatches per iteration (default 4 x devices)")
+    p.add_argument("--memory-limit", help="capacity of every device, e.g. 40GiB or 80e9")
+    p.add_argument("--max-chunks", type=int, default=4, help="most stages per device to try")
+    p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search at most")
+    p.add_argument("--seed", type=int, default=0, help="seed of the search's random moves")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-o", "--output", default="octopipe-plan", help="output folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = _profile(args)
+    devices = profile.device_list(args.devices)  # a profile without devices needs --devices
+    if args.memory_limit is not None:
+        limit = parse_size(args.memory_limit, "--memory-limit")
+        devices = tuple(Device(speed=d.speed, memory_bytes=limit) for d in devices)
+    profile = profile.with_devices(devices)
+    P = len(devices)
+    M = args.microbatches if args.microbatches is not None else 4 * P
+    if M < 1:
+        raise InputError("--microbatches", f"must be at least 1, got {M}")
+    if args.max_chunks < 1:
+        raise InputError("--max-chunks", f"must be at least 1, got {args.max_chunks}")
+    if args.time_budget <= 0:
+        raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
+
+    baselines = _baselines(profile, P, M)
+    show = not args.quiet and sys.stderr.isatty()
+    with _progress(show, args.time_budget) as report:
+        result = tune(profile, M, P, max_chunks=args.max_chunks, time_budget=args.time_budget,
+                      seed=args.seed, baselines=baselines, progress=report)
+    if not result.best.sim.fits:
+        raise MemoryExceededError(shortfall_message(result.best))
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    written = write_outputs(result.best.plan, profile, out, args.micro_batch_size)
+    console = Console()
+    console.print(comparison_table(result, profile.name))
+    console.print(
+        f"searched {result.evaluations} candidates in {result.seconds:.1f} s"
+        f"{'' if result.converged else ' (time budget reached)'}; wrote {', '.join(written)}"
+    )
+    return 0
+
+
+def parse_size(text: str, where: str) -> float:
+    """'40GiB' -> 42949672960.0; plain numbers are bytes."""
+    m = _SIZE.match(text)
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise InputError(where, f"expected a size such as 40GiB or 80e9, got {text!r}")
+    value = float(m.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise InputError(where, f"must be positive, got {text!r}")
+    return value
+
+
+def shortfall_message(leanest: Evaluated) -> str:
+    sim = leanest.sim
+    d = max(range(sim.num_devices), key=lambda i: sim.memory_excess_bytes[i])
+    return (
+        f"no plan fits the devices' memory: under the leanest plan found, device {d} needs "
+        f"{sim.memory_excess_bytes[d] / GIB:.2f} GiB more ({sim.peak_memory_bytes[d] / GIB:.2f} GiB "
+        f"peak, {sim.capacity_bytes[d] / GIB:.2f} GiB capacity)"
+    )
+
+
+def write_outputs(plan: Plan, profile: Profile, out: Path, microbatch_size: int = 1) -> list[str]:
+    save_plan(plan, out / "plan.json")
+    write_schedule_csv(plan, out / "schedule.csv")
+    write_torchtitan_toml(plan, profile, out / "torchtitan.toml", "schedule.csv", microbatch_size)
+    written = ["plan.json", "schedule.csv", "torchtitan.toml"]
+    try:
+        from octopipe.viz import save_timeline
+    except ImportError:  # pictures are optional: the plan stands without them
+        return written
+    save_timeline(Simulator(profile).run(plan, detail=True), out / "timeline.png",
+                  title=f"{profile.name}: tuned plan")
+    return [*written, "timeline.png"]
+
+
+def comparison_table(result: TuneResult, title: str) -> Table:
+    best = result.best
+    table = Table(title=f"{title}: tuned plan vs baselines (simulated)",
+                  caption="speedup: the row's time over the tuned plan's")
+    table.add_column("plan", no_wrap=True)
+    for col in ("time s", "speedup", "bubble", "eff.", "peak GiB", "fits"):
+        table.add_column(col, justify="right")
+    rows = [best, *sorted(result.baselines, key=lambda e: e.sim.iteration_time)]
+    for i, e in enumerate(rows):
+        sim = e.sim
+        table.add_row(
+            e.label if i else f"[bold]{e.label}[/bold]",
+            f"{sim.iteration_time:.4f}",
+            f"{sim.iteration_time / best.sim.iteration_time:.3f}x",
+            f"{sim.bubble_ratio:.1%}",
+            f"{sim.efficiency:.3f}",
+            f"{max(sim.peak_memory_bytes) / GIB:.1f}",
+            "yes" if sim.fits else "[red]no[/red]",
+        )
+    return table
+
+
+def _profile(args: argparse.Namespace) -> Profile:
+    """The profile to plan: read from --profile, or estimated for --model (listing devices)."""
+    if args.profile and args.model:
+        raise InputError("--profile", "give a profile or a model, not both")
+    if args.profile:
+        return load_profile(args.profile)
+    from octopipe.costmodel import load_architecture
+    from octopipe.costmodel.build import build_profile
+    from octopipe.costmodel.hardware import hardware_preset
+    from octopipe.costmodel.settings import Settings
+
+    arch = load_architecture(args.model or DEFAULT_MODEL)
+    settings = Settings(seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
+                        tensor_parallel=args.tp)
+    return build_profile(arch, hardware_preset(args.hardware), settings,
+                         args.devices or DEFAULT_DEVICES)
+
+
+def _baselines(profile: Profile, P: int, M: int) -> list[tuple[str, Plan]]:
+    from octopipe.baselines import all_baselines
+
+    return all_baselines(profile, P, M)
+
+
+class _progress:
+    """A rich progress bar on stderr over the time budget, with the best time so far."""
+
+    def __init__(self, show: bool, budget: float):
+        self.show, self.budget = show, budget
+        self.bar: Progress | None = None
+
+    def __enter__(self):
+        if not self.show:
+            return None
+        self.bar = Progress(
+            TextColumn("tuning"), BarColumn(), TextColumn("best {task.fields[best]}"),
+            TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+        )
+        self.bar.start()
+        self.task = self.bar.add_task("tune", total=self.budget, best="-")
+        return self.report
+
+    def report(self, best_time: float, elapsed: float) -> None:
+        assert self.bar is not None
+        self.bar.update(self.task, completed=min(elapsed, self.budget), best=f"{best_time:.4f} s")
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,135 @@
+"""A point of the tuner's search space and its evaluation by the list scheduler.
+
+`Candidate` fixes partition (ranges), placement and the scheduling rules' knobs; `Evaluator`
+turns it into per-device orders with the memory-aware list scheduler and scores it. Scores rank
+fitting plans by time and non-fitting ones by how much memory they lack, so the search walks
+towards a plan that fits first. The simulator re-checks every plan the tuner reports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from octopipe.plan import Plan, make_plan
+from octopipe.profile import Device, Profile
+from octopipe.schedules.list_scheduler import ListSchedule, Rules, StageCost, list_schedule, stage_costs
+from octopipe.sim.graph import CostTable
+from octopipe.tune.balance import Ranges
+from octopipe.tune.placement import Placement
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Partition + placement + scheduling knobs. `warmup` scales every stage's in-flight cap
+    (1.0 = just enough microbatches to cover the stage's round trip); `extra` adds per device."""
+
+    ranges: Ranges
+    placement: Placement
+    warmup: float = 1.5
+    extra: tuple[int, ...] = ()
+    split_backward: bool = True
+    defer_w: bool = True
+    backward_first: bool = True
+    oldest_first: bool = True
+    label: str = field(default="", compare=False)
+
+    def but(self, **changes) -> Candidate:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A candidate's schedule as the list scheduler predicts it."""
+
+    candidate: Candidate
+    schedule: ListSchedule
+    makespan: float
+    busy: tuple[float, ...]
+    peak_bytes: tuple[float, ...]
+    capacity: tuple[float, ...]
+
+    @property
+    def excess(self) -> tuple[float, ...]:
+        return tuple(max(0.0, p - c) for p, c in zip(self.peak_bytes, self.capacity))
+
+    @property
+    def fits(self) -> bool:
+        return not any(self.excess)
+
+    @property
+    def score(self) -> tuple[int, float, float]:
+        """Lower is better: fitting plans by time; others by the largest shortfall, then time."""
+        return (0, 0.0, self.makespan) if self.fits else (1, max(self.excess), self.makespan)
+
+
+def inflight_caps(
+    stages: Sequence[StageCost], num_devices: int, M: int, warmup: float, extra: Sequence[int],
+    split_backward: bool,
+) -> tuple[int, ...]:
+    """Per stage: microbatches its device must keep in flight to cover the stage's round trip.
+
+    The round trip of stage s is the chain F(s..S-1) then backward(S-1..s) with transfers; during
+    it the device completes round_trip / (its work per microbatch) microbatches.
+    """
+    cycle = [0.0] * num_devices
+    for st in stages:
+        cycle[st.device] += st.work
+    caps = [0] * len(stages)
+    trip = 0.0
+    for s in range(len(stages) - 1, -1, -1):
+        st = stages[s]
+        trip += st.f + st.i + (0.0 if split_backward else st.w) + 2 * st.lag_next
+        depth = math.ceil(warmup * trip / cycle[st.device] - 1e-9) if cycle[st.device] > 0 else M
+        bonus = extra[st.device] if extra else 0
+        caps[s] = min(M, max(1, depth + bonus))
+    return tuple(caps)
+
+
+class Evaluator:
+    """Schedules and scores candidates for one profile, device set and microbatch count."""
+
+    def __init__(self, profile: Profile, devices: tuple[Device, ...], num_microbatches: int,
+                 costs: CostTable | None = None):
+        self.profile, self.devices, self.M = profile, devices, num_microbatches
+        self.costs = costs or CostTable(profile)
+        self.capacity = tuple(float(d.memory_bytes) for d in devices)
+        self.speeds = tuple(d.speed for d in devices)
+        self.evaluations = 0
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def static_bytes(self, cand: Candidate) -> list[float]:
+        static = [0.0] * self.num_devices
+        param = self.costs.param
+        for (a, b), d in zip(cand.ranges, cand.placement):
+            static[d] += param[b] - param[a]
+        return static
+
+    def stages(self, cand: Candidate) -> tuple[StageCost, ...]:
+        return stage_costs(self.costs, cand.ranges, cand.placement, self.devices, self.profile.link)
+
+    def evaluate(self, cand: Candidate) -> Outcome:
+        self.evaluations += 1
+        stages = self.stages(cand)
+        static = self.static_bytes(cand)
+        caps = inflight_caps(stages, self.num_devices, self.M, cand.warmup, cand.extra,
+                             cand.split_backward)
+        rules = Rules(
+            inflight=caps,
+            split_backward=cand.split_backward,
+            defer_w=cand.defer_w,
+            backward_first=cand.backward_first,
+            oldest_first=cand.oldest_first,
+            memory_budget=tuple(c - s for c, s in zip(self.capacity, static)),
+        )
+        sched = list_schedule(stages, self.num_devices, self.M, rules)
+        peaks = tuple(s + a for s, a in zip(static, sched.peak_activation_bytes))
+        return Outcome(cand, sched, sched.makespan, sched.busy, peaks, self.capacity)
+
+    def to_plan(self, outcome: Outcome) -> Plan:
+        cand = outcome.candidate
+        return make_plan(self.num_devices, self.M, cand.ranges, cand.placement, outcome.schedule.orders)

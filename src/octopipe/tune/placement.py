@@ -1,0 +1,58 @@
+"""Stage-to-device maps the tuner starts from: sequential, interleaved (looping) and V-shaped.
+
+A placement is a tuple: stage index -> device. `device_order` lets a family start on any device
+order (e.g. the devices with most memory first, since early stages hold the most activations).
+The tuner changes placements further by moves (see `moves.py`); this module only builds seeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from octopipe.profile import Device
+
+Placement = tuple[int, ...]
+
+
+def interleaved(order: Sequence[int], chunks: int) -> Placement:
+    """Chunk c of device order[k] is stage c * P + k (Megatron's looping placement)."""
+    return tuple(order[s % len(order)] for s in range(len(order) * chunks))
+
+
+def v_shape(order: Sequence[int], chunks: int) -> Placement:
+    """Chunks alternate direction: 0..P-1, P-1..0, ... (ZB-V, DualPipeV for two chunks)."""
+    out: list[int] = []
+    for c in range(chunks):
+        out.extend(order if c % 2 == 0 else reversed(order))
+    return tuple(out)
+
+
+def device_orders(devices: Sequence[Device]) -> list[tuple[int, ...]]:
+    """Natural order, plus most-memory-first and fastest-first when the devices differ."""
+    natural = tuple(range(len(devices)))
+    orders = [natural]
+    for key in (lambda d: -devices[d].memory_bytes, lambda d: -devices[d].speed):
+        order = tuple(sorted(natural, key=key))
+        if order not in orders:
+            orders.append(order)
+    return orders
+
+
+def seed_placements(
+    devices: Sequence[Device], max_chunks: int, num_layers: int
+) -> list[tuple[str, Placement]]:
+    """Labelled placements for every chunk count 1..max_chunks that the layer count allows."""
+    P = len(devices)
+    out: list[tuple[str, Placement]] = []
+    for k, order in enumerate(device_orders(devices)):
+        tag = "" if k == 0 else f"/order{k}"
+        for chunks in range(1, max_chunks + 1):
+            if P * chunks > num_layers:
+                break
+            if chunks == 1:
+                out.append((f"sequential{tag}", interleaved(order, 1)))
+                continue
+            out.append((f"interleaved{chunks}{tag}", interleaved(order, chunks)))
+            if P > 1:
+                out.append((f"v{chunks}{tag}", v_shape(order, chunks)))
+    return out

@@ -1,0 +1,198 @@
+"""The bubble-aware tuner: seeds, then iterated local search guided by where devices idle.
+
+1. Seeds: balanced partitions under sequential, interleaved and V-shaped placements for every
+   chunk count up to `max_chunks` (and device orders by memory and speed), plus the partition
+   and placement of every baseline given; each scheduled by the list scheduler.
+2. The best seeds get their scheduling rules varied (warm-up depth, split backward, W deferral,
+   a lean memory-first setting).
+3. Local search from the best few: `moves.neighbours` proposes changes aimed at the busiest,
+   the idlest and the overflowing devices; the best improving one is kept; at a local optimum a
+   seeded random `kick` perturbs the partition, a few times, before giving up.
+
+Every plan reported is re-evaluated by the simulator, and the result is never worse (in the
+simulator) than the best baseline plan given: that plan itself is returned if nothing beats it.
+Deterministic for a seed unless the time budget cuts the search short.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from octopipe.plan import Plan
+from octopipe.profile import Profile
+from octopipe.sim import SimResult, Simulator
+from octopipe.tune.balance import balanced_ranges
+from octopipe.tune.candidate import Candidate, Evaluator, Outcome
+from octopipe.tune.moves import kick, neighbours
+from octopipe.tune.placement import seed_placements
+
+Progress = Callable[[float, float], None]  # (best iteration time so far, seconds elapsed)
+
+RULE_VARIANTS = (
+    {"warmup": 1.0},
+    {"warmup": 2.0},
+    {"warmup": 3.0},
+    {"split_backward": False, "warmup": 1.0},
+    {"oldest_first": False},
+    {"warmup": 0.01, "defer_w": False},  # lean: one microbatch in flight per stage
+)
+SEEDS_TO_VARY = 4
+STARTS = 3
+KICKS = 3
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """A plan with its simulator result; `label` says where it came from."""
+
+    label: str
+    plan: Plan
+    sim: SimResult
+
+    @property
+    def score(self) -> tuple[int, float, float]:
+        s = self.sim
+        return (0, 0.0, s.iteration_time) if s.fits else (1, max(s.memory_excess_bytes), s.iteration_time)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    best: Evaluated  # the tuned plan (predicted filled), or the best baseline if nothing beat it
+    baselines: tuple[Evaluated, ...]
+    evaluations: int
+    seconds: float
+    converged: bool  # False when the time budget cut the search short
+
+
+def tune(
+    profile: Profile,
+    num_microbatches: int,
+    num_devices: int | None = None,
+    *,
+    max_chunks: int = 4,
+    time_budget: float = 30.0,
+    seed: int = 0,
+    baselines: Sequence[tuple[str, Plan]] = (),
+    progress: Progress | None = None,
+) -> TuneResult:
+    """Search partition, placement and schedule for the fastest plan that fits."""
+    devices = profile.device_list(num_devices)
+    simulator = Simulator(profile)
+    evaluator = Evaluator(profile, devices, num_microbatches, simulator.costs)
+    search = _Search(evaluator, time_budget, random.Random(seed), progress)
+
+    base = tuple(
+        Evaluated(label, plan, simulator.run(plan, detail=False)) for label, plan in baselines
+    )
+    seeds = _seed_candidates(evaluator, max_chunks) + [
+        Candidate(tuple((s.start, s.end) for s in e.plan.stages), e.plan.placement,
+                  label=f"from {e.label}")
+        for e in base
+    ]
+    search.run(seeds)
+
+    finalists = []
+    for outcome in search.best_outcomes(3):
+        plan = evaluator.to_plan(outcome)
+        # check=True: a structural fault here would be a tuner bug, not a user's.
+        result = simulator.run(plan, detail=False, check=True)
+        finalists.append(Evaluated(f"tuned ({outcome.candidate.label})", plan, result))
+    best = min([*finalists, *base], key=lambda e: e.score)
+    best = Evaluated(best.label, best.plan.with_predicted(best.sim.predicted()), best.sim)
+    return TuneResult(best, base, evaluator.evaluations, search.elapsed(), not search.out_of_time())
+
+
+def _seed_candidates(evaluator: Evaluator, max_chunks: int) -> list[Candidate]:
+    costs, speeds = evaluator.costs, evaluator.speeds
+    return [
+        Candidate(balanced_ranges(costs, placement, speeds), placement, label=label)
+        for label, placement in seed_placements(evaluator.devices, max_chunks, costs.num_layers)
+    ]
+
+
+class _Search:
+    """The mutable state of one tuning run: best outcomes so far, clock and progress."""
+
+    def __init__(self, evaluator: Evaluator, budget: float, rng: random.Random,
+                 progress: Progress | None):
+        self.evaluator, self.budget, self.rng, self.progress = evaluator, budget, rng, progress
+        self.started = time.perf_counter()
+        self.seen: dict[Candidate, Outcome] = {}
+        self.best: Outcome | None = None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def out_of_time(self) -> bool:
+        return self.elapsed() >= self.budget
+
+    def evaluate(self, cand: Candidate) -> Outcome:
+        if cand not in self.seen:
+            out = self.evaluator.evaluate(cand)
+            self.seen[cand] = out
+            if self.best is None or out.score < self.best.score:
+                self.best = out
+            if self.progress:
+                self.progress(self.best.makespan, self.elapsed())
+        return self.seen[cand]
+
+    def best_outcomes(self, k: int) -> list[Outcome]:
+        return sorted(self.seen.values(), key=lambda o: o.score)[:k]
+
+    def run(self, seeds: list[Candidate]) -> None:
+        ranked = self._evaluate_all(seeds)
+        varied = []
+        for o in ranked[:SEEDS_TO_VARY]:
+            varied += [o.candidate.but(**v) for v in RULE_VARIANTS]
+        ranked = sorted([*ranked, *self._evaluate_all(varied)], key=lambda o: o.score)
+        starts = _distinct_placements(ranked, STARTS)
+        active = {i: o for i, o in enumerate(starts)}
+        kicks = dict.fromkeys(active, 0)
+        anchors = dict(active)  # each start's best so far, to kick from
+        while active and not self.out_of_time():
+            for i in list(active):
+                improved = self._descend_step(active[i])
+                if improved is not None:
+                    active[i] = improved
+                    if improved.score < anchors[i].score:
+                        anchors[i] = improved
+                    continue
+                if kicks[i] >= KICKS:
+                    del active[i]
+                    continue
+                kicks[i] += 1
+                active[i] = self.evaluate(kick(anchors[i].candidate, self.rng))
+
+    def _evaluate_all(self, cands: list[Candidate]) -> list[Outcome]:
+        out = []
+        for c in cands:
+            if self.out_of_time() and self.best is not None:
+                break
+            out.append(self.evaluate(c))
+        return sorted(out, key=lambda o: o.score)
+
+    def _descend_step(self, current: Outcome) -> Outcome | None:
+        """The first neighbour that improves on `current` (neighbours come most promising
+        first), else None."""
+        for cand in neighbours(current):
+            if self.out_of_time():
+                return None
+            out = self.evaluate(cand)
+            if out.score < current.score:
+                return out
+        return None
+
+
+def _distinct_placements(ranked: list[Outcome], k: int) -> list[Outcome]:
+    """The best outcome of each of the k best placements (diverse starting points)."""
+    out, seen = [], set()
+    for o in ranked:
+        if o.candidate.placement not in seen:
+            seen.add(o.candidate.placement)
+            out.append(o)
+        if len(out) == k:
+            break
+    return out

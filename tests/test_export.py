@@ -1,0 +1,79 @@
+"""Exports: the schedule CSV loads in PyTorch's runtime; the torchtitan fragment is valid TOML."""
+
+from __future__ import annotations
+
+import tomllib
+from types import SimpleNamespace
+
+import pytest
+from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+from octopipe.export import (
+    module_fqns_per_model_part,
+    to_toml,
+    write_schedule_csv,
+    write_torchtitan_toml,
+)
+from octopipe.profile import Device, LayerCost, Profile
+from octopipe.tune import tune
+
+
+def profile() -> Profile:
+    names = ["tok_embeddings", *(f"layers.{i}" for i in range(9)), "norm", "output"]
+    layers = tuple(
+        LayerCost(name=n, f=1.0 + (n == "output") * 2, b=1.0, w=0.5, act_bytes=10, wact_bytes=5,
+                  param_bytes=100, out_bytes=1)
+        for n in names
+    )
+    return Profile(name="toy", layers=layers, devices=(Device(),) * 3)
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    prof = profile()
+    return prof, tune(prof, 6, 3, max_chunks=3, time_budget=20).best.plan
+
+
+def stand_in_stages(num_stages: int, num_ranks: int, rank: int, stage_ids):
+    """What the runtime reads from its stages before a step: no model, no process group."""
+    return [SimpleNamespace(num_stages=num_stages, group_size=num_ranks, group_rank=rank,
+                            stage_index=i, stage_index_to_group_rank=None) for i in stage_ids]
+
+
+def test_csv_loads_in_pytorch_runtime_with_the_same_actions(tuned, tmp_path):
+    prof, plan = tuned
+    path = tmp_path / "schedule.csv"
+    write_schedule_csv(plan, path)
+    for rank in range(plan.num_devices):
+        runtime = _PipelineScheduleRuntime(
+            stand_in_stages(plan.num_stages, plan.num_devices, rank, plan.stages_on(rank)),
+            plan.num_microbatches,
+        )
+        runtime._load_csv(str(path))
+        loaded = {r: [str(a) for a in acts] for r, acts in runtime.pipeline_order.items()}
+        assert loaded == {d: [str(a) for a in plan.schedule[d]] for d in range(plan.num_devices)}
+        # The runtime infers the same placement from the actions, and lowers them with comms.
+        assert runtime.stage_index_to_group_rank == dict(enumerate(plan.placement))
+        assert len(runtime.pipeline_order_with_comms[rank]) > len(plan.schedule[rank])
+
+
+def test_torchtitan_fragment_names_every_layer_once_in_stage_order(tuned, tmp_path):
+    prof, plan = tuned
+    path = tmp_path / "torchtitan.toml"
+    write_torchtitan_toml(plan, prof, path, "schedule.csv", microbatch_size=2)
+    doc = tomllib.loads(path.read_text())
+    par = doc["parallelism"]
+    assert par["pipeline_parallel_degree"] == plan.num_devices
+    assert par["pipeline_parallel_schedule_csv"] == "schedule.csv"
+    assert par["pipeline_parallel_microbatch_size"] == 2
+    parts = par["module_fqns_per_model_part"]
+    assert parts == module_fqns_per_model_part(plan, prof)
+    assert len(parts) == plan.num_stages
+    assert [name for part in parts for name in part] == [layer.name for layer in prof.layers]
+    # torchtitan: microbatches = local_batch_size / pipeline_parallel_microbatch_size.
+    assert doc["training"]["local_batch_size"] // 2 == plan.num_microbatches
+
+
+def test_toml_writer_escapes_strings():
+    text = to_toml({"a": {"s": 'x "y" \\ z', "n": 3, "l": [["p"], []]}})
+    assert tomllib.loads(text) == {"a": {"s": 'x "y" \\ z', "n": 3, "l": [["p"], []]}}

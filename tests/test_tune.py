@@ -1,0 +1,96 @@
+"""The tuner: valid fitting plans, never behind a baseline, heterogeneity and memory honoured."""
+
+from __future__ import annotations
+
+import pytest
+
+from octopipe.baselines import all_baselines
+from octopipe.plan import check_structure
+from octopipe.profile import Device, LayerCost, Link, Profile
+from octopipe.sim import Simulator
+from octopipe.tune import tune
+from octopipe.tune.balance import device_loads, work_prefix
+
+GB = 10**9
+
+
+def layer(name: str, f: float, act: int = GB, param: int = GB) -> LayerCost:
+    return LayerCost(name=name, f=f, b=f, w=0.8 * f, act_bytes=act, wact_bytes=act // 2,
+                     param_bytes=param, out_bytes=10**6)
+
+
+def model(blocks: int = 10, head: float = 1.0, memory: float = float("inf"),
+          speeds=(1.0, 1.0, 1.0, 1.0)) -> Profile:
+    layers = [layer("tok_embeddings", 0.05)]
+    layers += [layer(f"layers.{i}", 1.0) for i in range(blocks)]
+    layers += [layer("norm", 0.01), layer("output", head, param=3 * GB)]
+    devices = tuple(Device(speed=s, memory_bytes=memory) for s in speeds)
+    return Profile(name="toy", layers=tuple(layers), devices=devices,
+                   link=Link(bandwidth=100e9, latency=1e-4))
+
+
+CASES = {
+    "uniform": model(),
+    "big head": model(head=4.0),
+    "mixed speeds": model(speeds=(1.0, 1.0, 0.5, 1.0)),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_tuned_plan_is_valid_fits_and_beats_or_equals_every_baseline(name):
+    profile = CASES[name]
+    baselines = all_baselines(profile, 4, 8)
+    result = tune(profile, 8, 4, baselines=baselines, time_budget=20)
+    best = result.best
+    check_structure(best.plan, "<tuned>", profile.num_layers)
+    assert best.sim.fits
+    resim = Simulator(profile).run(best.plan)
+    assert best.plan.predicted["iteration_time"] == resim.iteration_time
+    for base in result.baselines:
+        if base.sim.fits:
+            assert best.sim.iteration_time <= base.sim.iteration_time + 1e-12, base.label
+    assert len(result.baselines) == len(baselines)
+
+
+def test_slow_device_gets_less_work():
+    profile = model(blocks=16, speeds=(1.0, 1.0, 0.5, 1.0))
+    best = tune(profile, 16, 4, time_budget=20).best
+    ranges = tuple((s.start, s.end) for s in best.plan.stages)
+    work_units = device_loads(work_prefix(Simulator(profile).costs), ranges,
+                              best.plan.placement, [1.0] * 4)  # layer work, not time
+    assert work_units[2] < 0.75 * min(work_units[d] for d in (0, 1, 3))
+    assert best.sim.efficiency > 0.85
+
+
+def test_memory_limited_case_returns_a_fitting_plan():
+    loose = tune(model(), 16, 4, time_budget=20).best
+    # Capacity below what the unconstrained plan uses, but enough for a leaner one.
+    cap = 0.8 * max(loose.sim.peak_memory_bytes)
+    tight = tune(model(memory=cap), 16, 4, time_budget=20, baselines=[]).best
+    assert not all(p <= cap for p in loose.sim.peak_memory_bytes)
+    assert tight.sim.fits
+    assert max(tight.sim.peak_memory_bytes) <= cap
+
+
+def test_impossible_memory_reports_the_leanest_plan():
+    result = tune(model(memory=2 * GB), 8, 4, time_budget=5)
+    sim = result.best.sim
+    assert not sim.fits
+    # Static memory alone (about 4-6 GB a device) exceeds 2 GB: the shortfall is positive.
+    assert max(sim.memory_excess_bytes) > 0
+
+
+def test_deterministic_for_a_seed():
+    profile = CASES["big head"]
+    one = tune(profile, 8, 4, time_budget=30, seed=3)
+    two = tune(profile, 8, 4, time_budget=30, seed=3)
+    assert one.converged and two.converged
+    assert one.best.plan == two.best.plan
+
+
+def test_never_slower_than_the_best_baseline_even_without_search_time():
+    profile = CASES["big head"]
+    baselines = all_baselines(profile, 4, 8)
+    result = tune(profile, 8, 4, baselines=baselines, time_budget=1e-9)
+    fastest = min(b.sim.iteration_time for b in result.baselines if b.sim.fits)
+    assert result.best.sim.iteration_time <= fastest
