@@ -87,8 +87,9 @@ def test_tensor_parallel_halves_compute_and_weights():
             assert b.params == pytest.approx(a.params / 2, rel=0.01)  # norms stay replicated
             assert b.act_bytes < a.act_bytes
             assert a.f / 2 <= b.f < 0.6 * a.f  # plus the all-reduces
-    sp = estimate_layers(arch, H100, Settings(seq_len=2048, tensor_parallel=2,
-                                              sequence_parallel=True))
+    sp = estimate_layers(
+        arch, H100, Settings(seq_len=2048, tensor_parallel=2, sequence_parallel=True)
+    )
     assert sp[5].act_bytes == pytest.approx(one[5].act_bytes / 2, rel=0.01)
     assert sp[5].out_bytes == one[5].out_bytes // 2
 
@@ -120,11 +121,13 @@ def test_sliding_window_attention_is_cheaper_than_global():
 
 def test_heterogeneous_layers_show_up():
     """The big-vocabulary head outweighs a Gemma block; MoE outweighs dense in memory."""
-    gemma = {e.spec.name: e for e in estimate_layers(load_architecture("gemma2-9b"), H100,
-                                                     Settings())}
+    gemma = {
+        e.spec.name: e for e in estimate_layers(load_architecture("gemma2-9b"), H100, Settings())
+    }
     assert gemma["output"].f > 2 * gemma["layers.0"].f
-    v3 = {e.spec.name: e for e in estimate_layers(load_architecture("deepseek-v3"), H100,
-                                                  Settings())}
+    v3 = {
+        e.spec.name: e for e in estimate_layers(load_architecture("deepseek-v3"), H100, Settings())
+    }
     assert v3["layers.3"].param_bytes > 10 * v3["layers.0"].param_bytes
 
 
@@ -173,9 +176,27 @@ def test_bad_settings_and_hardware_are_input_errors():
 
 def test_cli_writes_a_loadable_profile(tmp_path, capsys):
     out = tmp_path / "p.json"
-    argv = ["profile-arch", "deepseek-v2-lite", "--hardware", "h800", "--tp", "2",
-            "--seq-len", "2048", "--micro-batch-size", "2", "--recompute", "--devices", "4",
-            "--memory-gb", "64", "--link-bandwidth", "25", "-o", str(out)]
+    argv = [
+        "profile-arch",
+        "deepseek-v2-lite",
+        "--hardware",
+        "h800",
+        "--tp",
+        "2",
+        "--seq-len",
+        "2048",
+        "--micro-batch-size",
+        "2",
+        "--recompute",
+        "--devices",
+        "4",
+        "--memory-gb",
+        "64",
+        "--link-bandwidth",
+        "25",
+        "-o",
+        str(out),
+    ]
     assert main(argv) == 0
     profile = load_profile(out)
     assert profile.name == "deepseek-v2-lite-tp2-h800"
@@ -199,7 +220,7 @@ def test_predictions_track_the_recorded_h200_measurements():
     import json
     from pathlib import Path
 
-    import octopipe.costmodel as costmodel
+    from octopipe import costmodel
     from octopipe.costmodel.calibration_report import layer_ratios
 
     path = Path(costmodel.__file__).parent / "measurements" / "h200.json"

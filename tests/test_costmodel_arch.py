@@ -5,7 +5,13 @@ import json
 
 import pytest
 
-from octopipe.costmodel.arch import KINDS, config_path, layer_specs, load_architecture, shipped_models
+from octopipe.costmodel.arch import (
+    KINDS,
+    config_path,
+    layer_specs,
+    load_architecture,
+    shipped_models,
+)
 from octopipe.errors import InputError
 
 
@@ -40,11 +46,22 @@ def test_family_specific_layers():
 
 def test_load_by_path(tmp_path):
     cfg = tmp_path / "mine.json"
-    cfg.write_text(json.dumps({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
-                               "intermediate_size": 128, "num_hidden_layers": 2,
-                               "num_attention_heads": 4}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": 100,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+            }
+        )
+    )
     arch = load_architecture(str(cfg))
-    assert arch.name == "mine" and arch.attention.num_kv_heads == 4 and arch.attention.head_dim == 16
+    assert (
+        arch.name == "mine" and arch.attention.num_kv_heads == 4 and arch.attention.head_dim == 16
+    )
 
 
 @pytest.mark.parametrize(

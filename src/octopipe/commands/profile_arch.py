@@ -22,21 +22,32 @@ GB = 1e9
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", metavar="CONFIG_OR_NAME",
-                        help=f"config.json path or shipped model: {', '.join(shipped_models())}")
+    parser.add_argument(
+        "config",
+        metavar="CONFIG_OR_NAME",
+        help=f"config.json path or shipped model: {', '.join(shipped_models())}",
+    )
     parser.add_argument("--hardware", default="h100", help=f"preset: {', '.join(PRESETS)}")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    parser.add_argument("--sequence-parallel", action="store_true",
-                        help="Megatron sequence parallelism (split replicated activations)")
+    parser.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="Megatron sequence parallelism (split replicated activations)",
+    )
     parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sample")
     parser.add_argument("--micro-batch-size", type=int, default=1, help="samples per microbatch")
     parser.add_argument("--recompute", action="store_true", help="full activation recomputation")
-    parser.add_argument("--optimizer-bytes", type=int, default=12,
-                        help="optimizer-state bytes per parameter (mixed-precision Adam: 12)")
+    parser.add_argument(
+        "--optimizer-bytes",
+        type=int,
+        default=12,
+        help="optimizer-state bytes per parameter (mixed-precision Adam: 12)",
+    )
     parser.add_argument("--devices", type=int, help="list this many devices in the profile")
     parser.add_argument("--memory-gb", type=float, help="override device memory (GB, 1e9 bytes)")
-    parser.add_argument("--link-bandwidth", type=float,
-                        help="override inter-stage link bandwidth (GB/s)")
+    parser.add_argument(
+        "--link-bandwidth", type=float, help="override inter-stage link bandwidth (GB/s)"
+    )
     parser.add_argument("--link-latency", type=float, help="override link latency (seconds)")
     parser.add_argument("-o", "--output", required=True, help="profile JSON to write")
 

@@ -29,8 +29,18 @@ PROJECTOR = "projector"
 CROSS_ATTENTION = "cross_attention"  # cross-attention to image features + MLP
 
 KINDS = (
-    EMBEDDING, DECODER, MOE, MAMBA, ATTENTION, MLP, NORM, HEAD,
-    VISION_EMBED, VISION_BLOCK, PROJECTOR, CROSS_ATTENTION,
+    EMBEDDING,
+    DECODER,
+    MOE,
+    MAMBA,
+    ATTENTION,
+    MLP,
+    NORM,
+    HEAD,
+    VISION_EMBED,
+    VISION_BLOCK,
+    PROJECTOR,
+    CROSS_ATTENTION,
 )
 
 # Families: how the text stack is built.
@@ -272,5 +282,7 @@ def load_architecture(name_or_path: str | Path) -> Architecture:
     path = config_path(name_or_path)
     if not path.is_file() and isinstance(name_or_path, str) and not path.suffix:
         known = ", ".join(shipped_models())
-        raise InputError(str(name_or_path), f"no such config file or shipped model (known: {known})")
+        raise InputError(
+            str(name_or_path), f"no such config file or shipped model (known: {known})"
+        )
     return architecture_from_hf(read_json(path), where=str(path), name=path.stem)

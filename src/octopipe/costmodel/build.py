@@ -14,7 +14,7 @@ from octopipe.costmodel.arch import Architecture, LayerSpec, layer_specs
 from octopipe.costmodel.hardware import Hardware
 from octopipe.costmodel.layercost import boundary_bytes, layer_work
 from octopipe.costmodel.settings import Settings
-from octopipe.costmodel.work import F, I, W, LayerWork
+from octopipe.costmodel.work import F, I, LayerWork, W
 from octopipe.profile import Device, LayerCost, Link, Profile
 
 # Blocks that full recomputation checkpoints: everything between two residual-stream boundaries.

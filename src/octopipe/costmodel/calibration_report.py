@@ -30,8 +30,12 @@ def kernel_rows(kernels: dict, peak_flops: float, bandwidth: float) -> list[tupl
         if key.startswith("attention_"):
             fwd = value["f_flops"] / value["f"] / peak_flops
             bwd = ATTENTION_BACKWARD_FACTOR * value["f_flops"] / value["b"] / peak_flops
-            rows.append((f"attention efficiency, seq {key[10:]}: forward / backward",
-                         f"{fwd:.3f} / {bwd:.3f}"))
+            rows.append(
+                (
+                    f"attention efficiency, seq {key[10:]}: forward / backward",
+                    f"{fwd:.3f} / {bwd:.3f}",
+                )
+            )
     return rows
 
 
@@ -41,7 +45,8 @@ def layer_ratios(name: str, measured: dict, hardware_name: str) -> dict[str, flo
     layer, seq = rest.split("@")
     hw = hardware_preset(hardware_name)
     estimate = next(
-        e for e in estimate_layers(load_architecture(model), hw, Settings(seq_len=int(seq)))
+        e
+        for e in estimate_layers(load_architecture(model), hw, Settings(seq_len=int(seq)))
         if e.spec.name == layer
     )
     ratios = {

@@ -12,16 +12,35 @@ from dataclasses import replace
 from typing import Any
 
 from octopipe.costmodel.arch import (
-    DEEPSEEK, DENSE, GEMMA, HYBRID, HYBRID_CHARS, SPARSE, VLM,
-    Architecture, AttentionShape, LatentAttentionShape, MambaShape, MoEShape, VisionShape,
+    DEEPSEEK,
+    DENSE,
+    GEMMA,
+    HYBRID,
+    HYBRID_CHARS,
+    SPARSE,
+    VLM,
+    Architecture,
+    AttentionShape,
+    LatentAttentionShape,
+    MambaShape,
+    MoEShape,
+    VisionShape,
 )
 from octopipe.errors import InputError
 
 FAMILY_OF_MODEL_TYPE = {
-    "llama": DENSE, "mistral": DENSE, "qwen2": DENSE, "qwen3": DENSE,
-    "gemma2": GEMMA, "gemma3": GEMMA, "gemma3_text": GEMMA,
-    "deepseek_v2": DEEPSEEK, "deepseek_v3": DEEPSEEK,
-    "qwen2_moe": SPARSE, "qwen3_moe": SPARSE, "mixtral": SPARSE,
+    "llama": DENSE,
+    "mistral": DENSE,
+    "qwen2": DENSE,
+    "qwen3": DENSE,
+    "gemma2": GEMMA,
+    "gemma3": GEMMA,
+    "gemma3_text": GEMMA,
+    "deepseek_v2": DEEPSEEK,
+    "deepseek_v3": DEEPSEEK,
+    "qwen2_moe": SPARSE,
+    "qwen3_moe": SPARSE,
+    "mixtral": SPARSE,
     "nemotron_h": HYBRID,
     "mllama": VLM,
 }
@@ -159,7 +178,9 @@ def _text_stack(f: _Fields, model_type: str, family: str, name: str) -> Architec
 def _layer_windows(f: _Fields, model_type: str, num_layers: int) -> tuple[int | None, ...]:
     """Per layer: the sliding window, or None for global attention."""
     window = f.int("sliding_window", None)
-    if window is None or (model_type.startswith("qwen") and not f.bool("use_sliding_window", False)):
+    if window is None or (
+        model_type.startswith("qwen") and not f.bool("use_sliding_window", False)
+    ):
         return (None,) * num_layers
     if f.has("layer_types"):
         types = f.data["layer_types"]
@@ -263,7 +284,9 @@ def _with_vision(arch: Architecture, v: _Fields, text: _Fields) -> Architecture:
         num_channels=v.int("num_channels", 3),
         hidden_size=v.int("hidden_size"),
         num_layers=layers,
-        num_heads=v.int("attention_heads") if v.has("attention_heads") else v.int("num_attention_heads"),
+        num_heads=v.int("attention_heads")
+        if v.has("attention_heads")
+        else v.int("num_attention_heads"),
         intermediate_size=v.int("intermediate_size"),
         output_dim=v.int("vision_output_dim", v.int("hidden_size")),
         max_num_tiles=v.int("max_num_tiles", 1),

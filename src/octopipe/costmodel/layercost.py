@@ -26,15 +26,19 @@ def split(n: int, tp: int) -> int:
 
 def split_heads(heads: int, tp: int, what: str) -> int:
     if heads % tp and tp % heads:
-        raise InputError("settings", f"tensor-parallel degree {tp} does not fit {heads} {what}",
-                         "tensor_parallel")
+        raise InputError(
+            "settings",
+            f"tensor-parallel degree {tp} does not fit {heads} {what}",
+            "tensor_parallel",
+        )
     return max(1, heads // tp)  # fewer KV heads than ranks: each rank keeps a replica
 
 
 def layer_work(arch: Architecture, spec: LayerSpec, settings: Settings) -> LayerWork:
     """The work of one layer for one microbatch on one tensor-parallel rank."""
-    work = LayerWork(settings.tensor_parallel, settings.sequence_parallel,
-                     settings.activation_bytes)
+    work = LayerWork(
+        settings.tensor_parallel, settings.sequence_parallel, settings.activation_bytes
+    )
     builder = _BUILDERS[spec.kind]
     builder(work, arch, spec, settings)
     return work
@@ -76,15 +80,22 @@ def _hybrid_attention(work: LayerWork, arch: Architecture, spec: LayerSpec, s: S
 
 def _hybrid_mlp(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:
     work.norm(s.tokens, arch.hidden_size)
-    _mlp(work, s.tokens, arch.hidden_size, arch.intermediate_size, arch.gated_mlp,
-         s.tensor_parallel)
+    _mlp(
+        work, s.tokens, arch.hidden_size, arch.intermediate_size, arch.gated_mlp, s.tensor_parallel
+    )
     work.tp_all_reduce(s.tokens, arch.hidden_size)
     work.residual(s.tokens, arch.hidden_size)
 
 
 def _self_attention(work: LayerWork, arch: Architecture, s: Settings, window: int | None) -> None:
     """GQA: q/k/v column-parallel over heads, rope, fused causal core, o row-parallel."""
-    att, tp, t, h, a = arch.attention, s.tensor_parallel, s.tokens, arch.hidden_size, s.activation_bytes
+    att, tp, t, h, a = (
+        arch.attention,
+        s.tensor_parallel,
+        s.tokens,
+        arch.hidden_size,
+        s.activation_bytes,
+    )
     heads = split_heads(att.num_heads, tp, "attention heads")
     kv_heads = split_heads(att.num_kv_heads, tp, "key-value heads")
     d = att.head_dim
@@ -123,8 +134,17 @@ def _latent_attention(work: LayerWork, arch: Architecture, s: Settings) -> None:
     work.tp_all_reduce(t, h)
 
 
-def _mlp(work: LayerWork, tokens: float, h: int, width: int, gated: bool, tp: int,
-         *, bias: bool = False, experts: int = 1) -> None:
+def _mlp(
+    work: LayerWork,
+    tokens: float,
+    h: int,
+    width: int,
+    gated: bool,
+    tp: int,
+    *,
+    bias: bool = False,
+    experts: int = 1,
+) -> None:
     """Column-parallel up (and gate), activation, row-parallel down; gated = SwiGLU/GeGLU."""
     a = work.dtype_bytes
     w = split(width, tp)
@@ -141,12 +161,12 @@ def _moe(work: LayerWork, arch: Architecture, s: Settings) -> None:
     moe, tp, t, h, a = arch.moe, s.tensor_parallel, s.tokens, arch.hidden_size, s.activation_bytes
     assert moe is not None
     work.linear(t, h, moe.num_experts, save_input=False)  # the router shares the block's input
-    work.elementwise(t * moe.num_experts * 8, t * moe.num_experts * 8,
-                     saved_bytes=t * moe.num_experts * 4)  # softmax/top-k in FP32
+    work.elementwise(
+        t * moe.num_experts * 8, t * moe.num_experts * 8, saved_bytes=t * moe.num_experts * 4
+    )  # softmax/top-k in FP32
     routed = t * moe.top_k
     work.elementwise(2 * routed * h * a, 2 * routed * h * a)  # permute tokens to experts
-    _mlp(work, routed, h, moe.expert_intermediate_size, arch.gated_mlp, tp,
-         experts=moe.num_experts)
+    _mlp(work, routed, h, moe.expert_intermediate_size, arch.gated_mlp, tp, experts=moe.num_experts)
     work.elementwise(2 * routed * h * a, 2 * routed * h * a)  # weighted un-permute
     if moe.shared_intermediate_size:
         _mlp(work, t, h, moe.shared_intermediate_size, arch.gated_mlp, tp)
@@ -271,8 +291,9 @@ def _vision_embed(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Setti
 
 def _aspect_ratio_count(max_tiles: int) -> int:
     """Tile grids (w, h) with w * h <= max_tiles: Mllama's supported aspect ratios."""
-    return sum(1 for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1)
-               if w * h <= max_tiles)
+    return sum(
+        1 for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1) if w * h <= max_tiles
+    )
 
 
 def _vision_block(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:
@@ -341,8 +362,9 @@ def boundary_bytes(arch: Architecture, specs: list[LayerSpec], index: int, s: Se
     ids = s.tokens * TOKEN_ID_BYTES
     if spec.kind in (A.VISION_EMBED, A.VISION_BLOCK):
         assert v is not None
-        collected = 0 if spec.index is None else sum(
-            1 for i in v.intermediate_layers if i <= spec.index)
+        collected = (
+            0 if spec.index is None else sum(1 for i in v.intermediate_layers if i <= spec.index)
+        )
         width = v.hidden_size * (1 + collected)
         return int(image_tokens * width * a / sp + ids)
     text = s.tokens * arch.hidden_size * a / sp
@@ -350,7 +372,9 @@ def boundary_bytes(arch: Architecture, specs: list[LayerSpec], index: int, s: Se
         return int(image_tokens * arch.hidden_size * a / sp + ids)
     if arch.cross_attention_layers:
         last = max(arch.cross_attention_layers)
-        position = -1 if spec.kind == A.EMBEDDING else (spec.index if spec.index is not None else 1 << 30)
+        position = (
+            -1 if spec.kind == A.EMBEDDING else (spec.index if spec.index is not None else 1 << 30)
+        )
         if position < last:
             text += image_tokens * arch.hidden_size * a / sp
     return int(text)

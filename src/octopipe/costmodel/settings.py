@@ -35,10 +35,14 @@ class Settings:
     def __post_init__(self) -> None:
         for name in ("seq_len", "micro_batch_size", "tensor_parallel", "activation_bytes"):
             if getattr(self, name) < 1:
-                raise InputError("settings", f"must be at least 1 (got {getattr(self, name)})", name)
+                raise InputError(
+                    "settings", f"must be at least 1 (got {getattr(self, name)})", name
+                )
         for name in ("weight_bytes", "grad_bytes", "optimizer_bytes"):
             if getattr(self, name) < 0:
-                raise InputError("settings", f"must not be negative (got {getattr(self, name)})", name)
+                raise InputError(
+                    "settings", f"must not be negative (got {getattr(self, name)})", name
+                )
 
     @property
     def tokens(self) -> int:

@@ -161,8 +161,9 @@ class LayerWork:
     def without_input_gradient(self) -> None:
         """The layer's input needs no gradient (token ids, pixels): the backward through it
         only serves the weight gradients, so all of it is W work."""
-        self.kernels[:] = [Kernel(W, k.unit, k.flops, k.bytes) if k.phase == I else k
-                           for k in self.kernels]
+        self.kernels[:] = [
+            Kernel(W, k.unit, k.flops, k.bytes) if k.phase == I else k for k in self.kernels
+        ]
 
     def phase_time(self, phase: str, hw: Hardware) -> float:
         return sum(kernel_time(k, hw) for k in self.kernels if k.phase == phase)
