@@ -16,7 +16,8 @@ from torch import nn
 
 from octopipe.models.base import Batch, PipelineModel
 from octopipe.plan import B, F, I, W, Action, Plan, make_plan
-from octopipe.runtime.deps import dependencies, split_backwards
+from octopipe.runtime.deps import dependencies
+from octopipe.runtime.model_source import build_pipeline_model
 
 TOY = "executor_helpers:toy_model"
 TOY_LAYERS = 8
@@ -104,6 +105,10 @@ def failing_model(seed: int) -> ToyModel:
 
 
 # --- plan builders ------------------------------------------------------------------------
+
+
+def layer_count(model: str) -> int:
+    return len(build_pipeline_model(model, 0).layer_names)
 
 
 def even_ranges(num_layers: int, num_stages: int) -> list[tuple[int, int]]:

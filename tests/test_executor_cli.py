@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from executor_helpers import greedy, one_f_one_b
+from executor_helpers import greedy, layer_count, one_f_one_b
 
 from octopipe.cli import main
 from octopipe.plan import save_plan
@@ -11,7 +11,7 @@ from octopipe.plan import save_plan
 
 @pytest.mark.timeout(120)
 def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
-    plan = greedy([0, 1, 1, 0], 3, 2, backward=lambda s, m: "I" if m else "B", num_layers=7)
+    plan = greedy([0, 1, 1, 0], 3, 2, backward=lambda s, m: "I" if m else "B", num_layers=layer_count("tiny-llama"))
     plan_path, trace_path = tmp_path / "plan.json", tmp_path / "trace.json"
     save_plan(plan.with_predicted({"iteration_time": 0.123}), plan_path)
     code = main(["run", "--plan", str(plan_path), "--model", "tiny-llama", "--steps", "3",
@@ -31,12 +31,13 @@ def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "tiny-vlm"], "the stages cover 7 layers but the model has 12"),
+    (["--model", "tiny-vlm"], f"the stages cover 7 layers but the model has {layer_count('tiny-vlm')}"),
     (["--model", "tiny-llama", "--nproc", "1"], "needs 2 devices but only 1 processes"),
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
 ])
 def test_plans_it_cannot_run_exit_2_with_one_line(tmp_path, capsys, args, message):
     plan_path = tmp_path / "plan.json"
+    assert layer_count("tiny-llama") == 7
     save_plan(one_f_one_b(2, 2, num_layers=7), plan_path)
     assert main(["run", "--plan", str(plan_path), *args]) == 2
     err = capsys.readouterr().err.strip()

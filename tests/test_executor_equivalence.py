@@ -6,7 +6,7 @@ parameter after 3 optimizer steps match plain training of the same model on the 
 """
 
 import pytest
-from executor_helpers import TOY, gpipe, greedy, one_f_one_b
+from executor_helpers import TOY, gpipe, greedy, layer_count, one_f_one_b
 
 from octopipe.plan import Action, make_plan
 from octopipe.runtime.launcher import launch
@@ -48,8 +48,8 @@ TWO_RANKS = {
     "non-adjacent-mixed": toy(greedy([1, 0, 1, 1, 0], 3, 2, backward=mixed, prefer_backward=False)),
     "hand-made-irregular": toy(hand_made_irregular()),
     "one-device-of-two": toy(greedy([0, 0, 0], 2, 1, backward=mixed)),
-    "tiny-moe-interleaved": real("tiny-moe", greedy([0, 1, 0, 1], 3, 2, backward=mixed, num_layers=7)),
-    "tiny-vlm-v-shape": real("tiny-vlm", greedy([0, 1, 1, 0], 3, 2, backward=mixed, num_layers=12)),
+    "tiny-moe-interleaved": real("tiny-moe", greedy([0, 1, 0, 1], 3, 2, backward=mixed, num_layers=layer_count("tiny-moe"))),
+    "tiny-vlm-v-shape": real("tiny-vlm", greedy([0, 1, 1, 0], 3, 2, backward=mixed, num_layers=layer_count("tiny-vlm"))),
 }
 
 FOUR_RANKS = {
@@ -57,8 +57,8 @@ FOUR_RANKS = {
     "interleaved-8-stages": toy(greedy([0, 1, 2, 3, 0, 1, 2, 3], 4, 4, backward=mixed)),
     "v-shape-zb": toy(greedy([0, 1, 2, 3, 3, 2, 1, 0], 4, 4, backward=lambda s, m: "I")),
     "uneven-stages-per-device": toy(greedy([2, 0, 0, 3, 1, 2], 3, 4, backward=mixed, prefer_backward=False)),
-    "tiny-hybrid-1f1b": real("tiny-hybrid", one_f_one_b(4, 4, num_layers=11)),
-    "tiny-deepseek-interleaved": real("tiny-deepseek", greedy([0, 1, 2, 3, 0, 1, 2], 3, 4, backward=mixed, num_layers=7)),
+    "tiny-hybrid-1f1b": real("tiny-hybrid", one_f_one_b(4, 4, num_layers=layer_count("tiny-hybrid"))),
+    "tiny-deepseek-interleaved": real("tiny-deepseek", greedy([0, 1, 2, 3, 0, 1, 2], 3, 4, backward=mixed, num_layers=layer_count("tiny-deepseek"))),
 }
 
 

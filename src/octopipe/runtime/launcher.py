@@ -76,7 +76,7 @@ def run_under_torchrun(jobs: Sequence[Job], backend: str = "auto", timeout_s: fl
     backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     device = _device_for(backend, local_rank)
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
+                            timeout=timedelta(seconds=timeout_s), device_id=_bound_device(device))
     try:
         results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
     finally:
@@ -158,13 +158,14 @@ def _stop(procs: list[mp.process.BaseProcess]) -> None:
 
 def _rank_main(rank: int, world: int, store: str, backend: str, jobs: list[Job], messages: mp.Queue, timeout_s: float) -> None:
     """Body of one spawned rank: train every job; rank 0 sends the results; any error is reported."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own sockets stay on loopback
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's and NCCL's sockets
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # stay on loopback
     code = 0
     try:
         torch.set_num_threads(1)  # ranks share the host's cores; oversubscription only slows them
         device = _device_for(backend, rank)
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+                                timeout=timedelta(seconds=timeout_s), device_id=_bound_device(device))
         results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
         if rank == 0:
             buf = io.BytesIO()
@@ -185,3 +186,8 @@ def _device_for(backend: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(device)
         return device
     return torch.device("cpu")
+
+
+def _bound_device(device: torch.device) -> torch.device | None:
+    """NCCL ranks name their GPU up front (no guessing from the rank); gloo ranks name none."""
+    return device if device.type == "cuda" else None
