@@ -39,13 +39,14 @@ class TextLayer(nn.Module):
     def __init__(self, arch: Architecture, spec: LayerSpec):
         super().__init__()
         dim, eps = arch.hidden_size, arch.norm_eps
-        post_norms = arch.family == GEMMA
         self.mixer = token_mixer(arch, spec)
-        self.mixer_norm = RMSNorm(dim, eps) if self.mixer is not None else None
-        self.mixer_post_norm = RMSNorm(dim, eps) if self.mixer and post_norms else nn.Identity()
         self.ffn = feed_forward(arch, spec)
-        self.ffn_norm = RMSNorm(dim, eps) if self.ffn is not None else None
-        self.ffn_post_norm = RMSNorm(dim, eps) if self.ffn and post_norms else nn.Identity()
+        has_mixer, has_ffn = self.mixer is not None, self.ffn is not None
+        self.mixer_norm = RMSNorm(dim, eps) if has_mixer else None
+        self.ffn_norm = RMSNorm(dim, eps) if has_ffn else None
+        post_norms = arch.family == GEMMA
+        self.mixer_post_norm = RMSNorm(dim, eps) if has_mixer and post_norms else nn.Identity()
+        self.ffn_post_norm = RMSNorm(dim, eps) if has_ffn and post_norms else nn.Identity()
 
     def forward(self, h: torch.Tensor, *context: torch.Tensor) -> Streams:
         if self.mixer is not None:

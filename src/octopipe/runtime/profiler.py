@@ -238,7 +238,8 @@ def profile_model(
     on_layer: Callable[[int, str], None] | None = None,
 ) -> Profile:
     """Time and size every layer of `model` on one microbatch (the model's own sequence length
-    and microbatch size) on `device`. `on_layer(index, name)` is called after each layer."""
+    and microbatch size) on `device`, to which the model is moved. The times are those of a
+    device of speed 1.0 in the profile. `on_layer(index, name)` is called after each layer."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
     device = torch.device(device)
