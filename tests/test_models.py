@@ -216,3 +216,11 @@ def test_parameters_and_boundaries_agree_with_the_cost_model(name):
         x = model.forward_layers(i, i + 1, x)
         sent = sum(t.numel() * t.element_size() for t in x)
         assert sent == boundary_bytes(arch, specs, i, settings), spec.name
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_parameter_count_without_building(name):
+    from octopipe.models.build import parameter_count
+
+    model = build_model(name)
+    assert parameter_count(model.arch) == sum(p.numel() for p in model.parameters())

@@ -143,6 +143,9 @@ def test_profile_command_refuses_bad_input(tmp_path, capsys):
     assert "no-such-model" in capsys.readouterr().err
     assert main(["profile", "--model", "tiny-llama", "--repeats", "0", "-o", out]) == 2
     assert "--repeats" in capsys.readouterr().err
+    # 70B parameters would need 280 GB just for fp32 weights: refused before anything is built.
+    assert main(["profile", "--model", "llama3-70b", "-o", out]) == 2
+    assert "GiB of fp32 weights" in capsys.readouterr().err
 
 
 def test_models_command_lists_bundled_models(capsys):

@@ -40,6 +40,38 @@ def _check(args: argparse.Namespace) -> None:
             raise InputError(flag, f"must be at least {least}, got {value}")
 
 
+FP32_BYTES = 4
+# The weights may take this share of the device's memory; gradients, activations and the
+# allocator need the rest.
+WEIGHT_SHARE = 0.4
+
+
+def _device_memory(device: str) -> int:
+    import os
+
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[1]
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _check_fits(name: str, device: str) -> None:
+    """Refuse, in one line, a model whose fp32 weights alone would crowd out the device."""
+    from octopipe.costmodel.arch import load_architecture
+    from octopipe.models.build import parameter_count
+
+    weights = FP32_BYTES * parameter_count(load_architecture(name))
+    memory = _device_memory(device)
+    if weights > WEIGHT_SHARE * memory:
+        raise InputError(
+            "--model",
+            f"{name} holds {weights / 2**30:.1f} GiB of fp32 weights, too much for this "
+            f"{device}'s {memory / 2**30:.0f} GiB; profile a smaller config, or use "
+            "`octopipe profile-arch` for the analytic cost model",
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
@@ -52,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device", "cuda was asked for but this torch sees no CUDA device")
+    _check_fits(args.model, args.device)
     torch.set_num_threads(args.threads)
     model = build_model(
         args.model, args.seed, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size

@@ -31,6 +31,16 @@ def bundled_models() -> list[str]:
     return [name for name in shipped_models() if name.startswith(BUNDLED_PREFIX)]
 
 
+def parameter_count(arch: Architecture) -> int:
+    """Parameters of the real model of `arch`, known without building it: the cost model counts
+    every layer's parameters exactly as these modules hold them (tests/test_models.py checks)."""
+    from octopipe.costmodel.layercost import layer_work
+    from octopipe.costmodel.settings import Settings
+
+    settings = Settings(seq_len=1)
+    return sum(layer_work(arch, spec, settings).params for spec in layer_specs(arch))
+
+
 def layer_seed(seed: int, name: str) -> int:
     """A per-layer seed that depends only on the model seed and the layer's name."""
     digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
