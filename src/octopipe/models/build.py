@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octopipe.costmodel.arch import Architecture, layer_specs, load_architecture, shipped_models
+from octopipe.costmodel.arch import (
+    Architecture,
+    LayerSpec,
+    layer_specs,
+    load_architecture,
+    shipped_models,
+)
 from octopipe.models import synthetic
 from octopipe.models.base import Activation, Batch, PipelineModel
 from octopipe.models.layers import build_layer
@@ -47,7 +53,7 @@ def layer_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def build_seeded_layer(arch: Architecture, spec, seed: int) -> nn.Module:
+def build_seeded_layer(arch: Architecture, spec: LayerSpec, seed: int) -> nn.Module:
     # fork_rng keeps the caller's global generator untouched; devices=[] leaves CUDA alone.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(layer_seed(seed, spec.name))
