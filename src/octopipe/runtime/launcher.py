@@ -74,14 +74,19 @@ def run_under_torchrun(jobs: Sequence[Job], backend: str = "auto", timeout_s: fl
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     validate_jobs(jobs, world)
     backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    return train_as_rank(jobs, rank, world, local_rank, "env://", backend, timeout_s)
+
+
+def train_as_rank(jobs: Sequence[Job], rank: int, world: int, local_rank: int, init_method: str,
+                  backend: str, timeout_s: float) -> list[RunResult] | None:
+    """Join the process group, train every job, leave; rank 0 returns the results."""
     device = _device_for(backend, local_rank)
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s), device_id=_bound_device(device))
-    try:
-        results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
-    finally:
-        dist.destroy_process_group()
-    return results if rank == 0 else None  # type: ignore[return-value]
+    results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
+    # Only on success: after a failure, tearing down may wait on dead peers; the error goes first.
+    dist.destroy_process_group()
+    return results if rank == 0 else None
 
 
 # --- spawning our own ranks ---------------------------------------------------------------------
@@ -163,15 +168,11 @@ def _rank_main(rank: int, world: int, store: str, backend: str, jobs: list[Job],
     code = 0
     try:
         torch.set_num_threads(1)  # ranks share the host's cores; oversubscription only slows them
-        device = _device_for(backend, rank)
-        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s), device_id=_bound_device(device))
-        results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
-        if rank == 0:
+        results = train_as_rank(jobs, rank, world, rank, f"file://{store}", backend, timeout_s)
+        if results is not None:
             buf = io.BytesIO()
             torch.save(results, buf)
             messages.put(("ok", buf.getvalue()))
-        dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - whatever it was, the parent must hear of it
         messages.put(("error", rank, traceback.format_exc()))
         code = 1

@@ -1,10 +1,11 @@
 """One pipeline stage's compute: forward, full backward, and split backward (I then W).
 
 A stage keeps, per microbatch in flight, the autograd graph from its inputs to its outputs (or
-to the loss on the last stage). Full backward (B) runs the graph once. Split backward runs it
-twice: I computes only the input gradients and keeps the graph; W later computes the weight
-gradients from the same output gradients and frees it. Weight gradients accumulate into `.grad`
-as ordinary training does. No communication here.
+to the loss on the last stage). Full backward (B) runs the graph once. Split backward: I computes
+only the input gradients and keeps the graph; W later computes the weight gradients, entering
+the graph where they branch off the input path (`weightgrad`), or, for graphs that cannot be
+split so (weights shared inside a stage), from the outputs again. Weight gradients accumulate
+into `.grad` as ordinary training does. No communication here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from octopipe.models.base import Activation, PipelineModel
+from octopipe.runtime.weightgrad import DeferredWeightGrad, plan_deferral
 
 
 @dataclass
@@ -26,6 +28,7 @@ class _InFlight:
     roots: list[torch.Tensor]  # outputs that need a gradient (the scaled loss on the last stage)
     output_mask: list[bool] = field(default_factory=list)  # which float outputs are roots
     root_grads: list[torch.Tensor | None] | None = None  # set by I, used by W
+    deferred: DeferredWeightGrad | None = None  # set by I when W can skip the input path
 
 
 def as_leaves(tensors: Sequence[torch.Tensor]) -> Activation:
@@ -72,18 +75,28 @@ class StageCompute:
         flight = self._flight[mb]
         flight.root_grads = self._root_grads(flight, output_grads)
         wanted = self._grad_inputs(flight)
-        if not (flight.roots and wanted):
+        if not flight.roots:
             return [torch.zeros_like(x) for x in wanted]
-        got = torch.autograd.grad(flight.roots, wanted, flight.root_grads, retain_graph=True, allow_unused=True)
-        flight.inputs = ()  # their gradients are out; W needs only the graph
+        flight.deferred = plan_deferral(flight.roots, flight.root_grads, wanted, self.params)
+        if flight.deferred is not None:
+            got = flight.deferred.backward_input(flight.roots, flight.root_grads, wanted)
+            flight.roots, flight.root_grads = [], None  # the deferral holds what W needs
+        elif wanted:
+            got = torch.autograd.grad(flight.roots, wanted, flight.root_grads, retain_graph=True, allow_unused=True)
+        else:
+            got = ()
+        flight.inputs = ()  # their gradients are out
         return [self._zero_if_none(g, x) for g, x in zip(got, wanted)]
 
     def backward_weight(self, mb: int) -> None:
         """W: the weight gradients of a microbatch whose I has run; frees its graph."""
         flight = self._flight.pop(mb)
-        if not (flight.roots and self.params):
+        if flight.deferred is not None:
+            got = flight.deferred.backward_weight()
+        elif flight.roots and self.params:
+            got = torch.autograd.grad(flight.roots, self.params, flight.root_grads, allow_unused=True)
+        else:
             return
-        got = torch.autograd.grad(flight.roots, self.params, flight.root_grads, allow_unused=True)
         for p, g in zip(self.params, got):
             if g is not None:
                 p.grad = g if p.grad is None else p.grad.add_(g)
