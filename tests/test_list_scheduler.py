@@ -117,3 +117,12 @@ def test_any_placement_gives_a_valid_order_that_the_simulator_times_alike(case):
     assert result.busy == pytest.approx(sched.busy)
     dynamic_peaks = [p - s for p, s in zip(result.peak_memory_bytes, result.static_memory_bytes)]
     assert dynamic_peaks == pytest.approx(sched.peak_activation_bytes)
+
+
+def test_gives_up_only_on_schedules_that_end_later_than_asked():
+    P, M = 4, 8
+    stages = sequential_stages(P, uniform(P))
+    rules = Rules(inflight=(P,) * P)
+    full = list_schedule(stages, P, M, rules)
+    assert list_schedule(stages, P, M, rules, give_up_after=full.makespan) == full
+    assert list_schedule(stages, P, M, rules, give_up_after=full.makespan * 0.99) is None

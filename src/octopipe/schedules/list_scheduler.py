@@ -99,10 +99,15 @@ def stage_costs(
 
 
 def list_schedule(
-    stages: Sequence[StageCost], num_devices: int, num_microbatches: int, rules: Rules
-) -> ListSchedule:
-    """Per-device orders for `stages` under `rules`; every device appears in the result."""
-    return _Scheduler(stages, num_devices, num_microbatches, rules).run()
+    stages: Sequence[StageCost], num_devices: int, num_microbatches: int, rules: Rules,
+    give_up_after: float = INF,
+) -> ListSchedule | None:
+    """Per-device orders for `stages` under `rules`; every device appears in the result.
+
+    With `give_up_after`, returns None as soon as the schedule is sure to end later than that
+    (a search that only keeps improvements need not finish a worse candidate).
+    """
+    return _Scheduler(stages, num_devices, num_microbatches, rules).run(give_up_after)
 
 
 class _Scheduler:
@@ -123,8 +128,10 @@ class _Scheduler:
         if not rules.oldest_first:
             for owned in self.on_device:
                 owned.reverse()  # deepest stage first
-        self.f_end = [INF] * (S * M)  # by s * M + m
-        self.bwd_end = [INF] * (S * M)
+        self.act = [st.act for st in stages]
+        # When each F and each backward may start as far as dependencies go, by s * M + m.
+        self.f_ready = [0.0] * M + [INF] * ((S - 1) * M)
+        self.b_ready = [INF] * (S * M)
         self.next_f = [0] * S
         self.next_bwd = [0] * S
         self.pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(nd)]
@@ -136,17 +143,22 @@ class _Scheduler:
         self.wakeups: list[tuple[float, int]] = [(0.0, d) for d in range(nd)]
         self.remaining = S * M * (3 if rules.split_backward else 2)
 
-    def run(self) -> ListSchedule:
-        wakeups = self.wakeups
+    def run(self, give_up_after: float) -> ListSchedule | None:
+        wakeups, free_at, dispatch = self.wakeups, self.free_at, self._dispatch
         while self.remaining:
             if not wakeups:
-                raise DeadlockError("list scheduler: no device can make progress (in-flight caps too small?)")
+                raise DeadlockError("list scheduler: no device can make progress")
             now, d = heapq.heappop(wakeups)
-            if self.free_at[d] <= now:
-                self._dispatch(d, now)
+            if now > give_up_after:
+                return None
+            if free_at[d] <= now:
+                dispatch(d, now)
+        makespan = max(free_at, default=0.0)
+        if makespan > give_up_after:
+            return None
         return ListSchedule(
             codes=tuple(tuple(acts) for acts in self.orders),
-            makespan=max(self.free_at, default=0.0),
+            makespan=makespan,
             busy=tuple(self.busy),
             peak_activation_bytes=tuple(self.peak),
         )
@@ -159,59 +171,52 @@ class _Scheduler:
         if self.pending_w[d] and not rules.defer_w:
             self._run_w(d, now)
             return
-        attempts = (self._try_backward, self._try_forward)
-        for attempt in attempts if rules.backward_first else reversed(attempts):
-            if attempt(d, now):
+        if rules.backward_first:
+            s = self._ready_backward(d, now)
+            if s is not None:
+                self._run_backward(s, d, now)
+                return
+        s = self._ready_forward(d, now)
+        if s is not None:
+            self._run_forward(s, d, now)
+            return
+        if not rules.backward_first:
+            s = self._ready_backward(d, now)
+            if s is not None:
+                self._run_backward(s, d, now)
                 return
         if self.pending_w[d]:
             self._run_w(d, now)
 
-    def _try_forward(self, d: int, now: float) -> bool:
-        s = self._ready_forward(d, now)
-        if s is not None:
-            self._run_forward(s, d, now)
-        return s is not None
-
-    def _try_backward(self, d: int, now: float) -> bool:
-        s = self._ready_backward(d, now)
-        if s is not None:
-            self._run_backward(s, d, now)
-        return s is not None
-
     def _ready_forward(self, d: int, now: float) -> int | None:
-        best, best_mb = None, self.M
-        M = self.M
+        M, next_f, next_bwd, cap, f_ready = self.M, self.next_f, self.next_bwd, self.cap, self.f_ready
+        oldest_first = self.rules.oldest_first
+        best, best_mb = None, M
         for s in self.on_device[d]:
-            m = self.next_f[s]
+            m = next_f[s]
             if m >= M or m > best_mb:
                 continue
-            inflight = m - self.next_bwd[s]
-            if inflight >= self.cap[s]:
-                continue
-            if s and self.f_end[(s - 1) * M + m] + self.stages[s - 1].lag_next > now:
+            inflight = m - next_bwd[s]
+            if inflight >= cap[s] or f_ready[s * M + m] > now:
                 continue
             # Over budget, F waits for deferred W to free memory; with none to run, a stage's
             # first microbatch in flight is admitted anyway, so a tight budget cannot deadlock.
-            over = self.level[d] + self.stages[s].act > self.budget[d]
-            if over and (inflight or self.pending_w[d]):
+            if (inflight or self.pending_w[d]) and self.level[d] + self.act[s] > self.budget[d]:
                 continue
-            if not self.rules.oldest_first:
+            if not oldest_first:
                 return s
             best, best_mb = s, m
         return best
 
     def _ready_backward(self, d: int, now: float) -> int | None:
-        best, best_mb = None, self.M
-        M, last = self.M, self.S - 1
+        M, next_f, next_bwd, b_ready = self.M, self.next_f, self.next_bwd, self.b_ready
+        oldest_first = self.rules.oldest_first
+        best, best_mb = None, M
         for s in self.on_device[d]:
-            m = self.next_bwd[s]
-            if m >= self.next_f[s] or m > best_mb:
+            m = next_bwd[s]
+            if m >= next_f[s] or m > best_mb or b_ready[s * M + m] > now:
                 continue
-            if self.f_end[s * M + m] > now:
-                continue
-            if s < last and self.bwd_end[(s + 1) * M + m] + self.stages[s].lag_next > now:
-                continue
-            if not self.rules.oldest_first:
+            if not oldest_first:
                 return s
             best, best_mb = s, m
         return best
@@ -239,9 +244,11 @@ class _Scheduler:
         m = self.next_f[s]
         self.next_f[s] = m + 1
         end = self._start(d, now, (s, "F", m), st.f, st.act)
-        self.f_end[s * self.M + m] = end
         if s + 1 < self.S:
+            self.f_ready[(s + 1) * self.M + m] = end + st.lag_next
             self._wake(s + 1, end + st.lag_next)
+        else:  # the loss is part of the last stage: its backward may follow at once
+            self.b_ready[s * self.M + m] = end
 
     def _run_backward(self, s: int, d: int, now: float) -> None:
         st = self.stages[s]
@@ -252,9 +259,11 @@ class _Scheduler:
             self.pending_w[d].append((s, m))
         else:
             end = self._start(d, now, (s, "B", m), st.i + st.w, -st.act)
-        self.bwd_end[s * self.M + m] = end
         if s > 0:
-            self._wake(s - 1, end + self.stages[s - 1].lag_next)
+            # Its F ran before the F (hence the backward) of this stage: only the gradient waits.
+            lag = self.stages[s - 1].lag_next
+            self.b_ready[(s - 1) * self.M + m] = end + lag
+            self._wake(s - 1, end + lag)
 
     def _run_w(self, d: int, now: float) -> None:
         s, m = self.pending_w[d].popleft()

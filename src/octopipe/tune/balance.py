@@ -5,7 +5,9 @@ Two pure steps on the profile's prefix sums (`CostTable`):
 1. `min_max_stage_ranges`: the split into S non-empty stages whose slowest stage (work / speed of
    its device) is as fast as possible, found by bisection on that time with an exact
    feasibility check over reachable stage ends (O(S * L) per check);
-2. `refine_device_loads`: moves single layers across stage boundaries while that lowers the most
+2. `proportional_ranges`: cuts at each stage's fair share of the work (a second start when a
+   device holds several stages);
+3. `refine_device_loads`: moves single layers across stage boundaries while that lowers the most
    loaded device (a device's load is the sum of its stages' work / its speed), which is what
    bounds a pipeline's steady state when a device holds several stages.
 
@@ -123,10 +125,41 @@ def refine_device_loads(
     return tuple(zip(bounds, bounds[1:]))
 
 
-def balanced_ranges(costs: CostTable, placement: Sequence[int], speeds: Sequence[float]) -> Ranges:
-    """Min-max stage split, then refined for device loads (the tuner's partition seed)."""
+def proportional_ranges(
+    work: Sequence[float], placement: Sequence[int], speeds: Sequence[float]
+) -> Ranges:
+    """Cut where each stage gets its device's fair share of the work, split evenly among the
+    device's stages; rounding to layer boundaries then errs both ways and partly cancels."""
+    num_layers, S = len(work) - 1, len(placement)
+    count = [0] * len(speeds)
+    for d in placement:
+        count[d] += 1
+    share = [speeds[d] / count[d] for d in placement]
+    scale = work[-1] / sum(share)
+    bounds, target = [0], 0.0
+    for s in range(S - 1):
+        target += share[s] * scale
+        lo, hi = bounds[-1] + 1, num_layers - (S - 1 - s)  # keep every stage non-empty
+        cut = min(max(bisect_right(work, target), lo), hi)
+        if cut > lo and target - work[cut - 1] < work[cut] - target:
+            cut -= 1  # the boundary before `target` is nearer
+        bounds.append(cut)
+    bounds.append(num_layers)
+    return tuple(zip(bounds, bounds[1:]))
+
+
+def balanced_ranges(
+    costs: CostTable, placement: Sequence[int], speeds: Sequence[float]
+) -> list[tuple[str, Ranges]]:
+    """The tuner's partition seeds for a placement, labelled: the min-max split and, where a
+    device holds several stages, the proportional split too, each refined for device loads."""
     work = work_prefix(costs)
     ranges = min_max_stage_ranges(work, placement, speeds)
-    if len(set(placement)) < len(placement):  # some device holds several stages
-        ranges = refine_device_loads(work, ranges, placement, speeds)
-    return ranges
+    if len(set(placement)) == len(placement):
+        return [("", ranges)]
+    options = [("", refine_device_loads(work, ranges, placement, speeds))]
+    proportional = refine_device_loads(work, proportional_ranges(work, placement, speeds),
+                                       placement, speeds)
+    if proportional != options[0][1]:
+        options.append(("/fair", proportional))
+    return options

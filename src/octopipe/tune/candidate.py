@@ -112,7 +112,8 @@ class Evaluator:
     def stages(self, cand: Candidate) -> tuple[StageCost, ...]:
         return stage_costs(self.costs, cand.ranges, cand.placement, self.devices, self.profile.link)
 
-    def evaluate(self, cand: Candidate) -> Outcome:
+    def evaluate(self, cand: Candidate, give_up_after: float = math.inf) -> Outcome | None:
+        """The candidate's outcome; None once it is sure to take longer than `give_up_after`."""
         self.evaluations += 1
         stages = self.stages(cand)
         static = self.static_bytes(cand)
@@ -126,7 +127,9 @@ class Evaluator:
             oldest_first=cand.oldest_first,
             memory_budget=tuple(c - s for c, s in zip(self.capacity, static)),
         )
-        sched = list_schedule(stages, self.num_devices, self.M, rules)
+        sched = list_schedule(stages, self.num_devices, self.M, rules, give_up_after)
+        if sched is None:
+            return None
         peaks = tuple(s + a for s, a in zip(static, sched.peak_activation_bytes))
         return Outcome(cand, sched, sched.makespan, sched.busy, peaks, self.capacity)
 

@@ -16,6 +16,7 @@ Deterministic for a seed unless the time budget cuts the search short.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +41,7 @@ RULE_VARIANTS = (
     {"warmup": 0.01, "defer_w": False},  # lean: one microbatch in flight per stage
 )
 SEEDS_TO_VARY = 4
-STARTS = 3
+STARTS = 5
 KICKS = 3
 
 
@@ -108,8 +109,9 @@ def tune(
 def _seed_candidates(evaluator: Evaluator, max_chunks: int) -> list[Candidate]:
     costs, speeds = evaluator.costs, evaluator.speeds
     return [
-        Candidate(balanced_ranges(costs, placement, speeds), placement, label=label)
+        Candidate(ranges, placement, label=label + tag)
         for label, placement in seed_placements(evaluator.devices, max_chunks, costs.num_layers)
+        for tag, ranges in balanced_ranges(costs, placement, speeds)
     ]
 
 
@@ -129,15 +131,19 @@ class _Search:
     def out_of_time(self) -> bool:
         return self.elapsed() >= self.budget
 
-    def evaluate(self, cand: Candidate) -> Outcome:
-        if cand not in self.seen:
-            out = self.evaluator.evaluate(cand)
+    def evaluate(self, cand: Candidate, give_up_after: float = math.inf) -> Outcome | None:
+        """The candidate's outcome (cached), or None if it takes longer than `give_up_after`."""
+        if cand in self.seen:
+            out = self.seen[cand]
+            return out if out.makespan <= give_up_after else None
+        out = self.evaluator.evaluate(cand, give_up_after)
+        if out is not None:  # abandoned runs are not cached: a later cutoff may be looser
             self.seen[cand] = out
             if self.best is None or out.score < self.best.score:
                 self.best = out
-            if self.progress:
-                self.progress(self.best.makespan, self.elapsed())
-        return self.seen[cand]
+        if self.progress and self.best is not None:
+            self.progress(self.best.makespan, self.elapsed())
+        return out
 
     def best_outcomes(self, k: int) -> list[Outcome]:
         return sorted(self.seen.values(), key=lambda o: o.score)[:k]
@@ -177,11 +183,13 @@ class _Search:
     def _descend_step(self, current: Outcome) -> Outcome | None:
         """The first neighbour that improves on `current` (neighbours come most promising
         first), else None."""
+        # A fitting plan is only beaten by a faster one: give up on slower candidates early.
+        cutoff = current.makespan if current.fits else math.inf
         for cand in neighbours(current):
             if self.out_of_time():
                 return None
-            out = self.evaluate(cand)
-            if out.score < current.score:
+            out = self.evaluate(cand, cutoff)
+            if out is not None and out.score < current.score:
                 return out
         return None
 
