@@ -215,16 +215,17 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path, capsys):
 
 
 # Predicted / measured bands per recorded layer. Dense blocks, heads and cross-attention are
-# calibrated (within ~20%); the vision block and MoE layers are known to be under-predicted
-# against eager PyTorch (small GEMMs, routing overhead: docs/COSTMODEL.md), so their bands
-# record that weakness rather than hide it.
+# calibrated (within ~20%), Mixtral's MoE block too since grouped GEMMs have their own
+# efficiency; the vision block and DeepSeek-V2-Lite's MLA + 64-expert layer are known to be
+# under-predicted against eager PyTorch (docs/COSTMODEL.md), so their bands record that
+# weakness rather than hide it.
 H200_BANDS = {
     "llama3-8b/": (0.8, 1.2),
     "llama3-70b/": (0.8, 1.2),
     "gemma2-9b/": (0.8, 1.2),
     "llama3.2-11b-vision/layers.": (0.8, 1.2),
     "llama3.2-11b-vision/vision.": (0.7, 1.2),
-    "mixtral-8x7b/": (0.7, 1.2),
+    "mixtral-8x7b/": (0.8, 1.2),
     "deepseek-v2-lite/": (0.4, 1.2),
 }
 

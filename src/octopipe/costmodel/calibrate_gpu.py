@@ -327,6 +327,23 @@ def mllama_vision_layer(image_tokens: int, device: str) -> dict:
     return measure_layer(block, (hidden_states(image_tokens, 1280, device),))
 
 
+def moe_breakdown(seq: int, device: str) -> dict:
+    """DeepSeek-V2-Lite layer parts: MLA alone, MoE alone, and the experts' gate/up projection
+    as one grouped GEMM against a dense GEMM of the same FLOPs (where is the time?)."""
+    x = hidden_states(seq, 2048, device)
+    mla = LatentAttention(2048, 16, 512, 128, 64, 128).to(device, DTYPE)
+    moe = MoE(2048, 64, 6, 1408, 2 * 1408).to(device, DTYPE)
+    tokens = torch.randn(seq * 6, 2048, device=device, dtype=DTYPE)
+    counts = torch.full((64,), seq * 6 // 64, device=device)
+    offsets = counts.cumsum(0).to(torch.int32)
+    dense = torch.randn(2048, 2 * 1408, device=device, dtype=DTYPE)
+    out = {"mla": measure_layer(mla, (x,)), "moe": measure_layer(moe, (x,))}
+    out["grouped_gate_up_f"] = timed(lambda: torch._grouped_mm(tokens, moe.gate_up, offs=offsets))
+    out["dense_gate_up_f"] = timed(lambda: tokens @ dense)
+    out["gate_up_flops"] = 2.0 * tokens.shape[0] * 2048 * 2 * 1408
+    return out
+
+
 def head_layer(hidden: int, vocab: int, seq: int, device: str) -> dict:
     head = Head(hidden, vocab).to(device, DTYPE)
     target = torch.randint(0, vocab, (1, seq), device=device)
@@ -387,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
         help="only the MoE, MLA, cross-attention and vision layers",
     )
     parser.add_argument("--skip-kernels", action="store_true")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="only the DeepSeek-V2-Lite MoE layer's parts"
+    )
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -459,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         if args.only_new:
             layers = {k: v for k, v in layers.items() if k.split("/")[0] in NEW_MODELS}
+    if args.breakdown:
+        results["breakdown"] = moe_breakdown(256 if args.small else 4096, device)
+        print(json.dumps(results["breakdown"]), flush=True)
+        layers = {}
     results["layers"] = {}
     for name, measure in layers.items():
         results["layers"][name] = measure()

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from octopipe.costmodel.hardware import Hardware
 
 F, I, W = "f", "i", "w"  # forward, backward for inputs, backward for weights
-MATMUL, ATTENTION, MEMORY, TP_COMM = "matmul", "attention", "memory", "tp_comm"
+MATMUL, GROUPED, ATTENTION, MEMORY = "matmul", "grouped_matmul", "attention", "memory"
+TP_COMM = "tp_comm"
 
 # FlashAttention's backward runs five matmuls to the forward's two (it recomputes the scores):
 # 2.5x the forward's FLOPs, all of it input-gradient work (attention has no weights).
@@ -35,7 +36,11 @@ def kernel_time(kernel: Kernel, hw: Hardware) -> float:
     memory = kernel.bytes / (hw.memory_bandwidth * hw.memory_efficiency)
     if kernel.unit == MEMORY:
         return memory
-    efficiency = hw.matmul_efficiency if kernel.unit == MATMUL else hw.attention_efficiency
+    efficiency = {
+        MATMUL: hw.matmul_efficiency,
+        GROUPED: hw.grouped_matmul_efficiency,
+        ATTENTION: hw.attention_efficiency,
+    }[kernel.unit]
     return max(kernel.flops / (hw.peak_flops * efficiency), memory)
 
 
@@ -87,10 +92,11 @@ class LayerWork:
         a = self.dtype_bytes
         flops = 2.0 * tokens * k * n
         weight = experts * k * n * a
-        self.kernels.append(Kernel(F, MATMUL, flops, tokens * k * a + weight + tokens * n * a))
+        unit = GROUPED if experts > 1 else MATMUL
+        self.kernels.append(Kernel(F, unit, flops, tokens * k * a + weight + tokens * n * a))
         if input_grad:
-            self.kernels.append(Kernel(I, MATMUL, flops, tokens * n * a + weight + tokens * k * a))
-        self.kernels.append(Kernel(W, MATMUL, flops, tokens * (k + n) * a + 2 * weight))
+            self.kernels.append(Kernel(I, unit, flops, tokens * n * a + weight + tokens * k * a))
+        self.kernels.append(Kernel(W, unit, flops, tokens * (k + n) * a + 2 * weight))
         self.params += experts * (k * n + (n if bias else 0))
         if save_input:
             saved = tokens * k * a
