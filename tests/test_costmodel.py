@@ -1,13 +1,17 @@
 """Analytic cost model: profiles of every shipped config, published parameter counts, FLOP and
 memory sanity, tensor parallelism, recomputation, hardware overrides and the CLI."""
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from octopipe import costmodel
 from octopipe.cli import main
 from octopipe.costmodel.arch import layer_specs, load_architecture, shipped_models
 from octopipe.costmodel.build import build_profile, estimate_layers, parameter_count, training_flops
+from octopipe.costmodel.calibration_report import layer_ratios
 from octopipe.costmodel.hardware import PRESETS, hardware_preset
 from octopipe.costmodel.settings import Settings
 from octopipe.costmodel.work import mean_attended_keys
@@ -233,12 +237,6 @@ H200_BANDS = {
 def test_predictions_track_the_recorded_h200_measurements():
     """Measured once on an H200 with costmodel/calibrate_gpu.py (a recorded file, not a timing
     taken during the test)."""
-    import json
-    from pathlib import Path
-
-    import octopipe.costmodel as costmodel
-    from octopipe.costmodel.calibration_report import layer_ratios
-
     path = Path(costmodel.__file__).parent / "measurements" / "h200.json"
     measured = json.loads(path.read_text())["layers"]
     assert len(measured) == 10
