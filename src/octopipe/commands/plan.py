@@ -129,7 +129,8 @@ def write_outputs(plan: Plan, profile: Profile, out: Path, microbatch_size: int 
 def comparison_table(result: TuneResult, title: str) -> Table:
     best = result.best
     table = Table(title=f"{title}: tuned plan vs baselines (simulated)",
-                  caption="speedup: the row's time over the tuned plan's")
+                  caption="speedup: the row's time over the tuned plan's; "
+                          "(kept): no faster plan was found")
     table.add_column("plan", no_wrap=True)
     for col in ("time s", "speedup", "bubble", "eff.", "peak GiB", "fits"):
         table.add_column(col, justify="right")

@@ -40,6 +40,7 @@ RULE_VARIANTS = (
     {"oldest_first": False},
     {"warmup": 0.01, "defer_w": False},  # lean: one microbatch in flight per stage
 )
+SEED_WARMUPS = (1.5, 3.0)  # every seed is scheduled with a moderate and a deep warm-up
 SEEDS_TO_VARY = 4
 STARTS = 5
 KICKS = 3
@@ -90,8 +91,9 @@ def tune(
     )
     seeds = _seed_candidates(evaluator, max_chunks) + [
         Candidate(tuple((s.start, s.end) for s in e.plan.stages), e.plan.placement,
-                  label=f"from {e.label}")
+                  warmup=warmup, label=f"from {e.label}")
         for e in base
+        for warmup in SEED_WARMUPS
     ]
     search.run(seeds)
 
@@ -102,16 +104,18 @@ def tune(
         result = simulator.run(plan, detail=False, check=True)
         finalists.append(Evaluated(f"tuned ({outcome.candidate.label})", plan, result))
     best = min([*finalists, *base], key=lambda e: e.score)
-    best = Evaluated(best.label, best.plan.with_predicted(best.sim.predicted()), best.sim)
+    label = best.label if best in finalists else f"{best.label} (kept)"
+    best = Evaluated(label, best.plan.with_predicted(best.sim.predicted()), best.sim)
     return TuneResult(best, base, evaluator.evaluations, search.elapsed(), not search.out_of_time())
 
 
 def _seed_candidates(evaluator: Evaluator, max_chunks: int) -> list[Candidate]:
     costs, speeds = evaluator.costs, evaluator.speeds
     return [
-        Candidate(ranges, placement, label=label + tag)
+        Candidate(ranges, placement, warmup=warmup, label=label + tag)
         for label, placement in seed_placements(evaluator.devices, max_chunks, costs.num_layers)
         for tag, ranges in balanced_ranges(costs, placement, speeds)
+        for warmup in SEED_WARMUPS
     ]
 
 
