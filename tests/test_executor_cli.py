@@ -1,9 +1,13 @@
 """`octopipe run`: JSON report, Perfetto trace, and one-line refusals of plans it cannot run."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from executor_helpers import greedy, layer_count, one_f_one_b
+from executor_helpers import TOY, greedy, layer_count, one_f_one_b
 
 from octopipe.cli import main
 from octopipe.plan import save_plan
@@ -54,3 +58,24 @@ def test_a_cyclic_plan_exits_2_naming_the_waiting_actions(tmp_path, capsys):
     assert main(["run", "--plan", str(plan_path), "--model", "tiny-llama"]) == 2
     err = capsys.readouterr().err
     assert "deadlocks" in err and "waits for" in err and "1B1" in err
+
+
+@pytest.mark.timeout(120)
+def test_run_as_ranks_of_an_existing_job(tmp_path):
+    """What torchrun does: start every rank with RANK/WORLD_SIZE set; rank 0 reports.
+
+    The ranks meet through a file here, since torchrun's env:// store listens on every interface.
+    """
+    plan_path = tmp_path / "plan.json"
+    save_plan(greedy([0, 1, 0], 2, 2, backward=lambda s, m: "I"), plan_path)
+    env = {**os.environ, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GLOO_SOCKET_IFNAME": "lo",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "octopipe", "run", "--plan", str(plan_path), "--model", TOY, "--steps", "2",
+           "--json", "--backend", "gloo", "--timeout", "60", "--init-method", f"file://{tmp_path / 'store'}"]
+    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=100) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(err[-2000:] for _, err in outs)
+    report = json.loads(outs[0][0])
+    assert len(report["losses"]) == 2 and len(report["peak_memory_bytes"]) == 2
+    assert outs[1][0] == ""

@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="auto: NCCL when each rank can have its own GPU, else gloo on CPU")
     parser.add_argument("--lookahead", type=_positive, default=8, help="actions ahead whose receives are posted early")
+    parser.add_argument("--init-method", default="env://",
+                        help="under torchrun: how ranks meet (default env://; file:///shared/path also works)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before a stuck transfer fails")
     parser.add_argument("--trace", help="write a Chrome/Perfetto trace of every rank's actions here")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     config = RunConfig(args.model, args.seed, args.steps, optimizer, args.lookahead)
     nproc = args.nproc or plan.num_devices
     try:
-        results = execute([Job(plan, config, args.plan)], nproc, args.backend, args.timeout)
+        results = execute([Job(plan, config, args.plan)], nproc, args.backend, args.timeout, args.init_method)
     except RankFailure as exc:
         print(f"octopipe run: {exc}", file=sys.stderr)
         return 1

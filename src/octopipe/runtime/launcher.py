@@ -56,25 +56,29 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
         check_runnable(job.plan, len(model.layer_names), world_size, job.source)
 
 
-def execute(jobs: Sequence[Job], nproc: int, backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> list[RunResult] | None:
-    """Run the jobs on `nproc` fresh processes, or on the torchrun job this process belongs to.
+def execute(jobs: Sequence[Job], nproc: int, backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S,
+            init_method: str = "env://") -> list[RunResult] | None:
+    """Run the jobs on `nproc` fresh processes, or on the torchrun job this process belongs to
+    (then `init_method` is how its ranks meet: torchrun's `env://`, or e.g. a shared `file://`).
 
     Returns the results on the process that speaks for the run (the parent, or rank 0), else None.
     """
     if under_torchrun():
-        return run_under_torchrun(jobs, backend, timeout_s)
+        return run_under_torchrun(jobs, backend, timeout_s, init_method)
     return launch(jobs, nproc, backend, timeout_s)
 
 
 # --- inside torchrun --------------------------------------------------------------------------
 
 
-def run_under_torchrun(jobs: Sequence[Job], backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> list[RunResult] | None:
+def run_under_torchrun(jobs: Sequence[Job], backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S,
+                       init_method: str = "env://") -> list[RunResult] | None:
+    """Be one rank of a job started by torchrun (or anything that sets RANK and WORLD_SIZE)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     validate_jobs(jobs, world)
     backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    return train_as_rank(jobs, rank, world, local_rank, "env://", backend, timeout_s)
+    return train_as_rank(jobs, rank, world, local_rank, init_method, backend, timeout_s)
 
 
 def train_as_rank(jobs: Sequence[Job], rank: int, world: int, local_rank: int, init_method: str,
