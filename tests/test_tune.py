@@ -94,3 +94,21 @@ def test_never_slower_than_the_best_baseline_even_without_search_time():
     result = tune(profile, 8, 4, baselines=baselines, time_budget=1e-9)
     fastest = min(b.sim.iteration_time for b in result.baselines if b.sim.fits)
     assert result.best.sim.iteration_time <= fastest
+
+
+def test_local_reordering_moves_a_binding_action_ahead():
+    from octopipe.plan import Action, make_plan
+    from octopipe.tune.reorder import reorder_critical
+
+    unit = LayerCost(name="l", f=1.0, b=1.0, w=1.0, act_bytes=1, wact_bytes=0, param_bytes=0,
+                     out_bytes=0)
+    profile = Profile(layers=(unit, unit), devices=(Device(), Device()))
+    acts = {0: "0F0 0F1 0B0 0B1", 1: "1F0 1F1 1B1 1B0"}  # the last stage answers mb 1 first
+    plan = make_plan(2, 2, [(0, 1), (1, 2)], [0, 1],
+                     {d: [Action.parse(a) for a in text.split()] for d, text in acts.items()})
+    sim = Simulator(profile)
+    before = sim.run(plan)
+    polished, after = reorder_critical(sim, plan, before)
+    assert after.iteration_time < before.iteration_time
+    assert after.iteration_time == sim.run(polished).iteration_time
+    check_structure(polished, "<polished>", 2)

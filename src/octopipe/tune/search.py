@@ -2,11 +2,13 @@
 
 1. Seeds: balanced partitions under sequential, interleaved and V-shaped placements for every
    chunk count up to `max_chunks` (and device orders by memory and speed), plus the partition
-   and placement of every baseline given; each scheduled by the list scheduler.
+   and placement of every baseline given; each scheduled by the list scheduler at a moderate
+   and a deep warm-up.
 2. The best seeds get their scheduling rules varied (warm-up depth, split backward, W deferral,
    a lean memory-first setting).
-3. Local search from the best few: `moves.neighbours` proposes changes aimed at the busiest,
-   the idlest and the overflowing devices; the best improving one is kept; at a local optimum a
+3. Local search from the best few distinct placements: `moves.neighbours` proposes changes
+   aimed at the busiest, the idlest and the overflowing devices, most promising first; the first
+   that improves is kept (slower candidates are abandoned mid-schedule); at a local optimum a
    seeded random `kick` perturbs the partition, a few times, before giving up.
 
 Every plan reported is re-evaluated by the simulator, and the result is never worse (in the
@@ -29,6 +31,7 @@ from octopipe.tune.balance import balanced_ranges
 from octopipe.tune.candidate import Candidate, Evaluator, Outcome
 from octopipe.tune.moves import kick, neighbours
 from octopipe.tune.placement import seed_placements
+from octopipe.tune.reorder import reorder_critical
 
 Progress = Callable[[float, float], None]  # (best iteration time so far, seconds elapsed)
 
@@ -80,7 +83,13 @@ def tune(
     baselines: Sequence[tuple[str, Plan]] = (),
     progress: Progress | None = None,
 ) -> TuneResult:
-    """Search partition, placement and schedule for the fastest plan that fits."""
+    """Search partition, placement and schedule for the fastest plan that fits.
+
+    `baselines` are evaluated as they are and also seed the search with their partition and
+    placement; the result is never worse than the best of them. When no plan fits, `best` is the
+    leanest one found (smallest largest shortfall). `progress(best_time, elapsed)` is called
+    after every evaluation.
+    """
     devices = profile.device_list(num_devices)
     simulator = Simulator(profile)
     evaluator = Evaluator(profile, devices, num_microbatches, simulator.costs)
@@ -103,10 +112,13 @@ def tune(
         # check=True: a structural fault here would be a tuner bug, not a user's.
         result = simulator.run(plan, detail=False, check=True)
         finalists.append(Evaluated(f"tuned ({outcome.candidate.label})", plan, result))
+    top = min(finalists, key=lambda e: e.score)
+    plan, result = reorder_critical(simulator, top.plan, top.sim, out_of_time=search.out_of_time)
+    finalists.append(Evaluated(top.label, plan, result))
     best = min([*finalists, *base], key=lambda e: e.score)
     label = best.label if best in finalists else f"{best.label} (kept)"
     best = Evaluated(label, best.plan.with_predicted(best.sim.predicted()), best.sim)
-    return TuneResult(best, base, evaluator.evaluations, search.elapsed(), not search.out_of_time())
+    return TuneResult(best, base, evaluator.evaluations, search.elapsed(), search.converged)
 
 
 def _seed_candidates(evaluator: Evaluator, max_chunks: int) -> list[Candidate]:
@@ -128,6 +140,7 @@ class _Search:
         self.started = time.perf_counter()
         self.seen: dict[Candidate, Outcome] = {}
         self.best: Outcome | None = None
+        self.converged = False  # every local search ran to its end within the budget
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -175,6 +188,7 @@ class _Search:
                     continue
                 kicks[i] += 1
                 active[i] = self.evaluate(kick(anchors[i].candidate, self.rng))
+        self.converged = not active and not self.out_of_time()
 
     def _evaluate_all(self, cands: list[Candidate]) -> list[Outcome]:
         out = []
