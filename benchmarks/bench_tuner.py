@@ -96,6 +96,11 @@ class Row:
     baselines_fitting: int
     baselines_total: int
 
+    @property
+    def bound_vs_best(self) -> float:
+        """The speedup over the best baseline if the tuned partition ran with no bubble at all."""
+        return self.vs_best * self.balance_ceiling / self.efficiency
+
 
 def run_case(case: Case, budget: float) -> Row:
     profile = profile_for(case)
@@ -110,8 +115,8 @@ def run_case(case: Case, budget: float) -> Row:
     # With no fitting baseline, compare with the fastest one anyway (it needs more memory).
     best = min(fitting or result.baselines, key=lambda b: b.sim.iteration_time)
     megatron = next(b for b in result.baselines if b.label == MEGATRON)
-    return Row(case, tuned.efficiency, balance_ceiling(profile, result.best.plan, tuned.lower_bound),
-               megatron.sim.iteration_time / tuned.iteration_time,
+    ceiling = balance_ceiling(profile, result.best.plan, tuned.lower_bound)
+    return Row(case, tuned.efficiency, ceiling, megatron.sim.iteration_time / tuned.iteration_time,
                best.sim.iteration_time / tuned.iteration_time, best.label, seconds,
                cpu, result.evaluations, result.best.label, tuned.fits, megatron.sim.fits,
                len(fitting), len(result.baselines))
@@ -131,21 +136,23 @@ def geomean(values: list[float]) -> float:
 
 def zoo_table(rows: list[Row]) -> str:
     lines = [
-        "| case | P x M | efficiency | balance ceiling | vs Megatron i1F1B | vs best baseline (which)"
-        " | tuning s (CPU s) | tuned from |",
-        "|---|---|---|---|---|---|---|---|",
+        ("| case | P x M | efficiency | balance ceiling | vs Megatron i1F1B"
+        " | vs best baseline (which) | bubble-free bound vs best | tuning s (CPU s) | tuned from |"),
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mega = f"{r.vs_megatron:.3f}x" + ("" if r.megatron_fits else " (i1F1B does not fit)")
         lines.append(
             f"| {r.case.label} | {r.case.devices} x {r.case.microbatches} | {r.efficiency:.3f}"
-            f"{'' if r.fits else ' (no fit)'} | {r.balance_ceiling:.3f} | {mega} | {r.vs_best:.3f}x ({r.best_label}) | "
+            f"{'' if r.fits else ' (no fit)'} | {r.balance_ceiling:.3f} | {mega} | "
+            f"{r.vs_best:.3f}x ({r.best_label}) | {r.bound_vs_best:.3f}x | "
             f"{r.seconds:.1f} ({r.cpu_seconds:.1f}) | {r.tuned_label} |"
         )
     lines.append(
         f"| **geometric mean** | | **{geomean([r.efficiency for r in rows]):.3f}** | | "
         f"**{geomean([r.vs_megatron for r in rows]):.3f}x** | "
-        f"**{geomean([r.vs_best for r in rows]):.3f}x** | | |"
+        f"**{geomean([r.vs_best for r in rows]):.3f}x** | "
+        f"{geomean([r.bound_vs_best for r in rows]):.3f}x | | |"
     )
     return "\n".join(lines)
 
@@ -154,7 +161,8 @@ def scaling_table(rows: list[Row]) -> str:
     lines = ["| case | candidates | tuning s (CPU s) | efficiency | balance ceiling |",
              "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.case.label} | {r.evaluations} | {r.seconds:.1f} ({r.cpu_seconds:.1f}) | "
+        lines.append(f"| {r.case.label} | {r.evaluations} | "
+                     f"{r.seconds:.1f} ({r.cpu_seconds:.1f}) | "
                      f"{r.efficiency:.3f} | {r.balance_ceiling:.3f} |")
     return "\n".join(lines)
 
@@ -172,7 +180,8 @@ def main() -> None:
     print()
     tight = run_case(NO_BASELINE_FITS, args.budget)
     print(f"{tight.case.label}: the tuned plan {'fits' if tight.fits else 'does NOT fit'} "
-          f"(efficiency {tight.efficiency:.3f}, {tight.seconds:.1f} s, {tight.cpu_seconds:.1f} CPU s); "
+          f"(efficiency {tight.efficiency:.3f}, {tight.seconds:.1f} s, "
+          f"{tight.cpu_seconds:.1f} CPU s); "
           f"{tight.baselines_fitting} of {tight.baselines_total} baselines fit.")
     if not args.quick:
         print()

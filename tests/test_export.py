@@ -41,7 +41,7 @@ def stand_in_stages(num_stages: int, num_ranks: int, rank: int, stage_ids):
 
 
 def test_csv_loads_in_pytorch_runtime_with_the_same_actions(tuned, tmp_path):
-    prof, plan = tuned
+    _prof, plan = tuned
     path = tmp_path / "schedule.csv"
     write_schedule_csv(plan, path)
     for rank in range(plan.num_devices):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,7 +96,8 @@ def cases(draw):
     speeds = draw(st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=P, max_size=P))
     profile = Profile(layers=layers, devices=tuple(Device(speed=s) for s in speeds),
                       link=Link(bandwidth=100.0, latency=draw(st.floats(0, 0.5))))
-    cuts = sorted(draw(st.lists(st.integers(1, L - 1), min_size=S - 1, max_size=S - 1, unique=True)))
+    cuts = sorted(draw(st.lists(st.integers(1, L - 1), min_size=S - 1, max_size=S - 1,
+                                unique=True)))
     bounds = [0, *cuts, L]
     placement = [draw(st.integers(0, P - 1)) for _ in range(S)]
     rules = Rules(
@@ -103,7 +106,7 @@ def cases(draw):
         backward_first=draw(st.booleans()), oldest_first=draw(st.booleans()),
         memory_budget=draw(st.none() | st.just((30.0,) * P)),
     )
-    return profile, P, M, list(zip(bounds, bounds[1:])), placement, rules
+    return profile, P, M, list(itertools.pairwise(bounds)), placement, rules
 
 
 @settings(max_examples=150, deadline=None)

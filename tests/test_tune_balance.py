@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from itertools import accumulate, combinations
+from itertools import accumulate, combinations, pairwise
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from octopipe.tune.balance import device_loads, min_max_stage_ranges, refine_device_loads
 from octopipe.profile import Device
+from octopipe.tune.balance import device_loads, min_max_stage_ranges, refine_device_loads
 from octopipe.tune.placement import interleaved, seed_placements, v_shape
 
 
@@ -22,7 +22,7 @@ def brute_force(work, placement, speeds):
     best = None
     for cuts in combinations(range(1, L), S - 1):
         bounds = [0, *cuts, L]
-        t = slowest_stage(work, list(zip(bounds, bounds[1:])), placement, speeds)
+        t = slowest_stage(work, list(pairwise(bounds)), placement, speeds)
         best = t if best is None else min(best, t)
     return best
 

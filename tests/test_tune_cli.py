@@ -60,7 +60,7 @@ def _profile(path):
     (["--microbatches", 8, "--memory-limit", "1GiB"], "needs"),
 ])
 def test_bad_input_is_one_line_and_exit_2(profile_path, tmp_path, capsys, args, fault):
-    code, out, err = run(["--profile", profile_path, "--quiet", "--time-budget", 5,
+    code, _out, err = run(["--profile", profile_path, "--quiet", "--time-budget", 5,
                           "-o", tmp_path / "o", *args], capsys)
     assert code == 2
     lines = err.strip().splitlines()

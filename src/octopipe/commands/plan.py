@@ -45,8 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--micro-batch-size", type=int, default=1,
                      help="samples per microbatch for --model (also written to torchtitan.toml)")
     p.add_argument("--devices", type=int,
-                   help=f"device count (default: the profile's devices; {DEFAULT_DEVICES} for --model)")
-    p.add_argument("--microbatches", type=int, help="microbatches per iteration (default 4 x devices)")
+                   help=f"device count (default: the profile's; {DEFAULT_DEVICES} for --model)")
+    p.add_argument("--microbatches", type=int,
+                   help="microbatches per iteration (default 4 x devices)")
     p.add_argument("--memory-limit", help="capacity of every device, e.g. 40GiB or 80e9")
     p.add_argument("--max-chunks", type=int, default=4, help="most stages per device to try")
     p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search at most")
@@ -107,8 +108,9 @@ def shortfall_message(leanest: Evaluated) -> str:
     d = max(range(sim.num_devices), key=lambda i: sim.memory_excess_bytes[i])
     return (
         f"no plan fits the devices' memory: under the leanest plan found, device {d} needs "
-        f"{sim.memory_excess_bytes[d] / GIB:.2f} GiB more ({sim.peak_memory_bytes[d] / GIB:.2f} GiB "
-        f"peak, {sim.capacity_bytes[d] / GIB:.2f} GiB capacity)"
+        f"{sim.memory_excess_bytes[d] / GIB:.2f} GiB more "
+        f"({sim.peak_memory_bytes[d] / GIB:.2f} GiB peak, {sim.capacity_bytes[d] / GIB:.2f} GiB "
+        "capacity)"
     )
 
 

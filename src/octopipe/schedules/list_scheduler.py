@@ -57,7 +57,7 @@ class Rules:
     split_backward: bool = True
     defer_w: bool = True
     backward_first: bool = True
-    oldest_first: bool = True  # among ready actions of one kind: lowest microbatch, else deepest stage
+    oldest_first: bool = True  # among ready actions of a kind: lowest mb first, else deepest stage
     memory_budget: tuple[float, ...] | None = None  # per device, bytes of activations
 
 
@@ -189,7 +189,8 @@ class _Scheduler:
             self._run_w(d, now)
 
     def _ready_forward(self, d: int, now: float) -> int | None:
-        M, next_f, next_bwd, cap, f_ready = self.M, self.next_f, self.next_bwd, self.cap, self.f_ready
+        M, next_f, next_bwd, f_ready = self.M, self.next_f, self.next_bwd, self.f_ready
+        cap = self.cap
         oldest_first = self.rules.oldest_first
         best, best_mb = None, M
         for s in self.on_device[d]:
@@ -230,8 +231,7 @@ class _Scheduler:
         self.free_at[d] = end
         self.busy[d] += duration
         self.level[d] += mem_delta
-        if self.level[d] > self.peak[d]:
-            self.peak[d] = self.level[d]
+        self.peak[d] = max(self.peak[d], self.level[d])
         self.remaining -= 1
         heapq.heappush(self.wakeups, (end, d))
         return end

@@ -16,6 +16,7 @@ Neither looks at memory or at the schedule; the tuner does, by simulation.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_right
 from collections.abc import Sequence
 
@@ -53,7 +54,9 @@ def min_max_stage_ranges(
     return best
 
 
-def _split_within(work: Sequence[float], stage_speed: Sequence[float], limit: float) -> Ranges | None:
+def _split_within(
+    work: Sequence[float], stage_speed: Sequence[float], limit: float
+) -> Ranges | None:
     """A split whose every stage takes at most `limit` seconds, or None if there is none.
 
     Stages run at different speeds, so reaching furthest is not always best (a slow stage may
@@ -82,7 +85,7 @@ def _split_within(work: Sequence[float], stage_speed: Sequence[float], limit: fl
     for ends in reversed(came_from):
         bounds.append(ends[bounds[-1]])
     bounds.reverse()
-    return tuple(zip(bounds, bounds[1:]))
+    return tuple(itertools.pairwise(bounds))
 
 
 def device_loads(
@@ -99,12 +102,12 @@ def refine_device_loads(
     work: Sequence[float], ranges: Ranges, placement: Sequence[int], speeds: Sequence[float],
     max_moves: int = 10_000,
 ) -> Ranges:
-    """Hill-climb on single-layer boundary moves: lower the (max, sum of squares) of device loads."""
+    """Hill-climb on single-layer boundary moves, lowering (max, sum of squares) of the loads."""
     bounds = [a for a, _ in ranges] + [ranges[-1][1]]
     S = len(ranges)
 
     def score(bs: list[int]) -> tuple[float, float]:
-        loads = device_loads(work, tuple(zip(bs, bs[1:])), placement, speeds)
+        loads = device_loads(work, tuple(itertools.pairwise(bs)), placement, speeds)
         return max(loads), sum(x * x for x in loads)
 
     current = score(bounds)
@@ -122,7 +125,7 @@ def refine_device_loads(
         if best_move is None:
             break
         bounds, current = best_move, best_score
-    return tuple(zip(bounds, bounds[1:]))
+    return tuple(itertools.pairwise(bounds))
 
 
 def proportional_ranges(
@@ -145,7 +148,7 @@ def proportional_ranges(
             cut -= 1  # the boundary before `target` is nearer
         bounds.append(cut)
     bounds.append(num_layers)
-    return tuple(zip(bounds, bounds[1:]))
+    return tuple(itertools.pairwise(bounds))
 
 
 def balanced_ranges(

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field, replace
 
 from octopipe.plan import Plan, make_plan
 from octopipe.profile import Device, Profile
-from octopipe.schedules.list_scheduler import ListSchedule, Rules, StageCost, list_schedule, stage_costs
+from octopipe.schedules.list_scheduler import (
+    ListSchedule,
+    Rules,
+    StageCost,
+    list_schedule,
+    stage_costs,
+)
 from octopipe.sim.graph import CostTable
 from octopipe.tune.balance import Ranges
 from octopipe.tune.placement import Placement
@@ -135,4 +141,5 @@ class Evaluator:
 
     def to_plan(self, outcome: Outcome) -> Plan:
         cand = outcome.candidate
-        return make_plan(self.num_devices, self.M, cand.ranges, cand.placement, outcome.schedule.orders)
+        orders = outcome.schedule.orders
+        return make_plan(self.num_devices, self.M, cand.ranges, cand.placement, orders)

@@ -3,13 +3,15 @@
 `diagnose` reads an outcome: which devices bound the iteration (most busy), which starve (most
 idle) and which lack memory. `neighbours` proposes the moves that address those: shift a layer
 across a boundary of a bound or overflowing device's stages, hand one of its stages to (or trade
-one with) the idlest device, exchange two devices' roles, merge two adjacent stages of one device, deepen or shallow the warm-up (globally or of one device),
-and flip the scheduling rules. `kick` perturbs a candidate at random to leave a local optimum.
+one with) the idlest device, exchange two devices' roles, merge two adjacent stages of one
+device, deepen or shallow the warm-up (globally or of one device), and flip the scheduling rules.
+`kick` perturbs a candidate at random to leave a local optimum.
 All functions are pure; the search (`search.py`) decides what to keep.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -65,7 +67,7 @@ def neighbours(outcome: Outcome, focus: int = 2) -> list[Candidate]:
 
 
 def _with_bounds(cand: Candidate, bounds: list[int]) -> Candidate:
-    return cand.but(ranges=tuple(zip(bounds, bounds[1:])))
+    return cand.but(ranges=tuple(itertools.pairwise(bounds)))
 
 
 def _bounds(cand: Candidate) -> list[int]:
@@ -101,8 +103,10 @@ def _merges(cand: Candidate) -> list[Candidate]:
     out = []
     for s in range(len(cand.ranges) - 1):
         if cand.placement[s] == cand.placement[s + 1]:
-            ranges = cand.ranges[:s] + ((cand.ranges[s][0], cand.ranges[s + 1][1]),) + cand.ranges[s + 2:]
-            out.append(cand.but(ranges=ranges, placement=cand.placement[:s + 1] + cand.placement[s + 2:]))
+            merged = (cand.ranges[s][0], cand.ranges[s + 1][1])
+            ranges = cand.ranges[:s] + (merged,) + cand.ranges[s + 2:]
+            placement = cand.placement[:s + 1] + cand.placement[s + 2:]
+            out.append(cand.but(ranges=ranges, placement=placement))
     return out
 
 

@@ -60,7 +60,9 @@ class Evaluated:
     @property
     def score(self) -> tuple[int, float, float]:
         s = self.sim
-        return (0, 0.0, s.iteration_time) if s.fits else (1, max(s.memory_excess_bytes), s.iteration_time)
+        if s.fits:
+            return (0, 0.0, s.iteration_time)
+        return (1, max(s.memory_excess_bytes), s.iteration_time)
 
 
 @dataclass(frozen=True)
