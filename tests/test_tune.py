@@ -112,3 +112,17 @@ def test_local_reordering_moves_a_binding_action_ahead():
     assert after.iteration_time < before.iteration_time
     assert after.iteration_time == sim.run(polished).iteration_time
     check_structure(polished, "<polished>", 2)
+
+
+def test_small_device_gets_less_static_memory():
+    roomy = 40 * GB
+    profile = model(blocks=16, memory=roomy)
+    even = tune(profile, 8, 4, time_budget=20).best.sim
+    small = min(even.peak_memory_bytes) * 0.9  # below what every device used in the even plan
+    devices = list(profile.devices)
+    devices[1] = Device(memory_bytes=small)
+    uneven = tune(profile.with_devices(devices), 8, 4, time_budget=20).best.sim
+    assert uneven.fits
+    assert uneven.peak_memory_bytes[1] <= small
+    others = [uneven.static_memory_bytes[d] for d in (0, 2, 3)]
+    assert uneven.static_memory_bytes[1] < sum(others) / 3
