@@ -26,6 +26,7 @@ def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
     assert report["iteration_time"] > 0
     assert report["predicted_iteration_time"] == 0.123
     assert len(report["peak_memory_bytes"]) == 2 and min(report["peak_memory_bytes"]) > 0
+    assert report["peak_memory_source"] == "cpu_max_rss"
     events = json.loads(trace_path.read_text())["traceEvents"]
     actions = [e for e in events if e["ph"] == "X" and e["cat"] != "wait"]
     for rank in (0, 1):

@@ -67,7 +67,7 @@ def _print_human(summary: dict, torchrun: bool) -> None:
         line += f"; plan predicted {predicted * 1e3:.3f} ms"
     print(line)
     mems = ", ".join(f"rank {r}: {b / 2**20:.1f} MiB" for r, b in enumerate(summary["peak_memory_bytes"]))
-    print(f"peak memory: {mems}")
+    print(f"peak memory ({summary['peak_memory_source']}): {mems}")
 
 
 def _positive(text: str) -> int:

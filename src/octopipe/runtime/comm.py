@@ -4,8 +4,8 @@ A *channel* is one direction of one stage boundary whose two stages sit on diffe
 activations flow forward from stage b-1 to stage b, gradients flow back from b to b-1. On a
 channel the sender produces microbatches in its schedule's order; the receiver posts its receives
 in that same order (only as far ahead as it is asked to), so transfers match even on backends that
-ignore tags (NCCL, where each channel gets its own communicator); on gloo every tensor also gets a
-unique tag. Sends never wait: their handles are kept until `wait_sends` at the end of the step.
+ignore tags (NCCL, where each channel gets its own communicator and matching is by order alone);
+on gloo, by default, all channels share the default group and every tensor gets a unique tag. Sends never wait: their handles are kept until `wait_sends` at the end of the step.
 
 This module moves tensors only; what to send when is the worker's business.
 """
@@ -62,7 +62,10 @@ class P2P:
 
     def __init__(self, plan: Plan, rank: int, specs: dict[int, BoundarySpec], device: torch.device,
                  per_channel_groups: bool) -> None:
+        """`per_channel_groups`: one group per channel, transfers matched by order, no tags
+        (what NCCL needs; on gloo it is how tests check the ordering NCCL relies on)."""
         self.rank, self.device = rank, device
+        self._tagged = not per_channel_groups
         self._num_mb = plan.num_microbatches
         self._max_entries = max((len(s) for s in specs.values()), default=1)
         self._channels: dict[ChannelKey, _Channel] = {}
@@ -75,6 +78,10 @@ class P2P:
             group = dist.new_group([min(src, dst), max(src, dst)]) if per_channel_groups else None
             if rank not in (src, dst):
                 continue
+            if group is not None:
+                # Set the communicator up now, in the global channel order: set up lazily by an
+                # early-posted receive, it would block this rank until the peer's first send.
+                dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
             spec = grad_specs(specs[key.boundary]) if key.backward else specs[key.boundary]
             self._channels[key] = _Channel(key, src, dst, spec, deque(), group, {})
         self.reset()
@@ -113,6 +120,8 @@ class P2P:
     # --- mechanics ---------------------------------------------------------------------------
 
     def _tag(self, key: ChannelKey, mb: int, entry: int) -> int:
+        if not self._tagged:
+            return 0
         channel = 2 * key.boundary + int(key.backward)
         return (channel * self._num_mb + mb) * self._max_entries + entry
 

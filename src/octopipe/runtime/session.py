@@ -31,6 +31,7 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lookahead: int = 8  # how many actions ahead receives are posted
     collect_state: bool = False  # return every parameter and its last gradient (tests, fuzzing)
+    order_matched: bool = False  # gloo: match transfers by order on a group per channel, as NCCL must
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class RankReport:
     steps: tuple[StepRecord, ...]
     records: tuple[ActionRecord, ...]
     peak_memory_bytes: int
+    peak_memory_source: str
     params: dict[str, torch.Tensor]
     grads: dict[str, torch.Tensor]
 
@@ -58,6 +60,7 @@ class RunResult:
     step_times: tuple[float, ...]  # per step, the slowest rank's
     predicted_iteration_time: float | None
     peak_memory_bytes: tuple[int, ...]  # per rank
+    peak_memory_source: str  # "cpu_max_rss" (whole process) or "cuda_max_memory_allocated"
     records: tuple[tuple[ActionRecord, ...], ...]  # per rank
     params: dict[str, torch.Tensor]  # FQN -> value after training (collect_state only)
     grads: dict[str, torch.Tensor]  # FQN -> gradient of the last step (collect_state only)
@@ -75,12 +78,14 @@ class RunResult:
             "predicted_iteration_time": self.predicted_iteration_time,
             "step_times": list(self.step_times),
             "peak_memory_bytes": list(self.peak_memory_bytes),
+            "peak_memory_source": self.peak_memory_source,
         }
 
 
-def run_job_on_rank(job: Job, rank: int, world_size: int, device: torch.device, per_channel_groups: bool) -> RunResult | None:
+def run_job_on_rank(job: Job, rank: int, world_size: int, device: torch.device, nccl: bool) -> RunResult | None:
     """Train the job on this rank; rank 0 returns the assembled result, the others None."""
     plan, cfg = job.plan, job.config
+    per_channel_groups = nccl or cfg.order_matched
     mine = [i for st in plan.stages if st.device == rank for i in range(st.start, st.end)]
     model = build_pipeline_model(cfg.model, cfg.seed, layers=mine)
     batches = [model.make_batch(plan.num_microbatches, cfg.seed, k) for k in range(cfg.steps)]
@@ -90,7 +95,7 @@ def run_job_on_rank(job: Job, rank: int, world_size: int, device: torch.device, 
     dist.barrier()
     origin = time.perf_counter()
     steps = tuple(worker.train_step(k, batch, origin) for k, batch in enumerate(batches))
-    report = RankReport(rank, steps, tuple(worker.records), worker.peak_memory_bytes(),
+    report = RankReport(rank, steps, tuple(worker.records), *worker.peak_memory(),
                         *_state(worker, model) if cfg.collect_state else ({}, {}))
     reports: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(report, reports, dst=0)
@@ -107,7 +112,7 @@ def assemble(plan: Plan, reports: list[RankReport]) -> RunResult:
     params = {k: v for r in reports for k, v in r.params.items()}
     grads = {k: v for r in reports for k, v in r.grads.items()}
     return RunResult(losses, step_times, predicted, tuple(r.peak_memory_bytes for r in reports),
-                     tuple(r.records for r in reports), params, grads)
+                     reports[0].peak_memory_source, tuple(r.records for r in reports), params, grads)
 
 
 def _state(worker: Worker, model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

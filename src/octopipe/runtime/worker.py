@@ -79,6 +79,9 @@ class Worker:
         self.params = [p for st in self.stages.values() for p in st.params]
         self.optimizer = optimizer.build(self.params) if self.params else None
         self.records: list[ActionRecord] = []
+        self._batch: Batch | None = None  # the step in progress: its data, index, losses
+        self._step, self._origin = 0, 0.0
+        self._losses: dict[int, float] = {}
         self._local_acts: dict[tuple[int, int], Activation] = {}
         self._local_grads: dict[tuple[int, int], list[torch.Tensor]] = {}
 
@@ -87,7 +90,7 @@ class Worker:
     def train_step(self, step: int, batch: Batch, origin: float) -> StepRecord:
         """Run this rank's actions for one batch, then the optimizer step."""
         self._batch, self._step, self._origin = batch, step, origin
-        self._losses: dict[int, float] = {}
+        self._losses = {}
         self.comm.reset()
         for p in self.params:
             p.grad = None
@@ -106,10 +109,11 @@ class Worker:
         assert not leftover and not self._local_acts and not self._local_grads, f"state left after the step: {leftover}"
         return StepRecord(tuple(self._losses[m] for m in sorted(self._losses)), duration)
 
-    def peak_memory_bytes(self) -> int:
+    def peak_memory(self) -> tuple[int, str]:
+        """Peak bytes, and what was measured: the CUDA allocator's peak, or the process's RSS."""
         if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device)
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+            return torch.cuda.max_memory_allocated(self.device), "cuda_max_memory_allocated"
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_max_rss"  # Linux: KiB
 
     # --- one action ----------------------------------------------------------------------------
 
@@ -133,6 +137,7 @@ class Worker:
         self.records.append(ActionRecord(self._step, str(act), wait_start - o, start - o, end - o))
 
     def _forward(self, stage: int, mb: int, inputs: Activation) -> None:
+        assert self._batch is not None
         target = self._batch.targets[mb].to(self.device) if self.stages[stage].is_last else None
         outputs, loss = self.stages[stage].forward(mb, inputs, target)
         if loss is not None:
@@ -159,6 +164,7 @@ class Worker:
 
     def _forward_inputs(self, stage: int, mb: int) -> Activation:
         if stage == 0:
+            assert self._batch is not None
             return tuple(t.to(self.device) for t in self._batch.inputs[mb])
         if self._on_this_rank(stage - 1):
             return self._local_acts.pop((stage, mb))
