@@ -126,3 +126,25 @@ def test_small_device_gets_less_static_memory():
     assert uneven.peak_memory_bytes[1] <= small
     others = [uneven.static_memory_bytes[d] for d in (0, 2, 3)]
     assert uneven.static_memory_bytes[1] < sum(others) / 3
+
+
+@pytest.mark.parametrize("layers, devices, microbatches, fault", [
+    (2, 4, 4, "4 devices need at least as many layers"),
+    (4, 2, 0, "microbatch count must be at least 1"),
+])
+def test_impossible_requests_are_input_errors(layers, devices, microbatches, fault):
+    from octopipe.errors import InputError
+
+    profile = Profile(layers=tuple(layer(f"layers.{i}", 1.0) for i in range(layers)),
+                      devices=(Device(),) * devices)
+    with pytest.raises(InputError, match=fault):
+        tune(profile, microbatches, devices, time_budget=5)
+
+
+@pytest.mark.parametrize("layers, devices, microbatches", [(4, 1, 3), (4, 2, 1), (1, 1, 1)])
+def test_degenerate_sizes_still_give_valid_plans(layers, devices, microbatches):
+    profile = Profile(layers=tuple(layer(f"layers.{i}", 1.0) for i in range(layers)),
+                      devices=(Device(),) * devices)
+    best = tune(profile, microbatches, devices, time_budget=5).best
+    check_structure(best.plan, "<tuned>", layers)
+    assert best.sim.iteration_time > 0

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from octopipe.errors import InputError
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim import SimResult, Simulator
@@ -93,6 +94,12 @@ def tune(
     after every evaluation.
     """
     devices = profile.device_list(num_devices)
+    if profile.num_layers < len(devices):
+        raise InputError(profile.name, f"{len(devices)} devices need at least as many layers, "
+                         f"the profile has {profile.num_layers}")
+    if num_microbatches < 1:
+        raise InputError(profile.name,
+                         f"microbatch count must be at least 1, got {num_microbatches}")
     simulator = Simulator(profile)
     evaluator = Evaluator(profile, devices, num_microbatches, simulator.costs)
     search = _Search(evaluator, time_budget, random.Random(seed), progress)
