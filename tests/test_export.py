@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
@@ -77,3 +78,32 @@ def test_torchtitan_fragment_names_every_layer_once_in_stage_order(tuned, tmp_pa
 def test_toml_writer_escapes_strings():
     text = to_toml({"a": {"s": 'x "y" \\ z', "n": 3, "l": [["p"], []]}})
     assert tomllib.loads(text) == {"a": {"s": 'x "y" \\ z', "n": 3, "l": [["p"], []]}}
+
+
+def test_torchtitan_style_and_schedule_name_follow_the_placement(tmp_path):
+    from octopipe.plan import make_plan
+    from octopipe.tune.placement import interleaved, torchtitan_style, v_shape
+
+    assert torchtitan_style(interleaved(range(3), 2), 3) == "loop"
+    assert torchtitan_style(v_shape(range(3), 2), 3) == "v"
+    assert torchtitan_style(v_shape(range(3), 4), 3) is None  # torchtitan's V has two per rank
+    assert torchtitan_style((1, 0, 2), 3) is None
+    prof = profile()
+    cuts = [0, 2, 4, 6, 8, 10, 12]
+    ranges = list(pairwise(cuts))
+    for placement, name, warned in [(v_shape(range(3), 2), "ZBVZeroBubble", False),
+                                    ((0, 1, 2, 2, 0, 1), "PipelineScheduleMulti", True)]:
+        plan = make_plan(3, 2, ranges, placement, {})
+        path = tmp_path / "t.toml"
+        write_torchtitan_toml(plan, prof, path, "schedule.csv")
+        text = path.read_text()
+        assert tomllib.loads(text)["parallelism"]["pipeline_parallel_schedule"] == name
+        assert ("WARNING" in text) == warned
+
+
+def test_tuning_for_torchtitan_keeps_to_its_placements():
+    from octopipe.tune.placement import torchtitan_style
+
+    prof = profile()
+    best = tune(prof, 6, 3, time_budget=20, torchtitan=True).best
+    assert torchtitan_style(best.plan.placement, 3) is not None

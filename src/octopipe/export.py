@@ -5,7 +5,9 @@
   and torchtitan's `pipeline_parallel_schedule_csv` read.
 - `torchtitan_settings` / `write_torchtitan_toml`: the `[parallelism]` keys that make torchtitan
   build the plan's stages from the profile's module names and run the CSV's order, plus the
-  `[training]` batch size that yields the plan's microbatch count.
+  `[training]` batch size that yields the plan's microbatch count. torchtitan places stages on
+  ranks itself, looped or V-shaped (two per rank), chosen by the schedule name; a plan with
+  another placement gets a warning in the file (`octopipe plan --torchtitan` avoids them).
 
 Nothing here decides or evaluates a plan.
 """
@@ -18,10 +20,11 @@ from typing import Any
 
 from octopipe.plan import Plan, save_schedule_csv
 from octopipe.profile import Profile
+from octopipe.tune.placement import torchtitan_style
 
-# torchtitan resolves this name with torch's `get_schedule_class` and then loads the CSV into it;
-# the multi-stage class runs any placement, F/B/I/W alike.
-TORCHTITAN_CSV_SCHEDULE = "PipelineScheduleMulti"
+# The schedule name torchtitan is given: with a CSV the order comes from the file, but the name
+# still picks how torchtitan assigns stages to ranks (a V schedule means the V placement).
+TORCHTITAN_SCHEDULE = {"loop": "PipelineScheduleMulti", "v": "ZBVZeroBubble"}
 
 
 def write_schedule_csv(plan: Plan, path: str | Path) -> None:
@@ -40,7 +43,8 @@ def torchtitan_settings(
     return {
         "parallelism": {
             "pipeline_parallel_degree": plan.num_devices,
-            "pipeline_parallel_schedule": TORCHTITAN_CSV_SCHEDULE,
+            "pipeline_parallel_schedule": TORCHTITAN_SCHEDULE.get(
+                torchtitan_style(plan.placement, plan.num_devices) or "loop"),
             "pipeline_parallel_schedule_csv": csv_path,
             "pipeline_parallel_microbatch_size": microbatch_size,
             "module_fqns_per_model_part": module_fqns_per_model_part(plan, profile),
@@ -79,7 +83,13 @@ def write_torchtitan_toml(
     header = (
         f"# torchtitan settings for an OctoPipe plan of {profile.name}: {plan.num_stages} stages "
         f"on {plan.num_devices} devices, {plan.num_microbatches} microbatches.\n"
-        "# Merge into your job's config; the CSV path is relative to where torchtitan runs.\n\n"
+        "# Merge into your job's config; the CSV path is relative to where torchtitan runs.\n"
     )
+    if torchtitan_style(plan.placement, plan.num_devices) is None:
+        header += (
+            "# WARNING: torchtitan cannot place this plan's stages as planned (it only builds\n"
+            "# looped or two-per-rank V placements); plan with `octopipe plan --torchtitan`.\n"
+        )
+    header += "\n"
     body = to_toml(torchtitan_settings(plan, profile, csv_path, microbatch_size))
     Path(path).write_text(header + body)

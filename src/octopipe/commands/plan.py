@@ -22,6 +22,7 @@ from octopipe.plan import Plan, save_plan
 from octopipe.profile import Device, Profile, load_profile
 from octopipe.sim import Simulator
 from octopipe.tune import Evaluated, TuneResult, tune
+from octopipe.tune.placement import torchtitan_style
 
 NAME = "plan"
 HELP = "Tune partition, placement and schedule together; write plan.json, schedule.csv, " \
@@ -52,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-chunks", type=int, default=4, help="most stages per device to try")
     p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search at most")
     p.add_argument("--seed", type=int, default=0, help="seed of the search's random moves")
+    p.add_argument("--torchtitan", action="store_true",
+                   help="only placements torchtitan builds itself (looped, or V with 2 per device)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("-o", "--output", default="octopipe-plan", help="output folder")
 
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     show = not args.quiet and sys.stderr.isatty()
     with _progress(show, args.time_budget) as report:
         result = tune(profile, M, P, max_chunks=args.max_chunks, time_budget=args.time_budget,
-                      seed=args.seed, baselines=baselines, progress=report)
+                      seed=args.seed, baselines=baselines, progress=report,
+                      torchtitan=args.torchtitan)
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
     out = Path(args.output)
@@ -84,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     written = write_outputs(result.best.plan, profile, out, args.micro_batch_size)
     console = Console()
     console.print(comparison_table(result, profile.name))
+    if torchtitan_style(result.best.plan.placement, P) is None:
+        console.print("note: torchtitan cannot build this placement; "
+                      "use --torchtitan for a plan it can run (see torchtitan.toml)")
     console.print(
         f"searched {result.evaluations} candidates in {result.seconds:.1f} s"
         f"{'' if result.converged else ' (time budget reached)'}; wrote {', '.join(written)}"

@@ -27,6 +27,22 @@ def v_shape(order: Sequence[int], chunks: int) -> Placement:
     return tuple(out)
 
 
+def torchtitan_style(placement: Sequence[int], num_devices: int) -> str | None:
+    """'loop' or 'v' when torchtitan builds this stage-to-device map itself, else None.
+
+    torchtitan places stage s on rank s % P ("loop"), or, with two stages per rank, stages
+    d and 2P - 1 - d on rank d ("v"); it has no way to express other maps.
+    """
+    P, S = num_devices, len(placement)
+    if S % P:
+        return None
+    if tuple(placement) == interleaved(range(P), S // P):
+        return "loop"
+    if S == 2 * P and tuple(placement) == v_shape(range(P), 2):
+        return "v"
+    return None
+
+
 def device_orders(devices: Sequence[Device]) -> list[tuple[int, ...]]:
     """Natural order, plus most-memory-first and fastest-first when the devices differ."""
     natural = tuple(range(len(devices)))

@@ -31,7 +31,7 @@ from octopipe.sim import SimResult, Simulator
 from octopipe.tune.balance import balanced_ranges
 from octopipe.tune.candidate import Candidate, Evaluator, Outcome
 from octopipe.tune.moves import kick, neighbours
-from octopipe.tune.placement import seed_placements
+from octopipe.tune.placement import seed_placements, torchtitan_style
 from octopipe.tune.reorder import reorder_critical
 
 Progress = Callable[[float, float], None]  # (best iteration time so far, seconds elapsed)
@@ -85,13 +85,15 @@ def tune(
     seed: int = 0,
     baselines: Sequence[tuple[str, Plan]] = (),
     progress: Progress | None = None,
+    torchtitan: bool = False,
 ) -> TuneResult:
     """Search partition, placement and schedule for the fastest plan that fits.
 
     `baselines` are evaluated as they are and also seed the search with their partition and
     placement; the result is never worse than the best of them. When no plan fits, `best` is the
     leanest one found (smallest largest shortfall). `progress(best_time, elapsed)` is called
-    after every evaluation.
+    after every evaluation. `torchtitan=True` keeps to placements torchtitan can build itself
+    (looped, or V-shaped with two stages per device), baselines included.
     """
     devices = profile.device_list(num_devices)
     if profile.num_layers < len(devices):
@@ -102,10 +104,13 @@ def tune(
                          f"microbatch count must be at least 1, got {num_microbatches}")
     simulator = Simulator(profile)
     evaluator = Evaluator(profile, devices, num_microbatches, simulator.costs)
-    search = _Search(evaluator, time_budget, random.Random(seed), progress)
+    P = len(devices)
+    allowed = (lambda p: torchtitan_style(p, P) is not None) if torchtitan else (lambda p: True)
+    search = _Search(evaluator, time_budget, random.Random(seed), progress, allowed)
 
     base = tuple(
         Evaluated(label, plan, simulator.run(plan, detail=False)) for label, plan in baselines
+        if allowed(plan.placement)
     )
     seeds = _seed_candidates(evaluator, max_chunks) + [
         Candidate(tuple((s.start, s.end) for s in e.plan.stages), e.plan.placement,
@@ -113,7 +118,7 @@ def tune(
         for e in base
         for warmup in SEED_WARMUPS
     ]
-    search.run(seeds)
+    search.run([c for c in seeds if allowed(c.placement)])
 
     finalists = []
     for outcome in search.best_outcomes(3):
@@ -144,8 +149,9 @@ class _Search:
     """The mutable state of one tuning run: best outcomes so far, clock and progress."""
 
     def __init__(self, evaluator: Evaluator, budget: float, rng: random.Random,
-                 progress: Progress | None):
+                 progress: Progress | None, allowed: Callable[[tuple[int, ...]], bool]):
         self.evaluator, self.budget, self.rng, self.progress = evaluator, budget, rng, progress
+        self.allowed = allowed  # which placements the search may visit
         self.started = time.perf_counter()
         self.seen: dict[Candidate, Outcome] = {}
         self.best: Outcome | None = None
@@ -213,6 +219,8 @@ class _Search:
         # A fitting plan is only beaten by a faster one: give up on slower candidates early.
         cutoff = current.makespan if current.fits else math.inf
         for cand in neighbours(current):
+            if not self.allowed(cand.placement):
+                continue
             if self.out_of_time():
                 return None
             out = self.evaluate(cand, cutoff)
