@@ -1,0 +1,323 @@
+"""Run a model's pipeline stages under `torch.distributed.pipelining`, PyTorch's own executor.
+
+This is the yardstick our executor is measured against, on the same processes and the same
+layers: each stage a plan places on a rank becomes a `PipelineStage` over exactly those layers
+of the bundled model, and one of PyTorch's schedules drives them:
+
+- `Schedule1F1B`, `ScheduleInterleaved1F1B`, `ScheduleZBVZeroBubble`: PyTorch's own orders, over
+  the stages of a plan whose placement is the one that class assumes (a `baselines` plan);
+- `_PipelineScheduleRuntime` with `_load_csv` of our `schedule.csv`: our order, their runtime.
+
+`launch_torch` spawns one process per rank (gloo on loopback, one thread each) and returns, per
+job, every step's slowest-rank time, the losses, and optionally the gradients. It must not touch
+our executor's internals: the comparison is only fair if the two share nothing but the model.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import statistics
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining import schedules as tps
+
+from octopipe.models.base import Activation, PipelineModel
+from octopipe.plan import Plan, save_schedule_csv
+from octopipe.runtime.model_source import build_pipeline_model
+from octopipe.runtime.shapes import BoundarySpec, discover_boundary_specs
+from octopipe.schedules.spec import looped_placement, v_placement
+
+CSV_RUNTIME = "csv"  # `_PipelineScheduleRuntime` loading the plan's schedule.csv
+
+# PyTorch's schedule classes, and the stage placement each of them assumes on P ranks.
+TORCH_SCHEDULES = {
+    "Schedule1F1B": (tps.Schedule1F1B, lambda p, s: tuple(range(p))),
+    "ScheduleInterleaved1F1B": (
+        tps.ScheduleInterleaved1F1B,
+        lambda p, s: looped_placement(p, s // p),
+    ),
+    "ScheduleZBVZeroBubble": (tps.ScheduleZBVZeroBubble, lambda p, s: v_placement(p)),
+}
+
+DEFAULT_TIMEOUT_S = 120.0
+_GRACE_S = 2.0
+
+
+@dataclass(frozen=True)
+class TorchJob:
+    """One run: a plan's stages (and, for `CSV_RUNTIME`, its order) under one PyTorch runner."""
+
+    plan: Plan
+    runner: str  # a key of TORCH_SCHEDULES, or CSV_RUNTIME
+    model: str  # a bundled model's name, or `module:factory` (as `octopipe run --model`)
+    steps: int = 1
+    seed: int = 0
+    lr: float = 0.01  # plain SGD, as our executor's default
+    collect_grads: bool = False
+
+
+@dataclass(frozen=True)
+class TorchResult:
+    losses: tuple[float, ...]  # per step, mean over microbatches
+    step_times: tuple[float, ...]  # per step, the slowest rank's (barrier to optimizer step end)
+    grads: dict[str, torch.Tensor]  # FQN -> gradient of the last step (collect_grads only)
+
+    @property
+    def iteration_time(self) -> float:
+        """Median step time, leaving out the first step (PyTorch infers shapes in it)."""
+        return statistics.median(self.step_times[1:] or self.step_times)
+
+
+class StageModule(nn.Module):
+    """Layers `[start, end)` of a pipeline model as one module, as `PipelineStage` wants.
+
+    The layers are shared with the model, not copied, so their FQNs are recovered from it."""
+
+    def __init__(self, model: PipelineModel, start: int, end: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(model.layer(i) for i in range(start, end))
+
+    def forward(self, *x: torch.Tensor) -> torch.Tensor | Activation:
+        for block in self.blocks:
+            out = block(*x)
+            x = out if isinstance(out, tuple) else (out,)
+        return x[0] if len(x) == 1 else x  # PyTorch treats a lone tensor and a 1-tuple alike
+
+
+def check_placement(job: TorchJob) -> None:
+    """The named schedule classes fix the placement; the plan must be the one they assume."""
+    if job.runner == CSV_RUNTIME:
+        return
+    if job.runner not in TORCH_SCHEDULES:
+        raise ValueError(
+            f"unknown runner {job.runner!r}; expected {CSV_RUNTIME!r} or one of {sorted(TORCH_SCHEDULES)}"
+        )
+    _, placement_of = TORCH_SCHEDULES[job.runner]
+    expected = placement_of(job.plan.num_devices, job.plan.num_stages)
+    if tuple(job.plan.placement) != tuple(expected):
+        raise ValueError(f"{job.runner} places stages {expected}, the plan {job.plan.placement}")
+
+
+def stage_boundaries(job: TorchJob, sample: Activation) -> dict[int, BoundarySpec]:
+    """What enters every stage but the first, and what leaves the last: PipelineStage is given
+    these shapes up front. Left to infer them, it runs the later stages' first forward on
+    uninitialized buffers, which breaks integer streams (token ids index an embedding)."""
+    plan = job.plan
+    ends = [st.start for st in plan.stages[1:]] + [plan.stages[-1].end]
+    return discover_boundary_specs(lambda: build_pipeline_model(job.model, job.seed), sample, ends)
+
+
+def _examples(specs: BoundarySpec, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Stand-ins for a boundary's tensors; float ones need grad, or PyTorch expects no gradient
+    for them and hands the backward a None."""
+    return tuple(spec.empty(device).requires_grad_(spec.carries_grad) for spec in specs)
+
+
+def build_schedule(
+    job: TorchJob,
+    model: PipelineModel,
+    rank: int,
+    device: torch.device,
+    sample: Activation,
+    csv_dir: Path,
+) -> tuple[tps._PipelineSchedule, list[PipelineStage]]:
+    """This rank's PipelineStages (static shapes) and the schedule that drives them."""
+    plan = job.plan
+    boundary = stage_boundaries(job, sample)
+    stages = []
+    for s in plan.stages_on(rank):
+        st = plan.stages[s]
+        inputs = (
+            tuple(t.to(device) for t in sample) if s == 0 else _examples(boundary[st.start], device)
+        )
+        outputs = _examples(boundary[st.end], device)
+        stages.append(
+            PipelineStage(
+                StageModule(model, st.start, st.end),
+                s,
+                plan.num_stages,
+                device,
+                input_args=inputs,
+                output_args=outputs,
+            )
+        )
+    loss_fn = _loss_fn(model)
+    M = plan.num_microbatches
+    if job.runner == CSV_RUNTIME:
+        path = csv_dir / f"schedule-rank{rank}.csv"
+        save_schedule_csv(plan, path)
+        schedule = tps._PipelineScheduleRuntime(stages, M, loss_fn=loss_fn)
+        schedule._load_csv(str(path))
+        return schedule, stages
+    cls, _ = TORCH_SCHEDULES[job.runner]
+    if issubclass(cls, tps.PipelineScheduleSingle):
+        return cls(stages[0], M, loss_fn=loss_fn), stages
+    return cls(stages, M, loss_fn=loss_fn), stages
+
+
+def _loss_fn(model: PipelineModel):
+    def loss(output: torch.Tensor | Activation, target: torch.Tensor) -> torch.Tensor:
+        return model.loss(output if isinstance(output, tuple) else (output,), target)
+
+    return loss
+
+
+def run_torch_job_on_rank(
+    job: TorchJob, rank: int, world: int, csv_dir: Path
+) -> TorchResult | None:
+    """Train `job.steps` steps on this rank; rank 0 returns the assembled result."""
+    plan = job.plan
+    device = torch.device("cpu")
+    held = [
+        i for s in plan.stages_on(rank) for i in range(plan.stages[s].start, plan.stages[s].end)
+    ]
+    model = build_pipeline_model(job.model, job.seed, layers=held)
+    sample = model.make_batch(1, job.seed).inputs[0]
+    schedule, stages = build_schedule(job, model, rank, device, sample, csv_dir)
+    params = [p for st in stages for p in st.submod.parameters()]
+    optimizer = torch.optim.SGD(params, lr=job.lr) if params else None
+    first = any(st.is_first for st in stages)
+    last = any(st.is_last for st in stages)
+    durations, losses = [], []
+    grads: dict[str, torch.Tensor] = {}
+    for step in range(job.steps):
+        batch = model.make_batch(plan.num_microbatches, job.seed, step)
+        inputs = [torch.cat(parts) for parts in zip(*batch.inputs)] if first else []
+        target = torch.cat(batch.targets) if last else None
+        for p in params:
+            p.grad = None
+        mb_losses: list[torch.Tensor] = []
+        dist.barrier()
+        began = time.perf_counter()
+        schedule.step(*inputs, target=target, losses=mb_losses if last else None)
+        if job.collect_grads and step == job.steps - 1:
+            grads = _grads(model, params)  # before the update: what the step computed
+        if optimizer is not None:
+            optimizer.step()
+        durations.append(time.perf_counter() - began)
+        losses.append(statistics.fmean(float(x.detach()) for x in mb_losses) if last else None)
+    report = (rank, tuple(durations), tuple(losses), grads)
+    reports: list | None = [None] * world if rank == 0 else None
+    dist.gather_object(report, reports, dst=0)
+    if reports is None:
+        return None
+    step_times = tuple(max(r[1][k] for r in reports) for k in range(job.steps))
+    step_losses = next(r[2] for r in reports if r[2][0] is not None)
+    all_grads = {k: v for r in reports for k, v in r[3].items()}
+    return TorchResult(step_losses, step_times, all_grads)
+
+
+def _grads(model: PipelineModel, params: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    mine = {id(p) for p in params}
+    return {
+        n: p.grad.detach().clone()
+        for n, p in model.named_parameters()
+        if id(p) in mine and p.grad is not None
+    }
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def launch_torch(
+    jobs: Sequence[TorchJob], nproc: int, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> list[TorchResult]:
+    """Run the jobs one after another on `nproc` fresh processes; raise the first rank's error."""
+    for job in jobs:
+        check_placement(job)
+        if job.plan.num_devices != nproc:
+            raise ValueError(f"the plan needs {job.plan.num_devices} ranks, {nproc} were asked for")
+    ctx = mp.get_context("spawn")
+    messages = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="octopipe-torchpp-") as tmp:
+        procs = [
+            ctx.Process(
+                target=_rank_main,
+                args=(rank, nproc, tmp, list(jobs), messages, timeout_s),
+                name=f"octopipe-torchpp-rank{rank}",
+                daemon=True,
+            )
+            for rank in range(nproc)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            payload = _await_result(procs, messages, timeout_s * (1 + len(jobs)))
+        finally:
+            _stop(procs)
+    return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+def _rank_main(
+    rank: int, world: int, tmp: str, jobs: list[TorchJob], messages: mp.Queue, timeout_s: float
+) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    code = 0
+    try:
+        torch.set_num_threads(1)  # the ranks share the host's cores
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{tmp}/store",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        results = [run_torch_job_on_rank(job, rank, world, Path(tmp)) for job in jobs]
+        dist.destroy_process_group()
+        if rank == 0:
+            buf = io.BytesIO()
+            torch.save(results, buf)
+            messages.put(("ok", buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - the parent must hear of any failure
+        messages.put(("error", rank, traceback.format_exc()))
+        code = 1
+    messages.close()
+    messages.join_thread()
+    os._exit(code)  # a failed peer's sockets may be gone: skip interpreter teardown
+
+
+def _await_result(procs: list, messages: mp.Queue, deadline_s: float) -> bytes:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            msg = messages.get(timeout=0.1)
+        except queue_mod.Empty:
+            msg = None
+        if msg is not None and msg[0] == "error":
+            raise RuntimeError(f"rank {msg[1]} failed:\n{msg[2]}")
+        if msg is not None:
+            return msg[1]
+        dead = [(p.name, p.exitcode) for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            try:  # its traceback may still be on the way
+                msg = messages.get(timeout=_GRACE_S)
+            except queue_mod.Empty:
+                msg = None
+            if msg is not None and msg[0] == "error":
+                raise RuntimeError(f"rank {msg[1]} failed:\n{msg[2]}")
+            raise RuntimeError(f"{dead[0][0]} died with exit code {dead[0][1]}")
+    raise RuntimeError(f"the PyTorch pipelining run did not finish within {deadline_s:.0f} s")
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        p.join(_GRACE_S)
+        if p.is_alive():
+            p.terminate()
+            p.join(_GRACE_S)
+        if p.is_alive():
+            p.kill()
+            p.join()

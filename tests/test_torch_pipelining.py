@@ -1,0 +1,62 @@
+"""Our schedule.csv under PyTorch's `_PipelineScheduleRuntime` trains like our executor does.
+
+Two gloo processes on loopback. The same plans (a V-shaped split-backward plan, whose adjacent
+stages share a rank, and an interleaved full-backward plan) run once through PyTorch's runtime
+loaded from the CSV and once through our executor: the losses of every step and the gradients
+of the last step must agree. A PyTorch schedule class must also refuse a plan whose placement
+is not the one that class assumes.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+import torch
+
+from octopipe.models import build_model
+from octopipe.plan import make_plan
+from octopipe.runtime import Job, RunConfig, execute
+from octopipe.runtime.torch_pipelining import CSV_RUNTIME, TorchJob, check_placement, launch_torch
+from octopipe.schedules import generate
+
+MODEL = "tiny-gemma"  # embedding, four decoder layers, norm, a large-vocabulary head
+MICROBATCHES = 4
+STEPS = 2
+
+
+def _plan(schedule: str):
+    spec = generate(schedule, 2, MICROBATCHES)
+    num_layers = len(build_model(MODEL, 0).layer_names)
+    cuts = [0, 2, 4, 5, num_layers]
+    ranges = list(pairwise(cuts))
+    return make_plan(2, MICROBATCHES, ranges, spec.placement, spec.orders)
+
+
+@pytest.mark.timeout(180)
+def test_csv_under_pytorch_runtime_matches_our_executor() -> None:
+    plans = [_plan("zbv"), _plan("i1f1b")]
+    theirs = launch_torch(
+        [TorchJob(p, CSV_RUNTIME, MODEL, steps=STEPS, collect_grads=True) for p in plans], 2
+    )
+    ours = execute(
+        [Job(p, RunConfig(MODEL, steps=STEPS, collect_state=True)) for p in plans], 2, "gloo"
+    )
+    assert ours is not None
+    for plan, t, o in zip(plans, theirs, ours, strict=True):
+        assert len(t.losses) == STEPS
+        assert t.losses == pytest.approx(o.losses, rel=1e-5)
+        assert t.losses[1] != t.losses[0]  # the first update changed the weights
+        assert set(t.grads) == set(o.grads) and len(t.grads) > 0
+        for name, grad in o.grads.items():
+            assert grad.abs().sum() > 0, name
+            torch.testing.assert_close(
+                t.grads[name], grad, rtol=1e-4, atol=1e-6, msg=f"{plan.placement}: {name}"
+            )
+        assert all(x > 0 for x in t.step_times)
+
+
+def test_schedule_class_refuses_a_placement_it_does_not_use() -> None:
+    check_placement(TorchJob(_plan("zbv"), "ScheduleZBVZeroBubble", MODEL))
+    with pytest.raises(ValueError, match="places stages"):
+        check_placement(TorchJob(_plan("i1f1b"), "ScheduleZBVZeroBubble", MODEL))
