@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_tuner.py            # zoo + scaling, markdown on stdout
     .venv/bin/python benchmarks/bench_tuner.py --quick    # zoo only
+    .venv/bin/python benchmarks/bench_tuner.py --quick --torchtitan   # placements torchtitan builds
 
 Per case: tuned efficiency (physical limit / simulated time), speedup over Megatron-LM
 interleaved 1F1B with the uniform partition (`i1f1b/uniform`), speedup over the best fitting
@@ -102,12 +103,12 @@ class Row:
         return self.vs_best * self.balance_ceiling / self.efficiency
 
 
-def run_case(case: Case, budget: float) -> Row:
+def run_case(case: Case, budget: float, torchtitan: bool = False) -> Row:
     profile = profile_for(case)
     started, cpu_started = time.perf_counter(), time.process_time()
     baselines = all_baselines(profile, case.devices, case.microbatches)
     result = tune(profile, case.microbatches, case.devices, baselines=baselines,
-                  time_budget=budget)
+                  time_budget=budget, torchtitan=torchtitan)
     # Baselines included: what `octopipe plan` pays.
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     tuned = result.best.sim
@@ -171,10 +172,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="zoo only, no scaling runs")
     parser.add_argument("--budget", type=float, default=60.0, help="tuner time budget per case")
+    parser.add_argument("--torchtitan", action="store_true",
+                        help="tune only placements torchtitan builds (baselines likewise)")
     args = parser.parse_args()
     rows = []
     for case in ZOO:
-        rows.append(run_case(case, args.budget))
+        rows.append(run_case(case, args.budget, args.torchtitan))
         print(f"<!-- {case.label}: {rows[-1].seconds:.1f} s -->", flush=True)
     print(zoo_table(rows))
     print()

@@ -230,12 +230,15 @@ class _Search:
 
 
 def _distinct_placements(ranked: list[Outcome], k: int) -> list[Outcome]:
-    """The best outcome of each of the k best placements (diverse starting points)."""
-    out, seen = [], set()
-    for o in ranked:
-        if o.candidate.placement not in seen:
-            seen.add(o.candidate.placement)
-            out.append(o)
-        if len(out) == k:
-            break
+    """Up to k diverse starting points: the best outcome of each stage count first (so deep and
+    shallow pipelines both get searched), then of further placements, best first."""
+    out: list[Outcome] = []
+    for key in (lambda o: len(o.candidate.placement), lambda o: o.candidate.placement):
+        seen = {key(o) for o in out}
+        for o in ranked:
+            if len(out) == k:
+                return out
+            if key(o) not in seen and o not in out:
+                seen.add(key(o))
+                out.append(o)
     return out
