@@ -8,6 +8,7 @@ placement into a valid order, with full or split backward.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Sequence
 
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from octopipe.models.base import Batch, PipelineModel
-from octopipe.plan import B, F, I, W, Action, Plan, make_plan
+from octopipe.plan import Action, B, F, I, Plan, W, make_plan
 from octopipe.runtime.deps import dependencies
 from octopipe.runtime.model_source import build_pipeline_model
 
@@ -43,7 +44,9 @@ class _Block(nn.Module):
         self.mix = nn.Linear(WIDTH, WIDTH)
         self.gate = nn.Parameter(torch.ones(WIDTH))
 
-    def forward(self, h: torch.Tensor, skip: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self, h: torch.Tensor, skip: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         scale = (ids.float() + 1).unsqueeze(-1) / MB_ROWS  # integer stream steers the math
         return torch.tanh(self.mix(h) * self.gate + skip * scale), skip, ids
 
@@ -51,7 +54,9 @@ class _Block(nn.Module):
 class _Swap(nn.Module):
     """No weights: exchanges the streams, so gradients must flow through both of them."""
 
-    def forward(self, h: torch.Tensor, skip: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self, h: torch.Tensor, skip: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         return skip * 1.5, h, ids
 
 
@@ -113,13 +118,18 @@ def layer_count(model: str) -> int:
 
 def even_ranges(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     cuts = [round(i * num_layers / num_stages) for i in range(num_stages + 1)]
-    return list(zip(cuts, cuts[1:]))
+    return list(itertools.pairwise(cuts))
 
 
 def gpipe(num_devices: int, num_mb: int, num_layers: int = TOY_LAYERS) -> Plan:
-    orders = {d: [Action(d, F, m) for m in range(num_mb)] + [Action(d, B, m) for m in reversed(range(num_mb))]
-              for d in range(num_devices)}
-    return make_plan(num_devices, num_mb, even_ranges(num_layers, num_devices), range(num_devices), orders)
+    orders = {
+        d: [Action(d, F, m) for m in range(num_mb)]
+        + [Action(d, B, m) for m in reversed(range(num_mb))]
+        for d in range(num_devices)
+    }
+    return make_plan(
+        num_devices, num_mb, even_ranges(num_layers, num_devices), range(num_devices), orders
+    )
 
 
 def one_f_one_b(num_devices: int, num_mb: int, num_layers: int = TOY_LAYERS) -> Plan:
@@ -131,11 +141,20 @@ def one_f_one_b(num_devices: int, num_mb: int, num_layers: int = TOY_LAYERS) -> 
             order += [Action(d, F, m), Action(d, B, m - warmup)]
         order += [Action(d, B, m) for m in range(num_mb - warmup, num_mb)]
         orders[d] = order
-    return make_plan(num_devices, num_mb, even_ranges(num_layers, num_devices), range(num_devices), orders)
+    return make_plan(
+        num_devices, num_mb, even_ranges(num_layers, num_devices), range(num_devices), orders
+    )
 
 
-def greedy(placement: Sequence[int], num_mb: int, num_devices: int, backward: Callable[[int, int], str] = lambda s, m: B,
-           prefer_backward: bool = True, num_layers: int = TOY_LAYERS, rng: random.Random | None = None) -> Plan:
+def greedy(
+    placement: Sequence[int],
+    num_mb: int,
+    num_devices: int,
+    backward: Callable[[int, int], str] = lambda s, m: B,
+    prefer_backward: bool = True,
+    num_layers: int = TOY_LAYERS,
+    rng: random.Random | None = None,
+) -> Plan:
     """List-schedule every action in unit time steps; each device picks among its ready actions.
 
     `backward(stage, mb)` says `B` or `I` (split: I then W). Backward-first gives 1F1B-like
@@ -148,7 +167,9 @@ def greedy(placement: Sequence[int], num_mb: int, num_devices: int, backward: Ca
             todo.append(Action(s, F, m))
             todo += [Action(s, I, m), Action(s, W, m)] if backward(s, m) == I else [Action(s, B, m)]
     ranges = even_ranges(num_layers, num_stages)
-    skeleton = make_plan(num_devices, num_mb, ranges, placement, {d: [] for d in range(num_devices)})
+    skeleton = make_plan(
+        num_devices, num_mb, ranges, placement, {d: [] for d in range(num_devices)}
+    )
     split = frozenset((a.stage, a.mb) for a in todo if a.kind == I)
     done: set[Action] = set()
     orders: dict[int, list[Action]] = {d: [] for d in range(num_devices)}
@@ -160,7 +181,11 @@ def greedy(placement: Sequence[int], num_mb: int, num_devices: int, backward: Ca
         for dev in range(num_devices):
             mine = [a for a in ready if placement[a.stage] == dev]
             if mine:
-                pick = rng.choice(mine) if rng else min(mine, key=lambda a: (rank[a.kind], a.mb, -a.stage))
+                pick = (
+                    rng.choice(mine)
+                    if rng
+                    else min(mine, key=lambda a: (rank[a.kind], a.mb, -a.stage))
+                )
                 chosen.append(pick)
                 orders[dev].append(pick)
         done.update(chosen)

@@ -15,11 +15,33 @@ from octopipe.plan import save_plan
 
 @pytest.mark.timeout(120)
 def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
-    plan = greedy([0, 1, 1, 0], 3, 2, backward=lambda s, m: "I" if m else "B", num_layers=layer_count("tiny-llama"))
+    plan = greedy(
+        [0, 1, 1, 0],
+        3,
+        2,
+        backward=lambda s, m: "I" if m else "B",
+        num_layers=layer_count("tiny-llama"),
+    )
     plan_path, trace_path = tmp_path / "plan.json", tmp_path / "trace.json"
     save_plan(plan.with_predicted({"iteration_time": 0.123}), plan_path)
-    code = main(["run", "--plan", str(plan_path), "--model", "tiny-llama", "--steps", "3",
-                 "--optimizer", "adam", "--lr", "0.003", "--json", "--trace", str(trace_path)])
+    code = main(
+        [
+            "run",
+            "--plan",
+            str(plan_path),
+            "--model",
+            "tiny-llama",
+            "--steps",
+            "3",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.003",
+            "--json",
+            "--trace",
+            str(trace_path),
+        ]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert len(report["losses"]) == 3 and all(x > 0 for x in report["losses"])
@@ -35,11 +57,17 @@ def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in actions)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "tiny-vlm"], f"the stages cover 7 layers but the model has {layer_count('tiny-vlm')}"),
-    (["--model", "tiny-llama", "--nproc", "1"], "needs 2 devices but only 1 processes"),
-    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--model", "tiny-vlm"],
+            f"the stages cover 7 layers but the model has {layer_count('tiny-vlm')}",
+        ),
+        (["--model", "tiny-llama", "--nproc", "1"], "needs 2 devices but only 1 processes"),
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    ],
+)
 def test_plans_it_cannot_run_exit_2_with_one_line(tmp_path, capsys, args, message):
     plan_path = tmp_path / "plan.json"
     assert layer_count("tiny-llama") == 7
@@ -51,11 +79,17 @@ def test_plans_it_cannot_run_exit_2_with_one_line(tmp_path, capsys, args, messag
 
 def test_a_cyclic_plan_exits_2_naming_the_waiting_actions(tmp_path, capsys):
     plan_path = tmp_path / "plan.json"
-    plan_path.write_text(json.dumps({
-        "format": "octopipe.plan/1", "num_devices": 2, "num_microbatches": 2,
-        "stages": [{"layers": [0, 3], "device": 0}, {"layers": [3, 7], "device": 1}],
-        "schedule": {"0": ["0F0", "0B0", "0F1", "0B1"], "1": ["1F0", "1B1", "1B0", "1F1"]},
-    }))
+    plan_path.write_text(
+        json.dumps(
+            {
+                "format": "octopipe.plan/1",
+                "num_devices": 2,
+                "num_microbatches": 2,
+                "stages": [{"layers": [0, 3], "device": 0}, {"layers": [3, 7], "device": 1}],
+                "schedule": {"0": ["0F0", "0B0", "0F1", "0B1"], "1": ["1F0", "1B1", "1B0", "1F1"]},
+            }
+        )
+    )
     assert main(["run", "--plan", str(plan_path), "--model", "tiny-llama"]) == 2
     err = capsys.readouterr().err
     assert "deadlocks" in err and "waits for" in err and "1B1" in err
@@ -69,12 +103,44 @@ def test_run_as_ranks_of_an_existing_job(tmp_path):
     """
     plan_path = tmp_path / "plan.json"
     save_plan(greedy([0, 1, 0], 2, 2, backward=lambda s, m: "I"), plan_path)
-    env = {**os.environ, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GLOO_SOCKET_IFNAME": "lo",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "octopipe", "run", "--plan", str(plan_path), "--model", TOY, "--steps", "2",
-           "--json", "--backend", "gloo", "--timeout", "60", "--init-method", f"file://{tmp_path / 'store'}"]
-    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "octopipe",
+        "run",
+        "--plan",
+        str(plan_path),
+        "--model",
+        TOY,
+        "--steps",
+        "2",
+        "--json",
+        "--backend",
+        "gloo",
+        "--timeout",
+        "60",
+        "--init-method",
+        f"file://{tmp_path / 'store'}",
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=100) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(err[-2000:] for _, err in outs)
     report = json.loads(outs[0][0])

@@ -26,8 +26,8 @@ def mixed(s, m):
 def hand_made_irregular():
     """Two stages on devices 1 and 0 (reversed), microbatches out of order, B and I/W mixed."""
     orders = {
-        1: [Action.parse(a) for a in "0F2 0F0 0F1 0I2 0B0 0W2 0B1".split()],
-        0: [Action.parse(a) for a in "1F0 1F2 1I2 1B0 1W2 1F1 1B1".split()],
+        1: [Action.parse(a) for a in ["0F2", "0F0", "0F1", "0I2", "0B0", "0W2", "0B1"]],
+        0: [Action.parse(a) for a in ["1F0", "1F2", "1I2", "1B0", "1W2", "1F1", "1B1"]],
     }
     return make_plan(2, 3, [(0, 3), (3, 8)], [1, 0], orders)
 
@@ -48,17 +48,30 @@ TWO_RANKS = {
     "non-adjacent-mixed": toy(greedy([1, 0, 1, 1, 0], 3, 2, backward=mixed, prefer_backward=False)),
     "hand-made-irregular": toy(hand_made_irregular()),
     "one-device-of-two": toy(greedy([0, 0, 0], 2, 1, backward=mixed)),
-    "tiny-moe-interleaved": real("tiny-moe", greedy([0, 1, 0, 1], 3, 2, backward=mixed, num_layers=layer_count("tiny-moe"))),
-    "tiny-vlm-v-shape": real("tiny-vlm", greedy([0, 1, 1, 0], 3, 2, backward=mixed, num_layers=layer_count("tiny-vlm"))),
+    "tiny-moe-interleaved": real(
+        "tiny-moe", greedy([0, 1, 0, 1], 3, 2, backward=mixed, num_layers=layer_count("tiny-moe"))
+    ),
+    "tiny-vlm-v-shape": real(
+        "tiny-vlm", greedy([0, 1, 1, 0], 3, 2, backward=mixed, num_layers=layer_count("tiny-vlm"))
+    ),
 }
 
 FOUR_RANKS = {
     "1f1b": toy(one_f_one_b(4, 6)),
     "interleaved-8-stages": toy(greedy([0, 1, 2, 3, 0, 1, 2, 3], 4, 4, backward=mixed)),
     "v-shape-zb": toy(greedy([0, 1, 2, 3, 3, 2, 1, 0], 4, 4, backward=lambda s, m: "I")),
-    "uneven-stages-per-device": toy(greedy([2, 0, 0, 3, 1, 2], 3, 4, backward=mixed, prefer_backward=False)),
-    "tiny-hybrid-1f1b": real("tiny-hybrid", one_f_one_b(4, 4, num_layers=layer_count("tiny-hybrid"))),
-    "tiny-deepseek-interleaved": real("tiny-deepseek", greedy([0, 1, 2, 3, 0, 1, 2], 3, 4, backward=mixed, num_layers=layer_count("tiny-deepseek"))),
+    "uneven-stages-per-device": toy(
+        greedy([2, 0, 0, 3, 1, 2], 3, 4, backward=mixed, prefer_backward=False)
+    ),
+    "tiny-hybrid-1f1b": real(
+        "tiny-hybrid", one_f_one_b(4, 4, num_layers=layer_count("tiny-hybrid"))
+    ),
+    "tiny-deepseek-interleaved": real(
+        "tiny-deepseek",
+        greedy(
+            [0, 1, 2, 3, 0, 1, 2], 3, 4, backward=mixed, num_layers=layer_count("tiny-deepseek")
+        ),
+    ),
 }
 
 

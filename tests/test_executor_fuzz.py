@@ -21,7 +21,9 @@ ADAM = OptimizerConfig("adam", lr=0.01)
 @pytest.mark.parametrize("nproc, count, seed", [(2, 10, 101), (4, 14, 202)])
 def test_random_plans_match_single_process(nproc, count, seed):
     rng = random.Random(seed)
-    plans = [random_plan(rng, TOY_LAYERS, nproc, max_stages=8, max_microbatches=5) for _ in range(count)]
+    plans = [
+        random_plan(rng, TOY_LAYERS, nproc, max_stages=8, max_microbatches=5) for _ in range(count)
+    ]
     assert any(any(a.kind == "I" for acts in p.schedule.values() for a in acts) for p in plans)
     assert any(any(a.kind == "B" for acts in p.schedule.values() for a in acts) for p in plans)
     cfg = RunConfig(TOY, seed=seed, steps=2, optimizer=ADAM, collect_state=True)

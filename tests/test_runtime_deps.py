@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from octopipe.errors import InputError
-from octopipe.plan import B, F, I, W, Action, make_plan
+from octopipe.plan import Action, B, F, I, W, make_plan
 from octopipe.runtime.deps import check_runnable, dependencies, find_cycle
 from octopipe.runtime.fuzz import random_plan
 
@@ -23,7 +23,7 @@ def acts(text):
 
 def test_dependencies_follow_the_default_semantics():
     plan = greedy([0, 1, 0], 2, 2, backward=lambda s, m: I if s == 1 else B)
-    deps = lambda a: list(dependencies(plan, Action.parse(a)))  # noqa: E731
+    deps = lambda a: list(dependencies(plan, Action.parse(a)))
     assert deps("0F1") == []
     assert deps("2F1") == [Action(1, F, 1)]
     assert deps("2B0") == [Action(2, F, 0)]  # the last stage needs only its own forward
@@ -32,8 +32,15 @@ def test_dependencies_follow_the_default_semantics():
     assert deps("1W0") == [Action(1, I, 0)]
 
 
-@pytest.mark.parametrize("plan", [gpipe(2, 4), one_f_one_b(4, 6), greedy([0, 1, 1, 0], 3, 2),
-                                  greedy([0, 2, 1, 0, 2], 4, 3, backward=lambda s, m: I, prefer_backward=False)])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        gpipe(2, 4),
+        one_f_one_b(4, 6),
+        greedy([0, 1, 1, 0], 3, 2),
+        greedy([0, 2, 1, 0, 2], 4, 3, backward=lambda s, m: I, prefer_backward=False),
+    ],
+)
 def test_valid_plans_are_acyclic_and_runnable(plan):
     assert find_cycle(plan) is None
     check_runnable(plan, TOY_LAYERS, plan.num_devices)

@@ -71,7 +71,10 @@ def split_matches_full(model_factory, spans, num_mb=2, seed=3):
     """Run the stages with split backward (W after every I) and compare with plain autograd."""
     model = model_factory(seed)
     batch = model.make_batch(num_mb, seed)
-    stages = [StageCompute(model, a, b, is_last=(b == len(model.layer_names)), loss_scale=num_mb) for a, b in spans]
+    stages = [
+        StageCompute(model, a, b, is_last=(b == len(model.layer_names)), loss_scale=num_mb)
+        for a, b in spans
+    ]
     for m in range(num_mb):
         x = batch.inputs[m]
         for st in stages:

@@ -18,30 +18,59 @@ HELP = "run a plan on torch.distributed (spawned processes or inside torchrun) a
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, help="plan.json (octopipe.plan/1)")
-    parser.add_argument("--model", required=True, help="bundled model name, or module:factory taking a seed")
-    parser.add_argument("--nproc", type=int, help="processes to spawn (default: the plan's devices; ignored under torchrun)")
+    parser.add_argument(
+        "--model", required=True, help="bundled model name, or module:factory taking a seed"
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        help="processes to spawn (default: the plan's devices; ignored under torchrun)",
+    )
     parser.add_argument("--steps", type=_positive, default=3, help="training steps (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
-    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                        help="auto: NCCL when each rank can have its own GPU, else gloo on CPU")
-    parser.add_argument("--lookahead", type=_positive, default=8, help="actions ahead whose receives are posted early")
-    parser.add_argument("--init-method", default="env://",
-                        help="under torchrun: how ranks meet (default env://; file:///shared/path also works)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before a stuck transfer fails")
-    parser.add_argument("--trace", help="write a Chrome/Perfetto trace of every rank's actions here")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="auto: NCCL when each rank can have its own GPU, else gloo on CPU",
+    )
+    parser.add_argument(
+        "--lookahead",
+        type=_positive,
+        default=8,
+        help="actions ahead whose receives are posted early",
+    )
+    parser.add_argument(
+        "--init-method",
+        default="env://",
+        help="under torchrun: how ranks meet (default env://; file:///shared/path also works)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds before a stuck transfer fails",
+    )
+    parser.add_argument(
+        "--trace", help="write a Chrome/Perfetto trace of every rank's actions here"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
-    optimizer = OptimizerConfig(args.optimizer, args.lr, args.momentum if args.optimizer == "sgd" else 0.0)
+    optimizer = OptimizerConfig(
+        args.optimizer, args.lr, args.momentum if args.optimizer == "sgd" else 0.0
+    )
     config = RunConfig(args.model, args.seed, args.steps, optimizer, args.lookahead)
     nproc = args.nproc or plan.num_devices
     try:
-        results = execute([Job(plan, config, args.plan)], nproc, args.backend, args.timeout, args.init_method)
+        results = execute(
+            [Job(plan, config, args.plan)], nproc, args.backend, args.timeout, args.init_method
+        )
     except RankFailure as exc:
         print(f"octopipe run: {exc}", file=sys.stderr)
         return 1
@@ -66,7 +95,9 @@ def _print_human(summary: dict, torchrun: bool) -> None:
     if predicted is not None:
         line += f"; plan predicted {predicted * 1e3:.3f} ms"
     print(line)
-    mems = ", ".join(f"rank {r}: {b / 2**20:.1f} MiB" for r, b in enumerate(summary["peak_memory_bytes"]))
+    mems = ", ".join(
+        f"rank {r}: {b / 2**20:.1f} MiB" for r, b in enumerate(summary["peak_memory_bytes"])
+    )
     print(f"peak memory ({summary['peak_memory_source']}): {mems}")
 
 

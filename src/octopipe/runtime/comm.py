@@ -60,8 +60,14 @@ def sender_order(plan: Plan, key: ChannelKey) -> list[int]:
 class P2P:
     """The channels touching one rank; `specs[b]` is the activation entering stage b."""
 
-    def __init__(self, plan: Plan, rank: int, specs: dict[int, BoundarySpec], device: torch.device,
-                 per_channel_groups: bool) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        rank: int,
+        specs: dict[int, BoundarySpec],
+        device: torch.device,
+        per_channel_groups: bool,
+    ) -> None:
         """`per_channel_groups`: one group per channel, transfers matched by order, no tags
         (what NCCL needs; on gloo it is how tests check the ordering NCCL relies on)."""
         self.rank, self.device = rank, device
@@ -81,7 +87,9 @@ class P2P:
             if group is not None:
                 # Set the communicator up now, in the global channel order: set up lazily by an
                 # early-posted receive, it would block this rank until the peer's first send.
-                dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
+                dist.barrier(
+                    group=group, device_ids=[device.index] if device.type == "cuda" else None
+                )
             spec = grad_specs(specs[key.boundary]) if key.backward else specs[key.boundary]
             self._channels[key] = _Channel(key, src, dst, spec, deque(), group, {})
         self.reset()
@@ -127,10 +135,14 @@ class P2P:
 
     def _send(self, key: ChannelKey, mb: int, tensors: Sequence[torch.Tensor]) -> None:
         ch = self._channels[key]
-        if len(tensors) != len(ch.specs) or not all(s.matches(t) for s, t in zip(ch.specs, tensors)):
+        if len(tensors) != len(ch.specs) or not all(
+            s.matches(t) for s, t in zip(ch.specs, tensors)
+        ):
             got = [(tuple(t.shape), t.dtype) for t in tensors]
-            raise RuntimeError(f"stage boundary {key.boundary}, microbatch {mb}: sending {got}, "
-                               f"but every microbatch must match the sample's {[(s.shape, s.dtype) for s in ch.specs]}")
+            raise RuntimeError(
+                f"stage boundary {key.boundary}, microbatch {mb}: sending {got}, "
+                f"but every microbatch must match the sample's {[(s.shape, s.dtype) for s in ch.specs]}"
+            )
         # Finished sends are dropped as we go so their buffers do not pile up within a step.
         self._pending_sends = [(w, t) for w, t in self._pending_sends if not w.is_completed()]
         for i, t in enumerate(tensors):
@@ -143,10 +155,15 @@ class P2P:
         ch = self._channels[key]
         while mb not in ch.posted:
             if not ch.order:
-                raise RuntimeError(f"rank {self.rank}: no transfer of microbatch {mb} expected on {key}")
+                raise RuntimeError(
+                    f"rank {self.rank}: no transfer of microbatch {mb} expected on {key}"
+                )
             nxt = ch.order.popleft()
             bufs = [s.empty(self.device) for s in ch.specs]
-            works = [dist.irecv(buf, ch.src, group=ch.group, tag=self._tag(key, nxt, i)) for i, buf in enumerate(bufs)]
+            works = [
+                dist.irecv(buf, ch.src, group=ch.group, tag=self._tag(key, nxt, i))
+                for i, buf in enumerate(bufs)
+            ]
             ch.posted[nxt] = (works, bufs)
 
     def _take(self, key: ChannelKey, mb: int) -> list[torch.Tensor]:

@@ -10,15 +10,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from octopipe.errors import DeadlockError, InputError
-from octopipe.plan import B, F, I, W, Action, Plan, check_structure
+from octopipe.plan import Action, B, F, I, Plan, W, check_structure
 
 
 def split_backwards(plan: Plan) -> frozenset[tuple[int, int]]:
     """The (stage, microbatch) pairs whose backward is split into I and W."""
-    return frozenset((a.stage, a.mb) for acts in plan.schedule.values() for a in acts if a.kind == I)
+    return frozenset(
+        (a.stage, a.mb) for acts in plan.schedule.values() for a in acts if a.kind == I
+    )
 
 
-def dependencies(plan: Plan, act: Action, split: frozenset[tuple[int, int]] | None = None) -> Iterator[Action]:
+def dependencies(
+    plan: Plan, act: Action, split: frozenset[tuple[int, int]] | None = None
+) -> Iterator[Action]:
     """The actions whose results `act` consumes (DESIGN.md, default cost semantics).
 
     `split` is `split_backwards(plan)`; pass it when calling this in a loop.
@@ -54,11 +58,11 @@ def find_cycle(plan: Plan) -> list[Action] | None:
                 preds.append(acts[j - 1])
             waits_for[act] = preds
     state: dict[Action, int] = {}  # 1 = on the current path, 2 = finished
-    for root in waits_for:
+    for root, root_preds in waits_for.items():
         if root in state:
             continue
         path: list[Action] = [root]
-        todo: list[Iterator[Action]] = [iter(waits_for[root])]
+        todo: list[Iterator[Action]] = [iter(root_preds)]
         state[root] = 1
         while todo:
             nxt = next(todo[-1], None)
@@ -66,7 +70,7 @@ def find_cycle(plan: Plan) -> list[Action] | None:
                 state[path.pop()] = 2
                 todo.pop()
             elif state.get(nxt) == 1:
-                return path[path.index(nxt):]
+                return path[path.index(nxt) :]
             elif nxt not in state and nxt in waits_for:
                 state[nxt] = 1
                 path.append(nxt)
@@ -85,10 +89,16 @@ def check_runnable(plan: Plan, num_layers: int, world_size: int, where: str = "<
     """Refuse a plan the executor cannot run on this model and this many processes."""
     covered = plan.stages[-1].end if plan.stages else 0
     if covered != num_layers:
-        raise InputError(where, f"the stages cover {covered} layers but the model has {num_layers}", "stages")
+        raise InputError(
+            where, f"the stages cover {covered} layers but the model has {num_layers}", "stages"
+        )
     check_structure(plan, where, num_layers)
     if plan.num_devices > world_size:
-        raise InputError(where, f"the plan needs {plan.num_devices} devices but only {world_size} processes run", "num_devices")
+        raise InputError(
+            where,
+            f"the plan needs {plan.num_devices} devices but only {world_size} processes run",
+            "num_devices",
+        )
     try:
         check_acyclic(plan)
     except DeadlockError as exc:

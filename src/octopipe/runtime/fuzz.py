@@ -14,12 +14,13 @@ plan and makes the exit status 1.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
 import time
 
-from octopipe.plan import B, F, I, W, Action, Plan, make_plan
+from octopipe.plan import Action, B, F, I, Plan, W, make_plan
 from octopipe.runtime.deps import dependencies
 from octopipe.runtime.launcher import launch
 from octopipe.runtime.model_source import build_pipeline_model
@@ -31,10 +32,12 @@ from octopipe.runtime.worker import OptimizerConfig
 def random_partition(rng: random.Random, num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     cuts = sorted(rng.sample(range(1, num_layers), num_stages - 1))
     bounds = [0, *cuts, num_layers]
-    return list(zip(bounds, bounds[1:]))
+    return list(itertools.pairwise(bounds))
 
 
-def random_plan(rng: random.Random, num_layers: int, num_devices: int, max_stages: int, max_microbatches: int) -> Plan:
+def random_plan(
+    rng: random.Random, num_layers: int, num_devices: int, max_stages: int, max_microbatches: int
+) -> Plan:
     num_stages = rng.randint(1, min(num_layers, max_stages))
     num_mb = rng.randint(1, max_microbatches)
     ranges = random_partition(rng, num_layers, num_stages)
@@ -44,7 +47,11 @@ def random_plan(rng: random.Random, num_layers: int, num_devices: int, max_stage
     for s in range(num_stages):
         for m in range(num_mb):
             todo.append(Action(s, F, m))
-            todo += [Action(s, I, m), Action(s, W, m)] if rng.random() < split_share else [Action(s, B, m)]
+            todo += (
+                [Action(s, I, m), Action(s, W, m)]
+                if rng.random() < split_share
+                else [Action(s, B, m)]
+            )
     split = frozenset((a.stage, a.mb) for a in todo if a.kind == I)
     skeleton = make_plan(num_devices, num_mb, ranges, placement, {})
     waiting = {a: set(dependencies(skeleton, a, split)) for a in todo}
@@ -64,7 +71,9 @@ def random_plan(rng: random.Random, num_layers: int, num_devices: int, max_stage
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m octopipe.runtime.fuzz", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m octopipe.runtime.fuzz", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--model", required=True, help="bundled model name or module:factory")
     ap.add_argument("--plans", type=int, default=100)
     ap.add_argument("--nproc", type=int, default=4)
@@ -74,19 +83,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tol", type=float, default=1e-5)
-    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
-                    help="sgd (momentum 0.9) by default: Adam turns rounding noise in near-zero "
-                         "gradients into visible parameter differences after one step")
+    ap.add_argument(
+        "--optimizer",
+        choices=("sgd", "adam"),
+        default="sgd",
+        help="sgd (momentum 0.9) by default: Adam turns rounding noise in near-zero "
+        "gradients into visible parameter differences after one step",
+    )
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     num_layers = len(build_pipeline_model(args.model, args.seed).layer_names)
-    optimizer = OptimizerConfig("adam", lr=0.01) if args.optimizer == "adam" else OptimizerConfig("sgd", 0.05, 0.9)
-    cfg = RunConfig(args.model, seed=args.seed, steps=args.steps, optimizer=optimizer, collect_state=True)
+    optimizer = (
+        OptimizerConfig("adam", lr=0.01)
+        if args.optimizer == "adam"
+        else OptimizerConfig("sgd", 0.05, 0.9)
+    )
+    cfg = RunConfig(
+        args.model, seed=args.seed, steps=args.steps, optimizer=optimizer, collect_state=True
+    )
     failures, done, began = 0, 0, time.perf_counter()
     references = {}
     while done < args.plans:
-        plans = [random_plan(rng, num_layers, args.nproc, args.max_stages, args.max_microbatches)
-                 for _ in range(min(args.per_launch, args.plans - done))]
+        plans = [
+            random_plan(rng, num_layers, args.nproc, args.max_stages, args.max_microbatches)
+            for _ in range(min(args.per_launch, args.plans - done))
+        ]
         results = launch([Job(p, cfg) for p in plans], args.nproc, "gloo")
         for plan, result in zip(plans, results):
             m = plan.num_microbatches
@@ -97,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                 failures += 1
                 print(f"MISMATCH: {'; '.join(problems[:3])}\n  plan: {json.dumps(plan.to_dict())}")
         done += len(plans)
-        print(f"{done}/{args.plans} plans, {failures} mismatched, {time.perf_counter() - began:.1f} s", flush=True)
+        print(
+            f"{done}/{args.plans} plans, {failures} mismatched, {time.perf_counter() - began:.1f} s",
+            flush=True,
+        )
     return 1 if failures else 0
 
 

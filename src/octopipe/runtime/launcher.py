@@ -56,8 +56,13 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
         check_runnable(job.plan, len(model.layer_names), world_size, job.source)
 
 
-def execute(jobs: Sequence[Job], nproc: int, backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S,
-            init_method: str = "env://") -> list[RunResult] | None:
+def execute(
+    jobs: Sequence[Job],
+    nproc: int,
+    backend: str = "auto",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    init_method: str = "env://",
+) -> list[RunResult] | None:
     """Run the jobs on `nproc` fresh processes, or on the torchrun job this process belongs to
     (then `init_method` is how its ranks meet: torchrun's `env://`, or e.g. a shared `file://`).
 
@@ -71,22 +76,39 @@ def execute(jobs: Sequence[Job], nproc: int, backend: str = "auto", timeout_s: f
 # --- inside torchrun --------------------------------------------------------------------------
 
 
-def run_under_torchrun(jobs: Sequence[Job], backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S,
-                       init_method: str = "env://") -> list[RunResult] | None:
+def run_under_torchrun(
+    jobs: Sequence[Job],
+    backend: str = "auto",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    init_method: str = "env://",
+) -> list[RunResult] | None:
     """Be one rank of a job started by torchrun (or anything that sets RANK and WORLD_SIZE)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     validate_jobs(jobs, world)
-    backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
     return train_as_rank(jobs, rank, world, local_rank, init_method, backend, timeout_s)
 
 
-def train_as_rank(jobs: Sequence[Job], rank: int, world: int, local_rank: int, init_method: str,
-                  backend: str, timeout_s: float) -> list[RunResult] | None:
+def train_as_rank(
+    jobs: Sequence[Job],
+    rank: int,
+    world: int,
+    local_rank: int,
+    init_method: str,
+    backend: str,
+    timeout_s: float,
+) -> list[RunResult] | None:
     """Join the process group, train every job, leave; rank 0 returns the results."""
     device = _device_for(backend, local_rank)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s), device_id=_bound_device(device))
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=_bound_device(device),
+    )
     results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
     # Only on success: after a failure, tearing down may wait on dead peers; the error goes first.
     dist.destroy_process_group()
@@ -96,15 +118,24 @@ def train_as_rank(jobs: Sequence[Job], rank: int, world: int, local_rank: int, i
 # --- spawning our own ranks ---------------------------------------------------------------------
 
 
-def launch(jobs: Sequence[Job], nproc: int, backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> list[RunResult]:
+def launch(
+    jobs: Sequence[Job], nproc: int, backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S
+) -> list[RunResult]:
     validate_jobs(jobs, nproc)
     backend = choose_backend(backend, nproc)
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="octopipe-run-") as tmp:
         store = Path(tmp) / "store"  # a file store: rendezvous without opening a port
-        procs = [ctx.Process(target=_rank_main, args=(rank, nproc, str(store), backend, list(jobs), messages, timeout_s),
-                             name=f"octopipe-rank{rank}", daemon=True) for rank in range(nproc)]
+        procs = [
+            ctx.Process(
+                target=_rank_main,
+                args=(rank, nproc, str(store), backend, list(jobs), messages, timeout_s),
+                name=f"octopipe-rank{rank}",
+                daemon=True,
+            )
+            for rank in range(nproc)
+        ]
         for p in procs:
             p.start()
         try:
@@ -131,7 +162,9 @@ def _watch(procs: list[mp.process.BaseProcess], messages: mp.Queue, deadline_s: 
         codes = [p.exitcode for p in procs]
         bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
         if bad:
-            msg = _next_message(messages, _GRACE_S)  # the failed rank's traceback may still be in flight
+            msg = _next_message(
+                messages, _GRACE_S
+            )  # the failed rank's traceback may still be in flight
             if msg is not None and msg[0] == "error":
                 raise RankFailure(f"rank {msg[1]} failed:\n{msg[2]}")
             raise RankFailure(f"rank {bad[0][0]} died with exit code {bad[0][1]}")
@@ -165,7 +198,15 @@ def _stop(procs: list[mp.process.BaseProcess]) -> None:
             p.join()
 
 
-def _rank_main(rank: int, world: int, store: str, backend: str, jobs: list[Job], messages: mp.Queue, timeout_s: float) -> None:
+def _rank_main(
+    rank: int,
+    world: int,
+    store: str,
+    backend: str,
+    jobs: list[Job],
+    messages: mp.Queue,
+    timeout_s: float,
+) -> None:
     """Body of one spawned rank: train every job; rank 0 sends the results; any error is reported."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's and NCCL's sockets
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # stay on loopback

@@ -17,7 +17,9 @@ from octopipe.errors import InputError
 from octopipe.models.base import PipelineModel
 
 
-def build_pipeline_model(spec: str, seed: int, layers: Iterable[int] | None = None) -> PipelineModel:
+def build_pipeline_model(
+    spec: str, seed: int, layers: Iterable[int] | None = None
+) -> PipelineModel:
     """The model `spec` names; with `layers`, a bundled model builds only those layer indices."""
     if ":" in spec:
         model = _from_factory(spec, seed)
@@ -41,8 +43,14 @@ def _bundled(name: str, seed: int, layers: Iterable[int] | None) -> PipelineMode
     models = importlib.import_module("octopipe.models")
     build = getattr(models, "build_model", None)
     if build is None:
-        raise InputError("--model", f"no bundled models are available yet; pass module:factory instead of {name!r}")
+        raise InputError(
+            "--model",
+            f"no bundled models are available yet; pass module:factory instead of {name!r}",
+        )
     known = getattr(models, "bundled_models", lambda: None)()
     if known is not None and name not in known and not Path(name).is_file():
-        raise InputError("--model", f"unknown model {name!r}; bundled: {', '.join(sorted(known))} (or a config.json)")
+        raise InputError(
+            "--model",
+            f"unknown model {name!r}; bundled: {', '.join(sorted(known))} (or a config.json)",
+        )
     return build(name, seed, layers=None if layers is None else list(layers))

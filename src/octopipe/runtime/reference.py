@@ -26,8 +26,9 @@ class ReferenceResult:
     grads: dict[str, torch.Tensor]  # of the last step
 
 
-def train_reference(model_spec: str, seed: int, num_microbatches: int, steps: int,
-                    optimizer: OptimizerConfig) -> ReferenceResult:
+def train_reference(
+    model_spec: str, seed: int, num_microbatches: int, steps: int, optimizer: OptimizerConfig
+) -> ReferenceResult:
     # Spawned ranks compute single-threaded; doing the same here keeps float reductions in the
     # same order, so differences left are the pipeline's own (Adam turns reduction noise in
     # near-zero gradients into visible parameter differences).
@@ -39,7 +40,9 @@ def train_reference(model_spec: str, seed: int, num_microbatches: int, steps: in
         torch.set_num_threads(threads)
 
 
-def _train(model_spec: str, seed: int, num_microbatches: int, steps: int, optimizer: OptimizerConfig) -> ReferenceResult:
+def _train(
+    model_spec: str, seed: int, num_microbatches: int, steps: int, optimizer: OptimizerConfig
+) -> ReferenceResult:
     model = build_pipeline_model(model_spec, seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = optimizer.build(params)
@@ -74,7 +77,10 @@ def mismatches(result: RunResult, reference: ReferenceResult, tol: float = 1e-5)
     for k, (got, want) in enumerate(zip(result.losses, reference.losses, strict=True)):
         if abs(got - want) > tol * max(abs(want), 1e-30):
             problems.append(f"step {k} loss {got!r} != {want!r}")
-    for kind, got_map, want_map in (("param", result.params, reference.params), ("grad", result.grads, reference.grads)):
+    for kind, got_map, want_map in (
+        ("param", result.params, reference.params),
+        ("grad", result.grads, reference.grads),
+    ):
         if set(got_map) != set(want_map):
             problems.append(f"{kind}s differ in names: {sorted(set(got_map) ^ set(want_map))}")
         for name in sorted(set(got_map) & set(want_map)):

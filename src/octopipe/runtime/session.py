@@ -31,7 +31,9 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lookahead: int = 8  # how many actions ahead receives are posted
     collect_state: bool = False  # return every parameter and its last gradient (tests, fuzzing)
-    order_matched: bool = False  # gloo: match transfers by order on a group per channel, as NCCL must
+    order_matched: bool = (
+        False  # gloo: match transfers by order on a group per channel, as NCCL must
+    )
 
 
 @dataclass(frozen=True)
@@ -82,21 +84,33 @@ class RunResult:
         }
 
 
-def run_job_on_rank(job: Job, rank: int, world_size: int, device: torch.device, nccl: bool) -> RunResult | None:
+def run_job_on_rank(
+    job: Job, rank: int, world_size: int, device: torch.device, nccl: bool
+) -> RunResult | None:
     """Train the job on this rank; rank 0 returns the assembled result, the others None."""
     plan, cfg = job.plan, job.config
     per_channel_groups = nccl or cfg.order_matched
     mine = [i for st in plan.stages if st.device == rank for i in range(st.start, st.end)]
     model = build_pipeline_model(cfg.model, cfg.seed, layers=mine)
     batches = [model.make_batch(plan.num_microbatches, cfg.seed, k) for k in range(cfg.steps)]
-    specs = discover_boundary_specs(lambda: build_pipeline_model(cfg.model, cfg.seed), batches[0].inputs[0],
-                                    [st.start for st in plan.stages[1:]])
-    worker = Worker(plan, model, rank, device, specs, cfg.optimizer, per_channel_groups, cfg.lookahead)
+    specs = discover_boundary_specs(
+        lambda: build_pipeline_model(cfg.model, cfg.seed),
+        batches[0].inputs[0],
+        [st.start for st in plan.stages[1:]],
+    )
+    worker = Worker(
+        plan, model, rank, device, specs, cfg.optimizer, per_channel_groups, cfg.lookahead
+    )
     dist.barrier()
     origin = time.perf_counter()
     steps = tuple(worker.train_step(k, batch, origin) for k, batch in enumerate(batches))
-    report = RankReport(rank, steps, tuple(worker.records), *worker.peak_memory(),
-                        *_state(worker, model) if cfg.collect_state else ({}, {}))
+    report = RankReport(
+        rank,
+        steps,
+        tuple(worker.records),
+        *worker.peak_memory(),
+        *_state(worker, model) if cfg.collect_state else ({}, {}),
+    )
     reports: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(report, reports, dst=0)
     return assemble(plan, reports) if reports is not None else None
@@ -111,11 +125,21 @@ def assemble(plan: Plan, reports: list[RankReport]) -> RunResult:
     predicted = (plan.predicted or {}).get("iteration_time")
     params = {k: v for r in reports for k, v in r.params.items()}
     grads = {k: v for r in reports for k, v in r.grads.items()}
-    return RunResult(losses, step_times, predicted, tuple(r.peak_memory_bytes for r in reports),
-                     reports[0].peak_memory_source, tuple(r.records for r in reports), params, grads)
+    return RunResult(
+        losses,
+        step_times,
+        predicted,
+        tuple(r.peak_memory_bytes for r in reports),
+        reports[0].peak_memory_source,
+        tuple(r.records for r in reports),
+        params,
+        grads,
+    )
 
 
-def _state(worker: Worker, model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def _state(
+    worker: Worker, model: torch.nn.Module
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     mine = {id(p) for p in worker.params}
     params, grads = {}, {}
     for name, p in model.named_parameters():

@@ -44,7 +44,9 @@ def grad_specs(boundary: BoundarySpec) -> BoundarySpec:
     return tuple(s for s in boundary if s.carries_grad)
 
 
-def boundary_specs(model: PipelineModel, sample: Activation, starts: Iterable[int]) -> dict[int, BoundarySpec]:
+def boundary_specs(
+    model: PipelineModel, sample: Activation, starts: Iterable[int]
+) -> dict[int, BoundarySpec]:
     """The spec of the activation entering layer `b`, for every `b` in `starts`.
 
     One forward pass without autograd over the layers before the last requested boundary.
@@ -61,8 +63,9 @@ def boundary_specs(model: PipelineModel, sample: Activation, starts: Iterable[in
     return specs
 
 
-def discover_boundary_specs(build_full: Callable[[], PipelineModel], sample: Activation,
-                            starts: Iterable[int]) -> dict[int, BoundarySpec]:
+def discover_boundary_specs(
+    build_full: Callable[[], PipelineModel], sample: Activation, starts: Iterable[int]
+) -> dict[int, BoundarySpec]:
     """`boundary_specs` of a freshly built full model: on meta if it can, else on the CPU."""
     starts = list(starts)
     try:

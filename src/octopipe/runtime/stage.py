@@ -39,17 +39,23 @@ def as_leaves(tensors: Sequence[torch.Tensor]) -> Activation:
 class StageCompute:
     """Layers `[start, end)` of `model`; `loss_scale` divides the last stage's loss."""
 
-    def __init__(self, model: PipelineModel, start: int, end: int, is_last: bool, loss_scale: float) -> None:
+    def __init__(
+        self, model: PipelineModel, start: int, end: int, is_last: bool, loss_scale: float
+    ) -> None:
         self.model, self.start, self.end = model, start, end
         self.is_last, self.loss_scale = is_last, loss_scale
-        self.params = [p for i in range(start, end) for p in model.layer(i).parameters() if p.requires_grad]
+        self.params = [
+            p for i in range(start, end) for p in model.layer(i).parameters() if p.requires_grad
+        ]
         self._flight: dict[int, _InFlight] = {}
 
     @property
     def modules(self) -> list[nn.Module]:
         return [self.model.layer(i) for i in range(self.start, self.end)]
 
-    def forward(self, mb: int, inputs: Activation, target: torch.Tensor | None) -> tuple[Activation, float | None]:
+    def forward(
+        self, mb: int, inputs: Activation, target: torch.Tensor | None
+    ) -> tuple[Activation, float | None]:
         """Run the layers; return the outputs (graph attached) and, on the last stage, the loss."""
         outputs = self.model.forward_layers(self.start, self.end, inputs)
         if self.is_last:
@@ -70,7 +76,9 @@ class StageCompute:
             torch.autograd.backward(flight.roots, grads, inputs=self.params + wanted or None)
         return [self._zero_if_none(x.grad, x) for x in wanted]
 
-    def backward_input(self, mb: int, output_grads: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
+    def backward_input(
+        self, mb: int, output_grads: Sequence[torch.Tensor] | None
+    ) -> list[torch.Tensor]:
         """I: the input gradients only; the graph stays for `backward_weight`."""
         flight = self._flight[mb]
         flight.root_grads = self._root_grads(flight, output_grads)
@@ -82,7 +90,9 @@ class StageCompute:
             got = flight.deferred.backward_input(flight.roots, flight.root_grads, wanted)
             flight.roots, flight.root_grads = [], None  # the deferral holds what W needs
         elif wanted:
-            got = torch.autograd.grad(flight.roots, wanted, flight.root_grads, retain_graph=True, allow_unused=True)
+            got = torch.autograd.grad(
+                flight.roots, wanted, flight.root_grads, retain_graph=True, allow_unused=True
+            )
         else:
             got = ()
         flight.inputs = ()  # their gradients are out
@@ -94,7 +104,9 @@ class StageCompute:
         if flight.deferred is not None:
             got = flight.deferred.backward_weight()
         elif flight.roots and self.params:
-            got = torch.autograd.grad(flight.roots, self.params, flight.root_grads, allow_unused=True)
+            got = torch.autograd.grad(
+                flight.roots, self.params, flight.root_grads, allow_unused=True
+            )
         else:
             return
         for p, g in zip(self.params, got):
@@ -107,7 +119,9 @@ class StageCompute:
     def _grad_inputs(self, flight: _InFlight) -> list[torch.Tensor]:
         return [x for x in flight.inputs if x.requires_grad]
 
-    def _root_grads(self, flight: _InFlight, output_grads: Sequence[torch.Tensor] | None) -> list[torch.Tensor | None]:
+    def _root_grads(
+        self, flight: _InFlight, output_grads: Sequence[torch.Tensor] | None
+    ) -> list[torch.Tensor | None]:
         if self.is_last:
             return [None]
         assert output_grads is not None

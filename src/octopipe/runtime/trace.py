@@ -21,17 +21,31 @@ _MIN_WAIT_S = 1e-6  # waits shorter than this are bookkeeping, not worth an even
 def trace_events(records_per_rank: tuple[tuple[ActionRecord, ...], ...]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for rank, records in enumerate(records_per_rank):
-        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+        events.append(
+            {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}
+        )
         for r in records:
             if r.start - r.wait_start > _MIN_WAIT_S:
                 events.append(_complete("wait", "wait", rank, r.wait_start, r.start, r.step))
-            events.append(_complete(r.action, Action.parse(r.action).kind, rank, r.start, r.end, r.step))
+            events.append(
+                _complete(r.action, Action.parse(r.action).kind, rank, r.start, r.end, r.step)
+            )
     return events
 
 
-def _complete(name: str, category: str, rank: int, start: float, end: float, step: int) -> dict[str, Any]:
-    return {"name": name, "cat": category, "ph": "X", "pid": rank, "tid": 0,
-            "ts": start * _US, "dur": max(end - start, 0.0) * _US, "args": {"step": step}}
+def _complete(
+    name: str, category: str, rank: int, start: float, end: float, step: int
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "cat": category,
+        "ph": "X",
+        "pid": rank,
+        "tid": 0,
+        "ts": start * _US,
+        "dur": max(end - start, 0.0) * _US,
+        "args": {"step": step},
+    }
 
 
 def write_trace(path: str | Path, records_per_rank: tuple[tuple[ActionRecord, ...], ...]) -> None:

@@ -54,15 +54,21 @@ class DeferredWeightGrad:
     def __init__(self, groups: list[_Group], params: Sequence[torch.Tensor]) -> None:
         self._groups, self._params = groups, list(params)
 
-    def backward_input(self, roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Tensor | None],
-                       inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
+    def backward_input(
+        self,
+        roots: Sequence[torch.Tensor],
+        root_grads: Sequence[torch.Tensor | None],
+        inputs: Sequence[torch.Tensor],
+    ) -> tuple[torch.Tensor | None, ...]:
         """Input gradients; the branch nodes' incoming gradients are kept for `backward_weight`."""
         hooked = [s for g in self._groups for s in g.sources if s.edges is None]
         handles = [s.node.register_prehook(_recorder(s)) for s in hooked]
         try:
             if not inputs:
                 return ()
-            return torch.autograd.grad(roots, inputs, root_grads, retain_graph=True, allow_unused=True)
+            return torch.autograd.grad(
+                roots, inputs, root_grads, retain_graph=True, allow_unused=True
+            )
         finally:
             for h in handles:
                 h.remove()
@@ -84,8 +90,13 @@ class DeferredWeightGrad:
             wanted = [i for i in range(len(self._params)) if group.on_branch >> i & 1]
             if not edges or not wanted:
                 continue
-            got = torch.autograd.grad(edges, [self._params[i] for i in wanted], grads,
-                                      retain_graph=True, allow_unused=True)
+            got = torch.autograd.grad(
+                edges,
+                [self._params[i] for i in wanted],
+                grads,
+                retain_graph=True,
+                allow_unused=True,
+            )
             for i, g in zip(wanted, got):
                 if g is not None:
                     out[i] = g if out[i] is None else out[i] + g
@@ -96,11 +107,16 @@ class DeferredWeightGrad:
 def _recorder(src: _BranchSource):
     def record(grad_outputs):
         src.grads = tuple(grad_outputs)
+
     return record
 
 
-def plan_deferral(roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Tensor | None],
-                  inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> DeferredWeightGrad | None:
+def plan_deferral(
+    roots: Sequence[torch.Tensor],
+    root_grads: Sequence[torch.Tensor | None],
+    inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+) -> DeferredWeightGrad | None:
     """Find the branch nodes of this microbatch's graph; None if the graph cannot be split."""
     root_edges = [get_gradient_edge(r) for r in roots]
     input_nodes = {get_gradient_edge(x).node for x in inputs}
@@ -132,8 +148,15 @@ def plan_deferral(roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Tens
             sources.append(_BranchSource(node, off, on))
     for edge, root, grad in zip(root_edges, roots, root_grads):
         if edge.node not in on_path and below.get(edge.node, 0):
-            sources.append(_BranchSource(edge.node, below[edge.node], 0, [edge],
-                                         [torch.ones_like(root) if grad is None else grad]))
+            sources.append(
+                _BranchSource(
+                    edge.node,
+                    below[edge.node],
+                    0,
+                    [edge],
+                    [torch.ones_like(root) if grad is None else grad],
+                )
+            )
     groups: list[_Group] = []
     for src in sources:
         group = next((g for g in groups if g.accepts(src)), None)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from octopipe.models.base import Activation, Batch, PipelineModel
-from octopipe.plan import B, F, I, W, Action, Plan
+from octopipe.plan import Action, B, F, I, Plan
 from octopipe.runtime.comm import P2P
 from octopipe.runtime.shapes import BoundarySpec
 from octopipe.runtime.stage import StageCompute, as_leaves
@@ -34,7 +34,9 @@ class OptimizerConfig:
 
     def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         if self.name == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+            return torch.optim.SGD(
+                params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+            )
         if self.name == "adam":
             return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
         raise ValueError(f"unknown optimizer {self.name!r}, expected 'sgd' or 'adam'")
@@ -53,16 +55,26 @@ class ActionRecord:
 
 @dataclass(frozen=True)
 class StepRecord:
-    losses: tuple[float, ...]  # per microbatch, unscaled; empty unless this rank holds the last stage
+    losses: tuple[
+        float, ...
+    ]  # per microbatch, unscaled; empty unless this rank holds the last stage
     duration: float  # from the step's start barrier to this rank's optimizer step end
 
 
 class Worker:
     """The stages of `plan` placed on `rank`, and how to train them one step at a time."""
 
-    def __init__(self, plan: Plan, model: PipelineModel, rank: int, device: torch.device,
-                 specs: dict[int, BoundarySpec], optimizer: OptimizerConfig, per_channel_groups: bool,
-                 lookahead: int = 8) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        model: PipelineModel,
+        rank: int,
+        device: torch.device,
+        specs: dict[int, BoundarySpec],
+        optimizer: OptimizerConfig,
+        per_channel_groups: bool,
+        lookahead: int = 8,
+    ) -> None:
         """`model` must have this rank's layers (it may lack others); `specs[layer]` is the
         activation entering `layer`, for the first layer of every stage but the first."""
         self.plan, self.model, self.rank, self.device = plan, model, rank, device
@@ -72,7 +84,8 @@ class Worker:
         last = plan.num_stages - 1
         self.stages = {
             s: StageCompute(model, st.start, st.end, s == last, plan.num_microbatches)
-            for s, st in enumerate(plan.stages) if st.device == rank
+            for s, st in enumerate(plan.stages)
+            if st.device == rank
         }
         stage_specs = {b: specs[plan.stages[b].start] for b in range(1, plan.num_stages)}
         self.comm = P2P(plan, rank, stage_specs, device, per_channel_groups)
@@ -97,7 +110,7 @@ class Worker:
         dist.barrier()
         began = time.perf_counter()
         for i, act in enumerate(self.actions):
-            self._prefetch(self.actions[i + 1:i + 1 + self.lookahead])
+            self._prefetch(self.actions[i + 1 : i + 1 + self.lookahead])
             self._run(act)
         self.comm.wait_sends()
         if self.optimizer is not None:
@@ -106,14 +119,18 @@ class Worker:
             torch.cuda.synchronize(self.device)
         duration = time.perf_counter() - began
         leftover = {s: st.in_flight() for s, st in self.stages.items() if st.in_flight()}
-        assert not leftover and not self._local_acts and not self._local_grads, f"state left after the step: {leftover}"
+        assert not leftover and not self._local_acts and not self._local_grads, (
+            f"state left after the step: {leftover}"
+        )
         return StepRecord(tuple(self._losses[m] for m in sorted(self._losses)), duration)
 
     def peak_memory(self) -> tuple[int, str]:
         """Peak bytes, and what was measured: the CUDA allocator's peak, or the process's RSS."""
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device), "cuda_max_memory_allocated"
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_max_rss"  # Linux: KiB
+        return resource.getrusage(
+            resource.RUSAGE_SELF
+        ).ru_maxrss * 1024, "cpu_max_rss"  # Linux: KiB
 
     # --- one action ----------------------------------------------------------------------------
 
@@ -147,7 +164,9 @@ class Worker:
         else:
             self.comm.send_forward(stage, mb, outputs)
 
-    def _backward(self, stage: int, mb: int, output_grads: list[torch.Tensor] | None, split: bool) -> None:
+    def _backward(
+        self, stage: int, mb: int, output_grads: list[torch.Tensor] | None, split: bool
+    ) -> None:
         compute = self.stages[stage]
         if split:
             input_grads = compute.backward_input(mb, output_grads)
@@ -181,7 +200,11 @@ class Worker:
         for act in upcoming:
             if act.kind == F and act.stage > 0 and not self._on_this_rank(act.stage - 1):
                 self.comm.prefetch_forward(act.stage, act.mb)
-            elif act.kind in (B, I) and act.stage + 1 < self.plan.num_stages and not self._on_this_rank(act.stage + 1):
+            elif (
+                act.kind in (B, I)
+                and act.stage + 1 < self.plan.num_stages
+                and not self._on_this_rank(act.stage + 1)
+            ):
                 self.comm.prefetch_backward(act.stage, act.mb)
 
     def _on_this_rank(self, stage: int) -> bool:
@@ -189,7 +212,9 @@ class Worker:
 
     def _keep_only_my_layers(self) -> None:
         """Free the weights of layers other ranks hold; move ours to the device."""
-        mine = {i for st in self.plan.stages if st.device == self.rank for i in range(st.start, st.end)}
+        mine = {
+            i for st in self.plan.stages if st.device == self.rank for i in range(st.start, st.end)
+        }
         for i in range(len(self.model.layer_names)):
             if i in mine:
                 self.model.layer(i).to(self.device)
