@@ -4,10 +4,16 @@
 - `shapes`: what crosses each stage boundary, learned once before training;
 - `comm`: non-blocking point-to-point transfers of activations and gradients;
 - `stage`: one stage's forward, full backward and split backward (I, W);
+- `weightgrad`: what I leaves behind so that W computes weight gradients only;
 - `worker`: one rank running its action list, then the optimizer step;
 - `session`: one rank's whole job, and the result assembled from every rank;
 - `launcher`: spawned processes or torchrun; failures propagate, nothing is left running;
 - `trace`: Chrome/Perfetto traces; `reference`: single-process ground truth; `fuzz`: random plans.
+
+Use: `octopipe run --plan plan.json --model tiny-llama --nproc 2 --json --trace trace.json`
+spawns the ranks itself (gloo on loopback, or NCCL with a GPU per rank);
+`torchrun --nproc-per-node 8 -m octopipe run --plan plan.json --model NAME` runs one rank per
+process of an existing job. From Python: `launch([Job(plan, RunConfig("tiny-llama"))], nproc=2)`.
 """
 
 from octopipe.runtime.launcher import RankFailure, execute, launch

@@ -4,7 +4,8 @@
 or split backward per (stage, microbatch), and a random topological order of all actions, dealt
 out to the devices, which is valid by construction. Run hundreds with
 
-    python -m octopipe.runtime.fuzz --plans 300 --nproc 4 --model NAME_OR_module:factory
+    python -m octopipe.runtime.fuzz --plans 300 --nproc 4 --model tiny-hybrid
+    PYTHONPATH=tests python -m octopipe.runtime.fuzz --plans 300 --model executor_helpers:toy_model
 
 Each launch runs a batch of plans in one process group; any mismatch with single-process
 training (loss, any parameter or gradient beyond `--tol` relative difference) is printed with its
