@@ -85,11 +85,7 @@ class P2P:
             if rank not in (src, dst):
                 continue
             if group is not None:
-                # Set the communicator up now, in the global channel order: set up lazily by an
-                # early-posted receive, it would block this rank until the peer's first send.
-                dist.barrier(
-                    group=group, device_ids=[device.index] if device.type == "cuda" else None
-                )
+                self._handshake(src, dst, group)
             spec = grad_specs(specs[key.boundary]) if key.backward else specs[key.boundary]
             self._channels[key] = _Channel(key, src, dst, spec, deque(), group, {})
         self.reset()
@@ -126,6 +122,16 @@ class P2P:
         self._pending_sends.clear()
 
     # --- mechanics ---------------------------------------------------------------------------
+
+    def _handshake(self, src: int, dst: int, group: dist.ProcessGroup) -> None:
+        """One tiny transfer, in the global channel order, so NCCL sets the pair's communicator
+        up now: set up lazily by an early-posted receive, it would block this rank until the
+        peer's first real send, which may itself wait on this rank."""
+        probe = torch.zeros(1, device=self.device)
+        if self.rank == src:
+            dist.send(probe, dst, group=group)
+        else:
+            dist.recv(probe, src, group=group)
 
     def _tag(self, key: ChannelKey, mb: int, entry: int) -> int:
         if not self._tagged:
