@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_tuner.py            # zoo + scaling, markdown on stdout
     .venv/bin/python benchmarks/bench_tuner.py --quick    # zoo only
     .venv/bin/python benchmarks/bench_tuner.py --quick --torchtitan   # placements torchtitan builds
+    .venv/bin/python benchmarks/bench_tuner.py --shipped  # shipped models, `octopipe plan` defaults
 
 Per case: tuned efficiency (physical limit / simulated time), speedup over Megatron-LM
 interleaved 1F1B with the uniform partition (`i1f1b/uniform`), speedup over the best fitting
@@ -64,6 +65,36 @@ SCALING = tuple(
 )
 
 
+# `octopipe plan --model NAME` defaults (4 devices, 16 microbatches), with the tensor-parallel
+# degree (and devices) a model needs to fit 80 GB devices at all.
+SHIPPED_NEEDS = {"deepseek-v3": (8, 32), "gemma3-27b": (2, 4), "llama3-70b": (8, 4),
+                 "mixtral-8x7b": (4, 4)}
+
+
+def shipped_cases() -> list[Case]:
+    from octopipe.costmodel import shipped_models
+
+    out = []
+    for name in shipped_models():
+        tp, devices = SHIPPED_NEEDS.get(name, (1, 4))
+        out.append(Case(f"{name} tp{tp}", name, devices, 4 * devices, tp=tp))
+    return out
+
+
+def shipped_table(rows: list[Row]) -> str:
+    lines = [
+        "| model | P x M | efficiency | vs best fitting baseline (which) | baselines fitting |"
+        + " tuning s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        vs = f"{r.vs_best:.3f}x ({r.best_label})" if r.baselines_fitting else "none fits"
+        lines.append(f"| {r.case.label} | {r.case.devices} x {r.case.microbatches} | "
+                     f"{r.efficiency:.3f} | {vs} | {r.baselines_fitting} of {r.baselines_total} "
+                     f"| {r.seconds:.1f} |")
+    return "\n".join(lines)
+
+
 def profile_for(case: Case) -> Profile:
     h100 = hardware_preset("h100")
     profile = build_profile(load_architecture(case.model), h100, Settings(tensor_parallel=case.tp),
@@ -115,11 +146,14 @@ def run_case(case: Case, budget: float, torchtitan: bool = False) -> Row:
     fitting = [b for b in result.baselines if b.sim.fits]
     # With no fitting baseline, compare with the fastest one anyway (it needs more memory).
     best = min(fitting or result.baselines, key=lambda b: b.sim.iteration_time)
-    megatron = next(b for b in result.baselines if b.label == MEGATRON)
+    # Absent when the model has too few layers for two chunks per device.
+    megatron = next((b for b in result.baselines if b.label == MEGATRON), None)
+    megatron_time = megatron.sim.iteration_time if megatron else math.nan
     ceiling = balance_ceiling(profile, result.best.plan, tuned.lower_bound)
-    return Row(case, tuned.efficiency, ceiling, megatron.sim.iteration_time / tuned.iteration_time,
+    return Row(case, tuned.efficiency, ceiling, megatron_time / tuned.iteration_time,
                best.sim.iteration_time / tuned.iteration_time, best.label, seconds,
-               cpu, result.evaluations, result.best.label, tuned.fits, megatron.sim.fits,
+               cpu, result.evaluations, result.best.label, tuned.fits,
+               megatron is not None and megatron.sim.fits,
                len(fitting), len(result.baselines))
 
 
@@ -137,8 +171,8 @@ def geomean(values: list[float]) -> float:
 
 def zoo_table(rows: list[Row]) -> str:
     lines = [
-        ("| case | P x M | efficiency | balance ceiling | vs Megatron i1F1B"
-        " | vs best baseline (which) | bubble-free bound vs best | tuning s (CPU s) | tuned from |"),
+        "| case | P x M | efficiency | balance ceiling | vs Megatron i1F1B | vs best baseline"
+        + " (which) | bubble-free bound vs best | tuning s (CPU s) | tuned from |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -172,9 +206,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="zoo only, no scaling runs")
     parser.add_argument("--budget", type=float, default=60.0, help="tuner time budget per case")
+    parser.add_argument("--shipped", action="store_true",
+                        help="only the shipped models with `octopipe plan`'s defaults")
     parser.add_argument("--torchtitan", action="store_true",
                         help="tune only placements torchtitan builds (baselines likewise)")
     args = parser.parse_args()
+    if args.shipped:
+        print(shipped_table([run_case(c, args.budget, args.torchtitan) for c in shipped_cases()]))
+        return
     rows = []
     for case in ZOO:
         rows.append(run_case(case, args.budget, args.torchtitan))
