@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -93,6 +93,35 @@ class Plan:
     def csv_rows(self) -> list[list[str]]:
         """One row per device (rank), as `_PipelineScheduleRuntime._load_csv` reads them."""
         return [[str(a) for a in self.schedule.get(d, ())] for d in range(self.num_devices)]
+
+
+def split_backwards(plan: Plan) -> frozenset[tuple[int, int]]:
+    """The (stage, microbatch) pairs whose backward is split into I and W."""
+    return frozenset(
+        (a.stage, a.mb) for acts in plan.schedule.values() for a in acts if a.kind == I
+    )
+
+
+def dependencies(
+    plan: Plan, act: Action, split: frozenset[tuple[int, int]] | None = None
+) -> Iterator[Action]:
+    """The actions whose results `act` consumes (DESIGN.md, default cost semantics).
+
+    `split` is `split_backwards(plan)`; pass it when calling this in a loop. The simulator keeps
+    its own integer-indexed lowering of these rules (sim/graph.py) for speed.
+    """
+    if split is None:
+        split = split_backwards(plan)
+    s, m = act.stage, act.mb
+    if act.kind == F:
+        if s > 0:
+            yield Action(s - 1, F, m)
+    elif act.kind in (B, I):
+        yield Action(s, F, m)
+        if s + 1 < plan.num_stages:
+            yield Action(s + 1, I if (s + 1, m) in split else B, m)
+    elif act.kind == W:
+        yield Action(s, I, m)
 
 
 def make_plan(

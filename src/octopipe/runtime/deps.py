@@ -10,35 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from octopipe.errors import DeadlockError, InputError
-from octopipe.plan import Action, B, F, I, Plan, W, check_structure
-
-
-def split_backwards(plan: Plan) -> frozenset[tuple[int, int]]:
-    """The (stage, microbatch) pairs whose backward is split into I and W."""
-    return frozenset(
-        (a.stage, a.mb) for acts in plan.schedule.values() for a in acts if a.kind == I
-    )
-
-
-def dependencies(
-    plan: Plan, act: Action, split: frozenset[tuple[int, int]] | None = None
-) -> Iterator[Action]:
-    """The actions whose results `act` consumes (DESIGN.md, default cost semantics).
-
-    `split` is `split_backwards(plan)`; pass it when calling this in a loop.
-    """
-    if split is None:
-        split = split_backwards(plan)
-    s, m = act.stage, act.mb
-    if act.kind == F:
-        if s > 0:
-            yield Action(s - 1, F, m)
-    elif act.kind in (B, I):
-        yield Action(s, F, m)
-        if s + 1 < plan.num_stages:
-            yield Action(s + 1, I if (s + 1, m) in split else B, m)
-    elif act.kind == W:
-        yield Action(s, I, m)
+from octopipe.plan import Action, Plan, check_structure, dependencies, split_backwards
 
 
 def find_cycle(plan: Plan) -> list[Action] | None:

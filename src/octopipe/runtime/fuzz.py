@@ -15,14 +15,13 @@ plan and makes the exit status 1.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import random
 import sys
 import time
 
-from octopipe.plan import Action, B, F, I, Plan, W, make_plan
-from octopipe.runtime.deps import dependencies
+from octopipe.plan import Plan
+from octopipe.random_plans import random_plan as random_valid_plan
 from octopipe.runtime.launcher import launch
 from octopipe.runtime.model_source import build_pipeline_model
 from octopipe.runtime.reference import mismatches, train_reference
@@ -30,45 +29,15 @@ from octopipe.runtime.session import Job, RunConfig
 from octopipe.runtime.worker import OptimizerConfig
 
 
-def random_partition(rng: random.Random, num_layers: int, num_stages: int) -> list[tuple[int, int]]:
-    cuts = sorted(rng.sample(range(1, num_layers), num_stages - 1))
-    bounds = [0, *cuts, num_layers]
-    return list(itertools.pairwise(bounds))
-
-
 def random_plan(
     rng: random.Random, num_layers: int, num_devices: int, max_stages: int, max_microbatches: int
 ) -> Plan:
-    num_stages = rng.randint(1, min(num_layers, max_stages))
-    num_mb = rng.randint(1, max_microbatches)
-    ranges = random_partition(rng, num_layers, num_stages)
-    placement = [rng.randrange(num_devices) for _ in range(num_stages)]
-    split_share = rng.random()  # some plans all B, some all I/W, most mixed
-    todo: list[Action] = []
-    for s in range(num_stages):
-        for m in range(num_mb):
-            todo.append(Action(s, F, m))
-            todo += (
-                [Action(s, I, m), Action(s, W, m)]
-                if rng.random() < split_share
-                else [Action(s, B, m)]
-            )
-    split = frozenset((a.stage, a.mb) for a in todo if a.kind == I)
-    skeleton = make_plan(num_devices, num_mb, ranges, placement, {})
-    waiting = {a: set(dependencies(skeleton, a, split)) for a in todo}
-    orders: dict[int, list[Action]] = {d: [] for d in range(num_devices)}
-    ready = [a for a, deps in waiting.items() if not deps]
-    while ready:
-        act = ready.pop(rng.randrange(len(ready)))
-        orders[placement[act.stage]].append(act)
-        del waiting[act]
-        for other, deps in waiting.items():
-            if act in deps:
-                deps.discard(act)
-                if not deps:
-                    ready.append(other)
-    assert not waiting, "random_plan left actions unscheduled"
-    return make_plan(num_devices, num_mb, ranges, placement, orders)
+    """A random valid plan with a random microbatch count and share of split backwards (some plans
+    all B, some all I/W, most mixed)."""
+    return random_valid_plan(
+        rng, num_layers, num_devices, rng.randint(1, max_microbatches), max_stages,
+        split_probability=rng.random(),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
