@@ -22,8 +22,16 @@ from octopipe.sim import Simulator
 
 def profile(num_layers: int) -> Profile:
     layers = tuple(
-        LayerCost(name=f"layers.{i}", f=1.0, b=1.0, w=1.0, act_bytes=10, wact_bytes=4,
-                  param_bytes=100, out_bytes=1)
+        LayerCost(
+            name=f"layers.{i}",
+            f=1.0,
+            b=1.0,
+            w=1.0,
+            act_bytes=10,
+            wact_bytes=4,
+            param_bytes=100,
+            out_bytes=1,
+        )
         for i in range(num_layers)
     )
     return Profile(name="bench", layers=layers)
@@ -45,8 +53,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     cases = [(p, 2, 8 * p) for p in (4, 8, 16, 32)]
-    print("| schedule | devices | stages | microbatches | actions | search (ms) | checked (ms) "
-          "| + events (ms) | actions/s (search) | actions/s (checked) |")
+    print(
+        "| schedule | devices | stages | microbatches | actions | search (ms) | checked (ms) "
+        "| + events (ms) | actions/s (search) | actions/s (checked) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for schedule in ("i1f1b", "zbv"):
         for P, V, M in cases:
@@ -54,11 +64,13 @@ def main() -> None:
             plan = make_baseline(prof, schedule, "uniform", P, M, chunks=V)
             sim = Simulator(prof)
             n = sum(len(a) for a in plan.schedule.values())
-            fast = per_run(lambda: sim.run(plan, detail=False, check=False), args.repeats)
-            checked = per_run(lambda: sim.run(plan), args.repeats)
-            full = per_run(lambda: sim.run(plan).events, args.repeats)
-            print(f"| {schedule} | {P} | {P * V} | {M} | {n} | {fast * 1e3:.2f} "
-                  f"| {checked * 1e3:.2f} | {full * 1e3:.2f} | {n / fast:,.0f} | {n / checked:,.0f} |")
+            fast = per_run(lambda s=sim, p=plan: s.run(p, detail=False, check=False), args.repeats)
+            checked = per_run(lambda s=sim, p=plan: s.run(p), args.repeats)
+            full = per_run(lambda s=sim, p=plan: s.run(p).events, args.repeats)
+            print(
+                f"| {schedule} | {P} | {P * V} | {M} | {n} | {fast * 1e3:.2f} "
+                f"| {checked * 1e3:.2f} | {full * 1e3:.2f} | {n / fast:,.0f} | {n / checked:,.0f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -49,15 +49,17 @@ ZOO = (
     Case("hybrid Mamba (nemotron-h-8b)", "nemotron-h-8b", 4, 32),
     Case("vision-language (llama3.2-11b-vision)", "llama3.2-11b-vision", 8, 32),
     Case("homogeneous control (llama3-8b)", "llama3-8b", 4, 32),
-    Case("mixed speeds: 4 H100 + 4 A100 (llama3-70b tp8)", "llama3-70b", 8, 32, tp=8,
-         slow_devices=4),
+    Case(
+        "mixed speeds: 4 H100 + 4 A100 (llama3-70b tp8)", "llama3-70b", 8, 32, tp=8, slow_devices=4
+    ),
     Case("memory-limited: 72 GiB (llama3-70b tp4)", "llama3-70b", 8, 32, tp=4, memory_gib=72),
     Case("16 devices, 55 layers (nemotron-h-8b)", "nemotron-h-8b", 16, 64),
 )
 
 # Tighter than any baseline fits: the tuner must find a plan on its own.
-NO_BASELINE_FITS = Case("memory-limited: 48 GiB (llama3-70b tp4)", "llama3-70b", 8, 32, tp=4,
-                        memory_gib=48)
+NO_BASELINE_FITS = Case(
+    "memory-limited: 48 GiB (llama3-70b tp4)", "llama3-70b", 8, 32, tp=4, memory_gib=48
+)
 
 SCALING = tuple(
     Case(f"llama3-70b tp8 P={P} M={M}", "llama3-70b", P, M, tp=8)
@@ -67,8 +69,12 @@ SCALING = tuple(
 
 # `octopipe plan --model NAME` defaults (4 devices, 16 microbatches), with the tensor-parallel
 # degree (and devices) a model needs to fit 80 GB devices at all.
-SHIPPED_NEEDS = {"deepseek-v3": (8, 32), "gemma3-27b": (2, 4), "llama3-70b": (8, 4),
-                 "mixtral-8x7b": (4, 4)}
+SHIPPED_NEEDS = {
+    "deepseek-v3": (8, 32),
+    "gemma3-27b": (2, 4),
+    "llama3-70b": (8, 4),
+    "mixtral-8x7b": (4, 4),
+}
 
 
 def shipped_cases() -> list[Case]:
@@ -89,16 +95,19 @@ def shipped_table(rows: list[Row]) -> str:
     ]
     for r in rows:
         vs = f"{r.vs_best:.3f}x ({r.best_label})" if r.baselines_fitting else "none fits"
-        lines.append(f"| {r.case.label} | {r.case.devices} x {r.case.microbatches} | "
-                     f"{r.efficiency:.3f} | {vs} | {r.baselines_fitting} of {r.baselines_total} "
-                     f"| {r.seconds:.1f} |")
+        lines.append(
+            f"| {r.case.label} | {r.case.devices} x {r.case.microbatches} | "
+            f"{r.efficiency:.3f} | {vs} | {r.baselines_fitting} of {r.baselines_total} "
+            f"| {r.seconds:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def profile_for(case: Case) -> Profile:
     h100 = hardware_preset("h100")
-    profile = build_profile(load_architecture(case.model), h100, Settings(tensor_parallel=case.tp),
-                            case.devices)
+    profile = build_profile(
+        load_architecture(case.model), h100, Settings(tensor_parallel=case.tp), case.devices
+    )
     a100 = hardware_preset("a100")
     devices = []
     for d in range(case.devices):
@@ -138,8 +147,14 @@ def run_case(case: Case, budget: float, torchtitan: bool = False) -> Row:
     profile = profile_for(case)
     started, cpu_started = time.perf_counter(), time.process_time()
     baselines = all_baselines(profile, case.devices, case.microbatches)
-    result = tune(profile, case.microbatches, case.devices, baselines=baselines,
-                  time_budget=budget, torchtitan=torchtitan)
+    result = tune(
+        profile,
+        case.microbatches,
+        case.devices,
+        baselines=baselines,
+        time_budget=budget,
+        torchtitan=torchtitan,
+    )
     # Baselines included: what `octopipe plan` pays.
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     tuned = result.best.sim
@@ -150,11 +165,22 @@ def run_case(case: Case, budget: float, torchtitan: bool = False) -> Row:
     megatron = next((b for b in result.baselines if b.label == MEGATRON), None)
     megatron_time = megatron.sim.iteration_time if megatron else math.nan
     ceiling = balance_ceiling(profile, result.best.plan, tuned.lower_bound)
-    return Row(case, tuned.efficiency, ceiling, megatron_time / tuned.iteration_time,
-               best.sim.iteration_time / tuned.iteration_time, best.label, seconds,
-               cpu, result.evaluations, result.best.label, tuned.fits,
-               megatron is not None and megatron.sim.fits,
-               len(fitting), len(result.baselines))
+    return Row(
+        case,
+        tuned.efficiency,
+        ceiling,
+        megatron_time / tuned.iteration_time,
+        best.sim.iteration_time / tuned.iteration_time,
+        best.label,
+        seconds,
+        cpu,
+        result.evaluations,
+        result.best.label,
+        tuned.fits,
+        megatron is not None and megatron.sim.fits,
+        len(fitting),
+        len(result.baselines),
+    )
 
 
 def balance_ceiling(profile: Profile, plan: Plan, lower_bound: float) -> float:
@@ -193,12 +219,16 @@ def zoo_table(rows: list[Row]) -> str:
 
 
 def scaling_table(rows: list[Row]) -> str:
-    lines = ["| case | candidates | tuning s (CPU s) | efficiency | balance ceiling |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| case | candidates | tuning s (CPU s) | efficiency | balance ceiling |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r.case.label} | {r.evaluations} | "
-                     f"{r.seconds:.1f} ({r.cpu_seconds:.1f}) | "
-                     f"{r.efficiency:.3f} | {r.balance_ceiling:.3f} |")
+        lines.append(
+            f"| {r.case.label} | {r.evaluations} | "
+            f"{r.seconds:.1f} ({r.cpu_seconds:.1f}) | "
+            f"{r.efficiency:.3f} | {r.balance_ceiling:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -206,10 +236,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="zoo only, no scaling runs")
     parser.add_argument("--budget", type=float, default=60.0, help="tuner time budget per case")
-    parser.add_argument("--shipped", action="store_true",
-                        help="only the shipped models with `octopipe plan`'s defaults")
-    parser.add_argument("--torchtitan", action="store_true",
-                        help="tune only placements torchtitan builds (baselines likewise)")
+    parser.add_argument(
+        "--shipped",
+        action="store_true",
+        help="only the shipped models with `octopipe plan`'s defaults",
+    )
+    parser.add_argument(
+        "--torchtitan",
+        action="store_true",
+        help="tune only placements torchtitan builds (baselines likewise)",
+    )
     args = parser.parse_args()
     if args.shipped:
         print(shipped_table([run_case(c, args.budget, args.torchtitan) for c in shipped_cases()]))
@@ -221,10 +257,12 @@ def main() -> None:
     print(zoo_table(rows))
     print()
     tight = run_case(NO_BASELINE_FITS, args.budget)
-    print(f"{tight.case.label}: the tuned plan {'fits' if tight.fits else 'does NOT fit'} "
-          f"(efficiency {tight.efficiency:.3f}, {tight.seconds:.1f} s, "
-          f"{tight.cpu_seconds:.1f} CPU s); "
-          f"{tight.baselines_fitting} of {tight.baselines_total} baselines fit.")
+    print(
+        f"{tight.case.label}: the tuned plan {'fits' if tight.fits else 'does NOT fit'} "
+        f"(efficiency {tight.efficiency:.3f}, {tight.seconds:.1f} s, "
+        f"{tight.cpu_seconds:.1f} CPU s); "
+        f"{tight.baselines_fitting} of {tight.baselines_total} baselines fit."
+    )
     if not args.quick:
         print()
         print(scaling_table([run_case(c, args.budget) for c in SCALING]))

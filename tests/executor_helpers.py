@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from octopipe.models.base import Batch, PipelineModel
-from octopipe.plan import Action, B, F, I, Plan, W, make_plan
-from octopipe.runtime.deps import dependencies
+from octopipe.plan import Action, B, F, I, Plan, W, dependencies, make_plan
 from octopipe.runtime.model_source import build_pipeline_model
 
 TOY = "executor_helpers:toy_model"

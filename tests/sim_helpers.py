@@ -6,11 +6,29 @@ from octopipe.plan import Action, Plan, make_plan
 from octopipe.profile import Device, LayerCost, Link, Profile
 
 
-def uniform_profile(num_layers: int, f=1.0, b=1.0, w=1.0, act=10, wact=4, param=100, out=1,
-                    devices: int | None = None, link: Link | None = None) -> Profile:
+def uniform_profile(
+    num_layers: int,
+    f=1.0,
+    b=1.0,
+    w=1.0,
+    act=10,
+    wact=4,
+    param=100,
+    out=1,
+    devices: int | None = None,
+    link: Link | None = None,
+) -> Profile:
     layers = [
-        LayerCost(name=f"layers.{i}", f=f, b=b, w=w, act_bytes=act, wact_bytes=wact,
-                  param_bytes=param, out_bytes=out)
+        LayerCost(
+            name=f"layers.{i}",
+            f=f,
+            b=b,
+            w=w,
+            act_bytes=act,
+            wact_bytes=wact,
+            param_bytes=param,
+            out_bytes=out,
+        )
         for i in range(num_layers)
     ]
     devs = tuple(Device() for _ in range(devices)) if devices else None

@@ -71,8 +71,18 @@ def run_cli(*argv):
 @pytest.mark.parametrize("method", METHODS)
 def test_cli_writes_a_predicted_plan(tmp_path, profile_file, schedule, method, capsys):
     out = tmp_path / "plan.json"
-    rc = run_cli("--profile", profile_file, "--schedule", schedule, "--partition", method,
-                 "--microbatches", 8, "-o", out)
+    rc = run_cli(
+        "--profile",
+        profile_file,
+        "--schedule",
+        schedule,
+        "--partition",
+        method,
+        "--microbatches",
+        8,
+        "-o",
+        out,
+    )
     assert rc == 0
     plan = load_plan(out, num_layers=16)
     assert plan.num_devices == 4  # the profile's device list
@@ -85,8 +95,25 @@ def test_cli_devices_and_chunks(tmp_path, capsys):
     path = tmp_path / "p.json"
     save_profile(uniform_profile(12), path)  # no device list: --devices decides
     out = tmp_path / "plan.json"
-    assert run_cli("--profile", path, "--schedule", "i1f1b", "--partition", "titan",
-                   "--devices", 2, "--microbatches", 4, "--chunks", 3, "-o", out) == 0
+    assert (
+        run_cli(
+            "--profile",
+            path,
+            "--schedule",
+            "i1f1b",
+            "--partition",
+            "titan",
+            "--devices",
+            2,
+            "--microbatches",
+            4,
+            "--chunks",
+            3,
+            "-o",
+            out,
+        )
+        == 0
+    )
     plan = load_plan(out)
     assert (plan.num_devices, plan.num_stages) == (2, 6)
 
@@ -94,16 +121,26 @@ def test_cli_devices_and_chunks(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv,fault",
     [
-        (["--schedule", "dualpipev", "--partition", "uniform", "--microbatches", 4],
-         "dualpipev: needs at least 2 x devices = 8 microbatches, got 4"),
-        (["--schedule", "1f1b", "--partition", "uniform", "--microbatches", 4, "--devices", 3],
-         "asked for 3 devices but the profile lists 4"),
-        (["--schedule", "1f1b", "--partition", "uniform", "--microbatches", 4, "--chunks", 2],
-         "1f1b: runs one stage per device"),
-        (["--schedule", "i1f1b", "--partition", "uniform", "--microbatches", 4, "--chunks", 5],
-         "16 layers cannot fill 20 stages"),
-        (["--schedule", "gpipe", "--partition", "uniform", "--microbatches", 0],
-         "needs at least 1 of microbatches"),
+        (
+            ["--schedule", "dualpipev", "--partition", "uniform", "--microbatches", 4],
+            "dualpipev: needs at least 2 x devices = 8 microbatches, got 4",
+        ),
+        (
+            ["--schedule", "1f1b", "--partition", "uniform", "--microbatches", 4, "--devices", 3],
+            "asked for 3 devices but the profile lists 4",
+        ),
+        (
+            ["--schedule", "1f1b", "--partition", "uniform", "--microbatches", 4, "--chunks", 2],
+            "1f1b: runs one stage per device",
+        ),
+        (
+            ["--schedule", "i1f1b", "--partition", "uniform", "--microbatches", 4, "--chunks", 5],
+            "16 layers cannot fill 20 stages",
+        ),
+        (
+            ["--schedule", "gpipe", "--partition", "uniform", "--microbatches", 0],
+            "needs at least 1 of microbatches",
+        ),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, profile_file, capsys, argv, fault):
@@ -116,17 +153,56 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, profile_file, capsys, ar
 
 
 def test_cli_missing_profile_and_unwritable_output(tmp_path, profile_file, capsys):
-    assert run_cli("--profile", tmp_path / "nope.json", "--schedule", "1f1b", "--partition",
-                   "uniform", "--microbatches", 4, "-o", tmp_path / "plan.json") == 2
+    assert (
+        run_cli(
+            "--profile",
+            tmp_path / "nope.json",
+            "--schedule",
+            "1f1b",
+            "--partition",
+            "uniform",
+            "--microbatches",
+            4,
+            "-o",
+            tmp_path / "plan.json",
+        )
+        == 2
+    )
     assert "cannot read" in capsys.readouterr().err
-    assert run_cli("--profile", profile_file, "--schedule", "1f1b", "--partition", "uniform",
-                   "--microbatches", 4, "-o", tmp_path / "no" / "dir" / "plan.json") == 2
+    assert (
+        run_cli(
+            "--profile",
+            profile_file,
+            "--schedule",
+            "1f1b",
+            "--partition",
+            "uniform",
+            "--microbatches",
+            4,
+            "-o",
+            tmp_path / "no" / "dir" / "plan.json",
+        )
+        == 2
+    )
     assert "cannot write" in capsys.readouterr().err
 
 
 def test_cli_profile_without_devices_needs_a_count(tmp_path, capsys):
     path = tmp_path / "p.json"
     save_profile(uniform_profile(8), path)
-    assert run_cli("--profile", path, "--schedule", "1f1b", "--partition", "uniform",
-                   "--microbatches", 4, "-o", tmp_path / "plan.json") == 2
+    assert (
+        run_cli(
+            "--profile",
+            path,
+            "--schedule",
+            "1f1b",
+            "--partition",
+            "uniform",
+            "--microbatches",
+            4,
+            "-o",
+            tmp_path / "plan.json",
+        )
+        == 2
+    )
     assert "lists no devices" in capsys.readouterr().err

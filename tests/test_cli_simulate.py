@@ -16,8 +16,19 @@ def files(tmp_path):
 
 
 def test_simulate_json(files, capsys):
-    assert main(["simulate", "--profile", str(files / "p.json"), "--plan", str(files / "plan.json"),
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--profile",
+                str(files / "p.json"),
+                "--plan",
+                str(files / "plan.json"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["iteration_time"] == pytest.approx(33.0)
     assert out["bubble_ratio"] == pytest.approx(3 / 11)
@@ -26,22 +37,34 @@ def test_simulate_json(files, capsys):
 
 
 def test_simulate_table(files, capsys):
-    assert main(["simulate", "--profile", str(files / "p.json"), "--plan", str(files / "plan.json")]) == 0
+    assert (
+        main(["simulate", "--profile", str(files / "p.json"), "--plan", str(files / "plan.json")])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "bubble 27.3%" in out and "critical path" in out
 
 
 def test_plan_for_another_profile_is_one_line(files, capsys):
     save_profile(uniform_profile(5, devices=4), files / "p5.json")
-    assert main(["simulate", "--profile", str(files / "p5.json"), "--plan", str(files / "plan.json")]) == 2
+    assert (
+        main(["simulate", "--profile", str(files / "p5.json"), "--plan", str(files / "plan.json")])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "plan.json: stages: stages cover 4 layers but the profile has 5" in err
+    assert (
+        err.count("\n") == 0
+        and "plan.json: stages: stages cover 4 layers but the profile has 5" in err
+    )
 
 
 def test_deadlock_is_one_line(files, capsys):
     data = json.loads((files / "plan.json").read_text())
     data["schedule"]["3"] = list(reversed(data["schedule"]["3"]))
     (files / "bad.json").write_text(json.dumps(data))
-    assert main(["simulate", "--profile", str(files / "p.json"), "--plan", str(files / "bad.json")]) == 2
+    assert (
+        main(["simulate", "--profile", str(files / "p.json"), "--plan", str(files / "bad.json")])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "deadlock" in err and "waits for" in err

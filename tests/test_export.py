@@ -22,8 +22,16 @@ from octopipe.tune import tune
 def profile() -> Profile:
     names = ["tok_embeddings", *(f"layers.{i}" for i in range(9)), "norm", "output"]
     layers = tuple(
-        LayerCost(name=n, f=1.0 + (n == "output") * 2, b=1.0, w=0.5, act_bytes=10, wact_bytes=5,
-                  param_bytes=100, out_bytes=1)
+        LayerCost(
+            name=n,
+            f=1.0 + (n == "output") * 2,
+            b=1.0,
+            w=0.5,
+            act_bytes=10,
+            wact_bytes=5,
+            param_bytes=100,
+            out_bytes=1,
+        )
         for n in names
     )
     return Profile(name="toy", layers=layers, devices=(Device(),) * 3)
@@ -37,8 +45,16 @@ def tuned():
 
 def stand_in_stages(num_stages: int, num_ranks: int, rank: int, stage_ids):
     """What the runtime reads from its stages before a step: no model, no process group."""
-    return [SimpleNamespace(num_stages=num_stages, group_size=num_ranks, group_rank=rank,
-                            stage_index=i, stage_index_to_group_rank=None) for i in stage_ids]
+    return [
+        SimpleNamespace(
+            num_stages=num_stages,
+            group_size=num_ranks,
+            group_rank=rank,
+            stage_index=i,
+            stage_index_to_group_rank=None,
+        )
+        for i in stage_ids
+    ]
 
 
 def test_csv_loads_in_pytorch_runtime_with_the_same_actions(tuned, tmp_path):
@@ -91,8 +107,10 @@ def test_torchtitan_style_and_schedule_name_follow_the_placement(tmp_path):
     prof = profile()
     cuts = [0, 2, 4, 6, 8, 10, 12]
     ranges = list(pairwise(cuts))
-    for placement, name, warned in [(v_shape(range(3), 2), "ZBVZeroBubble", False),
-                                    ((0, 1, 2, 2, 0, 1), "PipelineScheduleMulti", True)]:
+    for placement, name, warned in [
+        (v_shape(range(3), 2), "ZBVZeroBubble", False),
+        ((0, 1, 2, 2, 0, 1), "PipelineScheduleMulti", True),
+    ]:
         plan = make_plan(3, 2, ranges, placement, {})
         path = tmp_path / "t.toml"
         write_torchtitan_toml(plan, prof, path, "schedule.csv")

@@ -16,15 +16,21 @@ from octopipe.sim import Simulator
 
 
 def uniform(P: int, act: int = 10, wact: int = 4) -> Profile:
-    layer = LayerCost(name="l", f=1.0, b=1.0, w=1.0, act_bytes=act, wact_bytes=wact,
-                      param_bytes=100, out_bytes=0)
+    layer = LayerCost(
+        name="l", f=1.0, b=1.0, w=1.0, act_bytes=act, wact_bytes=wact, param_bytes=100, out_bytes=0
+    )
     return Profile(layers=(layer,) * P, devices=(Device(),) * P)
 
 
 def sequential_stages(P: int, profile: Profile) -> tuple[StageCost, ...]:
     sim = Simulator(profile)
-    return stage_costs(sim.costs, [(s, s + 1) for s in range(P)], list(range(P)),
-                       profile.device_list(P), profile.link)
+    return stage_costs(
+        sim.costs,
+        [(s, s + 1) for s in range(P)],
+        list(range(P)),
+        profile.device_list(P),
+        profile.link,
+    )
 
 
 def simulate_orders(profile: Profile, P: int, M: int, ranges, placement, orders):
@@ -47,8 +53,9 @@ def test_1f1b_is_a_rule_setting(P, M):
 def test_zb_h1_like_rules_match_zb_h1_in_its_memory(P, M):
     profile = uniform(P)
     spec = generate("zbh1", P, M)
-    _, zbh1 = simulate_orders(profile, P, M, [(s, s + 1) for s in range(P)], spec.placement,
-                              spec.orders)
+    _, zbh1 = simulate_orders(
+        profile, P, M, [(s, s + 1) for s in range(P)], spec.placement, spec.orders
+    )
     budget = tuple(p - s for p, s in zip(zbh1.peak_memory_bytes, zbh1.static_memory_bytes))
     caps = tuple(P - s for s in range(P))
     stages = sequential_stages(P, profile)
@@ -73,8 +80,9 @@ def test_memory_budget_caps_the_activations_in_flight():
 def test_w_deferral_off_runs_w_right_after_its_input_gradient():
     P, M = 3, 4
     profile = uniform(P)
-    sched = list_schedule(sequential_stages(P, profile), P, M,
-                          Rules(inflight=(P,) * P, defer_w=False))
+    sched = list_schedule(
+        sequential_stages(P, profile), P, M, Rules(inflight=(P,) * P, defer_w=False)
+    )
     for acts in sched.orders.values():
         for k, a in enumerate(acts):
             if a.kind == "I":
@@ -88,22 +96,35 @@ def cases(draw):
     S = draw(st.integers(P, min(L, 3 * P)))
     M = draw(st.integers(1, 6))
     layers = tuple(
-        LayerCost(name=f"layers.{i}", f=draw(st.floats(0.1, 3)), b=draw(st.floats(0, 3)),
-                  w=draw(st.floats(0, 3)), act_bytes=draw(st.integers(0, 50)), wact_bytes=0,
-                  param_bytes=1, out_bytes=draw(st.integers(0, 100)))
+        LayerCost(
+            name=f"layers.{i}",
+            f=draw(st.floats(0.1, 3)),
+            b=draw(st.floats(0, 3)),
+            w=draw(st.floats(0, 3)),
+            act_bytes=draw(st.integers(0, 50)),
+            wact_bytes=0,
+            param_bytes=1,
+            out_bytes=draw(st.integers(0, 100)),
+        )
         for i in range(L)
     )
     speeds = draw(st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=P, max_size=P))
-    profile = Profile(layers=layers, devices=tuple(Device(speed=s) for s in speeds),
-                      link=Link(bandwidth=100.0, latency=draw(st.floats(0, 0.5))))
-    cuts = sorted(draw(st.lists(st.integers(1, L - 1), min_size=S - 1, max_size=S - 1,
-                                unique=True)))
+    profile = Profile(
+        layers=layers,
+        devices=tuple(Device(speed=s) for s in speeds),
+        link=Link(bandwidth=100.0, latency=draw(st.floats(0, 0.5))),
+    )
+    cuts = sorted(
+        draw(st.lists(st.integers(1, L - 1), min_size=S - 1, max_size=S - 1, unique=True))
+    )
     bounds = [0, *cuts, L]
     placement = [draw(st.integers(0, P - 1)) for _ in range(S)]
     rules = Rules(
         inflight=tuple(draw(st.integers(1, M + 1)) for _ in range(S)),
-        split_backward=draw(st.booleans()), defer_w=draw(st.booleans()),
-        backward_first=draw(st.booleans()), oldest_first=draw(st.booleans()),
+        split_backward=draw(st.booleans()),
+        defer_w=draw(st.booleans()),
+        backward_first=draw(st.booleans()),
+        oldest_first=draw(st.booleans()),
         memory_budget=draw(st.none() | st.just((30.0,) * P)),
     )
     return profile, P, M, list(itertools.pairwise(bounds)), placement, rules

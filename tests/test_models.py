@@ -74,8 +74,10 @@ def test_a_subset_of_layers_has_the_full_models_weights(name):
 
 
 def test_weights_depend_on_the_seed_and_nothing_else():
-    a, b, c = build_model("tiny-llama", seed=1), build_model("tiny-llama", seed=1), build_model(
-        "tiny-llama", seed=2
+    a, b, c = (
+        build_model("tiny-llama", seed=1),
+        build_model("tiny-llama", seed=1),
+        build_model("tiny-llama", seed=2),
     )
     torch.manual_seed(12345)  # the global generator must not matter
     d = build_model("tiny-llama", seed=1)

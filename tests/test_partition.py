@@ -14,8 +14,17 @@ from octopipe.profile import Device, LayerCost, Profile
 
 
 def layer(name, kind="decoder", work=3.0):
-    return LayerCost(name=name, kind=kind, f=work / 3, b=work / 3, w=work / 3, act_bytes=0,
-                     wact_bytes=0, param_bytes=0, out_bytes=1)
+    return LayerCost(
+        name=name,
+        kind=kind,
+        f=work / 3,
+        b=work / 3,
+        w=work / 3,
+        act_bytes=0,
+        wact_bytes=0,
+        param_bytes=0,
+        out_bytes=1,
+    )
 
 
 def llm(num_blocks, head_work=3.0, devices=None):
@@ -37,7 +46,7 @@ def names(profile, ranges):
 def assert_tiles(ranges, num_layers, num_stages):
     assert len(ranges) == num_stages
     assert ranges[0][0] == 0 and ranges[-1][1] == num_layers
-    for (a, b), (c, _) in zip(ranges, ranges[1:]):
+    for (_, b), (c, _) in zip(ranges, ranges[1:]):
         assert b == c
     assert all(b > a for a, b in ranges)
 
@@ -72,13 +81,26 @@ def test_titan_gives_the_ends_one_block_less():
 def test_titan_may_leave_the_embedding_alone_in_the_first_stage():
     p = llm(3)  # 3 blocks + 2 weights over 5 stages: one effective block each
     assert names(p, partition(p, 5, "titan")) == [
-        ["tok_embeddings"], ["layers.0"], ["layers.1"], ["layers.2"], ["norm", "output"],
+        ["tok_embeddings"],
+        ["layers.0"],
+        ["layers.1"],
+        ["layers.2"],
+        ["norm", "output"],
     ]
 
 
 def test_non_blocks_inside_the_stack_ride_with_the_block_before():
-    kinds = ["vision_embed", "decoder", "decoder", "projector", "embedding", "decoder", "decoder",
-             "norm", "head"]
+    kinds = [
+        "vision_embed",
+        "decoder",
+        "decoder",
+        "projector",
+        "embedding",
+        "decoder",
+        "decoder",
+        "norm",
+        "head",
+    ]
     p = Profile(name="vlm", layers=tuple(layer(f"l{i}", k) for i, k in enumerate(kinds)))
     assert partition(p, 2, "uniform") == [(0, 5), (5, 9)]
     assert partition(p, 4, "uniform") == [(0, 2), (2, 5), (5, 6), (6, 9)]
@@ -100,8 +122,11 @@ def test_balanced_moves_layers_away_from_a_heavy_head():
 
 
 def test_balanced_gives_a_fast_device_more_layers():
-    p = Profile(name="flat", layers=tuple(layer(f"layers.{i}") for i in range(12)),
-                devices=(Device(speed=1.0), Device(speed=2.0)))
+    p = Profile(
+        name="flat",
+        layers=tuple(layer(f"layers.{i}") for i in range(12)),
+        devices=(Device(speed=1.0), Device(speed=2.0)),
+    )
     ranges = partition(p, 2, "balanced", placement=[0, 1])
     assert ranges == [(0, 4), (4, 12)]
     assert partition(p, 2, "balanced", placement=[1, 0]) == [(0, 8), (8, 12)]

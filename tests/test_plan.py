@@ -46,22 +46,48 @@ def _with(**kw):
     return data
 
 
-@pytest.mark.parametrize("data, place, words", [
-    (_with(num_devices=0), "num_devices", "positive integer"),
-    (_with(stages=[{"layers": [0, 9], "device": 0}, {"layers": [10, 20], "device": 1}]),
-     "stages[1].layers", "expected 9"),
-    (_with(stages=[{"layers": [0, 9], "device": 0}, {"layers": [9, 20], "device": 5}]),
-     "stages[1].device", "out of range"),
-    (_with(schedule={"0": ["0F0", "0I0", "0W0"], "1": ["1F0", "bad"]}), "schedule.1[1]", "bad action"),
-    (_with(schedule={"0": ["0F0", "0I0", "0W0", "1F0"], "1": ["1F0", "1B0"]}), "schedule.0[3]",
-     "placed on device 1"),
-    (_with(schedule={"0": ["0F0", "0I0"], "1": ["1F0", "1B0"]}), "schedule", "needs B, or I and W"),
-    (_with(schedule={"0": ["0F0", "0I0", "0W0", "0F0"], "1": ["1F0", "1B0"]}), "schedule.0[3]",
-     "twice"),
-    (_with(schedule={"0": ["0F0", "0F1", "0I0", "0W0"], "1": ["1F0", "1B0"]}), "schedule.0[1]",
-     "microbatch 1 out of range"),
-    (_with(schedule={"0": ["0I0", "0W0"], "1": ["1F0", "1B0"]}), "schedule", "0F0 is missing"),
-])
+@pytest.mark.parametrize(
+    "data, place, words",
+    [
+        (_with(num_devices=0), "num_devices", "positive integer"),
+        (
+            _with(stages=[{"layers": [0, 9], "device": 0}, {"layers": [10, 20], "device": 1}]),
+            "stages[1].layers",
+            "expected 9",
+        ),
+        (
+            _with(stages=[{"layers": [0, 9], "device": 0}, {"layers": [9, 20], "device": 5}]),
+            "stages[1].device",
+            "out of range",
+        ),
+        (
+            _with(schedule={"0": ["0F0", "0I0", "0W0"], "1": ["1F0", "bad"]}),
+            "schedule.1[1]",
+            "bad action",
+        ),
+        (
+            _with(schedule={"0": ["0F0", "0I0", "0W0", "1F0"], "1": ["1F0", "1B0"]}),
+            "schedule.0[3]",
+            "placed on device 1",
+        ),
+        (
+            _with(schedule={"0": ["0F0", "0I0"], "1": ["1F0", "1B0"]}),
+            "schedule",
+            "needs B, or I and W",
+        ),
+        (
+            _with(schedule={"0": ["0F0", "0I0", "0W0", "0F0"], "1": ["1F0", "1B0"]}),
+            "schedule.0[3]",
+            "twice",
+        ),
+        (
+            _with(schedule={"0": ["0F0", "0F1", "0I0", "0W0"], "1": ["1F0", "1B0"]}),
+            "schedule.0[1]",
+            "microbatch 1 out of range",
+        ),
+        (_with(schedule={"0": ["0I0", "0W0"], "1": ["1F0", "1B0"]}), "schedule", "0F0 is missing"),
+    ],
+)
 def test_bad_plans_give_one_line(tmp_path, data, place, words):
     path = write(tmp_path, data)
     with pytest.raises(InputError) as err:

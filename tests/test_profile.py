@@ -10,10 +10,28 @@ GOOD = {
     "format": "octopipe.profile/1",
     "name": "gemma2-9b-tp4-h100",
     "layers": [
-        {"name": "embed", "kind": "embedding", "f": 0.0004, "b": 0.0, "w": 0.0011,
-         "act_bytes": 0, "wact_bytes": 0, "param_bytes": 5505024000, "out_bytes": 58720256},
-        {"name": "layers.0", "kind": "decoder", "f": 0.001, "b": 0.001, "w": 0.001,
-         "act_bytes": 100, "wact_bytes": 50, "param_bytes": 10, "out_bytes": 58720256},
+        {
+            "name": "embed",
+            "kind": "embedding",
+            "f": 0.0004,
+            "b": 0.0,
+            "w": 0.0011,
+            "act_bytes": 0,
+            "wact_bytes": 0,
+            "param_bytes": 5505024000,
+            "out_bytes": 58720256,
+        },
+        {
+            "name": "layers.0",
+            "kind": "decoder",
+            "f": 0.001,
+            "b": 0.001,
+            "w": 0.001,
+            "act_bytes": 100,
+            "wact_bytes": 50,
+            "param_bytes": 10,
+            "out_bytes": 58720256,
+        },
     ],
     "devices": [{"speed": 1.0, "memory_bytes": 85899345920}],
     "link": {"bandwidth": 50e9, "latency": 1e-5},
@@ -61,16 +79,19 @@ def _bad(**change):
     return data
 
 
-@pytest.mark.parametrize("data, place, words", [
-    ("{not json", "line 1", "malformed JSON"),
-    (_bad(layers__1__f=...), "layers[1].f", "missing"),
-    (_bad(layers__1__f=-1.0), "layers[1].f", "greater than or equal"),
-    (_bad(layers__1__wact_bytes=101), "layers[1]", "exceeds act_bytes"),
-    (_bad(layers=[]), "layers", "empty"),
-    (_bad(devices__0__speed=0), "devices[0].speed", "greater than 0"),
-    (_bad(format="octopipe.profile/9"), "format", "unknown format"),
-    ("[]", None, "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "data, place, words",
+    [
+        ("{not json", "line 1", "malformed JSON"),
+        (_bad(layers__1__f=...), "layers[1].f", "missing"),
+        (_bad(layers__1__f=-1.0), "layers[1].f", "greater than or equal"),
+        (_bad(layers__1__wact_bytes=101), "layers[1]", "exceeds act_bytes"),
+        (_bad(layers=[]), "layers", "empty"),
+        (_bad(devices__0__speed=0), "devices[0].speed", "greater than 0"),
+        (_bad(format="octopipe.profile/9"), "format", "unknown format"),
+        ("[]", None, "expected a JSON object"),
+    ],
+)
 def test_bad_profiles_give_one_line(tmp_path, data, place, words):
     path = write(tmp_path, data)
     with pytest.raises(InputError) as err:

@@ -23,7 +23,10 @@ def acts(text):
 
 def test_dependencies_follow_the_default_semantics():
     plan = greedy([0, 1, 0], 2, 2, backward=lambda s, m: I if s == 1 else B)
-    deps = lambda a: list(dependencies(plan, Action.parse(a)))
+
+    def deps(a):
+        return list(dependencies(plan, Action.parse(a)))
+
     assert deps("0F1") == []
     assert deps("2F1") == [Action(1, F, 1)]
     assert deps("2B0") == [Action(2, F, 0)]  # the last stage needs only its own forward

@@ -27,9 +27,22 @@ def test_1f1b_uniform_matches_textbook(P, M):
 
 def test_split_backward_memory_and_time():
     prof = uniform_profile(2, act=10, wact=4)
-    plan = make_plan(1, 2, [(0, 2)], [0], {0: [
-        Action(0, "F", 0), Action(0, "F", 1), Action(0, "I", 0), Action(0, "I", 1),
-        Action(0, "W", 0), Action(0, "W", 1)]})
+    plan = make_plan(
+        1,
+        2,
+        [(0, 2)],
+        [0],
+        {
+            0: [
+                Action(0, "F", 0),
+                Action(0, "F", 1),
+                Action(0, "I", 0),
+                Action(0, "I", 1),
+                Action(0, "W", 0),
+                Action(0, "W", 1),
+            ]
+        },
+    )
     r = simulate(prof, plan)
     assert r.iteration_time == pytest.approx(2 * 6)
     # Two microbatches of two layers held (2 * 20), then each I frees 20 - 8.
@@ -45,8 +58,13 @@ def test_transfer_latency_and_bandwidth_delay_dependencies():
     lag = 0.5 + 20 / 10.0
     assert r.iteration_time == pytest.approx(1 + lag + 1 + 2 + lag + 2)
     # The same stages on one device transfer nothing.
-    same = make_plan(2, 1, [(0, 1), (1, 2)], [0, 0], {0: [
-        Action(0, "F", 0), Action(1, "F", 0), Action(1, "B", 0), Action(0, "B", 0)]})
+    same = make_plan(
+        2,
+        1,
+        [(0, 1), (1, 2)],
+        [0, 0],
+        {0: [Action(0, "F", 0), Action(1, "F", 0), Action(1, "B", 0), Action(0, "B", 0)]},
+    )
     assert simulate(prof, same).iteration_time == pytest.approx(6)
 
 
@@ -68,8 +86,13 @@ def test_memory_capacity_and_fits():
 
 def test_deadlock_names_waiting_actions():
     prof = uniform_profile(2)
-    plan = make_plan(2, 1, [(0, 1), (1, 2)], [0, 1], {
-        0: [Action(0, "B", 0), Action(0, "F", 0)], 1: [Action(1, "F", 0), Action(1, "B", 0)]})
+    plan = make_plan(
+        2,
+        1,
+        [(0, 1), (1, 2)],
+        [0, 1],
+        {0: [Action(0, "B", 0), Action(0, "F", 0)], 1: [Action(1, "F", 0), Action(1, "B", 0)]},
+    )
     with pytest.raises(DeadlockError) as err:
         simulate(prof, plan)
     msg = str(err.value)
@@ -94,14 +117,23 @@ def test_critical_path_is_a_chain_ending_last():
 
 # ---- properties over random valid plans ------------------------------------------------------
 
+
 def random_profile(rng: random.Random, n: int, nd: int) -> Profile:
     layers = []
     for i in range(n):
         act = rng.randint(0, 50)
-        layers.append(LayerCost(
-            name=f"layers.{i}", f=rng.uniform(0, 2), b=rng.uniform(0, 2), w=rng.uniform(0, 2),
-            act_bytes=act, wact_bytes=rng.randint(0, act), param_bytes=rng.randint(0, 100),
-            out_bytes=rng.randint(0, 10)))
+        layers.append(
+            LayerCost(
+                name=f"layers.{i}",
+                f=rng.uniform(0, 2),
+                b=rng.uniform(0, 2),
+                w=rng.uniform(0, 2),
+                act_bytes=act,
+                wact_bytes=rng.randint(0, act),
+                param_bytes=rng.randint(0, 100),
+                out_bytes=rng.randint(0, 10),
+            )
+        )
     devices = tuple(Device(speed=rng.choice([0.5, 1.0, 2.0])) for _ in range(nd))
     return Profile(layers=tuple(layers), devices=devices, link=Link(bandwidth=5.0, latency=0.1))
 
@@ -117,7 +149,7 @@ def check_dependencies(prof: Profile, plan: Plan, r) -> None:
         boundary = stages[min(s_from, s_to)].end - 1
         return link.latency + prof.layers[boundary].out_bytes / link.bandwidth
 
-    for d, acts in plan.schedule.items():
+    for acts in plan.schedule.values():
         for a, b in zip(acts, acts[1:]):
             assert ev[b].start >= ev[a].end - 1e-9
     for a, e in ev.items():
@@ -128,7 +160,9 @@ def check_dependencies(prof: Profile, plan: Plan, r) -> None:
         if k in "IB":
             needs.append((Action(s, "F", m), 0.0))
             if s + 1 < len(stages):
-                nxt = Action(s + 1, "I", m) if Action(s + 1, "I", m) in ev else Action(s + 1, "B", m)
+                nxt = (
+                    Action(s + 1, "I", m) if Action(s + 1, "I", m) in ev else Action(s + 1, "B", m)
+                )
                 needs.append((nxt, lag(s + 1, s)))
         if k == "W":
             needs.append((Action(s, "I", m), 0.0))
@@ -146,9 +180,14 @@ def test_any_valid_plan_simulates_within_physical_limits(seed, n, nd, M):
     assert r.iteration_time >= r.lower_bound - 1e-9
     assert r.end_memory_bytes == pytest.approx(r.static_memory_bytes)
     assert all(p >= s for p, s in zip(r.peak_memory_bytes, r.static_memory_bytes))
-    assert sum(r.busy) == pytest.approx(M * sum(l.work / prof.devices[st.device].speed
-                                                for st in plan.stages
-                                                for l in prof.layers[st.start:st.end]))
+    assert sum(r.busy) == pytest.approx(
+        M
+        * sum(
+            l.work / prof.devices[st.device].speed
+            for st in plan.stages
+            for l in prof.layers[st.start : st.end]
+        )
+    )
     check_dependencies(prof, plan, r)
 
 
@@ -175,11 +214,19 @@ def test_reordering_never_breaks_dependencies_silently(seed, n, nd, M):
 def test_simulator_is_reusable_across_plans():
     prof = uniform_profile(6)
     sim = Simulator(prof)
-    fast = sim.run(make_plan(
-        2, 2, [(0, 3), (3, 6)], [0, 1],
-        {0: [Action(0, "F", 0), Action(0, "F", 1), Action(0, "B", 0), Action(0, "B", 1)],
-         1: [Action(1, "F", 0), Action(1, "B", 0), Action(1, "F", 1), Action(1, "B", 1)]}),
-        detail=False)
+    fast = sim.run(
+        make_plan(
+            2,
+            2,
+            [(0, 3), (3, 6)],
+            [0, 1],
+            {
+                0: [Action(0, "F", 0), Action(0, "F", 1), Action(0, "B", 0), Action(0, "B", 1)],
+                1: [Action(1, "F", 0), Action(1, "B", 0), Action(1, "F", 1), Action(1, "B", 1)],
+            },
+        ),
+        detail=False,
+    )
     assert fast.events == () and fast.critical_path == ()
     # Stage F = 3, B = 6: device 1 ends 1B1 at 21, then device 0 runs 0B1 for 6.
     assert fast.iteration_time == pytest.approx(27)

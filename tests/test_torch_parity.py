@@ -24,8 +24,13 @@ def _stand_in_stages(num_devices: int, stage_ids: list[int], num_stages: int) ->
     """What the schedule constructors read from a stage, for rank 0."""
     return [
         SimpleNamespace(
-            group_size=num_devices, group_rank=0, num_stages=num_stages, stage_index=s,
-            is_first=s == 0, is_last=s == num_stages - 1, submod=None,
+            group_size=num_devices,
+            group_rank=0,
+            num_stages=num_stages,
+            stage_index=s,
+            is_first=s == 0,
+            is_last=s == num_stages - 1,
+            submod=None,
             stage_index_to_group_rank=None,
         )
         for s in stage_ids
@@ -90,6 +95,7 @@ def test_1f1b_equals_torch_except_its_last_rank_off_by_one(P, M):
 def test_gpipe_with_chunks_is_looped_bfs_with_backwards_in_forward_order(P, M, V):
     ours = our_orders("gpipe", P, M, V)
     theirs = torch_orders(tps.ScheduleLoopedBFS, P, M, V)
+
     # Looped BFS runs each stage's backwards from the last microbatch down; GPipe's (and ours)
     # from the first up. Same stage order, same forwards: map microbatch m -> M-1-m in the
     # backwards to compare.
@@ -98,6 +104,7 @@ def test_gpipe_with_chunks_is_looped_bfs_with_backwards_in_forward_order(P, M, V
             return a
         stage, mb = a.split("B")
         return f"{stage}B{M - 1 - int(mb)}"
+
     assert ours == {r: [mirror(a) for a in acts] for r, acts in theirs.items()}
 
 

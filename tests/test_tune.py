@@ -15,18 +15,28 @@ GB = 10**9
 
 
 def layer(name: str, f: float, act: int = GB, param: int = GB) -> LayerCost:
-    return LayerCost(name=name, f=f, b=f, w=0.8 * f, act_bytes=act, wact_bytes=act // 2,
-                     param_bytes=param, out_bytes=10**6)
+    return LayerCost(
+        name=name,
+        f=f,
+        b=f,
+        w=0.8 * f,
+        act_bytes=act,
+        wact_bytes=act // 2,
+        param_bytes=param,
+        out_bytes=10**6,
+    )
 
 
-def model(blocks: int = 10, head: float = 1.0, memory: float = float("inf"),
-          speeds=(1.0, 1.0, 1.0, 1.0)) -> Profile:
+def model(
+    blocks: int = 10, head: float = 1.0, memory: float = float("inf"), speeds=(1.0, 1.0, 1.0, 1.0)
+) -> Profile:
     layers = [layer("tok_embeddings", 0.05)]
     layers += [layer(f"layers.{i}", 1.0) for i in range(blocks)]
     layers += [layer("norm", 0.01), layer("output", head, param=3 * GB)]
     devices = tuple(Device(speed=s, memory_bytes=memory) for s in speeds)
-    return Profile(name="toy", layers=tuple(layers), devices=devices,
-                   link=Link(bandwidth=100e9, latency=1e-4))
+    return Profile(
+        name="toy", layers=tuple(layers), devices=devices, link=Link(bandwidth=100e9, latency=1e-4)
+    )
 
 
 CASES = {
@@ -56,8 +66,9 @@ def test_slow_device_gets_less_work():
     profile = model(blocks=16, speeds=(1.0, 1.0, 0.5, 1.0))
     best = tune(profile, 16, 4, time_budget=20).best
     ranges = tuple((s.start, s.end) for s in best.plan.stages)
-    work_units = device_loads(work_prefix(Simulator(profile).costs), ranges,
-                              best.plan.placement, [1.0] * 4)  # layer work, not time
+    work_units = device_loads(
+        work_prefix(Simulator(profile).costs), ranges, best.plan.placement, [1.0] * 4
+    )  # layer work, not time
     assert work_units[2] < 0.75 * min(work_units[d] for d in (0, 1, 3))
     assert best.sim.efficiency > 0.85
 
@@ -100,12 +111,18 @@ def test_local_reordering_moves_a_binding_action_ahead():
     from octopipe.plan import Action, make_plan
     from octopipe.tune.reorder import reorder_critical
 
-    unit = LayerCost(name="l", f=1.0, b=1.0, w=1.0, act_bytes=1, wact_bytes=0, param_bytes=0,
-                     out_bytes=0)
+    unit = LayerCost(
+        name="l", f=1.0, b=1.0, w=1.0, act_bytes=1, wact_bytes=0, param_bytes=0, out_bytes=0
+    )
     profile = Profile(layers=(unit, unit), devices=(Device(), Device()))
     acts = {0: "0F0 0F1 0B0 0B1", 1: "1F0 1F1 1B1 1B0"}  # the last stage answers mb 1 first
-    plan = make_plan(2, 2, [(0, 1), (1, 2)], [0, 1],
-                     {d: [Action.parse(a) for a in text.split()] for d, text in acts.items()})
+    plan = make_plan(
+        2,
+        2,
+        [(0, 1), (1, 2)],
+        [0, 1],
+        {d: [Action.parse(a) for a in text.split()] for d, text in acts.items()},
+    )
     sim = Simulator(profile)
     before = sim.run(plan)
     polished, after = reorder_critical(sim, plan, before)
@@ -128,23 +145,30 @@ def test_small_device_gets_less_static_memory():
     assert uneven.static_memory_bytes[1] < sum(others) / 3
 
 
-@pytest.mark.parametrize("layers, devices, microbatches, fault", [
-    (2, 4, 4, "4 devices need at least as many layers"),
-    (4, 2, 0, "microbatch count must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "layers, devices, microbatches, fault",
+    [
+        (2, 4, 4, "4 devices need at least as many layers"),
+        (4, 2, 0, "microbatch count must be at least 1"),
+    ],
+)
 def test_impossible_requests_are_input_errors(layers, devices, microbatches, fault):
     from octopipe.errors import InputError
 
-    profile = Profile(layers=tuple(layer(f"layers.{i}", 1.0) for i in range(layers)),
-                      devices=(Device(),) * devices)
+    profile = Profile(
+        layers=tuple(layer(f"layers.{i}", 1.0) for i in range(layers)),
+        devices=(Device(),) * devices,
+    )
     with pytest.raises(InputError, match=fault):
         tune(profile, microbatches, devices, time_budget=5)
 
 
 @pytest.mark.parametrize("layers, devices, microbatches", [(4, 1, 3), (4, 2, 1), (1, 1, 1)])
 def test_degenerate_sizes_still_give_valid_plans(layers, devices, microbatches):
-    profile = Profile(layers=tuple(layer(f"layers.{i}", 1.0) for i in range(layers)),
-                      devices=(Device(),) * devices)
+    profile = Profile(
+        layers=tuple(layer(f"layers.{i}", 1.0) for i in range(layers)),
+        devices=(Device(),) * devices,
+    )
     best = tune(profile, microbatches, devices, time_budget=5).best
     check_structure(best.plan, "<tuned>", layers)
     assert best.sim.iteration_time > 0

@@ -33,8 +33,11 @@ def test_min_max_split_is_optimal(layer_work, data):
     L = len(layer_work)
     P = data.draw(st.integers(1, min(L, 3)))
     S = data.draw(st.integers(P, min(L, 2 * P)))
-    placement = interleaved(range(P), 1) if S == P else tuple(data.draw(
-        st.lists(st.integers(0, P - 1), min_size=S, max_size=S)))
+    placement = (
+        interleaved(range(P), 1)
+        if S == P
+        else tuple(data.draw(st.lists(st.integers(0, P - 1), min_size=S, max_size=S)))
+    )
     speeds = data.draw(st.lists(st.sampled_from([0.5, 1.0, 1.5]), min_size=P, max_size=P))
     work = [0.0, *accumulate(layer_work)]
     ranges = min_max_stage_ranges(work, placement, speeds)
@@ -42,7 +45,8 @@ def test_min_max_split_is_optimal(layer_work, data):
     assert all(a < b for a, b in ranges)
     assert all(ranges[i][1] == ranges[i + 1][0] for i in range(S - 1))
     assert slowest_stage(work, ranges, placement, speeds) == pytest.approx(
-        brute_force(work, placement, speeds), rel=1e-9, abs=1e-9)
+        brute_force(work, placement, speeds), rel=1e-9, abs=1e-9
+    )
 
 
 def test_refinement_lowers_the_most_loaded_device():

@@ -15,8 +15,19 @@ from octopipe.sim import simulate
 @pytest.fixture()
 def profile_path(tmp_path):
     names = ["tok_embeddings", *(f"layers.{i}" for i in range(8)), "norm", "output"]
-    layers = tuple(LayerCost(name=n, f=1.0, b=1.0, w=0.6, act_bytes=2**20, wact_bytes=2**19,
-                             param_bytes=2**30, out_bytes=1024) for n in names)
+    layers = tuple(
+        LayerCost(
+            name=n,
+            f=1.0,
+            b=1.0,
+            w=0.6,
+            act_bytes=2**20,
+            wact_bytes=2**19,
+            param_bytes=2**30,
+            out_bytes=1024,
+        )
+        for n in names
+    )
     path = tmp_path / "profile.json"
     save_profile(Profile(name="toy", layers=layers, devices=(Device(),) * 4), path)
     return path
@@ -30,13 +41,26 @@ def run(argv, capsys):
 
 def test_plan_writes_outputs_and_compares_with_baselines(profile_path, tmp_path, capsys):
     out_dir = tmp_path / "out"
-    code, out, err = run(["--profile", profile_path, "--microbatches", 8, "--quiet",
-                          "--time-budget", 20, "-o", out_dir], capsys)
+    code, out, err = run(
+        [
+            "--profile",
+            profile_path,
+            "--microbatches",
+            8,
+            "--quiet",
+            "--time-budget",
+            20,
+            "-o",
+            out_dir,
+        ],
+        capsys,
+    )
     assert code == 0, err
     plan = load_plan(out_dir / "plan.json", num_layers=11)
     assert plan.predicted is not None
     assert plan.predicted["iteration_time"] == pytest.approx(
-        simulate(_profile(profile_path), plan).iteration_time)
+        simulate(_profile(profile_path), plan).iteration_time
+    )
     assert load_schedule_csv(out_dir / "schedule.csv") == dict(plan.schedule)
     assert (out_dir / "torchtitan.toml").is_file()
     try:
@@ -50,18 +74,24 @@ def test_plan_writes_outputs_and_compares_with_baselines(profile_path, tmp_path,
 
 def _profile(path):
     from octopipe.profile import load_profile
+
     return load_profile(path)
 
 
-@pytest.mark.parametrize("args, fault", [
-    (["--microbatches", 0], "--microbatches"),
-    (["--microbatches", 8, "--devices", 3], "asked for 3 devices"),
-    (["--microbatches", 8, "--memory-limit", "lots"], "--memory-limit"),
-    (["--microbatches", 8, "--memory-limit", "1GiB"], "needs"),
-])
+@pytest.mark.parametrize(
+    "args, fault",
+    [
+        (["--microbatches", 0], "--microbatches"),
+        (["--microbatches", 8, "--devices", 3], "asked for 3 devices"),
+        (["--microbatches", 8, "--memory-limit", "lots"], "--memory-limit"),
+        (["--microbatches", 8, "--memory-limit", "1GiB"], "needs"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(profile_path, tmp_path, capsys, args, fault):
-    code, _out, err = run(["--profile", profile_path, "--quiet", "--time-budget", 5,
-                          "-o", tmp_path / "o", *args], capsys)
+    code, _out, err = run(
+        ["--profile", profile_path, "--quiet", "--time-budget", 5, "-o", tmp_path / "o", *args],
+        capsys,
+    )
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and fault in lines[0], err
@@ -69,24 +99,47 @@ def test_bad_input_is_one_line_and_exit_2(profile_path, tmp_path, capsys, args, 
 
 
 def test_impossible_memory_names_the_device_and_shortfall(profile_path, tmp_path, capsys):
-    code, _, err = run(["--profile", profile_path, "--quiet", "--microbatches", 4,
-                        "--memory-limit", "2GiB", "--time-budget", 5, "-o", tmp_path / "o"], capsys)
+    code, _, err = run(
+        [
+            "--profile",
+            profile_path,
+            "--quiet",
+            "--microbatches",
+            4,
+            "--memory-limit",
+            "2GiB",
+            "--time-budget",
+            5,
+            "-o",
+            tmp_path / "o",
+        ],
+        capsys,
+    )
     assert code == 2
     assert "device" in err and "GiB more" in err
     assert not (tmp_path / "o" / "plan.json").exists()
 
 
 def test_profile_without_devices_needs_a_device_count(tmp_path, capsys):
-    layers = tuple(LayerCost(name=f"layers.{i}", f=1, b=1, w=1, act_bytes=0, wact_bytes=0,
-                             param_bytes=0, out_bytes=0) for i in range(4))
+    layers = tuple(
+        LayerCost(
+            name=f"layers.{i}", f=1, b=1, w=1, act_bytes=0, wact_bytes=0, param_bytes=0, out_bytes=0
+        )
+        for i in range(4)
+    )
     path = tmp_path / "p.json"
     path.write_text(json.dumps(Profile(layers=layers).to_dict()))
-    code, _, err = run(["--profile", path, "--microbatches", 4, "--quiet", "-o", tmp_path / "o"],
-                       capsys)
+    code, _, err = run(
+        ["--profile", path, "--microbatches", 4, "--quiet", "-o", tmp_path / "o"], capsys
+    )
     assert code == 2 and "lists no devices: give a device count" in err
-    code, _, err = run(["--profile", path, "--microbatches", 4, "--devices", 0, "--quiet",
-                        "-o", tmp_path / "o"], capsys)
+    code, _, err = run(
+        ["--profile", path, "--microbatches", 4, "--devices", 0, "--quiet", "-o", tmp_path / "o"],
+        capsys,
+    )
     assert code == 2 and "device count must be at least 1" in err
-    code, _, err = run(["--profile", path, "--microbatches", 4, "--devices", 2, "--quiet",
-                        "-o", tmp_path / "o"], capsys)
+    code, _, err = run(
+        ["--profile", path, "--microbatches", 4, "--devices", 2, "--quiet", "-o", tmp_path / "o"],
+        capsys,
+    )
     assert code == 0, err

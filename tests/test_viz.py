@@ -29,7 +29,7 @@ def png_inches(path: Path) -> tuple[float, float]:
     """Size in inches, from the pixel size and the pHYs density (pixels per metre)."""
     data = path.read_bytes()
     at = data.index(b"pHYs")
-    per_metre_x, per_metre_y, unit = struct.unpack(">IIB", data[at + 4:at + 13])
+    per_metre_x, per_metre_y, unit = struct.unpack(">IIB", data[at + 4 : at + 13])
     assert unit == 1
     width, height = png_size(path)
     return width / per_metre_x / 0.0254, height / per_metre_y / 0.0254
@@ -216,8 +216,11 @@ def test_chrome_trace_has_one_event_per_action_in_microseconds(cases, tmp_path):
         assert span["tid"] == ev.device
         assert span["ts"] == pytest.approx(ev.start * 1e6)
         assert span["dur"] == pytest.approx((ev.end - ev.start) * 1e6)
-        assert span["args"] == {"stage": ev.action.stage, "microbatch": ev.action.mb,
-                                "kind": ev.action.kind}
+        assert span["args"] == {
+            "stage": ev.action.stage,
+            "microbatch": ev.action.mb,
+            "kind": ev.action.kind,
+        }
 
 
 def test_chrome_trace_names_each_device(cases):
@@ -243,23 +246,40 @@ def test_executor_trace_reads_as_events_of_one_step(tmp_path):
     from octopipe.runtime.worker import ActionRecord
 
     records = (
-        (ActionRecord(0, "0F0", 0.0, 0.0, 1.0), ActionRecord(0, "0B0", 2.0, 3.0, 5.0),
-         ActionRecord(1, "0F0", 6.0, 6.0, 7.0)),
+        (
+            ActionRecord(0, "0F0", 0.0, 0.0, 1.0),
+            ActionRecord(0, "0B0", 2.0, 3.0, 5.0),
+            ActionRecord(1, "0F0", 6.0, 6.0, 7.0),
+        ),
         (ActionRecord(0, "1F0", 1.0, 1.5, 2.0), ActionRecord(0, "1B0", 2.0, 2.0, 3.0)),
     )
     trace.write_trace(tmp_path / "run.json", records)
     events = viz.load_chrome_trace(tmp_path / "run.json", step=0)
     got = sorted((e.device, str(e.action), round(e.start, 9), round(e.end, 9)) for e in events)
-    assert got == [(0, "0B0", 3.0, 5.0), (0, "0F0", 0.0, 1.0),
-                   (1, "1B0", 2.0, 3.0), (1, "1F0", 1.5, 2.0)]
+    assert got == [
+        (0, "0B0", 3.0, 5.0),
+        (0, "0F0", 0.0, 1.0),
+        (1, "1B0", 2.0, 3.0),
+        (1, "1F0", 1.5, 2.0),
+    ]
     assert len(viz.load_chrome_trace(tmp_path / "run.json")) == 5  # all steps, no waits
     lines = viz.render_text_timeline(events, width=5).splitlines()
     assert lines[1:] == ["0 |F..BB|", "1 |.FB..|"]
 
 
 def test_malformed_trace_names_the_event(tmp_path):
-    bad = {"traceEvents": [{"ph": "X", "name": "0F0", "ts": "soon", "dur": 1, "pid": 0,
-                            "args": {"stage": 0, "microbatch": 0, "kind": "F"}}]}
+    bad = {
+        "traceEvents": [
+            {
+                "ph": "X",
+                "name": "0F0",
+                "ts": "soon",
+                "dur": 1,
+                "pid": 0,
+                "args": {"stage": 0, "microbatch": 0, "kind": "F"},
+            }
+        ]
+    }
     with pytest.raises(InputError, match=r"traceEvents\[0\]"):
         viz.events_from_chrome_trace(bad, "t.json")
     with pytest.raises(InputError, match="traceEvents"):

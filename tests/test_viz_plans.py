@@ -14,20 +14,37 @@ from octopipe.profile import Device, LayerCost, Link, Profile
 from octopipe.sim import CostTable
 
 
-def layer_profile(num_layers: int, devices: int, f: float = 1e-3, b: float = 1e-3,
-                  w: float = 1e-3, head_scale: float = 1.0, speeds: list[float] | None = None,
-                  memory_bytes: float = float("inf")) -> Profile:
+def layer_profile(
+    num_layers: int,
+    devices: int,
+    f: float = 1e-3,
+    b: float = 1e-3,
+    w: float = 1e-3,
+    head_scale: float = 1.0,
+    speeds: list[float] | None = None,
+    memory_bytes: float = float("inf"),
+) -> Profile:
     """Uniform layers (ms scale) with an optionally heavier last layer, like a big-vocab head."""
     layers = []
     for i in range(num_layers):
         k = head_scale if i == num_layers - 1 else 1.0
-        layers.append(LayerCost(name=f"layers.{i}", f=f * k, b=b * k, w=w * k,
-                                act_bytes=64 << 20, wact_bytes=16 << 20,
-                                param_bytes=512 << 20, out_bytes=8 << 20))
+        layers.append(
+            LayerCost(
+                name=f"layers.{i}",
+                f=f * k,
+                b=b * k,
+                w=w * k,
+                act_bytes=64 << 20,
+                wact_bytes=16 << 20,
+                param_bytes=512 << 20,
+                out_bytes=8 << 20,
+            )
+        )
     speeds = speeds or [1.0] * devices
     devs = tuple(Device(speed=s, memory_bytes=memory_bytes) for s in speeds)
-    return Profile(name="sample", layers=tuple(layers), devices=devs,
-                   link=Link(bandwidth=50e9, latency=1e-5))
+    return Profile(
+        name="sample", layers=tuple(layers), devices=devs, link=Link(bandwidth=50e9, latency=1e-5)
+    )
 
 
 def one_f_one_b(num_devices: int, num_microbatches: int, split: bool = False) -> Plan:
@@ -71,8 +88,9 @@ def interleaved_1f1b(num_devices: int, chunks: int, num_microbatches: int) -> Pl
     return make_plan(P, M, ranges, [s % P for s in range(P * V)], orders)
 
 
-def v_shape_greedy(profile: Profile, num_devices: int, num_microbatches: int,
-                   max_in_flight: int | None = None) -> Plan:
+def v_shape_greedy(
+    profile: Profile, num_devices: int, num_microbatches: int, max_in_flight: int | None = None
+) -> Plan:
     """V placement (stage s on device s, then back: 2P-1-s) with split backward, ordered by a
     small greedy list scheduler: earliest start first; on ties I before F before W, and W only
     fills time nothing else can use. One layer per stage."""
@@ -89,8 +107,10 @@ def v_shape_greedy(profile: Profile, num_devices: int, num_microbatches: int,
     end: dict[Action, float] = {}
     free = [0.0] * P
     in_flight = [0] * S
-    pending = {d: [Action(s, k, m) for s in range(S) if place[s] == d for m in range(M)
-                   for k in "FIW"] for d in range(P)}
+    pending = {
+        d: [Action(s, k, m) for s in range(S) if place[s] == d for m in range(M) for k in "FIW"]
+        for d in range(P)
+    }
     orders: dict[int, list[Action]] = {d: [] for d in range(P)}
     priority = {"I": 0, "F": 1, "W": 2}
 
@@ -132,8 +152,8 @@ def v_shape_greedy(profile: Profile, num_devices: int, num_microbatches: int,
 
 def write_samples(folder: str | Path) -> list[Path]:
     """Write the sample pictures and traces the report points to."""
-    from octopipe.sim import Simulator
     from octopipe import viz
+    from octopipe.sim import Simulator
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
@@ -153,8 +173,9 @@ def write_samples(folder: str | Path) -> list[Path]:
         written.append(viz.save_timeline(result, out / f"{name}.png", title=name))
         if plan.num_devices <= 8:
             written.append(viz.save_timeline(result, out / f"{name}.svg", title=name))
-            written.append(viz.save_memory_plot(result, plan, profile, out / f"{name}_memory.png",
-                                                title=name))
+            written.append(
+                viz.save_memory_plot(result, plan, profile, out / f"{name}_memory.png", title=name)
+            )
         written.append(viz.save_chrome_trace(result, out / f"{name}.trace.json"))
     return written
 

@@ -50,8 +50,9 @@ def all_baselines(
     for schedule in SCHEDULES:
         for method in METHODS:
             try:
-                plan = make_baseline(profile, schedule, method, num_devices, num_microbatches,
-                                     simulator=simulator)
+                plan = make_baseline(
+                    profile, schedule, method, num_devices, num_microbatches, simulator=simulator
+                )
             except InputError:
                 continue
             out.append((f"{schedule}/{method}", plan))

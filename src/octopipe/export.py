@@ -33,7 +33,7 @@ def write_schedule_csv(plan: Plan, path: str | Path) -> None:
 
 def module_fqns_per_model_part(plan: Plan, profile: Profile) -> list[list[str]]:
     """Per stage (model part, in stage order), the profile's layer names it holds."""
-    return [[layer.name for layer in profile.layers[s.start:s.end]] for s in plan.stages]
+    return [[layer.name for layer in profile.layers[s.start : s.end]] for s in plan.stages]
 
 
 def torchtitan_settings(
@@ -44,7 +44,8 @@ def torchtitan_settings(
         "parallelism": {
             "pipeline_parallel_degree": plan.num_devices,
             "pipeline_parallel_schedule": TORCHTITAN_SCHEDULE.get(
-                torchtitan_style(plan.placement, plan.num_devices) or "loop"),
+                torchtitan_style(plan.placement, plan.num_devices) or "loop"
+            ),
             "pipeline_parallel_schedule_csv": csv_path,
             "pipeline_parallel_microbatch_size": microbatch_size,
             "module_fqns_per_model_part": module_fqns_per_model_part(plan, profile),

@@ -37,7 +37,9 @@ class Action(NamedTuple):
     def parse(text: str) -> Action:
         m = _ACTION.match(text.strip())
         if not m:
-            raise ValueError(f"bad action {text!r}, expected e.g. '0F3' (stage, F|B|I|W, microbatch)")
+            raise ValueError(
+                f"bad action {text!r}, expected e.g. '0F3' (stage, F|B|I|W, microbatch)"
+            )
         return Action(int(m.group(1)), m.group(2), int(m.group(3)))
 
 
@@ -84,7 +86,9 @@ class Plan:
             "num_devices": self.num_devices,
             "num_microbatches": self.num_microbatches,
             "stages": [{"layers": [s.start, s.end], "device": s.device} for s in self.stages],
-            "schedule": {str(d): [str(a) for a in acts] for d, acts in sorted(self.schedule.items())},
+            "schedule": {
+                str(d): [str(a) for a in acts] for d, acts in sorted(self.schedule.items())
+            },
         }
         if self.predicted is not None:
             data["predicted"] = dict(self.predicted)
@@ -156,7 +160,9 @@ def plan_from_dict(data: Any, where: str = "<plan>") -> Plan:
             raise InputError(where, "expected an object with 'layers' and 'device'", place)
         rng, dev = st.get("layers"), st.get("device")
         if not (isinstance(rng, list) and len(rng) == 2 and all(_is_int(x) for x in rng)):
-            raise InputError(where, f"expected [start, end) as two integers, got {rng!r}", place + ".layers")
+            raise InputError(
+                where, f"expected [start, end) as two integers, got {rng!r}", place + ".layers"
+            )
         if not _is_int(dev):
             raise InputError(where, f"expected a device index, got {dev!r}", place + ".device")
         stages.append(Stage(rng[0], rng[1], dev))
@@ -193,14 +199,24 @@ def check_structure(plan: Plan, where: str = "<plan>", num_layers: int | None = 
     expect = 0
     for i, s in enumerate(plan.stages):
         if s.start != expect:
-            raise InputError(where, f"starts at layer {s.start}, expected {expect} (stages tile the layers in order)", f"stages[{i}].layers")
+            raise InputError(
+                where,
+                f"starts at layer {s.start}, expected {expect} (stages tile the layers in order)",
+                f"stages[{i}].layers",
+            )
         if s.end <= s.start:
-            raise InputError(where, f"empty layer range [{s.start}, {s.end})", f"stages[{i}].layers")
+            raise InputError(
+                where, f"empty layer range [{s.start}, {s.end})", f"stages[{i}].layers"
+            )
         if not 0 <= s.device < nd:
-            raise InputError(where, f"device {s.device} out of range 0..{nd - 1}", f"stages[{i}].device")
+            raise InputError(
+                where, f"device {s.device} out of range 0..{nd - 1}", f"stages[{i}].device"
+            )
         expect = s.end
     if num_layers is not None and expect != num_layers:
-        raise InputError(where, f"stages cover {expect} layers but the profile has {num_layers}", "stages")
+        raise InputError(
+            where, f"stages cover {expect} layers but the profile has {num_layers}", "stages"
+        )
     for d in plan.schedule:
         if not 0 <= d < nd:
             raise InputError(where, f"device {d} out of range 0..{nd - 1}", f"schedule.{d}")
@@ -210,8 +226,13 @@ def check_structure(plan: Plan, where: str = "<plan>", num_layers: int | None = 
     held = [0] * (S * nm)  # per (stage, mb): bit set of the kinds scheduled
     for d, acts in plan.schedule.items():
         for j, (s, k, m) in enumerate(acts):
-            if not (0 <= s < S and device_of[s] == d and 0 <= m < nm) or held[s * nm + m] & kind_bit[k]:
-                raise InputError(where, _action_fault(plan, d, Action(s, k, m)), f"schedule.{d}[{j}]")
+            if (
+                not (0 <= s < S and device_of[s] == d and 0 <= m < nm)
+                or held[s * nm + m] & kind_bit[k]
+            ):
+                raise InputError(
+                    where, _action_fault(plan, d, Action(s, k, m)), f"schedule.{d}[{j}]"
+                )
             held[s * nm + m] |= kind_bit[k]
     for i, bits in enumerate(held):
         if bits != 1 | 8 and bits != 1 | 2 | 4:

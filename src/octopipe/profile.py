@@ -38,9 +38,7 @@ class LayerCost(_Frozen):
     @model_validator(mode="after")
     def _wact_within_act(self) -> LayerCost:
         if self.wact_bytes > self.act_bytes:
-            raise ValueError(
-                f"wact_bytes ({self.wact_bytes}) exceeds act_bytes ({self.act_bytes})"
-            )
+            raise ValueError(f"wact_bytes ({self.wact_bytes}) exceeds act_bytes ({self.act_bytes})")
         return self
 
     @property

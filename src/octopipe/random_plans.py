@@ -43,7 +43,9 @@ def random_plan(
     return make_plan(num_devices, num_microbatches, ranges, placement, orders)
 
 
-def random_topological_order(rng: random.Random, skeleton: Plan, actions: list[Action]) -> list[Action]:
+def random_topological_order(
+    rng: random.Random, skeleton: Plan, actions: list[Action]
+) -> list[Action]:
     """`actions` in a random order in which every action follows what it depends on."""
     split = frozenset((a.stage, a.mb) for a in actions if a.kind == "I")
     waiting = {a: set(dependencies(skeleton, a, split)) for a in actions}

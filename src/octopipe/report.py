@@ -29,7 +29,7 @@ def fmt_time(seconds: float) -> str:
 def compress_path(actions, limit: int = 14) -> str:
     text = [str(a) for a in actions]
     if len(text) > limit:
-        text = text[: limit // 2] + [f"... ({len(text) - limit} more) ..."] + text[-limit // 2:]
+        text = text[: limit // 2] + [f"... ({len(text) - limit} more) ..."] + text[-limit // 2 :]
     return " -> ".join(text)
 
 
@@ -45,11 +45,18 @@ def print_simulation(result: SimResult, console: Console | None = None, title: s
     table = Table("device", "busy", "idle", "static mem", "peak mem", "capacity", "fits")
     for d in range(r.num_devices):
         table.add_row(
-            str(d), fmt_time(r.busy[d]), fmt_time(r.idle[d]),
-            fmt_bytes(r.static_memory_bytes[d]), fmt_bytes(r.peak_memory_bytes[d]),
+            str(d),
+            fmt_time(r.busy[d]),
+            fmt_time(r.idle[d]),
+            fmt_bytes(r.static_memory_bytes[d]),
+            fmt_bytes(r.peak_memory_bytes[d]),
             fmt_bytes(r.capacity_bytes[d]),
-            "yes" if r.fits_per_device[d] else f"[red]no (+{fmt_bytes(r.memory_excess_bytes[d])})[/red]",
+            "yes"
+            if r.fits_per_device[d]
+            else f"[red]no (+{fmt_bytes(r.memory_excess_bytes[d])})[/red]",
         )
     console.print(table)
     if r.critical_path:
-        console.print(f"critical path ({len(r.critical_path)} actions): {compress_path(r.critical_path)}")
+        console.print(
+            f"critical path ({len(r.critical_path)} actions): {compress_path(r.critical_path)}"
+        )

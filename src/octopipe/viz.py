@@ -67,8 +67,13 @@ class TimelineSummary:
 
 def summarize(source: SimResult | Iterable[Event]) -> TimelineSummary:
     if isinstance(source, SimResult):
-        return TimelineSummary(source.num_devices, source.iteration_time, source.busy,
-                               source.bubble_ratio, source.efficiency)
+        return TimelineSummary(
+            source.num_devices,
+            source.iteration_time,
+            source.busy,
+            source.bubble_ratio,
+            source.efficiency,
+        )
     events = normalized_events(source)
     num_devices = 1 + max((e.device for e in events), default=-1)
     span = max((e.end for e in events), default=0.0)
@@ -128,8 +133,9 @@ def shade(color: str, chunk: int, num_chunks: int) -> tuple[float, float, float]
     return tuple(c + (1.0 - c) * mix for c in rgb)  # type: ignore[return-value]
 
 
-def label_font_size(box_width_pt: float, box_height_pt: float, text: str,
-                    largest: float = 8.0) -> float | None:
+def label_font_size(
+    box_width_pt: float, box_height_pt: float, text: str, largest: float = 8.0
+) -> float | None:
     """The font size that fits `text` inside a box, or None when even the smallest legible
     size would overflow it."""
     by_width = (box_width_pt - 1.5) / (_CHAR_WIDTH * max(len(text), 1))
@@ -151,8 +157,10 @@ class TimelineLayout:
 
     @property
     def figure_size(self) -> tuple[float, float]:
-        return (self.axes_width + _MARGIN_LEFT + _MARGIN_RIGHT,
-                self.axes_height + _MARGIN_TOP + _MARGIN_BOTTOM)
+        return (
+            self.axes_width + _MARGIN_LEFT + _MARGIN_RIGHT,
+            self.axes_height + _MARGIN_TOP + _MARGIN_BOTTOM,
+        )
 
     @property
     def pixels(self) -> tuple[int, int]:
@@ -168,8 +176,9 @@ class TimelineLayout:
 
     def label_size(self, event: Event) -> float | None:
         """Font size of the event's microbatch label, None where it does not fit."""
-        return label_font_size(self.box_width_pt(event.end - event.start), self.bar_height_pt,
-                               str(event.action.mb))
+        return label_font_size(
+            self.box_width_pt(event.end - event.start), self.bar_height_pt, str(event.action.mb)
+        )
 
 
 def timeline_layout(events: Sequence[Event], span: float, num_devices: int) -> TimelineLayout:
@@ -187,8 +196,12 @@ def timeline_layout(events: Sequence[Event], span: float, num_devices: int) -> T
     return TimelineLayout(width, _ROW_HEIGHT * num_devices, span, dpi)
 
 
-def save_timeline(result: SimResult | Sequence[Event], path: str | Path, title: str | None = None,
-                  stage_labels: bool = True) -> Path:
+def save_timeline(
+    result: SimResult | Sequence[Event],
+    path: str | Path,
+    title: str | None = None,
+    stage_labels: bool = True,
+) -> Path:
     """Draw one row per device, one box per action, to a PNG or SVG (by the file suffix).
 
     Boxes are coloured by kind (F/B/I/W) and lightened per chunk, labelled with the
@@ -209,31 +222,56 @@ def save_timeline(result: SimResult | Sequence[Event], path: str | Path, title: 
 
     fig = plt.figure(figsize=layout.figure_size)
     fig_w, fig_h = layout.figure_size
-    ax = fig.add_axes((_MARGIN_LEFT / fig_w, _MARGIN_BOTTOM / fig_h,
-                       layout.axes_width / fig_w, layout.axes_height / fig_h))
+    ax = fig.add_axes(
+        (
+            _MARGIN_LEFT / fig_w,
+            _MARGIN_BOTTOM / fig_h,
+            layout.axes_width / fig_w,
+            layout.axes_height / fig_h,
+        )
+    )
     span = stats.iteration_time * scale
     ax.set_xlim(0.0, span)
     ax.set_ylim(stats.num_devices - 0.5, -0.5)  # device 0 on top
 
     for d in range(stats.num_devices):
-        ax.add_artist(Rectangle((0.0, d - _BAR_FILL / 2), span, _BAR_FILL, facecolor=IDLE_COLOR,
-                                edgecolor="none", zorder=0))
+        ax.add_artist(
+            Rectangle(
+                (0.0, d - _BAR_FILL / 2),
+                span,
+                _BAR_FILL,
+                facecolor=IDLE_COLOR,
+                edgecolor="none",
+                zorder=0,
+            )
+        )
     for e in events:
         a = e.action
         x, width = e.start * scale, (e.end - e.start) * scale
         on_path = a in critical
         box = Rectangle(
-            (x, e.device - _BAR_FILL / 2), width, _BAR_FILL,
+            (x, e.device - _BAR_FILL / 2),
+            width,
+            _BAR_FILL,
             facecolor=shade(KIND_COLORS[a.kind], chunk_of[a.stage], num_chunks),
             edgecolor=CRITICAL_EDGE if on_path else "white",
-            linewidth=1.1 if on_path else 0.4, zorder=3 if on_path else 2,
+            linewidth=1.1 if on_path else 0.4,
+            zorder=3 if on_path else 2,
         )
         box.set_gid(f"action-d{e.device}-{a}")  # lets SVG readers find each action
         ax.add_artist(box)  # add_patch would re-fit the axis limits for every box: slow
         size = layout.label_size(e)
         if size is not None:
-            ax.text(x + width / 2, e.device, str(a.mb), ha="center", va="center", fontsize=size,
-                    color="white" if chunk_of[a.stage] == 0 else "#222222", zorder=4)
+            ax.text(
+                x + width / 2,
+                e.device,
+                str(a.mb),
+                ha="center",
+                va="center",
+                fontsize=size,
+                color="white" if chunk_of[a.stage] == 0 else "#222222",
+                zorder=4,
+            )
 
     _label_rows(ax, events, stats, stage_labels)
     ax.set_xlabel(f"time ({unit})")
@@ -243,8 +281,14 @@ def save_timeline(result: SimResult | Sequence[Event], path: str | Path, title: 
     ax.set_axisbelow(True)
     _add_legend(fig, events, num_chunks, bool(critical))
     heading = _headline(stats, unit, scale)
-    fig.text(_MARGIN_LEFT / fig_w, 1.0 - 0.12 / fig_h, f"{title}\n{heading}" if title else heading,
-             ha="left", va="top", fontsize=11)
+    fig.text(
+        _MARGIN_LEFT / fig_w,
+        1.0 - 0.12 / fig_h,
+        f"{title}\n{heading}" if title else heading,
+        ha="left",
+        va="top",
+        fontsize=11,
+    )
     fig.savefig(path, format=fmt, dpi=layout.dpi)
     plt.close(fig)
     return path
@@ -258,8 +302,10 @@ def _image_format(path: Path) -> str:
 
 
 def _headline(stats: TimelineSummary, unit: str, scale: float) -> str:
-    parts = [f"iteration {stats.iteration_time * scale:.4g} {unit}",
-             f"bubble {100 * stats.bubble_ratio:.1f}%"]
+    parts = [
+        f"iteration {stats.iteration_time * scale:.4g} {unit}",
+        f"bubble {100 * stats.bubble_ratio:.1f}%",
+    ]
     if stats.efficiency is not None:
         parts.append(f"efficiency {100 * stats.efficiency:.1f}%")
     parts.append(f"{stats.num_devices} devices")
@@ -276,15 +322,24 @@ def _label_rows(ax, events: Sequence[Event], stats: TimelineSummary, stage_label
         if stage_labels and d in stages_of:
             label += "\n" + _stage_list(sorted(stages_of[d]))
         labels.append(label)
-    ax.set_yticks(range(stats.num_devices), labels, fontsize=7.5 if stage_labels else 8.5,
-                  linespacing=0.95)
+    ax.set_yticks(
+        range(stats.num_devices), labels, fontsize=7.5 if stage_labels else 8.5, linespacing=0.95
+    )
     # Idle share just right of each row: axes-x / data-y coordinates, a fixed offset in points.
     right = blended_transform_factory(ax.transAxes, ax.transData)
     for d in range(stats.num_devices):
         idle = 1.0 - stats.busy[d] / stats.iteration_time if stats.iteration_time > 0 else 0.0
-        ax.annotate(f"idle {100 * idle:.0f}%", (1.0, d), xycoords=right, xytext=(4, 0),
-                    textcoords="offset points", ha="left", va="center", fontsize=7,
-                    color="#555555")
+        ax.annotate(
+            f"idle {100 * idle:.0f}%",
+            (1.0, d),
+            xycoords=right,
+            xytext=(4, 0),
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize=7,
+            color="#555555",
+        )
 
 
 def _stage_list(stages: list[int], limit: int = 4) -> str:
@@ -298,16 +353,26 @@ def _add_legend(fig, events: Sequence[Event], num_chunks: int, critical: bool) -
     handles = [Patch(facecolor=KIND_COLORS[k], label=f"{k} {KIND_NAMES[k]}") for k in kinds]
     if num_chunks > 1:
         grey = "#666666"
-        handles += [Patch(facecolor=shade(grey, c, num_chunks), label=f"chunk {c}")
-                    for c in range(num_chunks)]
+        handles += [
+            Patch(facecolor=shade(grey, c, num_chunks), label=f"chunk {c}")
+            for c in range(num_chunks)
+        ]
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
     if critical:
         handles.append(Patch(facecolor="white", edgecolor=CRITICAL_EDGE, label="critical path"))
     fig_w, fig_h = fig.get_size_inches()
     # One row under the title, its left edge under the title's.
-    fig.legend(handles=handles, loc="upper left", ncol=len(handles), fontsize=8, frameon=False,
-               bbox_to_anchor=((_MARGIN_LEFT - 0.1) / fig_w, 1.0 - 0.55 / fig_h),
-               borderaxespad=0.0, handlelength=1.2, columnspacing=1.2)
+    fig.legend(
+        handles=handles,
+        loc="upper left",
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+        bbox_to_anchor=((_MARGIN_LEFT - 0.1) / fig_w, 1.0 - 0.55 / fig_h),
+        borderaxespad=0.0,
+        handlelength=1.2,
+        columnspacing=1.2,
+    )
 
 
 # --- memory -------------------------------------------------------------------------------
@@ -328,8 +393,9 @@ class MemoryTrace:
         return max(self.bytes)
 
 
-def memory_over_time(events: SimResult | Iterable[Event], plan: Plan,
-                     profile: Profile) -> tuple[MemoryTrace, ...]:
+def memory_over_time(
+    events: SimResult | Iterable[Event], plan: Plan, profile: Profile
+) -> tuple[MemoryTrace, ...]:
     """Per device, the memory level over time under the simulator's memory semantics.
 
     An action that allocates (F) takes its memory when it starts; one that frees (I, W, B)
@@ -360,13 +426,21 @@ def memory_over_time(events: SimResult | Iterable[Event], plan: Plan,
             else:
                 times.append(at)
                 levels.append(level)
-        traces.append(MemoryTrace(d, tuple(times), tuple(levels), static,
-                                  float(graph.devices[d].memory_bytes)))
+        traces.append(
+            MemoryTrace(
+                d, tuple(times), tuple(levels), static, float(graph.devices[d].memory_bytes)
+            )
+        )
     return tuple(traces)
 
 
-def save_memory_plot(result: SimResult | Sequence[Event], plan: Plan, profile: Profile,
-                     path: str | Path, title: str | None = None) -> Path:
+def save_memory_plot(
+    result: SimResult | Sequence[Event],
+    plan: Plan,
+    profile: Profile,
+    path: str | Path,
+    title: str | None = None,
+) -> Path:
     """One small panel per device, sharing the time axis: memory held over the iteration,
     static memory shaded, the peak marked, the capacity dashed where it is in view."""
     path = Path(path)
@@ -377,22 +451,31 @@ def save_memory_plot(result: SimResult | Sequence[Event], plan: Plan, profile: P
     top = max(max(t.peak_bytes for t in traces), 1.0)
     bunit, bscale = byte_unit(top)
     n = len(traces)
-    fig, axes = plt.subplots(n, 1, sharex=True, squeeze=False,
-                             figsize=(10.0, 0.9 * n + 1.3), gridspec_kw={"hspace": 0.15})
+    fig, axes = plt.subplots(
+        n,
+        1,
+        sharex=True,
+        squeeze=False,
+        figsize=(10.0, 0.9 * n + 1.3),
+        gridspec_kw={"hspace": 0.15},
+    )
     end = stats.iteration_time * scale
     for ax, tr in zip(axes[:, 0], traces):
         xs = [t * scale for t in tr.times] + [end]
         ys = [b / bscale for b in tr.bytes]
         ys.append(ys[-1])
-        ax.fill_between([0, end], 0, tr.static_bytes / bscale, color="#D9D9D9", step="post",
-                        linewidth=0)
+        ax.fill_between(
+            [0, end], 0, tr.static_bytes / bscale, color="#D9D9D9", step="post", linewidth=0
+        )
         ax.step(xs, ys, where="post", color=KIND_COLORS["F"], linewidth=1.2)
         peak_i = max(range(len(tr.bytes)), key=tr.bytes.__getitem__)
         ax.plot(xs[peak_i], ys[peak_i], "o", color=KIND_COLORS["B"], markersize=3)
         note = f"peak {tr.peak_bytes / bscale:.3g} {bunit}"
         if math.isfinite(tr.capacity_bytes):
             if tr.capacity_bytes <= 1.3 * top:
-                ax.axhline(tr.capacity_bytes / bscale, color="#990000", linestyle="--", linewidth=0.9)
+                ax.axhline(
+                    tr.capacity_bytes / bscale, color="#990000", linestyle="--", linewidth=0.9
+                )
             note += f"\nof {tr.capacity_bytes / bscale:.3g} {bunit}"
             if tr.peak_bytes > tr.capacity_bytes:
                 note += "  OVER"
@@ -414,37 +497,59 @@ def save_memory_plot(result: SimResult | Sequence[Event], plan: Plan, profile: P
 # --- Chrome / Perfetto trace --------------------------------------------------------------
 
 
-def chrome_trace(events: SimResult | Iterable[Event], process_name: str = "octopipe") -> dict[str, Any]:
+def chrome_trace(
+    events: SimResult | Iterable[Event], process_name: str = "octopipe"
+) -> dict[str, Any]:
     """A Chrome/Perfetto trace (JSON object format): one "X" event per action, times in
     microseconds, one process per device (pid = tid = device) named by metadata events."""
     evs = tuple(events.events if isinstance(events, SimResult) else events)
     out: list[dict[str, Any]] = []
     for d in sorted({e.device for e in evs}):
         out += [
-            {"ph": "M", "name": "process_name", "pid": d, "tid": d,
-             "args": {"name": f"{process_name}: device {d}"}},
-            {"ph": "M", "name": "process_sort_index", "pid": d, "tid": d, "args": {"sort_index": d}},
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": d,
+                "tid": d,
+                "args": {"name": f"{process_name}: device {d}"},
+            },
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": d,
+                "tid": d,
+                "args": {"sort_index": d},
+            },
             {"ph": "M", "name": "thread_name", "pid": d, "tid": d, "args": {"name": "compute"}},
         ]
     for e in evs:
         a = e.action
-        out.append({
-            "name": str(a), "cat": KIND_NAMES[a.kind], "ph": "X",
-            "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6, "pid": e.device, "tid": e.device,
-            "args": {"stage": a.stage, "microbatch": a.mb, "kind": a.kind},
-        })
+        out.append(
+            {
+                "name": str(a),
+                "cat": KIND_NAMES[a.kind],
+                "ph": "X",
+                "ts": e.start * 1e6,
+                "dur": (e.end - e.start) * 1e6,
+                "pid": e.device,
+                "tid": e.device,
+                "args": {"stage": a.stage, "microbatch": a.mb, "kind": a.kind},
+            }
+        )
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
-def save_chrome_trace(events: SimResult | Iterable[Event], path: str | Path,
-                      process_name: str = "octopipe") -> Path:
+def save_chrome_trace(
+    events: SimResult | Iterable[Event], path: str | Path, process_name: str = "octopipe"
+) -> Path:
     path = Path(path)
     path.write_text(json.dumps(chrome_trace(events, process_name)) + "\n")
     return path
 
 
-def events_from_chrome_trace(data: Any, where: str = "<trace>",
-                             step: int | None = None) -> tuple[Event, ...]:
+def events_from_chrome_trace(
+    data: Any, where: str = "<trace>", step: int | None = None
+) -> tuple[Event, ...]:
     """The actions of a trace, as Events (pid = device), e.g. to draw a measured run or
     compare it with the simulator. Reads what `chrome_trace` writes and the executor's traces
     (`runtime/trace.py`: the action in the name, `args.step`); other events, such as the

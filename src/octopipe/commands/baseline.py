@@ -18,8 +18,12 @@ HELP = "Build a baseline plan (GPipe, 1F1B, interleaved, ZB-H1/H2, ZB-V, DualPip
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True, help="profile JSON (octopipe.profile/1)")
     p.add_argument("--schedule", required=True, choices=SCHEDULES)
-    p.add_argument("--partition", required=True, choices=METHODS,
-                   help="uniform (Megatron-LM), titan (torchtitan), balanced (min-max stage time)")
+    p.add_argument(
+        "--partition",
+        required=True,
+        choices=METHODS,
+        help="uniform (Megatron-LM), titan (torchtitan), balanced (min-max stage time)",
+    )
     p.add_argument("--devices", type=int, help="device count (default: the profile's devices)")
     p.add_argument("--microbatches", type=int, required=True)
     defaults = ", ".join(f"{name} {chunks}" for name, chunks in DEFAULT_CHUNKS.items())
@@ -30,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     num_devices = len(profile.device_list(args.devices))
-    plan = make_baseline(profile, args.schedule, args.partition, num_devices, args.microbatches,
-                         args.chunks)
+    plan = make_baseline(
+        profile, args.schedule, args.partition, num_devices, args.microbatches, args.chunks
+    )
     try:
         save_plan(plan, args.output)
     except OSError as exc:

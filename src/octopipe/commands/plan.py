@@ -25,14 +25,26 @@ from octopipe.tune import Evaluated, TuneResult, tune
 from octopipe.tune.placement import torchtitan_style
 
 NAME = "plan"
-HELP = "Tune partition, placement and schedule together; write plan.json, schedule.csv, " \
-       "torchtitan.toml and timeline.png."
+HELP = (
+    "Tune partition, placement and schedule together; write plan.json, schedule.csv, "
+    "torchtitan.toml and timeline.png."
+)
 
 DEFAULT_MODEL = "gemma2-9b"  # large vocabulary: what an uneven pipeline costs, at a glance
 DEFAULT_DEVICES = 4
 GIB = 2**30
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
@@ -43,18 +55,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--hardware", default="h100", help="hardware preset for --model")
     src.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for --model")
     src.add_argument("--seq-len", type=int, default=4096, help="tokens per sample for --model")
-    src.add_argument("--micro-batch-size", type=int, default=1,
-                     help="samples per microbatch for --model (also written to torchtitan.toml)")
-    p.add_argument("--devices", type=int,
-                   help=f"device count (default: the profile's; {DEFAULT_DEVICES} for --model)")
-    p.add_argument("--microbatches", type=int,
-                   help="microbatches per iteration (default 4 x devices)")
+    src.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=1,
+        help="samples per microbatch for --model (also written to torchtitan.toml)",
+    )
+    p.add_argument(
+        "--devices",
+        type=int,
+        help=f"device count (default: the profile's; {DEFAULT_DEVICES} for --model)",
+    )
+    p.add_argument(
+        "--microbatches", type=int, help="microbatches per iteration (default 4 x devices)"
+    )
     p.add_argument("--memory-limit", help="capacity of every device, e.g. 40GiB or 80e9")
     p.add_argument("--max-chunks", type=int, default=4, help="most stages per device to try")
     p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search at most")
     p.add_argument("--seed", type=int, default=0, help="seed of the search's random moves")
-    p.add_argument("--torchtitan", action="store_true",
-                   help="only placements torchtitan builds itself (looped, or V with 2 per device)")
+    p.add_argument(
+        "--torchtitan",
+        action="store_true",
+        help="only placements torchtitan builds itself (looped, or V with 2 per device)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("-o", "--output", default="octopipe-plan", help="output folder")
 
@@ -78,9 +101,17 @@ def run(args: argparse.Namespace) -> int:
     baselines = _baselines(profile, P, M)
     show = not args.quiet and sys.stderr.isatty()
     with _progress(show, args.time_budget) as report:
-        result = tune(profile, M, P, max_chunks=args.max_chunks, time_budget=args.time_budget,
-                      seed=args.seed, baselines=baselines, progress=report,
-                      torchtitan=args.torchtitan)
+        result = tune(
+            profile,
+            M,
+            P,
+            max_chunks=args.max_chunks,
+            time_budget=args.time_budget,
+            seed=args.seed,
+            baselines=baselines,
+            progress=report,
+            torchtitan=args.torchtitan,
+        )
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
     out = Path(args.output)
@@ -89,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print(comparison_table(result, profile.name))
     if torchtitan_style(result.best.plan.placement, P) is None:
-        console.print("note: torchtitan cannot build this placement; "
-                      "use --torchtitan for a plan it can run (see torchtitan.toml)")
+        console.print(
+            "note: torchtitan cannot build this placement; "
+            "use --torchtitan for a plan it can run (see torchtitan.toml)"
+        )
     console.print(
         f"searched {result.evaluations} candidates in {result.seconds:.1f} s"
         f"{'' if result.converged else ' (time budget reached)'}; wrote {', '.join(written)}"
@@ -130,16 +163,20 @@ def write_outputs(plan: Plan, profile: Profile, out: Path, microbatch_size: int 
         from octopipe.viz import save_timeline
     except ImportError:  # pictures are optional: the plan stands without them
         return written
-    save_timeline(Simulator(profile).run(plan, detail=True), out / "timeline.png",
-                  title=f"{profile.name}: tuned plan")
+    save_timeline(
+        Simulator(profile).run(plan, detail=True),
+        out / "timeline.png",
+        title=f"{profile.name}: tuned plan",
+    )
     return [*written, "timeline.png"]
 
 
 def comparison_table(result: TuneResult, title: str) -> Table:
     best = result.best
-    table = Table(title=f"{title}: tuned plan vs baselines (simulated)",
-                  caption="speedup: the row's time over the tuned plan's; "
-                          "(kept): no faster plan was found")
+    table = Table(
+        title=f"{title}: tuned plan vs baselines (simulated)",
+        caption="speedup: the row's time over the tuned plan's; (kept): no faster plan was found",
+    )
     table.add_column("plan", no_wrap=True)
     for col in ("time s", "speedup", "bubble", "eff.", "peak GiB", "fits"):
         table.add_column(col, justify="right")
@@ -170,10 +207,12 @@ def _profile(args: argparse.Namespace) -> Profile:
     from octopipe.costmodel.settings import Settings
 
     arch = load_architecture(args.model or DEFAULT_MODEL)
-    settings = Settings(seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
-                        tensor_parallel=args.tp)
-    return build_profile(arch, hardware_preset(args.hardware), settings,
-                         args.devices or DEFAULT_DEVICES)
+    settings = Settings(
+        seq_len=args.seq_len, micro_batch_size=args.micro_batch_size, tensor_parallel=args.tp
+    )
+    return build_profile(
+        arch, hardware_preset(args.hardware), settings, args.devices or DEFAULT_DEVICES
+    )
 
 
 def _baselines(profile: Profile, P: int, M: int) -> list[tuple[str, Plan]]:
@@ -193,8 +232,12 @@ class _progress:
         if not self.show:
             return None
         self.bar = Progress(
-            TextColumn("tuning"), BarColumn(), TextColumn("best {task.fields[best]}"),
-            TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+            TextColumn("tuning"),
+            BarColumn(),
+            TextColumn("best {task.fields[best]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
         )
         self.bar.start()
         self.task = self.bar.add_task("tune", total=self.budget, best="-")

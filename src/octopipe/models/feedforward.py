@@ -23,7 +23,9 @@ def activation(name: str):
     try:
         return ACTIVATIONS[name]
     except KeyError:
-        raise ValueError(f"unknown activation {name!r}, expected one of {sorted(ACTIVATIONS)}")
+        raise ValueError(
+            f"unknown activation {name!r}, expected one of {sorted(ACTIVATIONS)}"
+        ) from None
 
 
 class GatedMLP(nn.Module):

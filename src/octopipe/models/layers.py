@@ -168,7 +168,10 @@ def token_mixer(arch: Architecture, spec: LayerSpec) -> nn.Module | None:
     att = arch.attention
     if spec.mixer == "gqa":
         return SelfAttention(
-            arch.hidden_size, att.num_heads, att.num_kv_heads, att.head_dim,
+            arch.hidden_size,
+            att.num_heads,
+            att.num_kv_heads,
+            att.head_dim,
             rope_theta=arch.rope_theta,
             window=spec.window,
             softcap=att.logit_softcap,
@@ -180,14 +183,25 @@ def token_mixer(arch: Architecture, spec: LayerSpec) -> nn.Module | None:
         mla = arch.latent_attention
         assert mla is not None, "an 'mla' layer needs latent_attention shapes"
         return LatentAttention(
-            arch.hidden_size, mla.num_heads, mla.q_lora_rank, mla.kv_lora_rank,
-            mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, arch.rope_theta,
+            arch.hidden_size,
+            mla.num_heads,
+            mla.q_lora_rank,
+            mla.kv_lora_rank,
+            mla.qk_nope_head_dim,
+            mla.qk_rope_head_dim,
+            mla.v_head_dim,
+            arch.rope_theta,
         )
     if spec.mixer == "mamba":
         m = arch.mamba
         assert m is not None, "a 'mamba' layer needs mamba shapes"
         return Mamba2Mixer(
-            arch.hidden_size, m.num_heads, m.head_dim, m.state_size, m.n_groups, m.conv_kernel,
+            arch.hidden_size,
+            m.num_heads,
+            m.head_dim,
+            m.state_size,
+            m.n_groups,
+            m.conv_kernel,
             arch.norm_eps,
         )
     if spec.mixer is None:
@@ -204,8 +218,13 @@ def feed_forward(arch: Architecture, spec: LayerSpec) -> nn.Module | None:
         moe = arch.moe
         assert moe is not None, "a 'moe' layer needs MoE shapes"
         return MoE(
-            arch.hidden_size, moe.expert_intermediate_size, moe.num_experts, moe.top_k,
-            moe.shared_intermediate_size, moe.shared_expert_gate, arch.hidden_act,
+            arch.hidden_size,
+            moe.expert_intermediate_size,
+            moe.num_experts,
+            moe.top_k,
+            moe.shared_intermediate_size,
+            moe.shared_expert_gate,
+            arch.hidden_act,
         )
     if spec.ffn is None:
         return None

@@ -46,7 +46,10 @@ class Mamba2Mixer(nn.Module):
     ):
         super().__init__()
         self.n_heads, self.head_dim, self.state_size, self.n_groups = (
-            n_heads, head_dim, state_size, n_groups
+            n_heads,
+            head_dim,
+            state_size,
+            n_groups,
         )
         self.inner = n_heads * head_dim
         conv_dim = self.inner + 2 * n_groups * state_size

@@ -5,7 +5,8 @@ activations flow forward from stage b-1 to stage b, gradients flow back from b t
 channel the sender produces microbatches in its schedule's order; the receiver posts its receives
 in that same order (only as far ahead as it is asked to), so transfers match even on backends that
 ignore tags (NCCL, where each channel gets its own communicator and matching is by order alone);
-on gloo, by default, all channels share the default group and every tensor gets a unique tag. Sends never wait: their handles are kept until `wait_sends` at the end of the step.
+on gloo, by default, all channels share the default group and every tensor gets a unique tag.
+Sends never wait: their handles are kept until `wait_sends` at the end of the step.
 
 This module moves tensors only; what to send when is the worker's business.
 """
@@ -147,7 +148,8 @@ class P2P:
             got = [(tuple(t.shape), t.dtype) for t in tensors]
             raise RuntimeError(
                 f"stage boundary {key.boundary}, microbatch {mb}: sending {got}, "
-                f"but every microbatch must match the sample's {[(s.shape, s.dtype) for s in ch.specs]}"
+                "but every microbatch must match the sample's "
+                f"{[(s.shape, s.dtype) for s in ch.specs]}"
             )
         # Finished sends are dropped as we go so their buffers do not pile up within a step.
         self._pending_sends = [(w, t) for w, t in self._pending_sends if not w.is_completed()]

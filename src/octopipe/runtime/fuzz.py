@@ -35,7 +35,11 @@ def random_plan(
     """A random valid plan with a random microbatch count and share of split backwards (some plans
     all B, some all I/W, most mixed)."""
     return random_valid_plan(
-        rng, num_layers, num_devices, rng.randint(1, max_microbatches), max_stages,
+        rng,
+        num_layers,
+        num_devices,
+        rng.randint(1, max_microbatches),
+        max_stages,
         split_probability=rng.random(),
     )
 
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"MISMATCH: {'; '.join(problems[:3])}\n  plan: {json.dumps(plan.to_dict())}")
         done += len(plans)
         print(
-            f"{done}/{args.plans} plans, {failures} mismatched, {time.perf_counter() - began:.1f} s",
+            f"{done}/{args.plans} plans, {failures} mismatched, "
+            f"{time.perf_counter() - began:.1f} s",
             flush=True,
         )
     return 1 if failures else 0

@@ -207,7 +207,7 @@ def _rank_main(
     messages: mp.Queue,
     timeout_s: float,
 ) -> None:
-    """Body of one spawned rank: train every job; rank 0 sends the results; any error is reported."""
+    """One spawned rank: train every job; rank 0 sends the results; any error is reported."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's and NCCL's sockets
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # stay on loopback
     code = 0

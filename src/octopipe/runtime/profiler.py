@@ -57,9 +57,7 @@ def param_bytes(layer: nn.Module) -> int:
 
 def as_layer_inputs(x: Activation, needs_grad: bool) -> Activation:
     """A layer's inputs cut from the previous graph; float streams become gradient leaves."""
-    return tuple(
-        t.detach().requires_grad_(needs_grad and t.is_floating_point()) for t in x
-    )
+    return tuple(t.detach().requires_grad_(needs_grad and t.is_floating_point()) for t in x)
 
 
 def run_layer(layer: nn.Module, inputs: Activation, loss_fn: LossFn | None) -> Activation:
@@ -259,7 +257,9 @@ def profile_model(
             LayerCost(
                 name=layer_name,
                 kind=_kind(model, i),
-                f=times.f, b=times.b, w=times.w,
+                f=times.f,
+                b=times.b,
+                w=times.w,
                 act_bytes=memory.act_bytes,
                 wact_bytes=memory.wact_bytes,
                 param_bytes=memory.param_bytes,

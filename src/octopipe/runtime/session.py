@@ -1,7 +1,8 @@
 """What every rank does for one training job, and the result rank 0 assembles from all ranks.
 
 A job is a plan, a model and a few settings. Each rank builds its layers of the model from the
-seed (the same weights the whole model has), learns the boundary shapes, trains `steps` steps, and sends a report to rank 0, which turns the reports into one
+seed (the same weights the whole model has), learns the boundary shapes, trains `steps` steps,
+and sends a report to rank 0, which turns the reports into one
 `RunResult`. Process creation is the launcher's business, not this module's.
 """
 

@@ -26,7 +26,13 @@ __all__ = ["DEFAULT_CHUNKS", "SCHEDULES", "ScheduleSpec", "generate"]
 SCHEDULES = ("gpipe", "1f1b", "i1f1b", "zbh1", "zbh2", "zbv", "dualpipev")
 
 DEFAULT_CHUNKS = {
-    "gpipe": 1, "1f1b": 1, "zbh1": 1, "zbh2": 1, "i1f1b": 2, "zbv": 2, "dualpipev": 2,
+    "gpipe": 1,
+    "1f1b": 1,
+    "zbh1": 1,
+    "zbh2": 1,
+    "i1f1b": 2,
+    "zbv": 2,
+    "dualpipev": 2,
 }
 
 _FAMILY_RULES: dict[str, Callable[[int, int, int, int], family.DeviceRule]] = {

@@ -91,15 +91,25 @@ def stage_costs(
         speed = devices[d].speed
         crosses = s < last and placement[s + 1] != d
         lag = link.transfer_time(costs.boundary_bytes(b)) if crosses else 0.0
-        out.append(StageCost(
-            device=d, f=f / speed, i=bi / speed, w=bw / speed,
-            act=costs.act[b] - costs.act[a], wact=costs.wact[b] - costs.wact[a], lag_next=lag,
-        ))
+        out.append(
+            StageCost(
+                device=d,
+                f=f / speed,
+                i=bi / speed,
+                w=bw / speed,
+                act=costs.act[b] - costs.act[a],
+                wact=costs.wact[b] - costs.wact[a],
+                lag_next=lag,
+            )
+        )
     return tuple(out)
 
 
 def list_schedule(
-    stages: Sequence[StageCost], num_devices: int, num_microbatches: int, rules: Rules,
+    stages: Sequence[StageCost],
+    num_devices: int,
+    num_microbatches: int,
+    rules: Rules,
     give_up_after: float = INF,
 ) -> ListSchedule | None:
     """Per-device orders for `stages` under `rules`; every device appears in the result.
@@ -224,8 +234,9 @@ class _Scheduler:
 
     # --- running -------------------------------------------------------------------------
 
-    def _start(self, d: int, now: float, action: tuple[int, str, int], duration: float,
-               mem_delta: float) -> float:
+    def _start(
+        self, d: int, now: float, action: tuple[int, str, int], duration: float, mem_delta: float
+    ) -> float:
         end = now + duration
         self.orders[d].append(action)
         self.free_at[d] = end

@@ -46,7 +46,8 @@ class SimResult:
         orders, start, end, M = self._timing
         return tuple(
             Event(d, action_of(aid, M), start[aid], end[aid])
-            for d, ids in enumerate(orders) for aid in ids
+            for d, ids in enumerate(orders)
+            for aid in ids
         )
 
     @property

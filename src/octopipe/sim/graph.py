@@ -47,13 +47,17 @@ class CostTable:
 
     def stage_times(self, start: int, end: int) -> tuple[float, float, float]:
         """(f, b, w) of layers [start, end) on a device of speed 1."""
-        return (self.f[end] - self.f[start], self.b[end] - self.b[start], self.w[end] - self.w[start])
+        return (
+            self.f[end] - self.f[start],
+            self.b[end] - self.b[start],
+            self.w[end] - self.w[start],
+        )
 
     def stage_work(self, start: int, end: int) -> float:
         return sum(self.stage_times(start, end))
 
     def boundary_bytes(self, end: int) -> int:
-        """Bytes crossing the boundary after layer `end - 1`, both ways (activation and gradient)."""
+        """Bytes crossing the boundary after layer `end - 1`, both ways (activation, gradient)."""
         return self.out_bytes[end - 1]
 
 
@@ -75,7 +79,9 @@ def _prefix(values) -> list[float]:
     return [0, *accumulate(values)]
 
 
-def build_graph(costs: CostTable, plan: Plan, devices: tuple[Device, ...], check: bool = True) -> Graph:
+def build_graph(
+    costs: CostTable, plan: Plan, devices: tuple[Device, ...], check: bool = True
+) -> Graph:
     """Lower `plan` to a Graph under the default cost semantics.
 
     `check=False` skips the structural check, for plans a generator has just built.
@@ -99,7 +105,8 @@ def build_graph(costs: CostTable, plan: Plan, devices: tuple[Device, ...], check
         mem.append((act, -(act - wact), -wact, -act))
     # Lag on the edge from stage s to s+1 (and back): zero on one device.
     lag = [
-        0.0 if stages[s].device == stages[s + 1].device
+        0.0
+        if stages[s].device == stages[s + 1].device
         else link.latency + costs.boundary_bytes(stages[s].end) / link.bandwidth
         for s in range(S - 1)
     ]
@@ -145,4 +152,6 @@ def devices_for(profile: Profile, plan: Plan) -> tuple[Device, ...]:
     try:
         return profile.device_list(plan.num_devices)
     except InputError as exc:
-        raise InputError("<plan>", f"plan has {plan.num_devices} devices: {exc.message}", "num_devices") from None
+        raise InputError(
+            "<plan>", f"plan has {plan.num_devices} devices: {exc.message}", "num_devices"
+        ) from None

@@ -99,7 +99,10 @@ def device_loads(
 
 
 def refine_device_loads(
-    work: Sequence[float], ranges: Ranges, placement: Sequence[int], speeds: Sequence[float],
+    work: Sequence[float],
+    ranges: Ranges,
+    placement: Sequence[int],
+    speeds: Sequence[float],
     max_moves: int = 10_000,
 ) -> Ranges:
     """Hill-climb on single-layer boundary moves, lowering (max, sum of squares) of the loads."""
@@ -118,7 +121,7 @@ def refine_device_loads(
                 moved = bounds[k] + step
                 if not bounds[k - 1] < moved < bounds[k + 1]:
                     continue
-                trial = bounds[:k] + [moved] + bounds[k + 1:]
+                trial = bounds[:k] + [moved] + bounds[k + 1 :]
                 sc = score(trial)
                 if sc < best_score:
                     best_move, best_score = trial, sc
@@ -161,8 +164,9 @@ def balanced_ranges(
     if len(set(placement)) == len(placement):
         return [("", ranges)]
     options = [("", refine_device_loads(work, ranges, placement, speeds))]
-    proportional = refine_device_loads(work, proportional_ranges(work, placement, speeds),
-                                       placement, speeds)
+    proportional = refine_device_loads(
+        work, proportional_ranges(work, placement, speeds), placement, speeds
+    )
     if proportional != options[0][1]:
         options.append(("/fair", proportional))
     return options

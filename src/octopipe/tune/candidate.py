@@ -71,7 +71,11 @@ class Outcome:
 
 
 def inflight_caps(
-    stages: Sequence[StageCost], num_devices: int, M: int, warmup: float, extra: Sequence[int],
+    stages: Sequence[StageCost],
+    num_devices: int,
+    M: int,
+    warmup: float,
+    extra: Sequence[int],
     split_backward: bool,
 ) -> tuple[int, ...]:
     """Per stage: microbatches its device must keep in flight to cover the stage's round trip.
@@ -96,8 +100,13 @@ def inflight_caps(
 class Evaluator:
     """Schedules and scores candidates for one profile, device set and microbatch count."""
 
-    def __init__(self, profile: Profile, devices: tuple[Device, ...], num_microbatches: int,
-                 costs: CostTable | None = None):
+    def __init__(
+        self,
+        profile: Profile,
+        devices: tuple[Device, ...],
+        num_microbatches: int,
+        costs: CostTable | None = None,
+    ):
         self.profile, self.devices, self.M = profile, devices, num_microbatches
         self.costs = costs or CostTable(profile)
         self.capacity = tuple(float(d.memory_bytes) for d in devices)
@@ -123,8 +132,9 @@ class Evaluator:
         self.evaluations += 1
         stages = self.stages(cand)
         static = self.static_bytes(cand)
-        caps = inflight_caps(stages, self.num_devices, self.M, cand.warmup, cand.extra,
-                             cand.split_backward)
+        caps = inflight_caps(
+            stages, self.num_devices, self.M, cand.warmup, cand.extra, cand.split_backward
+        )
         rules = Rules(
             inflight=caps,
             split_backward=cand.split_backward,

@@ -81,9 +81,9 @@ def _shed_layers(cand: Candidate, device: int) -> list[Candidate]:
         if bounds[s + 1] - bounds[s] < 2:
             continue
         if s > 0:
-            out.append(_with_bounds(cand, bounds[:s] + [bounds[s] + 1] + bounds[s + 1:]))
+            out.append(_with_bounds(cand, bounds[:s] + [bounds[s] + 1] + bounds[s + 1 :]))
         if s < S - 1:
-            out.append(_with_bounds(cand, bounds[:s + 1] + [bounds[s + 1] - 1] + bounds[s + 2:]))
+            out.append(_with_bounds(cand, bounds[: s + 1] + [bounds[s + 1] - 1] + bounds[s + 2 :]))
     return out
 
 
@@ -92,9 +92,9 @@ def _take_layers(cand: Candidate, device: int) -> list[Candidate]:
     bounds, S, out = _bounds(cand), len(cand.ranges), []
     for s in (s for s, d in enumerate(cand.placement) if d == device):
         if s > 0 and bounds[s] - bounds[s - 1] >= 2:
-            out.append(_with_bounds(cand, bounds[:s] + [bounds[s] - 1] + bounds[s + 1:]))
+            out.append(_with_bounds(cand, bounds[:s] + [bounds[s] - 1] + bounds[s + 1 :]))
         if s < S - 1 and bounds[s + 2] - bounds[s + 1] >= 2:
-            out.append(_with_bounds(cand, bounds[:s + 1] + [bounds[s + 1] + 1] + bounds[s + 2:]))
+            out.append(_with_bounds(cand, bounds[: s + 1] + [bounds[s + 1] + 1] + bounds[s + 2 :]))
     return out
 
 
@@ -104,8 +104,8 @@ def _merges(cand: Candidate) -> list[Candidate]:
     for s in range(len(cand.ranges) - 1):
         if cand.placement[s] == cand.placement[s + 1]:
             merged = (cand.ranges[s][0], cand.ranges[s + 1][1])
-            ranges = cand.ranges[:s] + (merged,) + cand.ranges[s + 2:]
-            placement = cand.placement[:s + 1] + cand.placement[s + 2:]
+            ranges = cand.ranges[:s] + (merged,) + cand.ranges[s + 2 :]
+            placement = cand.placement[: s + 1] + cand.placement[s + 2 :]
             out.append(cand.but(ranges=ranges, placement=placement))
     return out
 

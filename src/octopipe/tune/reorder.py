@@ -18,7 +18,10 @@ from octopipe.sim import SimResult, Simulator
 
 
 def reorder_critical(
-    simulator: Simulator, plan: Plan, result: SimResult, max_tries: int = 30,
+    simulator: Simulator,
+    plan: Plan,
+    result: SimResult,
+    max_tries: int = 30,
     out_of_time: Callable[[], bool] = lambda: False,
 ) -> tuple[Plan, SimResult]:
     """Swap a binding action ahead of the non-binding one before it while that helps."""
@@ -42,7 +45,7 @@ def _swaps(plan: Plan, binding: set):
     for d, acts in sorted(plan.schedule.items()):
         for k in range(1, len(acts)):
             if acts[k] in binding:
-                order = acts[:k - 1] + (acts[k], acts[k - 1]) + acts[k + 1:]
+                order = acts[: k - 1] + (acts[k], acts[k - 1]) + acts[k + 1 :]
                 yield replace(plan, schedule={**plan.schedule, d: order}, predicted=None)
 
 

@@ -97,11 +97,15 @@ def tune(
     """
     devices = profile.device_list(num_devices)
     if profile.num_layers < len(devices):
-        raise InputError(profile.name, f"{len(devices)} devices need at least as many layers, "
-                         f"the profile has {profile.num_layers}")
+        raise InputError(
+            profile.name,
+            f"{len(devices)} devices need at least as many layers, "
+            f"the profile has {profile.num_layers}",
+        )
     if num_microbatches < 1:
-        raise InputError(profile.name,
-                         f"microbatch count must be at least 1, got {num_microbatches}")
+        raise InputError(
+            profile.name, f"microbatch count must be at least 1, got {num_microbatches}"
+        )
     simulator = Simulator(profile)
     evaluator = Evaluator(profile, devices, num_microbatches, simulator.costs)
     P = len(devices)
@@ -109,12 +113,17 @@ def tune(
     search = _Search(evaluator, time_budget, random.Random(seed), progress, allowed)
 
     base = tuple(
-        Evaluated(label, plan, simulator.run(plan, detail=False)) for label, plan in baselines
+        Evaluated(label, plan, simulator.run(plan, detail=False))
+        for label, plan in baselines
         if allowed(plan.placement)
     )
     seeds = _seed_candidates(evaluator, max_chunks) + [
-        Candidate(tuple((s.start, s.end) for s in e.plan.stages), e.plan.placement,
-                  warmup=warmup, label=f"from {e.label}")
+        Candidate(
+            tuple((s.start, s.end) for s in e.plan.stages),
+            e.plan.placement,
+            warmup=warmup,
+            label=f"from {e.label}",
+        )
         for e in base
         for warmup in SEED_WARMUPS
     ]
@@ -148,8 +157,14 @@ def _seed_candidates(evaluator: Evaluator, max_chunks: int) -> list[Candidate]:
 class _Search:
     """The mutable state of one tuning run: best outcomes so far, clock and progress."""
 
-    def __init__(self, evaluator: Evaluator, budget: float, rng: random.Random,
-                 progress: Progress | None, allowed: Callable[[tuple[int, ...]], bool]):
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        budget: float,
+        rng: random.Random,
+        progress: Progress | None,
+        allowed: Callable[[tuple[int, ...]], bool],
+    ):
         self.evaluator, self.budget, self.rng, self.progress = evaluator, budget, rng, progress
         self.allowed = allowed  # which placements the search may visit
         self.started = time.perf_counter()
