@@ -9,8 +9,9 @@ of the bundled model, and one of PyTorch's schedules drives them:
 - `_PipelineScheduleRuntime` with `_load_csv` of our `schedule.csv`: our order, their runtime.
 
 `launch_torch` spawns one process per rank (gloo on loopback, one thread each) and returns, per
-job, every step's slowest-rank time, the losses, and optionally the gradients. It must not touch
-our executor's internals: the comparison is only fair if the two share nothing but the model.
+job, every step's slowest-rank time, the losses, and optionally the gradients; our executor's
+jobs can run in turn on the same processes (through its public per-rank entry point). Nothing
+here reaches into our executor's internals: the two share only the model and the processes.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from torch.distributed.pipelining import schedules as tps
 
 from octopipe.models.base import Activation, PipelineModel
 from octopipe.plan import Plan, save_schedule_csv
+from octopipe.runtime.launcher import validate_jobs
 from octopipe.runtime.model_source import build_pipeline_model
+from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.shapes import BoundarySpec, discover_boundary_specs
 from octopipe.schedules.spec import looped_placement, v_placement
 
@@ -77,7 +80,7 @@ class TorchResult:
 
     @property
     def iteration_time(self) -> float:
-        """Median step time, leaving out the first step (PyTorch infers shapes in it)."""
+        """Median step time, leaving out the first step (warm-up) when there are more."""
         return statistics.median(self.step_times[1:] or self.step_times)
 
 
@@ -103,7 +106,8 @@ def check_placement(job: TorchJob) -> None:
         return
     if job.runner not in TORCH_SCHEDULES:
         raise ValueError(
-            f"unknown runner {job.runner!r}; expected {CSV_RUNTIME!r} or one of {sorted(TORCH_SCHEDULES)}"
+            f"unknown runner {job.runner!r}; "
+            f"expected {CSV_RUNTIME!r} or one of {sorted(TORCH_SCHEDULES)}"
         )
     _, placement_of = TORCH_SCHEDULES[job.runner]
     expected = placement_of(job.plan.num_devices, job.plan.num_stages)
@@ -233,10 +237,15 @@ def _grads(model: PipelineModel, params: Sequence[torch.Tensor]) -> dict[str, to
 
 
 def launch_torch(
-    jobs: Sequence[TorchJob], nproc: int, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> list[TorchResult]:
-    """Run the jobs one after another on `nproc` fresh processes; raise the first rank's error."""
-    for job in jobs:
+    jobs: Sequence[TorchJob | Job], nproc: int, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> list[TorchResult | RunResult]:
+    """Run the jobs one after another on `nproc` fresh processes; raise the first rank's error.
+
+    Our executor's `Job`s may be mixed in: they then run on the very same processes, in turn
+    with PyTorch's, so a comparison does not hinge on when each set of processes ran."""
+    torch_jobs = [job for job in jobs if isinstance(job, TorchJob)]
+    validate_jobs([job for job in jobs if isinstance(job, Job)], nproc)
+    for job in torch_jobs:
         check_placement(job)
         if job.plan.num_devices != nproc:
             raise ValueError(f"the plan needs {job.plan.num_devices} ranks, {nproc} were asked for")
@@ -262,7 +271,12 @@ def launch_torch(
 
 
 def _rank_main(
-    rank: int, world: int, tmp: str, jobs: list[TorchJob], messages: mp.Queue, timeout_s: float
+    rank: int,
+    world: int,
+    tmp: str,
+    jobs: list[TorchJob | Job],
+    messages: mp.Queue,
+    timeout_s: float,
 ) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     code = 0
@@ -275,7 +289,13 @@ def _rank_main(
             world_size=world,
             timeout=timedelta(seconds=timeout_s),
         )
-        results = [run_torch_job_on_rank(job, rank, world, Path(tmp)) for job in jobs]
+        cpu = torch.device("cpu")
+        results = [
+            run_torch_job_on_rank(job, rank, world, Path(tmp))
+            if isinstance(job, TorchJob)
+            else run_job_on_rank(job, rank, world, cpu, nccl=False)
+            for job in jobs
+        ]
         dist.destroy_process_group()
         if rank == 0:
             buf = io.BytesIO()
