@@ -2,9 +2,9 @@
 
 Two gloo processes on loopback. The same plans (a V-shaped split-backward plan, whose adjacent
 stages share a rank, and an interleaved full-backward plan) run once through PyTorch's runtime
-loaded from the CSV and once through our executor: the losses of every step and the gradients
-of the last step must agree. A PyTorch schedule class must also refuse a plan whose placement
-is not the one that class assumes.
+loaded from the CSV and once through our executor, in turn on the same processes: the losses of
+every step and the gradients of the last step must agree. A PyTorch schedule class must also
+refuse a plan whose placement is not the one that class assumes.
 """
 
 from __future__ import annotations
@@ -16,8 +16,14 @@ import torch
 
 from octopipe.models import build_model
 from octopipe.plan import make_plan
-from octopipe.runtime import Job, RunConfig, execute
-from octopipe.runtime.torch_pipelining import CSV_RUNTIME, TorchJob, check_placement, launch_torch
+from octopipe.runtime import Job, RunConfig, RunResult
+from octopipe.runtime.torch_pipelining import (
+    CSV_RUNTIME,
+    TorchJob,
+    TorchResult,
+    check_placement,
+    launch_torch,
+)
 from octopipe.schedules import generate
 
 MODEL = "tiny-gemma"  # embedding, four decoder layers, norm, a large-vocabulary head
@@ -36,13 +42,14 @@ def _plan(schedule: str):
 @pytest.mark.timeout(180)
 def test_csv_under_pytorch_runtime_matches_our_executor() -> None:
     plans = [_plan("zbv"), _plan("i1f1b")]
-    theirs = launch_torch(
-        [TorchJob(p, CSV_RUNTIME, MODEL, steps=STEPS, collect_grads=True) for p in plans], 2
-    )
-    ours = execute(
-        [Job(p, RunConfig(MODEL, steps=STEPS, collect_state=True)) for p in plans], 2, "gloo"
-    )
-    assert ours is not None
+    jobs: list[TorchJob | Job] = []
+    for p in plans:  # in turn on the same two processes, as the benchmark runs them
+        jobs.append(TorchJob(p, CSV_RUNTIME, MODEL, steps=STEPS, collect_grads=True))
+        jobs.append(Job(p, RunConfig(MODEL, steps=STEPS, collect_state=True)))
+    results = launch_torch(jobs, 2)
+    theirs, ours = results[0::2], results[1::2]
+    assert all(isinstance(r, TorchResult) for r in theirs)
+    assert all(isinstance(r, RunResult) for r in ours)
     for plan, t, o in zip(plans, theirs, ours, strict=True):
         assert len(t.losses) == STEPS
         assert t.losses == pytest.approx(o.losses, rel=1e-5)
