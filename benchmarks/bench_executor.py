@@ -57,7 +57,8 @@ DEVICES = 2
 
 @dataclass(frozen=True)
 class ModelSize:
-    """Big enough that every layer with weights takes milliseconds, small enough for 2 cores."""
+    """Big enough that a stage's actions take milliseconds (per-action overheads of ~0.1 ms stay
+    small), small enough that a run of every plan fits in a minute on 2 cores."""
 
     seq_len: int
     micro_batch_size: int
@@ -67,21 +68,19 @@ class ModelSize:
 MODELS = {"tiny-hybrid": ModelSize(128, 2), "tiny-moe": ModelSize(256, 2)}
 
 
+def sized_model(name: str, seed: int) -> PipelineModel:
+    size = MODELS[name]
+    return build_model(name, seed, seq_len=size.seq_len, micro_batch_size=size.micro_batch_size)
+
+
 def tiny_hybrid(seed: int) -> PipelineModel:
-    size = MODELS["tiny-hybrid"]
-    return build_model(
-        "tiny-hybrid", seed, seq_len=size.seq_len, micro_batch_size=size.micro_batch_size
-    )
+    return sized_model("tiny-hybrid", seed)
 
 
 def tiny_moe(seed: int) -> PipelineModel:
-    size = MODELS["tiny-moe"]
-    return build_model(
-        "tiny-moe", seed, seq_len=size.seq_len, micro_batch_size=size.micro_batch_size
-    )
+    return sized_model("tiny-moe", seed)
 
 
-FACTORY_FUNCTIONS = {"tiny-hybrid": tiny_hybrid, "tiny-moe": tiny_moe}
 # `module:factory` specs the ranks import (spawned ranks inherit this script's sys.path).
 FACTORIES = {"tiny-hybrid": "bench_executor:tiny_hybrid", "tiny-moe": "bench_executor:tiny_moe"}
 
@@ -106,7 +105,7 @@ class Row:
     step_times: tuple[float, ...] = ()  # and its steps
 
     @property
-    def measured(self) -> float:
+    def median(self) -> float:
         return statistics.median(self.times)
 
     @property
@@ -228,7 +227,8 @@ class RankBreakdown:
     compute_profiled: float  # the same actions' durations by the profile
     wait: float  # waiting for inputs (transfers, or the other rank)
     gaps: float  # between one action's end and the next one's wait: bookkeeping, posting receives
-    tail: float  # after the last action: pending sends, optimizer step
+    tail: float  # outside actions: posting receives, pending sends, optimizer step, and the
+    # time this rank finished before the slowest one (`step` is the slowest rank's)
 
 
 def profiled_duration(profile: Profile, plan: Plan, act: Action) -> float:
@@ -338,7 +338,7 @@ def backward_costs(model: PipelineModel, index: int, rounds: int = 7) -> Backwar
 
 def backward_table(model_name: str) -> list[str]:
     """One layer of every kind with weights and an input gradient (not the first nor the last)."""
-    model = FACTORY_FUNCTIONS[model_name](0)
+    model = sized_model(model_name, 0)
     seen: set[str] = set()
     lines = [
         f"Backward of one layer of each kind ({model_name}; ms, fastest of 7, one process):",
@@ -407,7 +407,7 @@ def report(
             extra = f"| {compute_ratio(profile, r):.3f} | {ms(in_run)} ({error:+.1%}) |"
         lines.append(
             f"| {r.plan_label} | {r.runner} | {ms(r.simulated)} | {ms(r.fastest)} | "
-            f"{ms(r.measured)} | {ms(r.slowest)} | {r.fastest / r.simulated:.3f} {extra}"
+            f"{ms(r.median)} | {ms(r.slowest)} | {r.fastest / r.simulated:.3f} {extra}"
         )
     ours_tuned, csv = rows[0], rows[1]
     best_torch = min(
@@ -415,11 +415,11 @@ def report(
     )
     figures = {
         "sim_error": ours_tuned.fastest / ours_tuned.simulated - 1,
-        "sim_error_median": ours_tuned.measured / ours_tuned.simulated - 1,
+        "sim_error_median": ours_tuned.median / ours_tuned.simulated - 1,
         "vs_best_torch": best_torch.fastest / ours_tuned.fastest,
-        "vs_best_torch_median": best_torch.measured / ours_tuned.measured,
+        "vs_best_torch_median": best_torch.median / ours_tuned.median,
         "vs_csv_runtime": csv.fastest / ours_tuned.fastest,
-        "vs_csv_runtime_median": csv.measured / ours_tuned.measured,
+        "vs_csv_runtime_median": csv.median / ours_tuned.median,
     }
     lines += [
         "",
