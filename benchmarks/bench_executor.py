@@ -127,7 +127,8 @@ def octopipe_cli(*args: str) -> None:
 
 def profile_and_plan(
     model: str, microbatches: int, repeats: int, budget: float, out: Path
-) -> tuple[Profile, Plan]:
+) -> tuple[Profile, Plan, Path]:
+    """The measured profile, the tuned plan, and the schedule.csv `octopipe plan` wrote."""
     size = MODELS[model]
     profile_path, plan_dir = out / f"{model}.profile.json", out / f"{model}-plan"
     octopipe_cli(
@@ -160,13 +161,20 @@ def profile_and_plan(
         str(plan_dir),
     )
     profile = load_profile(profile_path)
-    return profile.with_devices(profile.device_list(DEVICES)), load_plan(plan_dir / "plan.json")
+    devices = profile.device_list(DEVICES)
+    return (
+        profile.with_devices(devices),
+        load_plan(plan_dir / "plan.json"),
+        plan_dir / "schedule.csv",
+    )
 
 
 # --- runs -----------------------------------------------------------------------------------------
 
 
-def measure(model: str, profile: Profile, tuned: Plan, steps: int, repeats: int) -> list[Row]:
+def measure(
+    model: str, profile: Profile, tuned: Plan, csv: Path, steps: int, repeats: int
+) -> list[Row]:
     """Each plan under our executor and under PyTorch, in pairs on the same two processes.
 
     Rows: tuned (ours, then PyTorch's runtime on our CSV), then per PyTorch schedule class its
@@ -181,7 +189,7 @@ def measure(model: str, profile: Profile, tuned: Plan, steps: int, repeats: int)
             Row("tuned", OURS, simulated, [], tuned),
             Job(tuned, RunConfig(spec, steps=steps)),
             Row("tuned", CSV_LABEL, simulated, []),
-            TorchJob(tuned, CSV_RUNTIME, spec, steps),
+            TorchJob(tuned, CSV_RUNTIME, spec, steps, csv=str(csv)),
         )
     )
     for cls, name in TORCH_BASELINES:
@@ -483,10 +491,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     with tempfile.TemporaryDirectory(prefix="bench-executor-") as tmp:
         for model in args.models:
-            profile, tuned = profile_and_plan(
+            profile, tuned, csv = profile_and_plan(
                 model, args.microbatches, args.profile_repeats, args.plan_budget, Path(tmp)
             )
-            measured = measure(model, profile, tuned, args.steps, args.repeats)
+            measured = measure(model, profile, tuned, csv, args.steps, args.repeats)
             lines, _ = report(model, profile, tuned, measured)
             lines += ["", *backward_table(model)]
             out_lines += [*lines, ""]

@@ -70,6 +70,7 @@ class TorchJob:
     seed: int = 0
     lr: float = 0.01  # plain SGD, as our executor's default
     collect_grads: bool = False
+    csv: str | None = None  # CSV_RUNTIME: the schedule.csv to load (default: written from the plan)
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,9 @@ def build_schedule(
     loss_fn = _loss_fn(model)
     M = plan.num_microbatches
     if job.runner == CSV_RUNTIME:
-        path = csv_dir / f"schedule-rank{rank}.csv"
-        save_schedule_csv(plan, path)
+        path = Path(job.csv) if job.csv else csv_dir / f"schedule-rank{rank}.csv"
+        if not job.csv:
+            save_schedule_csv(plan, path)
         schedule = tps._PipelineScheduleRuntime(stages, M, loss_fn=loss_fn)
         schedule._load_csv(str(path))
         return schedule, stages
