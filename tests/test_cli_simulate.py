@@ -45,6 +45,14 @@ def test_simulate_table(files, capsys):
     assert "bubble 27.3%" in out and "critical path" in out
 
 
+def test_simulate_pictures(files):
+    out = files / "t.svg"
+    args = ["simulate", "--profile", str(files / "p.json"), "--plan", str(files / "plan.json")]
+    assert main([*args, "--png", str(out), "--memory-png", str(files / "m.png")]) == 0
+    assert out.read_text().count('id="action-d') == 4 * 8 * 2  # every F and B of 4 x 8
+    assert (files / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_plan_for_another_profile_is_one_line(files, capsys):
     save_profile(uniform_profile(5, devices=4), files / "p5.json")
     assert (

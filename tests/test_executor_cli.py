@@ -40,6 +40,8 @@ def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
             "--json",
             "--trace",
             str(trace_path),
+            "--png",
+            str(tmp_path / "measured.svg"),
         ]
     )
     assert code == 0
@@ -55,6 +57,9 @@ def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
         mine = [e["name"] for e in actions if e["pid"] == rank]
         assert mine == [str(a) for a in plan.schedule[rank]] * 3
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in actions)
+    # The picture holds the last step's actions, one box each.
+    svg = (tmp_path / "measured.svg").read_text()
+    assert svg.count('id="action-d') == sum(len(acts) for acts in plan.schedule.values())
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import sys
 from octopipe.plan import load_plan
 from octopipe.runtime.launcher import DEFAULT_TIMEOUT_S, RankFailure, execute, under_torchrun
 from octopipe.runtime.session import Job, RunConfig
-from octopipe.runtime.trace import write_trace
+from octopipe.runtime.trace import trace_events, write_trace
 from octopipe.runtime.worker import OptimizerConfig
 
 NAME = "run"
@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace", help="write a Chrome/Perfetto trace of every rank's actions here"
     )
+    parser.add_argument("--png", help="draw the last step's measured timeline here (.png or .svg)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -79,12 +80,23 @@ def run(args: argparse.Namespace) -> int:
     result = results[0]
     if args.trace:
         write_trace(args.trace, result.records)
+    if args.png:
+        _draw_last_step(result, args.png)
     summary = result.summary()
     if args.json:
         print(json.dumps(summary))
     else:
         _print_human(summary, under_torchrun())
     return 0
+
+
+def _draw_last_step(result, path: str) -> None:
+    """The measured timeline of the last step, drawn like a simulated one."""
+    from octopipe import viz
+
+    doc = {"traceEvents": trace_events(result.records)}
+    events = viz.events_from_chrome_trace(doc, step=len(result.losses) - 1)
+    viz.save_timeline(events, path, title=f"measured: last of {len(result.losses)} steps")
 
 
 def _print_human(summary: dict, torchrun: bool) -> None:

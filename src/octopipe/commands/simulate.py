@@ -20,19 +20,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--png", metavar="PATH", help="write a timeline picture (.png or .svg)")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace JSON")
+    p.add_argument("--memory-png", metavar="PATH", help="write each device's memory over time")
 
 
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     plan = load_plan(args.plan, num_layers=profile.num_layers)
     result = Simulator(profile).run(plan, check=False)  # load_plan checked the structure
-    if args.png or args.trace:
+    if args.png or args.trace or args.memory_png:
         from octopipe import viz
 
         if args.png:
             viz.save_timeline(result, args.png, title=f"{profile.name}: {args.plan}")
         if args.trace:
             viz.save_chrome_trace(result.events, args.trace)
+        if args.memory_png:
+            viz.save_memory_plot(result, plan, profile, args.memory_png)
     if args.json:
         print(json.dumps(result.summary()))
     else:
