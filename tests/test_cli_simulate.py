@@ -53,6 +53,13 @@ def test_simulate_pictures(files):
     assert (files / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_unwritable_picture_is_one_line(files, capsys):
+    args = ["simulate", "--profile", str(files / "p.json"), "--plan", str(files / "plan.json")]
+    assert main([*args, "--png", str(files / "no" / "t.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("no/t.png: No such file or directory") and "\n" not in err
+
+
 def test_plan_for_another_profile_is_one_line(files, capsys):
     save_profile(uniform_profile(5, devices=4), files / "p5.json")
     assert (

@@ -247,3 +247,12 @@ def test_predictions_track_the_recorded_h200_measurements():
         if "tok_embeddings" not in name:  # its forward is launch overhead
             assert low < ratios["f"] < high, (name, ratios)
             assert 0.65 < ratios["act"] <= 1.05, (name, ratios)  # eager saves a little more
+
+
+def test_zero_link_latency_is_allowed_negative_is_not(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    args = ["profile-arch", "tiny-llama", "--devices", "2", "-o", str(out)]
+    assert main([*args, "--link-latency", "0"]) == 0
+    assert load_profile(out).link.latency == 0
+    assert main([*args, "--link-latency", "-1"]) == 2
+    assert "link_latency: must not be negative" in capsys.readouterr().err

@@ -67,7 +67,7 @@ def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
     [
         (
             ["--model", "tiny-vlm"],
-            f"the stages cover 7 layers but the model has {layer_count('tiny-vlm')}",
+            f"stages cover 7 layers but the model has {layer_count('tiny-vlm')}",
         ),
         (["--model", "tiny-llama", "--nproc", "1"], "needs 2 devices but only 1 processes"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),

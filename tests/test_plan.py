@@ -96,6 +96,18 @@ def test_bad_plans_give_one_line(tmp_path, data, place, words):
     assert "\n" not in msg and f"{path}: {place}: " in msg and words in msg
 
 
+@pytest.mark.parametrize(
+    "schedule, words",
+    [
+        ({"\u00b2": ["0F0"]}, "device key must be a device index"),
+        ({"0": ["0F0", "0I0", "0W0"], "1": ["1F0", "1B0"], "01": ["1B0", "1F0"]}, "listed twice"),
+    ],
+)
+def test_device_keys_are_plain_and_unique(tmp_path, schedule, words):
+    with pytest.raises(InputError, match=words):
+        load_plan(write(tmp_path, _with(schedule=schedule)))
+
+
 def test_plan_for_other_layer_count(tmp_path):
     with pytest.raises(InputError, match="cover 20 layers but the profile has 24"):
         load_plan(write(tmp_path, DESIGN_EXAMPLE), num_layers=24)

@@ -88,6 +88,7 @@ def _bad(**change):
         (_bad(layers__1__wact_bytes=101), "layers[1]", "exceeds act_bytes"),
         (_bad(layers=[]), "layers", "empty"),
         (_bad(devices__0__speed=0), "devices[0].speed", "greater than 0"),
+        (json.dumps(GOOD).replace('"f": 0.001', '"f": Infinity'), "layers[1].f", "finite"),
         (_bad(format="octopipe.profile/9"), "format", "unknown format"),
         ("[]", None, "expected a JSON object"),
     ],

@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     except OctoPipeError as exc:
         print(f"octopipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file the command reads or writes: name it, no traceback
+        where = exc.filename or "file"
+        print(f"octopipe {args.command}: error: {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

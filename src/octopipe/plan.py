@@ -141,8 +141,9 @@ def make_plan(
     return Plan(num_devices, num_microbatches, stages, schedule)
 
 
-def plan_from_dict(data: Any, where: str = "<plan>") -> Plan:
-    """Parse a plan file's content; a fault raises an InputError naming its place."""
+def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = None) -> Plan:
+    """Parse a plan file's content; a fault raises an InputError naming its place. Given
+    `num_layers`, the stages must cover exactly that many layers."""
     if not isinstance(data, dict):
         raise InputError(where, "expected a JSON object")
     fmt = data.get("format", PLAN_FORMAT)
@@ -171,8 +172,10 @@ def plan_from_dict(data: Any, where: str = "<plan>") -> Plan:
         raise InputError(where, "expected an object mapping device to its action list", "schedule")
     schedule: dict[int, tuple[Action, ...]] = {}
     for key, acts in raw_sched.items():
-        if not (isinstance(key, str) and key.isdigit()):
+        if not (isinstance(key, str) and re.fullmatch(r"[0-9]+", key)):
             raise InputError(where, f"device key must be a device index, got {key!r}", "schedule")
+        if int(key) in schedule:
+            raise InputError(where, f"device {int(key)} is listed twice", f"schedule.{key}")
         if not isinstance(acts, list):
             raise InputError(where, "expected a list of actions", f"schedule.{key}")
         parsed = []
@@ -184,12 +187,15 @@ def plan_from_dict(data: Any, where: str = "<plan>") -> Plan:
         schedule[int(key)] = tuple(parsed)
     predicted = data.get("predicted")
     plan = Plan(nd, nm, tuple(stages), schedule, predicted if isinstance(predicted, dict) else None)
-    check_structure(plan, where)
+    check_structure(plan, where, num_layers)
     return plan
 
 
-def check_structure(plan: Plan, where: str = "<plan>", num_layers: int | None = None) -> None:
-    """Check the plan's own consistency (and, given `num_layers`, its fit to a profile).
+def check_structure(
+    plan: Plan, where: str = "<plan>", num_layers: int | None = None, layers_of: str = "the profile"
+) -> None:
+    """Check the plan's own consistency (and, given `num_layers`, its fit to a profile, or to
+    whatever `layers_of` names in the message).
 
     Stages tile the layers in order; devices are in range; every (stage, microbatch) has one F
     and either one B or one I and one W, on the stage's device. Dependency order is not checked
@@ -215,7 +221,7 @@ def check_structure(plan: Plan, where: str = "<plan>", num_layers: int | None = 
         expect = s.end
     if num_layers is not None and expect != num_layers:
         raise InputError(
-            where, f"stages cover {expect} layers but the profile has {num_layers}", "stages"
+            where, f"stages cover {expect} layers but {layers_of} has {num_layers}", "stages"
         )
     for d in plan.schedule:
         if not 0 <= d < nd:
@@ -257,10 +263,7 @@ def _action_fault(plan: Plan, device: int, a: Action) -> str:
 
 
 def load_plan(path: str | Path, num_layers: int | None = None) -> Plan:
-    plan = plan_from_dict(read_json(path), str(path))
-    if num_layers is not None:
-        check_structure(plan, str(path), num_layers)
-    return plan
+    return plan_from_dict(read_json(path), str(path), num_layers)
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

@@ -27,9 +27,9 @@ class LayerCost(_Frozen):
 
     name: str
     kind: str = "layer"
-    f: float = Field(ge=0, description="forward seconds")
-    b: float = Field(ge=0, description="backward-for-input seconds")
-    w: float = Field(ge=0, description="backward-for-weights seconds")
+    f: float = Field(ge=0, allow_inf_nan=False, description="forward seconds")
+    b: float = Field(ge=0, allow_inf_nan=False, description="backward-for-input seconds")
+    w: float = Field(ge=0, allow_inf_nan=False, description="backward-for-weights seconds")
     act_bytes: int = Field(ge=0, description="held from F until the backward")
     wact_bytes: int = Field(ge=0, description="part of act_bytes still held after I until W")
     param_bytes: int = Field(ge=0, description="static: weights, gradients, optimizer state")
@@ -47,7 +47,9 @@ class LayerCost(_Frozen):
 
 
 class Device(_Frozen):
-    speed: float = Field(default=1.0, gt=0, description="a device of speed s runs an op in t/s")
+    speed: float = Field(
+        default=1.0, gt=0, allow_inf_nan=False, description="a device of speed s runs an op in t/s"
+    )
     memory_bytes: float = Field(default=float("inf"), gt=0, description="capacity to fit")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from octopipe.baselines import make_baseline
-from octopipe.errors import InputError
 from octopipe.partition import METHODS
 from octopipe.plan import save_plan
 from octopipe.profile import load_profile
@@ -37,11 +36,8 @@ def run(args: argparse.Namespace) -> int:
     plan = make_baseline(
         profile, args.schedule, args.partition, num_devices, args.microbatches, args.chunks
     )
-    try:
-        save_plan(plan, args.output)
-    except OSError as exc:
-        raise InputError(args.output, f"cannot write: {exc.strerror or exc}") from None
-    pred = plan.predicted or {}
+    save_plan(plan, args.output)
+    pred = plan.predicted
     print(
         f"{args.schedule}/{args.partition}: {plan.num_stages} stages on {num_devices} devices, "
         f"iteration {pred['iteration_time']:.6g} s, bubble {pred['bubble_ratio']:.1%}, "

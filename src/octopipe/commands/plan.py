@@ -23,6 +23,7 @@ from octopipe.profile import Device, Profile, load_profile
 from octopipe.sim import Simulator
 from octopipe.tune import Evaluated, TuneResult, tune
 from octopipe.tune.placement import torchtitan_style
+from octopipe.viz import save_timeline
 
 NAME = "plan"
 HELP = (
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     if args.time_budget <= 0:
         raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
 
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once
     baselines = _baselines(profile, P, M)
     show = not args.quiet and sys.stderr.isatty()
     with _progress(show, args.time_budget) as report:
@@ -114,8 +117,6 @@ def run(args: argparse.Namespace) -> int:
         )
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
     written = write_outputs(result.best.plan, profile, out, args.micro_batch_size)
     console = Console()
     console.print(comparison_table(result, profile.name))
@@ -159,10 +160,6 @@ def write_outputs(plan: Plan, profile: Profile, out: Path, microbatch_size: int 
     write_schedule_csv(plan, out / "schedule.csv")
     write_torchtitan_toml(plan, profile, out / "torchtitan.toml", "schedule.csv", microbatch_size)
     written = ["plan.json", "schedule.csv", "torchtitan.toml"]
-    try:
-        from octopipe.viz import save_timeline
-    except ImportError:  # pictures are optional: the plan stands without them
-        return written
     save_timeline(
         Simulator(profile).run(plan, detail=True),
         out / "timeline.png",

@@ -7,7 +7,7 @@ import json
 import sys
 
 from octopipe.plan import load_plan
-from octopipe.runtime.launcher import DEFAULT_TIMEOUT_S, RankFailure, execute, under_torchrun
+from octopipe.runtime.launcher import DEFAULT_TIMEOUT_S, RankFailure, execute
 from octopipe.runtime.session import Job, RunConfig
 from octopipe.runtime.trace import trace_events, write_trace
 from octopipe.runtime.worker import OptimizerConfig
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        _print_human(summary, under_torchrun())
+        _print_human(summary)
     return 0
 
 
@@ -99,7 +99,7 @@ def _draw_last_step(result, path: str) -> None:
     viz.save_timeline(events, path, title=f"measured: last of {len(result.losses)} steps")
 
 
-def _print_human(summary: dict, torchrun: bool) -> None:
+def _print_human(summary: dict) -> None:
     losses = ", ".join(f"{x:.6g}" for x in summary["losses"])
     print(f"losses per step: {losses}")
     predicted = summary["predicted_iteration_time"]

@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     plan = load_plan(args.plan, num_layers=profile.num_layers)
-    result = Simulator(profile).run(plan, check=False)  # load_plan checked the structure
+    # load_plan checked the structure against the profile's layers
+    result = Simulator(profile).run(plan, check=False, where=args.plan)
     if args.png or args.trace or args.memory_png:
         from octopipe import viz
 

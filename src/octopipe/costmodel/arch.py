@@ -117,11 +117,6 @@ class MambaShape:
     def inner_size(self) -> int:
         return self.num_heads * self.head_dim
 
-    @property
-    def conv_channels(self) -> int:
-        """Channels the causal depthwise convolution runs over: x, B and C."""
-        return self.inner_size + 2 * self.n_groups * self.state_size
-
 
 @dataclass(frozen=True)
 class VisionShape:

@@ -43,8 +43,15 @@ class Hardware:
 
     def __post_init__(self) -> None:
         for f in fields(self):
+            if f.name == "name":
+                continue
             value = getattr(self, f.name)
-            if f.name != "name" and not value > 0:
+            if f.name == "link_latency":  # zero latency is a fine idealization
+                if not value >= 0:
+                    raise InputError(
+                        f"hardware {self.name}", f"must not be negative (got {value})", f.name
+                    )
+            elif not value > 0:
                 raise InputError(f"hardware {self.name}", f"must be positive (got {value})", f.name)
         efficiencies = ("matmul", "grouped_matmul", "attention", "memory")
         for name in (f"{kind}_efficiency" for kind in efficiencies):

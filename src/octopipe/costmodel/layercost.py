@@ -184,7 +184,7 @@ def _mamba(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) ->
     heads = split_heads(m.num_heads, tp, "Mamba heads")
     groups = split_heads(m.n_groups, tp, "Mamba groups")
     inner = heads * m.head_dim
-    conv = inner + 2 * groups * m.state_size
+    conv = inner + 2 * groups * m.state_size  # x, B and C: the channels the conv runs over
     work.norm(t, h)
     work.linear(t, h, inner + conv + heads)  # z, (x, B, C), dt
     work.params += conv * (m.conv_kernel + 1) + 3 * heads  # conv weight+bias, dt_bias, A, D

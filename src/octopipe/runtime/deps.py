@@ -59,12 +59,7 @@ def check_acyclic(plan: Plan) -> None:
 
 def check_runnable(plan: Plan, num_layers: int, world_size: int, where: str = "<plan>") -> None:
     """Refuse a plan the executor cannot run on this model and this many processes."""
-    covered = plan.stages[-1].end if plan.stages else 0
-    if covered != num_layers:
-        raise InputError(
-            where, f"the stages cover {covered} layers but the model has {num_layers}", "stages"
-        )
-    check_structure(plan, where, num_layers)
+    check_structure(plan, where, num_layers, layers_of="the model")
     if plan.num_devices > world_size:
         raise InputError(
             where,

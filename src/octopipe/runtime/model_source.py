@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from octopipe.errors import InputError
+from octopipe.models import build_model, bundled_models
 from octopipe.models.base import PipelineModel
 
 
@@ -36,21 +37,16 @@ def _from_factory(spec: str, seed: int) -> PipelineModel:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise InputError("--model", f"cannot load factory {spec!r}: {exc}") from None
+    if not callable(factory):
+        raise InputError("--model", f"{spec!r} is not callable: expected a factory(seed)")
     return factory(seed)
 
 
 def _bundled(name: str, seed: int, layers: Iterable[int] | None) -> PipelineModel:
-    models = importlib.import_module("octopipe.models")
-    build = getattr(models, "build_model", None)
-    if build is None:
-        raise InputError(
-            "--model",
-            f"no bundled models are available yet; pass module:factory instead of {name!r}",
-        )
-    known = getattr(models, "bundled_models", lambda: None)()
-    if known is not None and name not in known and not Path(name).is_file():
+    known = bundled_models()
+    if name not in known and not Path(name).is_file():
         raise InputError(
             "--model",
             f"unknown model {name!r}; bundled: {', '.join(sorted(known))} (or a config.json)",
         )
-    return build(name, seed, layers=None if layers is None else list(layers))
+    return build_model(name, seed, layers=None if layers is None else list(layers))

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from octopipe.errors import DeadlockError
 from octopipe.plan import Plan
 from octopipe.profile import Device, Profile
 from octopipe.sim.evaluate import Event, SimResult, evaluate
@@ -32,12 +33,20 @@ class Simulator:
         self.profile = profile
         self.costs = CostTable(profile)
 
-    def run(self, plan: Plan, detail: bool = True, check: bool = True) -> SimResult:
+    def run(
+        self, plan: Plan, detail: bool = True, check: bool = True, where: str = "<plan>"
+    ) -> SimResult:
         """Simulate `plan`. `detail=False` skips events and critical path; `check=False` skips the
-        structural validation of a plan a generator has just built."""
-        devices = devices_for(self.profile, plan)
-        graph = build_graph(self.costs, plan, devices, check=check)
-        return evaluate(graph, lower_bound(self.profile, devices, plan.num_microbatches), detail)
+        structural validation of a plan a generator has just built; `where` names the plan (its
+        file) in error messages."""
+        devices = devices_for(self.profile, plan, where)
+        graph = build_graph(self.costs, plan, devices, check, where)
+        try:
+            return evaluate(
+                graph, lower_bound(self.profile, devices, plan.num_microbatches), detail
+            )
+        except DeadlockError as exc:
+            raise DeadlockError(f"{where}: {exc}") from None
 
 
 def simulate(profile: Profile, plan: Plan, detail: bool = True) -> SimResult:

@@ -53,9 +53,6 @@ class CostTable:
             self.w[end] - self.w[start],
         )
 
-    def stage_work(self, start: int, end: int) -> float:
-        return sum(self.stage_times(start, end))
-
     def boundary_bytes(self, end: int) -> int:
         """Bytes crossing the boundary after layer `end - 1`, both ways (activation, gradient)."""
         return self.out_bytes[end - 1]
@@ -80,14 +77,19 @@ def _prefix(values) -> list[float]:
 
 
 def build_graph(
-    costs: CostTable, plan: Plan, devices: tuple[Device, ...], check: bool = True
+    costs: CostTable,
+    plan: Plan,
+    devices: tuple[Device, ...],
+    check: bool = True,
+    where: str = "<plan>",
 ) -> Graph:
     """Lower `plan` to a Graph under the default cost semantics.
 
-    `check=False` skips the structural check, for plans a generator has just built.
+    `check=False` skips the structural check, for plans a generator has just built; `where`
+    names the plan in error messages.
     """
     if check:
-        check_structure(plan, "<plan>", costs.num_layers)
+        check_structure(plan, where, costs.num_layers)
     M = plan.num_microbatches
     stages = plan.stages
     S = len(stages)
@@ -148,10 +150,13 @@ def build_graph(
     return Graph(plan, devices, tuple(rows), n, tuple(static), tuple(mem_delta))
 
 
-def devices_for(profile: Profile, plan: Plan) -> tuple[Device, ...]:
-    try:
-        return profile.device_list(plan.num_devices)
-    except InputError as exc:
+def devices_for(profile: Profile, plan: Plan, where: str = "<plan>") -> tuple[Device, ...]:
+    """The profile's devices for `plan` (default devices where the profile lists none)."""
+    listed = profile.devices
+    if listed is not None and len(listed) != plan.num_devices:
         raise InputError(
-            "<plan>", f"plan has {plan.num_devices} devices: {exc.message}", "num_devices"
-        ) from None
+            where,
+            f"the plan has {plan.num_devices} devices but the profile lists {len(listed)}",
+            "num_devices",
+        )
+    return profile.device_list(plan.num_devices)

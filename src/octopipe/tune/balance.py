@@ -1,6 +1,6 @@
 """Balanced partitions for a fixed placement: contiguous layer ranges that even out the work.
 
-Two pure steps on the profile's prefix sums (`CostTable`):
+Three pure functions on the profile's prefix sums (`CostTable`):
 
 1. `min_max_stage_ranges`: the split into S non-empty stages whose slowest stage (work / speed of
    its device) is as fast as possible, found by bisection on that time with an exact
@@ -11,7 +11,7 @@ Two pure steps on the profile's prefix sums (`CostTable`):
    loaded device (a device's load is the sum of its stages' work / its speed), which is what
    bounds a pipeline's steady state when a device holds several stages.
 
-Neither looks at memory or at the schedule; the tuner does, by simulation.
+None looks at memory or at the schedule; the tuner does, by simulation.
 """
 
 from __future__ import annotations
