@@ -26,27 +26,9 @@ from dataclasses import dataclass
 
 from octopipe.errors import DeadlockError
 from octopipe.plan import Action
-from octopipe.profile import Device, Link
-from octopipe.sim.graph import CostTable
+from octopipe.sim.graph import StageCost
 
 INF = float("inf")
-
-
-@dataclass(frozen=True)
-class StageCost:
-    """One stage as its device sees it: op seconds at the device's speed, activation bytes."""
-
-    device: int
-    f: float
-    i: float  # backward for the input
-    w: float  # backward for the weights
-    act: float  # held from F until the backward
-    wact: float  # of which still held after I until W
-    lag_next: float  # transfer to the next stage (0 on the same device or for the last stage)
-
-    @property
-    def work(self) -> float:
-        return self.f + self.i + self.w
 
 
 @dataclass(frozen=True)
@@ -74,35 +56,6 @@ class ListSchedule:
     def orders(self) -> dict[int, tuple[Action, ...]]:
         """Per device, its actions in order (built on demand: a search discards most schedules)."""
         return {d: tuple(Action(*a) for a in acts) for d, acts in enumerate(self.codes)}
-
-
-def stage_costs(
-    costs: CostTable,
-    ranges: Sequence[tuple[int, int]],
-    placement: Sequence[int],
-    devices: Sequence[Device],
-    link: Link,
-) -> tuple[StageCost, ...]:
-    """The StageCost of each stage of a partition + placement (durations divided by speed)."""
-    out = []
-    last = len(ranges) - 1
-    for s, ((a, b), d) in enumerate(zip(ranges, placement, strict=True)):
-        f, bi, bw = costs.stage_times(a, b)
-        speed = devices[d].speed
-        crosses = s < last and placement[s + 1] != d
-        lag = link.transfer_time(costs.boundary_bytes(b)) if crosses else 0.0
-        out.append(
-            StageCost(
-                device=d,
-                f=f / speed,
-                i=bi / speed,
-                w=bw / speed,
-                act=costs.act[b] - costs.act[a],
-                wact=costs.wact[b] - costs.wact[a],
-                lag_next=lag,
-            )
-        )
-    return tuple(out)
 
 
 def list_schedule(

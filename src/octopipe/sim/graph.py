@@ -2,18 +2,20 @@
 
 Every action of the plan becomes one integer id; each carries its duration on its device and up to
 two cross-action dependencies with the transfer lag on that edge. Device order is implicit in the
-per-device lists. This module knows the default cost semantics of DESIGN.md; it does not evaluate
-time or memory (`evaluate.py` does).
+per-device lists. This module holds the default cost semantics of DESIGN.md: what a stage's ops
+cost on its device (`stage_costs`, shared with the list scheduler) and which action waits for
+which; it does not evaluate time or memory (`evaluate.py` does).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
 from octopipe.errors import InputError
 from octopipe.plan import Action, Plan, check_structure
-from octopipe.profile import Device, Profile
+from octopipe.profile import Device, Link, Profile
 
 KIND_CODE = {"F": 0, "I": 1, "W": 2, "B": 3}
 KINDS = "FIWB"
@@ -59,6 +61,62 @@ class CostTable:
 
 
 @dataclass(frozen=True)
+class StageCost:
+    """One stage as its device sees it: op seconds at the device's speed, activation bytes."""
+
+    device: int
+    f: float
+    i: float  # backward for the input
+    w: float  # backward for the weights
+    act: float  # held from F until the backward
+    wact: float  # of which still held after I until W
+    lag_next: float  # transfer to the next stage (0 on the same device or for the last stage)
+
+    @property
+    def work(self) -> float:
+        return self.f + self.i + self.w
+
+
+def stage_costs(
+    costs: CostTable,
+    ranges: Sequence[tuple[int, int]],
+    placement: Sequence[int],
+    devices: Sequence[Device],
+    link: Link,
+) -> tuple[StageCost, ...]:
+    """The StageCost of each stage of a partition + placement (durations divided by speed)."""
+    out = []
+    last = len(ranges) - 1
+    for s, ((a, b), d) in enumerate(zip(ranges, placement, strict=True)):
+        f, bi, bw = costs.stage_times(a, b)
+        speed = devices[d].speed
+        crosses = s < last and placement[s + 1] != d
+        lag = link.transfer_time(costs.boundary_bytes(b)) if crosses else 0.0
+        out.append(
+            StageCost(
+                device=d,
+                f=f / speed,
+                i=bi / speed,
+                w=bw / speed,
+                act=costs.act[b] - costs.act[a],
+                wact=costs.wact[b] - costs.wact[a],
+                lag_next=lag,
+            )
+        )
+    return tuple(out)
+
+
+def static_bytes(
+    costs: CostTable, ranges: Sequence[tuple[int, int]], placement: Sequence[int], num_devices: int
+) -> list[float]:
+    """Per device: the `param_bytes` of the layers of its stages."""
+    static = [0.0] * num_devices
+    for (a, b), d in zip(ranges, placement, strict=True):
+        static[d] += costs.param[b] - costs.param[a]
+    return static
+
+
+@dataclass(frozen=True)
 class Graph:
     """A plan lowered to integer ids. Each row of `rows[d]` is one action of device d, in order:
     (aid, duration, dep1, lag1, dep2, lag2), dep = NO_DEP where absent."""
@@ -67,7 +125,7 @@ class Graph:
     devices: tuple[Device, ...]
     rows: tuple[tuple[tuple[int, float, int, float, int, float], ...], ...]
     num_ids: int
-    static_bytes: tuple[int, ...]
+    static_bytes: tuple[float, ...]
     # Per-action memory change when it runs (bytes), indexed by aid.
     mem_delta: tuple[int, ...]
 
@@ -93,25 +151,11 @@ def build_graph(
     M = plan.num_microbatches
     stages = plan.stages
     S = len(stages)
-    link = costs.profile.link
-    speed = [d.speed for d in devices]
-
-    dur = []  # per stage: durations of F, I, W, B on its device
-    mem = []  # per stage: memory change at F, I, W, B
-    for st in stages:
-        f, b, w = costs.stage_times(st.start, st.end)
-        sp = speed[st.device]
-        dur.append((f / sp, b / sp, w / sp, (b + w) / sp))
-        act = costs.act[st.end] - costs.act[st.start]
-        wact = costs.wact[st.end] - costs.wact[st.start]
-        mem.append((act, -(act - wact), -wact, -act))
-    # Lag on the edge from stage s to s+1 (and back): zero on one device.
-    lag = [
-        0.0
-        if stages[s].device == stages[s + 1].device
-        else link.latency + costs.boundary_bytes(stages[s].end) / link.bandwidth
-        for s in range(S - 1)
-    ]
+    ranges = [(st.start, st.end) for st in stages]
+    per_stage = stage_costs(costs, ranges, plan.placement, devices, costs.profile.link)
+    dur = [(c.f, c.i, c.w, c.i + c.w) for c in per_stage]  # F, I, W, B on the stage's device
+    mem = [(c.act, -(c.act - c.wact), -c.wact, -c.act) for c in per_stage]  # change at each
+    lag = [c.lag_next for c in per_stage]  # edge s <-> s+1, both ways; 0 on one device
 
     n = S * M * 4
     # Which backward (I or B) each (stage, mb) uses, for the dependency of stage s-1's backward.
@@ -144,9 +188,7 @@ def build_graph(
                     row.append((aid, dur[s][code], sm * 4, 0.0, NO_DEP, 0.0))
         rows.append(tuple(row))
 
-    static = [0] * plan.num_devices
-    for st in stages:
-        static[st.device] += costs.param[st.end] - costs.param[st.start]
+    static = static_bytes(costs, ranges, plan.placement, plan.num_devices)
     return Graph(plan, devices, tuple(rows), n, tuple(static), tuple(mem_delta))
 
 

@@ -14,14 +14,8 @@ from dataclasses import dataclass, field, replace
 
 from octopipe.plan import Plan, make_plan
 from octopipe.profile import Device, Profile
-from octopipe.schedules.list_scheduler import (
-    ListSchedule,
-    Rules,
-    StageCost,
-    list_schedule,
-    stage_costs,
-)
-from octopipe.sim.graph import CostTable
+from octopipe.schedules.list_scheduler import ListSchedule, Rules, list_schedule
+from octopipe.sim.graph import CostTable, StageCost, stage_costs, static_bytes
 from octopipe.tune.balance import Ranges
 from octopipe.tune.placement import Placement
 
@@ -118,11 +112,7 @@ class Evaluator:
         return len(self.devices)
 
     def static_bytes(self, cand: Candidate) -> list[float]:
-        static = [0.0] * self.num_devices
-        param = self.costs.param
-        for (a, b), d in zip(cand.ranges, cand.placement):
-            static[d] += param[b] - param[a]
-        return static
+        return static_bytes(self.costs, cand.ranges, cand.placement, self.num_devices)
 
     def stages(self, cand: Candidate) -> tuple[StageCost, ...]:
         return stage_costs(self.costs, cand.ranges, cand.placement, self.devices, self.profile.link)
