@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from octopipe.plan import load_plan
-from octopipe.runtime.launcher import DEFAULT_TIMEOUT_S, RankFailure, execute
+from octopipe.runtime.launcher import DEFAULT_TIMEOUT_S, RankFailure, execute, under_torchrun
 from octopipe.runtime.session import Job, RunConfig
 from octopipe.runtime.trace import trace_events, write_trace
 from octopipe.runtime.worker import OptimizerConfig
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"octopipe run: {exc}", file=sys.stderr)
         return 1
     if results is None:  # a rank other than 0 under torchrun: rank 0 reports
-        return 0
+        _leave_rank()
     result = results[0]
     if args.trace:
         write_trace(args.trace, result.records)
@@ -87,7 +88,18 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         _print_human(summary)
+    if under_torchrun():
+        _leave_rank()
     return 0
+
+
+def _leave_rank() -> None:
+    """End a torchrun rank without interpreter teardown, as spawned ranks do: at exit, torch's
+    C++ threads of a finished process group can abort the process ("terminate called without
+    an active exception"), turning a good run into a failed rank."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _draw_last_step(result, path: str) -> None:

@@ -111,6 +111,8 @@ def train_as_rank(
     )
     results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
     # Only on success: after a failure, tearing down may wait on dead peers; the error goes first.
+    # The barrier keeps a fast rank from closing its sockets under a peer still finishing.
+    dist.barrier()
     dist.destroy_process_group()
     return results if rank == 0 else None
 
@@ -123,15 +125,25 @@ def launch(
 ) -> list[RunResult]:
     validate_jobs(jobs, nproc)
     backend = choose_backend(backend, nproc)
+    return spawn_ranks(
+        _train_jobs, (backend, list(jobs), timeout_s), nproc, timeout_s * (1 + len(jobs))
+    )
+
+
+def spawn_ranks(body, args: tuple, nproc: int, deadline_s: float, name: str = "octopipe"):
+    """Run `body(rank, world, store, *args)` on `nproc` fresh processes and return what rank 0's
+    body returns. `store` is a file for `init_method="file://..."` (rendezvous without opening a
+    port). The first rank to fail stops all of them and its traceback is raised as RankFailure;
+    nothing is left running."""
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="octopipe-run-") as tmp:
-        store = Path(tmp) / "store"  # a file store: rendezvous without opening a port
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        store = str(Path(tmp) / "store")
         procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(rank, nproc, str(store), backend, list(jobs), messages, timeout_s),
-                name=f"octopipe-rank{rank}",
+                args=(body, rank, nproc, store, args, messages),
+                name=f"{name}-rank{rank}",
                 daemon=True,
             )
             for rank in range(nproc)
@@ -139,7 +151,7 @@ def launch(
         for p in procs:
             p.start()
         try:
-            payload = _watch(procs, messages, timeout_s * (1 + len(jobs)))
+            payload = _watch(procs, messages, deadline_s)
         except RankFailure as failure:
             _stop(procs)
             failure.exit_codes = tuple(p.exitcode for p in procs)
@@ -147,6 +159,12 @@ def launch(
         finally:
             _stop(procs)
     return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+def _train_jobs(
+    rank: int, world: int, store: str, backend: str, jobs: list[Job], timeout_s: float
+) -> list[RunResult] | None:
+    return train_as_rank(jobs, rank, world, rank, f"file://{store}", backend, timeout_s)
 
 
 def _watch(procs: list[mp.process.BaseProcess], messages: mp.Queue, deadline_s: float) -> bytes:
@@ -198,23 +216,15 @@ def _stop(procs: list[mp.process.BaseProcess]) -> None:
             p.join()
 
 
-def _rank_main(
-    rank: int,
-    world: int,
-    store: str,
-    backend: str,
-    jobs: list[Job],
-    messages: mp.Queue,
-    timeout_s: float,
-) -> None:
-    """One spawned rank: train every job; rank 0 sends the results; any error is reported."""
+def _rank_main(body, rank: int, world: int, store: str, args: tuple, messages: mp.Queue) -> None:
+    """One spawned rank: run the body; rank 0 sends its results; any error is reported."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's and NCCL's sockets
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # stay on loopback
     code = 0
     try:
         torch.set_num_threads(1)  # ranks share the host's cores; oversubscription only slows them
-        results = train_as_rank(jobs, rank, world, rank, f"file://{store}", backend, timeout_s)
-        if results is not None:
+        results = body(rank, world, store, *args)
+        if rank == 0:
             buf = io.BytesIO()
             torch.save(results, buf)
             messages.put(("ok", buf.getvalue()))

@@ -16,14 +16,8 @@ here reaches into our executor's internals: the two share only the model and the
 
 from __future__ import annotations
 
-import io
-import multiprocessing as mp
-import os
-import queue as queue_mod
 import statistics
-import tempfile
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -37,7 +31,7 @@ from torch.distributed.pipelining import schedules as tps
 
 from octopipe.models.base import Activation, PipelineModel
 from octopipe.plan import Plan, save_schedule_csv
-from octopipe.runtime.launcher import validate_jobs
+from octopipe.runtime.launcher import DEFAULT_TIMEOUT_S, spawn_ranks, validate_jobs
 from octopipe.runtime.model_source import build_pipeline_model
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.shapes import BoundarySpec, discover_boundary_specs
@@ -54,9 +48,6 @@ TORCH_SCHEDULES = {
     ),
     "ScheduleZBVZeroBubble": (tps.ScheduleZBVZeroBubble, lambda p, s: v_placement(p)),
 }
-
-DEFAULT_TIMEOUT_S = 120.0
-_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -251,95 +242,28 @@ def launch_torch(
         check_placement(job)
         if job.plan.num_devices != nproc:
             raise ValueError(f"the plan needs {job.plan.num_devices} ranks, {nproc} were asked for")
-    ctx = mp.get_context("spawn")
-    messages = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="octopipe-torchpp-") as tmp:
-        procs = [
-            ctx.Process(
-                target=_rank_main,
-                args=(rank, nproc, tmp, list(jobs), messages, timeout_s),
-                name=f"octopipe-torchpp-rank{rank}",
-                daemon=True,
-            )
-            for rank in range(nproc)
-        ]
-        for p in procs:
-            p.start()
-        try:
-            payload = _await_result(procs, messages, timeout_s * (1 + len(jobs)))
-        finally:
-            _stop(procs)
-    return torch.load(io.BytesIO(payload), weights_only=False)
+    return spawn_ranks(
+        _run_jobs, (list(jobs), timeout_s), nproc, timeout_s * (1 + len(jobs)), "octopipe-torchpp"
+    )
 
 
-def _rank_main(
-    rank: int,
-    world: int,
-    tmp: str,
-    jobs: list[TorchJob | Job],
-    messages: mp.Queue,
-    timeout_s: float,
-) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    code = 0
-    try:
-        torch.set_num_threads(1)  # the ranks share the host's cores
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{tmp}/store",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=timeout_s),
-        )
-        cpu = torch.device("cpu")
-        results = [
-            run_torch_job_on_rank(job, rank, world, Path(tmp))
-            if isinstance(job, TorchJob)
-            else run_job_on_rank(job, rank, world, cpu, nccl=False)
-            for job in jobs
-        ]
-        dist.destroy_process_group()
-        if rank == 0:
-            buf = io.BytesIO()
-            torch.save(results, buf)
-            messages.put(("ok", buf.getvalue()))
-    except BaseException:  # noqa: BLE001 - the parent must hear of any failure
-        messages.put(("error", rank, traceback.format_exc()))
-        code = 1
-    messages.close()
-    messages.join_thread()
-    os._exit(code)  # a failed peer's sockets may be gone: skip interpreter teardown
-
-
-def _await_result(procs: list, messages: mp.Queue, deadline_s: float) -> bytes:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            msg = messages.get(timeout=0.1)
-        except queue_mod.Empty:
-            msg = None
-        if msg is not None and msg[0] == "error":
-            raise RuntimeError(f"rank {msg[1]} failed:\n{msg[2]}")
-        if msg is not None:
-            return msg[1]
-        dead = [(p.name, p.exitcode) for p in procs if p.exitcode not in (None, 0)]
-        if dead:
-            try:  # its traceback may still be on the way
-                msg = messages.get(timeout=_GRACE_S)
-            except queue_mod.Empty:
-                msg = None
-            if msg is not None and msg[0] == "error":
-                raise RuntimeError(f"rank {msg[1]} failed:\n{msg[2]}")
-            raise RuntimeError(f"{dead[0][0]} died with exit code {dead[0][1]}")
-    raise RuntimeError(f"the PyTorch pipelining run did not finish within {deadline_s:.0f} s")
-
-
-def _stop(procs: list) -> None:
-    for p in procs:
-        p.join(_GRACE_S)
-        if p.is_alive():
-            p.terminate()
-            p.join(_GRACE_S)
-        if p.is_alive():
-            p.kill()
-            p.join()
+def _run_jobs(
+    rank: int, world: int, store: str, jobs: list[TorchJob | Job], timeout_s: float
+) -> list[TorchResult | RunResult]:
+    """One rank: PyTorch's schedules and our executor's jobs in turn, in one gloo group."""
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    cpu = torch.device("cpu")
+    results = [
+        run_torch_job_on_rank(job, rank, world, Path(store).parent)
+        if isinstance(job, TorchJob)
+        else run_job_on_rank(job, rank, world, cpu, nccl=False)
+        for job in jobs
+    ]
+    dist.destroy_process_group()
+    return results
