@@ -12,6 +12,7 @@ from pathlib import Path
 from octopipe.plan import Action, Plan, make_plan
 from octopipe.profile import Device, LayerCost, Link, Profile
 from octopipe.sim import CostTable
+from tests.sim_helpers import one_f_one_b
 
 
 def layer_profile(
@@ -45,21 +46,6 @@ def layer_profile(
     return Profile(
         name="sample", layers=tuple(layers), devices=devs, link=Link(bandwidth=50e9, latency=1e-5)
     )
-
-
-def one_f_one_b(num_devices: int, num_microbatches: int, split: bool = False) -> Plan:
-    """1F1B, one stage of one layer per device; I then W back to back when `split`."""
-    P, M = num_devices, num_microbatches
-    orders = {}
-    for d in range(P):
-        warm = min(P - d - 1, M)
-        acts = [Action(d, "F", m) for m in range(warm)]
-        for m in range(M):
-            if warm + m < M:
-                acts.append(Action(d, "F", warm + m))
-            acts += [Action(d, "I", m), Action(d, "W", m)] if split else [Action(d, "B", m)]
-        orders[d] = acts
-    return make_plan(P, M, [(i, i + 1) for i in range(P)], list(range(P)), orders)
 
 
 def interleaved_1f1b(num_devices: int, chunks: int, num_microbatches: int) -> Plan:
