@@ -36,15 +36,16 @@ print('# Executor check:', torch.cuda.get_device_name(0) if gpu else 'CPU', torc
     echo "|---|---|---|---|---|---|"
 } > "$report"
 for model in tiny-hybrid tiny-moe tiny-vlm; do
-    # The model's own sizes in both the profile and the run, so the prediction applies.
-    python3 -m octopipe profile --model "$model" --device "$device" --repeats 10 \
+    # The same sizes in the profile and the run, so the prediction applies.
+    sizes=(--seq-len "${SEQ_LEN:-256}" --micro-batch-size "${MICRO_BATCH_SIZE:-2}")
+    python3 -m octopipe profile --model "$model" --device "$device" --repeats 10 "${sizes[@]}" \
         -o "$out/$model.profile.json" || continue
     python3 -m octopipe plan --profile "$out/$model.profile.json" --devices "$gpus" \
         --microbatches $((4 * gpus)) --quiet --time-budget 20 -o "$out/$model" > /dev/null || continue
     python3 -m octopipe run --plan "$out/$model/plan.json" --model "$model" --backend "$backend" \
-        --steps 6 --json > "$out/$model.run.json" || continue
+        "${sizes[@]}" --steps 6 --json > "$out/$model.run.json" || continue
     python3 -m octopipe run --plan "$out/$model/plan.json" --model "$model" --backend gloo \
-        --nproc "$gpus" --steps 6 --json > "$out/$model.cpu.json" || continue
+        "${sizes[@]}" --nproc "$gpus" --steps 6 --json > "$out/$model.cpu.json" || continue
     python3 - "$model" "$gpus" "$out/$model.run.json" "$out/$model.cpu.json" >> "$report" <<'EOF'
 import json
 import sys

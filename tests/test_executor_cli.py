@@ -151,3 +151,31 @@ def test_run_as_ranks_of_an_existing_job(tmp_path):
     report = json.loads(outs[0][0])
     assert len(report["losses"]) == 2 and len(report["peak_memory_bytes"]) == 2
     assert outs[1][0] == ""
+
+
+@pytest.mark.timeout(120)
+def test_run_at_the_sizes_the_profile_was_measured_at(tmp_path, capsys):
+    """--seq-len and --micro-batch-size size the data: the first step's loss is that of the
+    model at those sizes (the default sizes give another)."""
+    import statistics
+
+    import torch
+
+    from octopipe.models import build_model
+
+    layers, M = layer_count("tiny-llama"), 3
+    save_plan(one_f_one_b(2, M, num_layers=layers), tmp_path / "plan.json")
+    args = ["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-llama", "--json"]
+    assert main([*args, "--steps", "1", "--seq-len", "16", "--micro-batch-size", "1"]) == 0
+    measured = json.loads(capsys.readouterr().out)["losses"][0]
+
+    def first_loss(**sizes):
+        model = build_model("tiny-llama", 0, **sizes)
+        batch = model.make_batch(M, 0, 0)
+        with torch.no_grad():
+            return statistics.fmean(
+                float(model.loss(model(*x), t)) for x, t in zip(batch.inputs, batch.targets)
+            )
+
+    assert measured == pytest.approx(first_loss(seq_len=16, micro_batch_size=1), rel=1e-5)
+    assert measured != pytest.approx(first_loss(), rel=1e-5)

@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace", help="write a Chrome/Perfetto trace of every rank's actions here"
     )
+    parser.add_argument(
+        "--seq-len", type=_positive, help="tokens per sequence (default: the model's, as profiled)"
+    )
+    parser.add_argument(
+        "--micro-batch-size", type=_positive, help="sequences per microbatch (default: the model's)"
+    )
     parser.add_argument("--png", help="draw the last step's measured timeline here (.png or .svg)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -67,7 +73,15 @@ def run(args: argparse.Namespace) -> int:
     optimizer = OptimizerConfig(
         args.optimizer, args.lr, args.momentum if args.optimizer == "sgd" else 0.0
     )
-    config = RunConfig(args.model, args.seed, args.steps, optimizer, args.lookahead)
+    config = RunConfig(
+        args.model,
+        args.seed,
+        args.steps,
+        optimizer,
+        args.lookahead,
+        seq_len=args.seq_len,
+        micro_batch_size=args.micro_batch_size,
+    )
     nproc = args.nproc or plan.num_devices
     try:
         results = execute(

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from octopipe.models.base import PipelineModel
 from octopipe.plan import Plan
 from octopipe.runtime.model_source import build_pipeline_model
 from octopipe.runtime.shapes import discover_boundary_specs
@@ -35,6 +36,18 @@ class RunConfig:
     order_matched: bool = (
         False  # gloo: match transfers by order on a group per channel, as NCCL must
     )
+    seq_len: int | None = None  # a bundled model's sizes (None: its default), as profiled
+    micro_batch_size: int | None = None
+
+    def build_model(self, layers: list[int] | None = None) -> PipelineModel:
+        """The model this job trains (only `layers`, when given), at the configured sizes."""
+        return build_pipeline_model(
+            self.model,
+            self.seed,
+            layers,
+            seq_len=self.seq_len,
+            micro_batch_size=self.micro_batch_size,
+        )
 
 
 @dataclass(frozen=True)
@@ -92,10 +105,10 @@ def run_job_on_rank(
     plan, cfg = job.plan, job.config
     per_channel_groups = nccl or cfg.order_matched
     mine = [i for st in plan.stages if st.device == rank for i in range(st.start, st.end)]
-    model = build_pipeline_model(cfg.model, cfg.seed, layers=mine)
+    model = cfg.build_model(mine)
     batches = [model.make_batch(plan.num_microbatches, cfg.seed, k) for k in range(cfg.steps)]
     specs = discover_boundary_specs(
-        lambda: build_pipeline_model(cfg.model, cfg.seed),
+        cfg.build_model,
         batches[0].inputs[0],
         [st.start for st in plan.stages[1:]],
     )
