@@ -74,28 +74,60 @@ def _check_fits(name: str, device: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from octopipe.models import build_model
     from octopipe.profile import save_profile
-    from octopipe.runtime.profiler import profile_model
+    from octopipe.runtime.launcher import spawn_ranks
 
     _check(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device", "cuda was asked for but this torch sees no CUDA device")
     _check_fits(args.model, args.device)
-    torch.set_num_threads(args.threads)
-    model = build_model(
-        args.model, args.seed, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size
+    # Measured in a fresh process that starts as the executor's ranks do (same allocator
+    # settings, one process per device), so the profile's times are the run's.
+    options = {k: getattr(args, k) for k in _PROFILE_OPTIONS}
+    profile = spawn_ranks(
+        _profile_in_child, (options,), 1, deadline_s=_DEADLINE_S, name="octopipe-profile"
     )
-    console = Console(stderr=True)
+    save_profile(profile, args.output)
+    work = sum(layer.work for layer in profile.layers)
+    print(
+        f"wrote {args.output}: {profile.num_layers} layers, "
+        f"{work * 1e3:.2f} ms of F+B+W per microbatch on {args.device}"
+    )
+    return 0
+
+
+_PROFILE_OPTIONS = (
+    "model",
+    "device",
+    "seq_len",
+    "micro_batch_size",
+    "repeats",
+    "warmup",
+    "seed",
+    "threads",
+)
+_DEADLINE_S = 24 * 3600.0  # profiling a large config takes long; a failure still ends it at once
+
+
+def _profile_in_child(rank: int, world: int, store: str, options: dict):
+    """The profiling itself, in the spawned process: build the model, time every layer."""
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from octopipe.models import build_model
+    from octopipe.runtime.profiler import profile_model
+
+    o = argparse.Namespace(**options)
+    torch.set_num_threads(o.threads)
+    model = build_model(o.model, o.seed, seq_len=o.seq_len, micro_batch_size=o.micro_batch_size)
     names = model.layer_names
     with Progress(
         TextColumn("[bold]profiling[/] {task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        console=console,
+        console=Console(stderr=True),
         transient=True,
     ) as progress:
         task = progress.add_task(names[0], total=len(names))
@@ -104,19 +136,12 @@ def run(args: argparse.Namespace) -> int:
             following = names[index + 1] if index + 1 < len(names) else "done"
             progress.update(task, advance=1, description=following)
 
-        profile = profile_model(
+        return profile_model(
             model,
-            device=args.device,
-            warmup=args.warmup,
-            repeats=args.repeats,
-            seed=args.seed,
-            name=f"{model.arch.name}-{args.device}-s{args.seq_len}-mb{args.micro_batch_size}",
+            device=o.device,
+            warmup=o.warmup,
+            repeats=o.repeats,
+            seed=o.seed,
+            name=f"{model.arch.name}-{o.device}-s{o.seq_len}-mb{o.micro_batch_size}",
             on_layer=advance,
         )
-    save_profile(profile, args.output)
-    work = sum(layer.work for layer in profile.layers)
-    console.print(
-        f"wrote {args.output}: {profile.num_layers} layers, "
-        f"{work * 1e3:.2f} ms of F+B+W per microbatch on {args.device}"
-    )
-    return 0

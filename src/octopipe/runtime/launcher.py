@@ -17,6 +17,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,6 +30,18 @@ from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 
 DEFAULT_TIMEOUT_S = 120.0  # a hung transfer fails after this instead of blocking forever
 _GRACE_S = 2.0  # how long a failed run's other ranks get before they are killed
+
+# Every process that times or trains (ranks, and the profiler's) starts with these unless the
+# user set them. glibc hands large freed blocks back to the OS at once, so a split backward's
+# retained graph faults in fresh pages on every microbatch: keeping freed memory made CPU op
+# times steadier and the profile's times match the run's (BENCHMARKS.md, executor diagnosis 2).
+CHILD_ENVIRONMENT = {
+    "GLIBC_TUNABLES": ":".join(
+        f"glibc.malloc.{knob}=4294967296" for knob in ("mmap_threshold", "trim_threshold")
+    ),
+    "GLOO_SOCKET_IFNAME": "lo",  # one host: gloo's and NCCL's sockets stay on loopback
+    "NCCL_SOCKET_IFNAME": "lo",
+}
 
 
 class RankFailure(RuntimeError):
@@ -148,8 +161,9 @@ def spawn_ranks(body, args: tuple, nproc: int, deadline_s: float, name: str = "o
             )
             for rank in range(nproc)
         ]
-        for p in procs:
-            p.start()
+        with _environment(CHILD_ENVIRONMENT):  # spawned children read it as they start
+            for p in procs:
+                p.start()
         try:
             payload = _watch(procs, messages, deadline_s)
         except RankFailure as failure:
@@ -159,6 +173,18 @@ def spawn_ranks(body, args: tuple, nproc: int, deadline_s: float, name: str = "o
         finally:
             _stop(procs)
     return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+@contextmanager
+def _environment(defaults: dict[str, str]):
+    """`defaults` in os.environ for the duration (values already set win), then as before."""
+    added = [k for k in defaults if k not in os.environ]
+    os.environ.update({k: defaults[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def _train_jobs(
@@ -218,8 +244,6 @@ def _stop(procs: list[mp.process.BaseProcess]) -> None:
 
 def _rank_main(body, rank: int, world: int, store: str, args: tuple, messages: mp.Queue) -> None:
     """One spawned rank: run the body; rank 0 sends its results; any error is reported."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's and NCCL's sockets
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # stay on loopback
     code = 0
     try:
         torch.set_num_threads(1)  # ranks share the host's cores; oversubscription only slows them
