@@ -1,12 +1,15 @@
 """Measure a real model's per-layer costs on the local device and return a `Profile`.
 
-For each layer, on one microbatch: the forward (F), the backward for the layer's input (I,
-`torch.autograd.grad` w.r.t. the input only, keeping the graph) and the backward for its weights
-(W, `torch.autograd.grad` w.r.t. the parameters afterwards), each the median of `repeats` runs
-after `warmup` runs; the last layer's figures include the loss. Memory comes from one more
-forward and backward: the tensors autograd saves (`saved_tensors_hooks`), the part of them the
-weight-gradient nodes read (what W still needs after I), the parameters with their gradients and
-Adam state, and the size of the layer's output tuple (the loss, for the last layer).
+For each layer, on one microbatch: the forward (F), the backward for the layer's input (I) and
+the backward for its weights (W), each the median of `repeats` runs after `warmup` runs; the last
+layer's figures include the loss. I and W are timed as the executor runs them (`weightgrad`: I
+finds where weight gradients branch off and computes the input gradient; W then computes only
+the weight gradients from there), so a profile prices a split backward as it will run.
+
+Memory comes from one more forward and backward: the tensors autograd saves
+(`saved_tensors_hooks`), the part of them the weight-gradient nodes read (what W still needs
+after I), the parameters with their gradients and Adam state, and the size of the layer's output
+tuple (the loss, for the last layer).
 
 This module measures; it does not draw progress bars (the CLI passes a callback) nor pick plans.
 """
@@ -23,6 +26,7 @@ from torch import nn
 
 from octopipe.models.base import Activation, PipelineModel
 from octopipe.profile import LayerCost, Profile
+from octopipe.runtime.weightgrad import DeferredWeightGrad, plan_deferral
 
 # Fp32 weights, their gradients, and Adam's two moments: four copies of every parameter.
 ADAM_STATE_COPIES = 4
@@ -84,6 +88,22 @@ def input_grads(roots, seeds, inputs: Activation) -> tuple[torch.Tensor | None, 
     return torch.autograd.grad(roots, wanted, seeds, retain_graph=True, allow_unused=True)
 
 
+def split_input_grads(
+    roots, seeds, inputs: Activation, params: Sequence[nn.Parameter]
+) -> DeferredWeightGrad | None:
+    """I as the executor runs it (`StageCompute.backward_input`): the input gradients, leaving
+    what W needs; None where the graph cannot be split so and W must walk it again."""
+    if not roots:
+        return None
+    wanted = [t for t in inputs if t.requires_grad]
+    deferred = plan_deferral(roots, seeds, wanted, params)
+    if deferred is not None:
+        deferred.backward_input(roots, seeds, wanted)
+    else:
+        input_grads(roots, seeds, inputs)
+    return deferred
+
+
 def weight_grads(roots, seeds, params: Sequence[nn.Parameter]) -> tuple[torch.Tensor | None, ...]:
     """W: gradients w.r.t. the layer's parameters (None for a parameter this input skipped,
     e.g. an expert no token was routed to)."""
@@ -120,10 +140,13 @@ def time_layer(
         roots, seeds = backward_seeds(outputs, gen)
         _synchronize(device)
         t2 = time.perf_counter()
-        input_grads(roots, seeds, inputs)
+        deferred = split_input_grads(roots, seeds, inputs, params)
         _synchronize(device)
         t3 = time.perf_counter()
-        weight_grads(roots, seeds, params)
+        if deferred is not None:
+            deferred.backward_weight()
+        else:
+            weight_grads(roots, seeds, params)
         _synchronize(device)
         t4 = time.perf_counter()
         if run >= warmup:
