@@ -26,7 +26,7 @@ from octopipe.plan import Plan
 from octopipe.profile import Device, Profile
 from octopipe.sim.graph import CostTable
 from octopipe.tune import tune
-from octopipe.tune.balance import device_loads, work_prefix
+from octopipe.tune.balance import device_loads
 
 MEGATRON = "i1f1b/uniform"
 GIB = 2**30
@@ -187,7 +187,7 @@ def balance_ceiling(profile: Profile, plan: Plan, lower_bound: float) -> float:
     """LB / (M x the most loaded device's work per microbatch): what layer granularity leaves."""
     ranges = tuple((s.start, s.end) for s in plan.stages)
     speeds = [d.speed for d in profile.device_list(plan.num_devices)]
-    loads = device_loads(work_prefix(CostTable(profile)), ranges, plan.placement, speeds)
+    loads = device_loads(CostTable(profile).work, ranges, plan.placement, speeds)
     return lower_bound / (plan.num_microbatches * max(loads))
 
 

@@ -12,9 +12,9 @@ from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 from octopipe.export import (
     module_fqns_per_model_part,
     to_toml,
-    write_schedule_csv,
     write_torchtitan_toml,
 )
+from octopipe.plan import save_schedule_csv
 from octopipe.profile import Device, LayerCost, Profile
 from octopipe.tune import tune
 
@@ -60,7 +60,7 @@ def stand_in_stages(num_stages: int, num_ranks: int, rank: int, stage_ids):
 def test_csv_loads_in_pytorch_runtime_with_the_same_actions(tuned, tmp_path):
     _prof, plan = tuned
     path = tmp_path / "schedule.csv"
-    write_schedule_csv(plan, path)
+    save_schedule_csv(plan, path)
     for rank in range(plan.num_devices):
         runtime = _PipelineScheduleRuntime(
             stand_in_stages(plan.num_stages, plan.num_devices, rank, plan.stages_on(rank)),

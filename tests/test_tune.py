@@ -9,7 +9,7 @@ from octopipe.plan import check_structure
 from octopipe.profile import Device, LayerCost, Link, Profile
 from octopipe.sim import Simulator
 from octopipe.tune import tune
-from octopipe.tune.balance import device_loads, work_prefix
+from octopipe.tune.balance import device_loads
 
 GB = 10**9
 
@@ -67,7 +67,7 @@ def test_slow_device_gets_less_work():
     best = tune(profile, 16, 4, time_budget=20).best
     ranges = tuple((s.start, s.end) for s in best.plan.stages)
     work_units = device_loads(
-        work_prefix(Simulator(profile).costs), ranges, best.plan.placement, [1.0] * 4
+        Simulator(profile).costs.work, ranges, best.plan.placement, [1.0] * 4
     )  # layer work, not time
     assert work_units[2] < 0.75 * min(work_units[d] for d in (0, 1, 3))
     assert best.sim.efficiency > 0.85

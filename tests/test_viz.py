@@ -13,7 +13,7 @@ from octopipe import viz
 from octopipe.errors import InputError
 from octopipe.plan import Action
 from octopipe.sim import Event, Simulator
-from tests.test_viz_plans import interleaved_1f1b, layer_profile, one_f_one_b, v_shape_greedy
+from tests.viz_samples import interleaved_1f1b, layer_profile, one_f_one_b, v_shape_greedy
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,8 +1,7 @@
-"""Writers that hand a plan to other systems: PyTorch's schedule CSV and a torchtitan fragment.
+"""Writers that hand a plan to torchtitan; the schedule CSV itself is `plan.save_schedule_csv`
+(one row per rank of `{stage}{F|B|I|W}{mb}` actions, the format `torch.distributed.pipelining`'s
+`_load_csv` and torchtitan's `pipeline_parallel_schedule_csv` read).
 
-- `write_schedule_csv`: one row per device (rank) of `{stage}{F|B|I|W}{mb}` actions, the format
-  `torch.distributed.pipelining`'s `_load_csv` (PipelineScheduleMulti, _PipelineScheduleRuntime)
-  and torchtitan's `pipeline_parallel_schedule_csv` read.
 - `torchtitan_settings` / `write_torchtitan_toml`: the `[parallelism]` keys that make torchtitan
   build the plan's stages from the profile's module names and run the CSV's order, plus the
   `[training]` batch size that yields the plan's microbatch count. torchtitan places stages on
@@ -18,17 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from octopipe.plan import Plan, save_schedule_csv
+from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.tune.placement import torchtitan_style
 
 # The schedule name torchtitan is given: with a CSV the order comes from the file, but the name
 # still picks how torchtitan assigns stages to ranks (a V schedule means the V placement).
 TORCHTITAN_SCHEDULE = {"loop": "PipelineScheduleMulti", "v": "ZBVZeroBubble"}
-
-
-def write_schedule_csv(plan: Plan, path: str | Path) -> None:
-    save_schedule_csv(plan, path)
 
 
 def module_fqns_per_model_part(plan: Plan, profile: Profile) -> list[list[str]]:

@@ -8,8 +8,7 @@
 - titan (torchtitan's default split): the embedding and the norm+head each count as one block,
   so the first and last stages get one block fewer than the others.
 - balanced: the contiguous split that minimizes the slowest stage, a stage's time being its
-  layers' f+b+w divided by the speed of the device it is placed on. Exact (bisection on the
-  bottleneck with an exact feasibility check; the tuner uses the same function).
+  layers' f+b+w divided by the speed of the device it is placed on. Exact (dynamic program).
 
 A "block" is any layer whose kind is not an embedding, norm, head or projector; a non-block
 layer between blocks rides with the block before it. When the blocks cannot give every stage
@@ -19,10 +18,10 @@ nothing of schedules or time beyond a stage's work.
 
 from __future__ import annotations
 
-import itertools
-from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
+
+import numpy as np
 
 from octopipe.errors import InputError
 from octopipe.profile import Profile
@@ -133,62 +132,27 @@ def bottleneck(profile: Profile, ranges: Ranges, speeds: Sequence[float]) -> flo
 
 
 def balanced(profile: Profile, num_stages: int, speeds: Sequence[float]) -> Ranges:
-    """The contiguous split minimizing the slowest stage (exact)."""
-    return min_max_ranges(work_prefix(profile), speeds)
+    """The contiguous split minimizing the slowest stage (exact).
 
-
-def min_max_ranges(work: Sequence[float], stage_speed: Sequence[float]) -> Ranges:
-    """Non-empty contiguous ranges, one per stage, minimising the slowest stage's time, where
-    `work` is the prefix sum of layer work and stage s runs at `stage_speed[s]` (exact up to
-    float precision: bisection on the bottleneck with an exact feasibility check)."""
-    num_layers, S = len(work) - 1, len(stage_speed)
-    if S > num_layers:
-        raise ValueError(f"{S} stages need at least {S} layers, the model has {num_layers}")
-    # One stage could hold everything: feasible (the margin absorbs rounding in the check).
-    lo, hi = 0.0, work[-1] / min(stage_speed) * (1 + 1e-9) + 1e-300
-    best = _split_within(work, stage_speed, hi)
-    for _ in range(60):  # bisection to float precision of the bound
-        mid = (lo + hi) / 2
-        split = _split_within(work, stage_speed, mid)
-        if split is None:
-            lo = mid
-        else:
-            hi, best = mid, split
-        if hi - lo <= 1e-12 * hi:
-            break
-    assert best is not None
-    return best
-
-
-def _split_within(
-    work: Sequence[float], stage_speed: Sequence[float], limit: float
-) -> Ranges | None:
-    """A split whose every stage takes at most `limit` seconds, or None if there is none.
-
-    Stages run at different speeds, so reaching furthest is not always best (a slow stage may
-    then get a heavy layer): this tracks every position each stage can end at, O(S * L).
+    Dynamic program over stages, vectorized over split points: best[j] is the smallest
+    bottleneck of layers [0, j) in the stages so far. O(S * L^2) arithmetic in numpy.
     """
-    num_layers, S = len(work) - 1, len(stage_speed)
-    reachable = [0]  # positions where the current stage may start, ascending
-    came_from: list[dict[int, int]] = []  # per stage: end -> a start that reaches it
-    for s, speed in enumerate(stage_speed):
-        last_allowed = num_layers - (S - 1 - s)  # leave a layer for each later stage
-        ends: dict[int, int] = {}
-        marked = 0
-        for start in reachable:
-            # Furthest end e with work[e] - work[start] <= limit * speed.
-            reach = min(bisect_right(work, work[start] + limit * speed) - 1, last_allowed)
-            for end in range(max(start + 1, marked + 1), reach + 1):
-                ends[end] = start
-            marked = max(marked, reach)
-        if not ends:
-            return None
-        came_from.append(ends)
-        reachable = sorted(ends)
-    if num_layers not in came_from[-1]:
-        return None
-    bounds = [num_layers]
-    for ends in reversed(came_from):
-        bounds.append(ends[bounds[-1]])
-    bounds.reverse()
-    return list(itertools.pairwise(bounds))
+    L, S = profile.num_layers, num_stages
+    prefix = np.array(work_prefix(profile))
+    span = prefix[None, :] - prefix[:, None]  # span[i, j]: work of layers [i, j)
+    later = np.triu(np.ones((L + 1, L + 1), dtype=bool), k=1)  # only i < j is a stage
+    best = np.full(L + 1, np.inf)
+    best[0] = 0.0
+    choice = np.zeros((S, L + 1), dtype=np.int64)
+    for s in range(S):
+        times = np.where(later, span / speeds[s], np.inf)
+        candidates = np.maximum(best[:, None], times)  # [i, j]: stages so far then [i, j)
+        choice[s] = np.argmin(candidates, axis=0)
+        best = candidates[choice[s], np.arange(L + 1)]
+    ranges = []
+    end = L
+    for s in range(S - 1, -1, -1):
+        start = int(choice[s, end])
+        ranges.append((start, end))
+        end = start
+    return ranges[::-1]

@@ -17,8 +17,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from octopipe.errors import InputError, MemoryExceededError
-from octopipe.export import write_schedule_csv, write_torchtitan_toml
-from octopipe.plan import Plan, save_plan
+from octopipe.export import write_torchtitan_toml
+from octopipe.plan import Plan, save_plan, save_schedule_csv
 from octopipe.profile import Device, Profile, load_profile
 from octopipe.sim import Simulator
 from octopipe.tune import Evaluated, TuneResult, tune
@@ -157,7 +157,7 @@ def shortfall_message(leanest: Evaluated) -> str:
 
 def write_outputs(plan: Plan, profile: Profile, out: Path, microbatch_size: int = 1) -> list[str]:
     save_plan(plan, out / "plan.json")
-    write_schedule_csv(plan, out / "schedule.csv")
+    save_schedule_csv(plan, out / "schedule.csv")
     write_torchtitan_toml(plan, profile, out / "torchtitan.toml", "schedule.csv", microbatch_size)
     written = ["plan.json", "schedule.csv", "torchtitan.toml"]
     save_timeline(

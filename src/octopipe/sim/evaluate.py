@@ -78,7 +78,11 @@ class SimResult:
     @property
     def memory_excess_bytes(self) -> tuple[float, ...]:
         """Per device: how much more memory it would need (0 where it fits)."""
-        return tuple(max(0.0, p - c) for p, c in zip(self.peak_memory_bytes, self.capacity_bytes))
+        return memory_excess(self.peak_memory_bytes, self.capacity_bytes)
+
+    @property
+    def rank(self) -> tuple[int, float, float]:
+        return plan_rank(self.iteration_time, self.memory_excess_bytes)
 
     def predicted(self) -> dict:
         """The `predicted` block of a plan file."""
@@ -102,6 +106,18 @@ class SimResult:
             "fits_per_device": list(self.fits_per_device),
             "critical_path": [str(a) for a in self.critical_path],
         }
+
+
+def memory_excess(peaks: tuple[float, ...], capacity: tuple[float, ...]) -> tuple[float, ...]:
+    """Per device: how far the peak exceeds the capacity (0 where it fits)."""
+    return tuple(max(0.0, p - c) for p, c in zip(peaks, capacity))
+
+
+def plan_rank(iteration_time: float, excess: tuple[float, ...]) -> tuple[int, float, float]:
+    """Lower is better: plans that fit, by time; the others by largest shortfall, then time."""
+    if not any(excess):
+        return (0, 0.0, iteration_time)
+    return (1, max(excess), iteration_time)
 
 
 def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult:

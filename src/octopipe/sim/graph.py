@@ -41,6 +41,7 @@ class CostTable:
         self.f = _prefix(l.f for l in layers)
         self.b = _prefix(l.b for l in layers)
         self.w = _prefix(l.w for l in layers)
+        self.work = [f + b + w for f, b, w in zip(self.f, self.b, self.w)]  # prefix of f + b + w
         self.act = _prefix(l.act_bytes for l in layers)
         self.wact = _prefix(l.wact_bytes for l in layers)
         self.param = _prefix(l.param_bytes for l in layers)

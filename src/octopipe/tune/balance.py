@@ -3,8 +3,8 @@
 Three pure functions on the profile's prefix sums (`CostTable`):
 
 1. `min_max_stage_ranges`: the split into S non-empty stages whose slowest stage (work / speed of
-   its device) is as fast as possible: the balanced partitioner (`partition.min_max_ranges`)
-   with each stage at its device's speed;
+   its device) is as fast as possible, found by bisection on that time with an exact
+   feasibility check over reachable stage ends (O(S * L) per check);
 2. `proportional_ranges`: cuts at each stage's fair share of the work (a second start when a
    device holds several stages);
 3. `refine_device_loads`: moves single layers across stage boundaries while that lowers the most
@@ -20,23 +20,67 @@ import itertools
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from octopipe.partition import min_max_ranges
 from octopipe.sim.graph import CostTable
 
 Ranges = tuple[tuple[int, int], ...]
 
 
-def work_prefix(costs: CostTable) -> list[float]:
-    """Prefix sums of layer work f + b + w."""
-    return [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)]
-
-
 def min_max_stage_ranges(
     work: Sequence[float], placement: Sequence[int], speeds: Sequence[float]
 ) -> Ranges:
-    """Non-empty contiguous ranges, one per stage, minimising the slowest stage's time
-    (`partition.min_max_ranges` with each stage at its device's speed)."""
-    return tuple(min_max_ranges(work, [speeds[d] for d in placement]))
+    """Non-empty contiguous ranges, one per stage, minimising the slowest stage's time."""
+    num_layers, S = len(work) - 1, len(placement)
+    if S > num_layers:
+        raise ValueError(f"{S} stages need at least {S} layers, the model has {num_layers}")
+    stage_speed = [speeds[d] for d in placement]
+    # One stage could hold everything: feasible (the margin absorbs rounding in the check).
+    lo, hi = 0.0, work[-1] / min(stage_speed) * (1 + 1e-9) + 1e-300
+    best = _split_within(work, stage_speed, hi)
+    for _ in range(60):  # bisection to float precision of the bound
+        mid = (lo + hi) / 2
+        split = _split_within(work, stage_speed, mid)
+        if split is None:
+            lo = mid
+        else:
+            hi, best = mid, split
+        if hi - lo <= 1e-12 * hi:
+            break
+    assert best is not None
+    return best
+
+
+def _split_within(
+    work: Sequence[float], stage_speed: Sequence[float], limit: float
+) -> Ranges | None:
+    """A split whose every stage takes at most `limit` seconds, or None if there is none.
+
+    Stages run at different speeds, so reaching furthest is not always best (a slow stage may
+    then get a heavy layer): this tracks every position each stage can end at, O(S * L).
+    """
+    num_layers, S = len(work) - 1, len(stage_speed)
+    reachable = [0]  # positions where the current stage may start, ascending
+    came_from: list[dict[int, int]] = []  # per stage: end -> a start that reaches it
+    for s, speed in enumerate(stage_speed):
+        last_allowed = num_layers - (S - 1 - s)  # leave a layer for each later stage
+        ends: dict[int, int] = {}
+        marked = 0
+        for start in reachable:
+            # Furthest end e with work[e] - work[start] <= limit * speed.
+            reach = min(bisect_right(work, work[start] + limit * speed) - 1, last_allowed)
+            for end in range(max(start + 1, marked + 1), reach + 1):
+                ends[end] = start
+            marked = max(marked, reach)
+        if not ends:
+            return None
+        came_from.append(ends)
+        reachable = sorted(ends)
+    if num_layers not in came_from[-1]:
+        return None
+    bounds = [num_layers]
+    for ends in reversed(came_from):
+        bounds.append(ends[bounds[-1]])
+    bounds.reverse()
+    return tuple(itertools.pairwise(bounds))
 
 
 def device_loads(
@@ -110,7 +154,7 @@ def balanced_ranges(
 ) -> list[tuple[str, Ranges]]:
     """The tuner's partition seeds for a placement, labelled: the min-max split and, where a
     device holds several stages, the proportional split too, each refined for device loads."""
-    work = work_prefix(costs)
+    work = costs.work
     ranges = min_max_stage_ranges(work, placement, speeds)
     if len(set(placement)) == len(placement):
         return [("", ranges)]

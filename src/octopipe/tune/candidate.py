@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from octopipe.plan import Plan, make_plan
 from octopipe.profile import Device, Profile
 from octopipe.schedules.list_scheduler import ListSchedule, Rules, list_schedule
+from octopipe.sim.evaluate import memory_excess, plan_rank
 from octopipe.sim.graph import CostTable, StageCost, stage_costs, static_bytes
 from octopipe.tune.balance import Ranges
 from octopipe.tune.placement import Placement
@@ -52,7 +53,7 @@ class Outcome:
 
     @property
     def excess(self) -> tuple[float, ...]:
-        return tuple(max(0.0, p - c) for p, c in zip(self.peak_bytes, self.capacity))
+        return memory_excess(self.peak_bytes, self.capacity)
 
     @property
     def fits(self) -> bool:
@@ -60,8 +61,8 @@ class Outcome:
 
     @property
     def score(self) -> tuple[int, float, float]:
-        """Lower is better: fitting plans by time; others by the largest shortfall, then time."""
-        return (0, 0.0, self.makespan) if self.fits else (1, max(self.excess), self.makespan)
+        """Lower is better (`plan_rank`): fitting plans by time, then the others."""
+        return plan_rank(self.makespan, self.excess)
 
 
 def inflight_caps(

@@ -60,10 +60,7 @@ class Evaluated:
 
     @property
     def score(self) -> tuple[int, float, float]:
-        s = self.sim
-        if s.fits:
-            return (0, 0.0, s.iteration_time)
-        return (1, max(s.memory_excess_bytes), s.iteration_time)
+        return self.sim.rank
 
 
 @dataclass(frozen=True)

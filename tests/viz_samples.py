@@ -1,7 +1,7 @@
 """Hand-built sample plans for the picture tests (independent of the schedule generators).
 
 No tests here: builders shared by tests/test_viz.py and the sample-picture script
-(`python -m tests.test_viz_plans /tmp/octopipe_viz`).
+(`python -m tests.viz_samples /tmp/octopipe_viz`).
 """
 
 from __future__ import annotations
