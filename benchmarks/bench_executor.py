@@ -5,8 +5,9 @@
 
 On this machine, 2 processes with one thread each (gloo on loopback), for each model:
 
-1. profile it with `octopipe profile --threads 1` at the run's sequence length and microbatch
-   size, and plan it with `octopipe plan --devices 2` (the tuned plan and its prediction);
+1. profile it with `octopipe profile --threads 1 --nproc 2` at the run's sequence length and
+   microbatch size (both processes time each layer at once, and the link is measured), and
+   plan it with `octopipe plan --devices 2` (the tuned plan and its prediction);
 2. run the tuned plan with our executor and through PyTorch's `_PipelineScheduleRuntime` loaded
    from the same schedule.csv;
 3. run PyTorch's Schedule1F1B, ScheduleInterleaved1F1B and ScheduleZBVZeroBubble over the stages
@@ -143,6 +144,8 @@ def profile_and_plan(
         "1",
         "--repeats",
         str(repeats),
+        "--nproc",
+        str(DEVICES),  # timed under the run's contention, and the link measured
         "-o",
         str(profile_path),
     )
@@ -478,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=5, help="runs of every configuration")
     parser.add_argument(
-        "--profile-repeats", type=int, default=9, help="timed runs per layer when profiling"
+        "--profile-repeats", type=int, default=20, help="timed runs per layer when profiling"
     )
     parser.add_argument("--plan-budget", type=float, default=20.0, help="seconds of tuner search")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """One stage's compute in one process: split backward (I then W) must equal full backward,
-with W entering the graph at the weight branches where it can, and falling back where not."""
+with W doing only the deferred layers' weight gradients, and tied weights left to I."""
 
 import pytest
 import torch
@@ -7,7 +7,6 @@ from executor_helpers import TOY_LAYERS, layer_count, toy_model
 
 from octopipe.models import build_model, bundled_models
 from octopipe.runtime.stage import StageCompute, as_leaves
-from octopipe.runtime.weightgrad import plan_deferral
 
 
 def full_model_grads(seed, batch, num_mb):
@@ -57,7 +56,7 @@ def test_input_gradients_cover_every_float_stream_and_skip_integers():
 
 
 class _Shared(torch.nn.Module):
-    """Applies one weight twice, so the weight sits both on a branch and down the input path."""
+    """Applies one linear twice: W must add up the gradients of both calls."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,27 +103,58 @@ def test_split_backward_matches_plain_autograd_on_every_bundled_model(name):
     split_matches_full(lambda seed: build_model(name, seed), [(0, cut), (cut, layers)])
 
 
-def test_weight_gradients_skip_the_input_path_on_a_real_model():
+def test_input_backward_leaves_exactly_the_linear_and_embedding_weights_to_w():
     model = build_model("tiny-llama", 0)
+    last = len(model.layer_names)
+    stage = StageCompute(model, 0, last, is_last=True, loss_scale=1)
     batch = model.make_batch(1, 0)
-    x = as_leaves(model.forward_layers(0, 1, batch.inputs[0]))
-    outputs = model.forward_layers(1, 3, x)
-    params = [p for i in (1, 2) for p in model.layer(i).parameters()]
-    deferral = plan_deferral(list(outputs), [torch.ones_like(outputs[0])], [x[0]], params)
-    assert deferral is not None
+    stage.forward(0, batch.inputs[0], batch.targets[0])
+    stage.backward_input(0, None)
+    deferred = {
+        id(p)
+        for m in model.modules()
+        if type(m) in (torch.nn.Linear, torch.nn.Embedding)
+        for p in m.parameters()
+    }
+    assert deferred  # the model has linears and an embedding
+    for name, p in model.named_parameters():
+        assert (p.grad is None) == (id(p) in deferred), name
+    stage.backward_weight(0)
+    assert all(p.grad is not None for p in model.parameters())
 
 
-def test_a_weight_used_twice_in_a_stage_falls_back_and_stays_exact():
-    def shared(seed):
-        model = toy_model(seed)
-        model.layers.add_module("1", _Shared())
-        return model
+class _Tied(torch.nn.Module):
+    """A linear whose weight an embedding-like lookup also reads: it cannot be deferred."""
 
-    model = shared(0)
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        self.table = torch.nn.Embedding(8, 6)
+        self.table.weight = self.lin.weight
+
+    def forward(self, h, skip, ids):
+        return torch.tanh(self.lin(h)) + self.table(ids % 6), skip, ids
+
+
+def test_weights_used_twice_or_tied_stay_exact():
+    for module in (_Shared, _Tied):
+
+        def with_module(seed, module=module):
+            model = toy_model(seed)
+            model.layers.add_module("1", module())
+            return model
+
+        split_matches_full(with_module, [(0, 1), (1, 4), (4, TOY_LAYERS)])
+
+
+def test_a_tied_weight_is_computed_in_i():
+    model = toy_model(0)
+    model.layers.add_module("1", _Tied())
+    assert model.layer_names[2] == "layers.1"
+    stage = StageCompute(model, 2, 3, is_last=False, loss_scale=1)
     batch = model.make_batch(1, 0)
-    x = as_leaves(model.forward_layers(0, 1, batch.inputs[0]))
-    out = model.forward_layers(1, 4, x)
-    params = [p for i in (1, 2, 3) for p in model.layer(i).parameters()]
-    floats = [t for t in out if t.requires_grad]
-    assert plan_deferral(floats, [torch.ones_like(t) for t in floats], [x[0], x[1]], params) is None
-    split_matches_full(shared, [(0, 1), (1, 4), (4, TOY_LAYERS)])
+    x = as_leaves(model.forward_layers(0, 2, batch.inputs[0]))
+    out, _ = stage.forward(0, x, None)
+    stage.backward_input(0, [torch.ones_like(t) for t in out if t.is_floating_point()])
+    tied = model.layers.get_submodule("1")
+    assert tied.lin.weight.grad is not None and tied.lin.bias.grad is not None

@@ -25,6 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU threads for torch (default 1: small layers gain nothing from more, and "
         "timings stay steady on a shared machine)",
     )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="processes measuring at once, as many as the run will have: each layer is timed "
+        "in all of them together (the median is kept), so the contention of a run's ranks on "
+        "shared cores and memory is in the times; from 2 on, the link between two of them is "
+        "measured too (gloo on CPU; NCCL with a GPU per process)",
+    )
     parser.add_argument("-o", "--output", required=True, help="profile JSON to write")
 
 
@@ -35,6 +44,7 @@ def _check(args: argparse.Namespace) -> None:
         ("--repeats", args.repeats, 1),
         ("--warmup", args.warmup, 0),
         ("--threads", args.threads, 1),
+        ("--nproc", args.nproc, 1),
     ):
         if value < least:
             raise InputError(flag, f"must be at least {least}, got {value}")
@@ -81,18 +91,29 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device", "cuda was asked for but this torch sees no CUDA device")
+    if args.device == "cuda" and args.nproc > torch.cuda.device_count():
+        raise InputError(
+            "--nproc",
+            f"{args.nproc} processes need as many GPUs; this machine has "
+            f"{torch.cuda.device_count()}",
+        )
     _check_fits(args.model, args.device)
-    # Measured in a fresh process that starts as the executor's ranks do (same allocator
+    # Measured in fresh processes that start as the executor's ranks do (same allocator
     # settings, one process per device), so the profile's times are the run's.
     options = {k: getattr(args, k) for k in _PROFILE_OPTIONS}
     profile = spawn_ranks(
-        _profile_in_child, (options,), 1, deadline_s=_DEADLINE_S, name="octopipe-profile"
+        _profile_in_child, (options,), args.nproc, deadline_s=_DEADLINE_S, name="octopipe-profile"
     )
     save_profile(profile, args.output)
     work = sum(layer.work for layer in profile.layers)
+    link = ""
+    if args.nproc > 1:
+        link = (
+            f"; link {profile.link.latency * 1e6:.0f} us + {profile.link.bandwidth / 1e9:.2f} GB/s"
+        )
     print(
         f"wrote {args.output}: {profile.num_layers} layers, "
-        f"{work * 1e3:.2f} ms of F+B+W per microbatch on {args.device}"
+        f"{work * 1e3:.2f} ms of F+B+W per microbatch on {args.device}{link}"
     )
     return 0
 
@@ -111,17 +132,65 @@ _DEADLINE_S = 24 * 3600.0  # profiling a large config takes long; a failure stil
 
 
 def _profile_in_child(rank: int, world: int, store: str, options: dict):
-    """The profiling itself, in the spawned process: build the model, time every layer."""
+    """The profiling itself, in a spawned process: build the model, time every layer; with
+    several processes, in step with the others, then measure the link and merge."""
+    from datetime import timedelta
+
     import torch
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    import torch.distributed as dist
 
     from octopipe.models import build_model
-    from octopipe.runtime.profiler import profile_model
+    from octopipe.runtime.linkprobe import measure_link
+    from octopipe.runtime.profiler import median_profile
 
     o = argparse.Namespace(**options)
     torch.set_num_threads(o.threads)
+    device = torch.device("cuda", rank) if o.device == "cuda" else torch.device("cpu")
     model = build_model(o.model, o.seed, seq_len=o.seq_len, micro_batch_size=o.micro_batch_size)
+    name = f"{model.arch.name}-{o.device}-s{o.seq_len}-mb{o.micro_batch_size}"
+    if world == 1:
+        return _profile_with_progress(model, o, device, name, lambda: None)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=_DEADLINE_S),
+        device_id=device if device.type == "cuda" else None,
+    )
+    try:
+        if rank == 0:
+            profile = _profile_with_progress(model, o, device, name, dist.barrier)
+        else:
+            profile = _profile(model, o, device, name, lambda _i, _n: dist.barrier())
+        link = measure_link(max(layer.out_bytes for layer in profile.layers), device)
+        every: list = [None] * world
+        dist.all_gather_object(every, profile)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return median_profile(every).model_copy(update={"link": link, "name": f"{name}-x{world}"})
+
+
+def _profile(model, o: argparse.Namespace, device, name: str, on_layer):
+    from octopipe.runtime.profiler import profile_model
+
+    return profile_model(
+        model,
+        device=device,
+        warmup=o.warmup,
+        repeats=o.repeats,
+        seed=o.seed,
+        name=name,
+        on_layer=on_layer,
+    )
+
+
+def _profile_with_progress(model, o: argparse.Namespace, device, name: str, after_layer):
+    """`_profile` with a progress bar on stderr; `after_layer()` runs after each layer."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
     names = model.layer_names
     with Progress(
         TextColumn("[bold]profiling[/] {task.description}"),
@@ -133,15 +202,8 @@ def _profile_in_child(rank: int, world: int, store: str, options: dict):
         task = progress.add_task(names[0], total=len(names))
 
         def advance(index: int, _name: str) -> None:
+            after_layer()
             following = names[index + 1] if index + 1 < len(names) else "done"
             progress.update(task, advance=1, description=following)
 
-        return profile_model(
-            model,
-            device=o.device,
-            warmup=o.warmup,
-            repeats=o.repeats,
-            seed=o.seed,
-            name=f"{model.arch.name}-{o.device}-s{o.seq_len}-mb{o.micro_batch_size}",
-            on_layer=advance,
-        )
+        return _profile(model, o, device, name, advance)

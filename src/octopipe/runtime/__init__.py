@@ -4,10 +4,11 @@
 - `shapes`: what crosses each stage boundary, learned once before training;
 - `comm`: non-blocking point-to-point transfers of activations and gradients;
 - `stage`: one stage's forward, full backward and split backward (I, W);
-- `weightgrad`: what I leaves behind so that W computes weight gradients only;
+- `weightgrad`: split backward: I leaves linear/embedding weight gradients to W's matmuls;
 - `worker`: one rank running its action list, then the optimizer step;
 - `session`: one rank's whole job, and the result assembled from every rank;
 - `launcher`: spawned processes or torchrun; failures propagate, nothing is left running;
+- `profiler`, `linkprobe`: measured profiles (every layer's F, I, W and sizes; the link);
 - `trace`: Chrome/Perfetto traces; `reference`: single-process ground truth; `fuzz`: random plans.
 
 Use: `octopipe run --plan plan.json --model tiny-llama --nproc 2 --json --trace trace.json`

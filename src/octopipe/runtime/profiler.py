@@ -3,13 +3,14 @@
 For each layer, on one microbatch: the forward (F), the backward for the layer's input (I) and
 the backward for its weights (W), each the median of `repeats` runs after `warmup` runs; the last
 layer's figures include the loss. I and W are timed as the executor runs them (`weightgrad`: I
-finds where weight gradients branch off and computes the input gradient; W then computes only
-the weight gradients from there), so a profile prices a split backward as it will run.
+is the whole backward but for the linear and embedding weights, W their matmuls), so a profile
+prices a split backward as it will run; a layer fed only data (the embedding) still has an I,
+the gradients of its weights that W does not take.
 
-Memory comes from one more forward and backward: the tensors autograd saves
-(`saved_tensors_hooks`), the part of them the weight-gradient nodes read (what W still needs
-after I), the parameters with their gradients and Adam state, and the size of the layer's output
-tuple (the loss, for the last layer).
+Memory comes from one more forward and I: the tensors autograd saves (`saved_tensors_hooks`),
+what I leaves for W (the deferred layers' inputs and output gradients), the parameters with
+their gradients and Adam state, and the size of the layer's output tuple (the loss, for the last
+layer).
 
 This module measures; it does not draw progress bars (the CLI passes a callback) nor pick plans.
 """
@@ -26,7 +27,7 @@ from torch import nn
 
 from octopipe.models.base import Activation, PipelineModel
 from octopipe.profile import LayerCost, Profile
-from octopipe.runtime.weightgrad import DeferredWeightGrad, plan_deferral
+from octopipe.runtime.weightgrad import WeightGradTape, backward_input
 
 # Fp32 weights, their gradients, and Adam's two moments: four copies of every parameter.
 ADAM_STATE_COPIES = 4
@@ -80,36 +81,28 @@ def backward_seeds(outputs: Activation, gen: torch.Generator) -> tuple[list, lis
     return roots, seeds
 
 
-def input_grads(roots, seeds, inputs: Activation) -> tuple[torch.Tensor | None, ...]:
-    """I: gradients w.r.t. the layer's inputs; the graph stays for W."""
+def time_split_backward(
+    tape: WeightGradTape,
+    layer: nn.Module,
+    inputs: Activation,
+    loss_fn: LossFn | None,
+    gen: torch.Generator,
+    clock: Callable[[], float],
+) -> tuple[float, float, float]:
+    """F, I and W of one microbatch through one layer, run as the executor runs them."""
+    t0 = clock()
+    with tape.recording() as calls:
+        outputs = run_layer(layer, inputs, loss_fn)
+    t1 = clock()
+    roots, seeds = backward_seeds(outputs, gen)
     wanted = [t for t in inputs if t.requires_grad]
-    if not wanted or not roots:
-        return ()
-    return torch.autograd.grad(roots, wanted, seeds, retain_graph=True, allow_unused=True)
-
-
-def split_input_grads(
-    roots, seeds, inputs: Activation, params: Sequence[nn.Parameter]
-) -> DeferredWeightGrad | None:
-    """I as the executor runs it (`StageCompute.backward_input`): the input gradients, leaving
-    what W needs; None where the graph cannot be split so and W must walk it again."""
-    if not roots:
-        return None
-    wanted = [t for t in inputs if t.requires_grad]
-    deferred = plan_deferral(roots, seeds, wanted, params)
-    if deferred is not None:
-        deferred.backward_input(roots, seeds, wanted)
-    else:
-        input_grads(roots, seeds, inputs)
-    return deferred
-
-
-def weight_grads(roots, seeds, params: Sequence[nn.Parameter]) -> tuple[torch.Tensor | None, ...]:
-    """W: gradients w.r.t. the layer's parameters (None for a parameter this input skipped,
-    e.g. an expert no token was routed to)."""
-    if not params or not roots:
-        return ()
-    return torch.autograd.grad(roots, list(params), seeds, allow_unused=True)
+    params = [p for p in layer.parameters() if p.requires_grad and not tape.defers(p)]
+    t2 = clock()
+    _, pending = backward_input(roots, seeds, wanted, calls, params)
+    t3 = clock()
+    pending.run()
+    t4 = clock()
+    return t1 - t0, t3 - t2, t4 - t3
 
 
 def _synchronize(device: torch.device) -> None:
@@ -126,32 +119,23 @@ def time_layer(
     warmup: int,
     repeats: int,
 ) -> LayerTimes:
-    params = [p for p in layer.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(0)
-    samples: list[tuple[float, float, float]] = []
-    has_input_grad = needs_input_grad and any(t.is_floating_point() for t in x)
-    for run in range(warmup + repeats):
-        inputs = as_layer_inputs(x, needs_input_grad)
+
+    def clock() -> float:
         _synchronize(device)
-        t0 = time.perf_counter()
-        outputs = run_layer(layer, inputs, loss_fn)
-        _synchronize(device)
-        t1 = time.perf_counter()
-        roots, seeds = backward_seeds(outputs, gen)
-        _synchronize(device)
-        t2 = time.perf_counter()
-        deferred = split_input_grads(roots, seeds, inputs, params)
-        _synchronize(device)
-        t3 = time.perf_counter()
-        if deferred is not None:
-            deferred.backward_weight()
-        else:
-            weight_grads(roots, seeds, params)
-        _synchronize(device)
-        t4 = time.perf_counter()
-        if run >= warmup:
-            # A layer fed only data (token ids, pixels) has no input gradient to compute.
-            samples.append((t1 - t0, t3 - t2 if has_input_grad else 0.0, t4 - t3))
+        return time.perf_counter()
+
+    tape = WeightGradTape([layer])
+    try:
+        samples = [
+            time_split_backward(
+                tape, layer, as_layer_inputs(x, needs_input_grad), loss_fn, gen, clock
+            )
+            for _ in range(warmup + repeats)
+        ][warmup:]
+    finally:
+        tape.remove()
+    layer.zero_grad(set_to_none=True)
     f, b, w = (statistics.median(column) for column in zip(*samples))
     return LayerTimes(f, b, w)
 
@@ -160,44 +144,11 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def weight_side_nodes(roots: Sequence[torch.Tensor], params: Sequence[nn.Parameter]) -> set:
-    """Autograd nodes whose work belongs to W: those that lead to a parameter's gradient,
-    directly or through nodes that lead only to parameters (views, transposes, exp(a_log))."""
-    param_ids = {id(p) for p in params}
-    only_params: dict = {}
-
-    def leads_only_to_params(node) -> bool:
-        if node in only_params:
-            return only_params[node]
-        if hasattr(node, "variable"):  # AccumulateGrad of a leaf
-            result = id(node.variable) in param_ids
-        else:
-            children = [child for child, _ in node.next_functions if child is not None]
-            result = bool(children) and all(leads_only_to_params(c) for c in children)
-        only_params[node] = result
-        return result
-
-    w_nodes, seen, stack = set(), set(), [t.grad_fn for t in roots if t.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if node in seen or hasattr(node, "variable"):
-            continue
-        seen.add(node)
-        children = [child for child, _ in node.next_functions if child is not None]
-        if leads_only_to_params(node) or any(leads_only_to_params(c) for c in children):
-            w_nodes.add(node)
-        stack.extend(children)
-    return w_nodes
-
-
 def measure_memory(
     layer: nn.Module, x: Activation, loss_fn: LossFn | None, needs_input_grad: bool
 ) -> LayerMemory:
-    params = [p for p in layer.parameters() if p.requires_grad]
     param_storages = {_storage_key(p) for p in layer.parameters()}
     saved: dict[int, int] = {}  # storage -> bytes, for every saved non-parameter tensor
-    needed_by_w: set[int] = set()
-    in_w_node = [False]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
@@ -205,47 +156,30 @@ def measure_memory(
             saved[key] = t.untyped_storage().nbytes()
         return t
 
-    def unpack(t: torch.Tensor) -> torch.Tensor:
-        if in_w_node[0]:
-            needed_by_w.add(_storage_key(t))
-        return t
-
     inputs = as_layer_inputs(x, needs_input_grad)
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        outputs = run_layer(layer, inputs, loss_fn)
-    roots, seeds = backward_seeds(outputs, torch.Generator().manual_seed(0))
-    w_nodes = weight_side_nodes(roots, params)
-    # Autograd runs one node at a time; a pre-hook marks whose saved tensors are being read.
-    handles = []
-    for node in _graph_nodes(roots):
-        mark = node in w_nodes
-        handles.append(node.register_prehook(lambda _, mark=mark: in_w_node.__setitem__(0, mark)))
+    tape = WeightGradTape([layer])
     try:
-        grad_targets = [t for t in inputs if t.requires_grad] + params
-        if roots and grad_targets:
-            torch.autograd.grad(roots, grad_targets, seeds, allow_unused=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with tape.recording() as calls:
+                outputs = run_layer(layer, inputs, loss_fn)
+        roots, seeds = backward_seeds(outputs, torch.Generator().manual_seed(0))
+        wanted = [t for t in inputs if t.requires_grad]
+        params = [p for p in layer.parameters() if p.requires_grad and not tape.defers(p)]
+        _, pending = backward_input(roots, seeds, wanted, calls, params)
     finally:
-        for handle in handles:
-            handle.remove()
-    wact = sum(saved[key] for key in needed_by_w if key in saved)
+        tape.remove()
+    # What I leaves for W: the deferred layers' inputs and output gradients.
+    held = {_storage_key(t): t.untyped_storage().nbytes() for t in pending.held}
+    act = sum(saved.values())
+    layer.zero_grad(set_to_none=True)
     return LayerMemory(
-        act_bytes=sum(saved.values()),
-        wact_bytes=wact,
+        act_bytes=act,
+        # The format has wact <= act; the output gradients W holds could in principle exceed
+        # what F saved, and that excess cannot be expressed.
+        wact_bytes=min(sum(held.values()), act),
         param_bytes=param_bytes(layer),
         out_bytes=nbytes(outputs),  # the last layer's output is its loss
     )
-
-
-def _graph_nodes(roots: Sequence[torch.Tensor]) -> list:
-    nodes, seen, stack = [], set(), [t.grad_fn for t in roots if t.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        nodes.append(node)
-        stack.extend(child for child, _ in node.next_functions if child is not None)
-    return nodes
 
 
 def profile_model(
@@ -305,3 +239,16 @@ def _default_name(model: PipelineModel, device: torch.device) -> str:
     arch = getattr(model, "arch", None)
     base = arch.name if arch is not None else type(model).__name__
     return f"{base}-{device.type}-measured"
+
+
+def median_profile(profiles: Sequence[Profile]) -> Profile:
+    """One profile from several ranks' measurements of the same model: each layer's f, b and w
+    the median over the ranks (memory is the same on every rank)."""
+    first = profiles[0]
+    layers = tuple(
+        layer.model_copy(
+            update={k: statistics.median(getattr(p.layers[i], k) for p in profiles) for k in "fbw"}
+        )
+        for i, layer in enumerate(first.layers)
+    )
+    return first.model_copy(update={"layers": layers})

@@ -1,11 +1,10 @@
 """One pipeline stage's compute: forward, full backward, and split backward (I then W).
 
 A stage keeps, per microbatch in flight, the autograd graph from its inputs to its outputs (or
-to the loss on the last stage). Full backward (B) runs the graph once. Split backward: I computes
-only the input gradients and keeps the graph; W later computes the weight gradients, entering
-the graph where they branch off the input path (`weightgrad`), or, for graphs that cannot be
-split so (weights shared inside a stage), from the outputs again. Weight gradients accumulate
-into `.grad` as ordinary training does. No communication here.
+to the loss on the last stage). Full backward (B) runs the graph once. Split backward: I runs it
+once too, for everything but the linear and embedding weights, and frees it; W computes those
+weights' gradients from the layers' inputs and output gradients that I left (`weightgrad`).
+Weight gradients accumulate into `.grad` as ordinary training does. No communication here.
 """
 
 from __future__ import annotations
@@ -17,7 +16,12 @@ import torch
 from torch import nn
 
 from octopipe.models.base import Activation, PipelineModel
-from octopipe.runtime.weightgrad import DeferredWeightGrad, plan_deferral
+from octopipe.runtime.weightgrad import (
+    LayerCall,
+    PendingWeightGrad,
+    WeightGradTape,
+    backward_input,
+)
 
 
 @dataclass
@@ -27,8 +31,8 @@ class _InFlight:
     inputs: Activation
     roots: list[torch.Tensor]  # outputs that need a gradient (the scaled loss on the last stage)
     output_mask: list[bool] = field(default_factory=list)  # which float outputs are roots
-    root_grads: list[torch.Tensor | None] | None = None  # set by I, used by W
-    deferred: DeferredWeightGrad | None = None  # set by I when W can skip the input path
+    calls: list[LayerCall] = field(default_factory=list)  # deferred layers' calls in F
+    pending: PendingWeightGrad | None = None  # set by I, run by W
 
 
 def as_leaves(tensors: Sequence[torch.Tensor]) -> Activation:
@@ -47,6 +51,8 @@ class StageCompute:
         self.params = [
             p for i in range(start, end) for p in model.layer(i).parameters() if p.requires_grad
         ]
+        self._tape = WeightGradTape(self.modules)
+        self._params_in_i = [p for p in self.params if not self._tape.defers(p)]
         self._flight: dict[int, _InFlight] = {}
 
     @property
@@ -57,14 +63,16 @@ class StageCompute:
         self, mb: int, inputs: Activation, target: torch.Tensor | None
     ) -> tuple[Activation, float | None]:
         """Run the layers; return the outputs (graph attached) and, on the last stage, the loss."""
-        outputs = self.model.forward_layers(self.start, self.end, inputs)
+        with self._tape.recording() as calls:
+            outputs = self.model.forward_layers(self.start, self.end, inputs)
         if self.is_last:
             loss = self.model.loss(outputs, target)
-            self._flight[mb] = _InFlight(inputs, [loss / self.loss_scale])
+            self._flight[mb] = _InFlight(inputs, [loss / self.loss_scale], calls=calls)
             return outputs, float(loss.detach())
         floats = [t for t in outputs if t.is_floating_point()]
         mask = [t.requires_grad for t in floats]
-        self._flight[mb] = _InFlight(inputs, [t for t, m in zip(floats, mask) if m], mask)
+        roots = [t for t, m in zip(floats, mask) if m]
+        self._flight[mb] = _InFlight(inputs, roots, mask, calls)
         return outputs, None
 
     def backward(self, mb: int, output_grads: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
@@ -79,39 +87,24 @@ class StageCompute:
     def backward_input(
         self, mb: int, output_grads: Sequence[torch.Tensor] | None
     ) -> list[torch.Tensor]:
-        """I: the input gradients only; the graph stays for `backward_weight`."""
+        """I: the input gradients, and every weight gradient but the deferred layers'."""
         flight = self._flight[mb]
-        flight.root_grads = self._root_grads(flight, output_grads)
         wanted = self._grad_inputs(flight)
-        if not flight.roots:
-            return [torch.zeros_like(x) for x in wanted]
-        flight.deferred = plan_deferral(flight.roots, flight.root_grads, wanted, self.params)
-        if flight.deferred is not None:
-            got = flight.deferred.backward_input(flight.roots, flight.root_grads, wanted)
-            flight.roots, flight.root_grads = [], None  # the deferral holds what W needs
-        elif wanted:
-            got = torch.autograd.grad(
-                flight.roots, wanted, flight.root_grads, retain_graph=True, allow_unused=True
-            )
-        else:
-            got = ()
-        flight.inputs = ()  # their gradients are out
+        got, flight.pending = backward_input(
+            flight.roots,
+            self._root_grads(flight, output_grads),
+            wanted,
+            flight.calls,
+            self._params_in_i,
+        )
+        flight.inputs, flight.roots, flight.calls = (), [], []  # the graph is gone
         return [self._zero_if_none(g, x) for g, x in zip(got, wanted)]
 
     def backward_weight(self, mb: int) -> None:
-        """W: the weight gradients of a microbatch whose I has run; frees its graph."""
-        flight = self._flight.pop(mb)
-        if flight.deferred is not None:
-            got = flight.deferred.backward_weight()
-        elif flight.roots and self.params:
-            got = torch.autograd.grad(
-                flight.roots, self.params, flight.root_grads, allow_unused=True
-            )
-        else:
-            return
-        for p, g in zip(self.params, got):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad.add_(g)
+        """W: the deferred weight gradients of a microbatch whose I has run."""
+        pending = self._flight.pop(mb).pending
+        assert pending is not None, f"W of microbatch {mb} before its I"
+        pending.run()
 
     def in_flight(self) -> int:
         return len(self._flight)

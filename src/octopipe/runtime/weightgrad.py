@@ -1,191 +1,176 @@
-"""Split backward without doing the input path twice: what I leaves behind so W computes only dW.
+"""Split backward the zero-bubble way: I does all of a backward but the weight gradients of
+linear and embedding layers; W computes those later as plain matmuls and index-adds.
 
-I runs autograd from a stage's outputs to its inputs only. On that *input path* sit the nodes
-where weight gradients branch off (a matmul's backward yields dX on the path and dW on a
-branch). Before I runs, a pre-hook on each such *branch node* records the gradient arriving at
-it; W later re-enters the graph at exactly those nodes and asks only for the weights on their
-branches, so no node of the input path runs twice (only the branch nodes, for their dW part).
+The weight gradient of `y = x @ A^T + b` is `dy^T @ x`: it needs the layer's input and the
+gradient of its output, nothing else. So while F runs, a forward hook notes for every call of
+such a layer its input and the autograd node that made its output (`WeightGradTape`). I then asks
+autograd, in one call, for the stage's input gradients, for the gradients arriving at those
+nodes, and for every other parameter's gradient (norms, convolutions, gates: small, computed at
+once). Autograd skips the deferred weights' branches and frees the graph; what stays until W is
+the layers' inputs and output gradients (the profile's `wact_bytes`). W multiplies. Every node of
+the graph runs once, as in a full backward, so I + W costs what B costs.
 
-Calls are grouped so that no call can reach, through the input path, a weight that another
-branch node already covers (that would count it twice). A graph where one weight is reached
-both on a branch and further down the input path from the same node (weights shared across
-layers) cannot be split this way: `plan_deferral` returns None and the stage falls back to a
-W that runs backward from the outputs again.
+A parameter that a deferred layer shares with another module of the stage (tied weights) is not
+deferred: autograd computes its whole gradient in I. A parameter used by a module that does not
+own it (e.g. `F.linear(x, other.weight)`) is invisible here and must not be deferred: such models
+are out of scope.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
+from torch import nn
+from torch.autograd.graph import GradientEdge, Node
 
 
 @dataclass
-class _BranchSource:
-    """Where W enters the graph: a node, and the gradient that reached its outputs in I."""
+class LayerCall:
+    """One call of a deferred layer in F; `grad_output` is filled in by I."""
 
-    node: Node
-    on_branch: int  # bitmask over the stage's weights: those below its off-path children
-    down_the_path: int  # bitmask: weights below its input-path children
-    edges: list[GradientEdge] | None = None  # set for outputs (roots) that are off the path
-    grads: Sequence[torch.Tensor | None] | None = None
-
-
-@dataclass
-class _Group:
-    sources: list[_BranchSource]
-    on_branch: int = 0
-    down_the_path: int = 0
-
-    def accepts(self, src: _BranchSource) -> bool:
-        return not (src.down_the_path & self.on_branch or src.on_branch & self.down_the_path)
-
-    def add(self, src: _BranchSource) -> None:
-        self.sources.append(src)
-        self.on_branch |= src.on_branch
-        self.down_the_path |= src.down_the_path
+    module: nn.Module
+    input: torch.Tensor
+    node: Node  # autograd node that produced the output
+    output_nr: int
+    grad_output: torch.Tensor | None = None
 
 
-class DeferredWeightGrad:
-    """The I of one microbatch, run so that its W can later compute only weight gradients."""
+def _accumulate(param: torch.Tensor, grad: torch.Tensor) -> None:
+    if param.grad is None:
+        param.grad = grad
+    else:
+        param.grad.add_(grad)
 
-    def __init__(self, groups: list[_Group], params: Sequence[torch.Tensor]) -> None:
-        self._groups, self._params = groups, list(params)
 
-    def backward_input(
-        self,
-        roots: Sequence[torch.Tensor],
-        root_grads: Sequence[torch.Tensor | None],
-        inputs: Sequence[torch.Tensor],
-    ) -> tuple[torch.Tensor | None, ...]:
-        """Input gradients; the branch nodes' incoming gradients are kept for `backward_weight`."""
-        hooked = [s for g in self._groups for s in g.sources if s.edges is None]
-        handles = [s.node.register_prehook(_recorder(s)) for s in hooked]
+def _linear_weight_grads(call: LayerCall) -> None:
+    lin: nn.Linear = call.module  # type: ignore[assignment]
+    dy = call.grad_output.reshape(-1, lin.out_features)
+    x = call.input.reshape(-1, lin.in_features)
+    if lin.weight.grad is None:
+        lin.weight.grad = dy.t() @ x
+    else:
+        lin.weight.grad.addmm_(dy.t(), x)
+    if lin.bias is not None:
+        _accumulate(lin.bias, dy.sum(0))
+
+
+def _embedding_weight_grads(call: LayerCall) -> None:
+    emb: nn.Embedding = call.module  # type: ignore[assignment]
+    if emb.weight.grad is None:
+        emb.weight.grad = torch.zeros_like(emb.weight)
+    rows = call.grad_output.reshape(-1, emb.embedding_dim)
+    emb.weight.grad.index_add_(0, call.input.reshape(-1), rows)
+
+
+def _plain_embedding(emb: nn.Embedding) -> bool:
+    # Padding rows, renormalization and frequency scaling change the gradient: leave them to
+    # autograd.
+    return (
+        emb.padding_idx is None
+        and emb.max_norm is None
+        and not emb.scale_grad_by_freq
+        and not emb.sparse
+    )
+
+
+_WEIGHT_GRADS: dict[type, Callable[[LayerCall], None]] = {
+    nn.Linear: _linear_weight_grads,
+    nn.Embedding: _embedding_weight_grads,
+}
+
+
+def _deferrable(module: nn.Module) -> bool:
+    if type(module) not in _WEIGHT_GRADS:  # subclasses may compute something else
+        return False
+    if isinstance(module, nn.Embedding) and not _plain_embedding(module):
+        return False
+    return all(p.requires_grad for p in module.parameters(recurse=False))
+
+
+class WeightGradTape:
+    """Notes the calls of the deferrable layers among `modules` made inside `recording()`."""
+
+    def __init__(self, modules: Iterable[nn.Module]) -> None:
+        every = list({id(m): m for top in modules for m in top.modules()}.values())
+        owners: dict[int, int] = {}  # parameter -> how many modules hold it
+        for module in every:
+            for p in module.parameters(recurse=False):
+                owners[id(p)] = owners.get(id(p), 0) + 1
+        self._layers = [
+            m
+            for m in every
+            if _deferrable(m) and all(owners[id(p)] == 1 for p in m.parameters(recurse=False))
+        ]
+        self._deferred = {id(p) for m in self._layers for p in m.parameters(recurse=False)}
+        self._calls: list[LayerCall] | None = None
+        self._hooks = [m.register_forward_hook(self._note) for m in self._layers]
+
+    def defers(self, param: torch.Tensor) -> bool:
+        """Whether W, not I, computes this parameter's gradient."""
+        return id(param) in self._deferred
+
+    @contextmanager
+    def recording(self) -> Iterator[list[LayerCall]]:
+        """The calls of one forward, appended as they happen."""
+        outer, self._calls = self._calls, []
         try:
-            if not inputs:
-                return ()
-            return torch.autograd.grad(
-                roots, inputs, root_grads, retain_graph=True, allow_unused=True
-            )
+            yield self._calls
         finally:
-            for h in handles:
-                h.remove()
+            self._calls = outer
 
-    def backward_weight(self) -> list[torch.Tensor | None]:
-        """Weight gradients (aligned with the stage's params; None where none reached)."""
-        out: list[torch.Tensor | None] = [None] * len(self._params)
-        for group in self._groups:
-            edges, grads = [], []
-            for src in group.sources:
-                if src.edges is not None:
-                    edges += src.edges
-                    grads += list(src.grads or ())
-                elif src.grads is not None:
-                    for k, g in enumerate(src.grads):
-                        if g is not None:
-                            edges.append(GradientEdge(src.node, k))
-                            grads.append(g)
-            wanted = [i for i in range(len(self._params)) if group.on_branch >> i & 1]
-            if not edges or not wanted:
-                continue
-            got = torch.autograd.grad(
-                edges,
-                [self._params[i] for i in wanted],
-                grads,
-                retain_graph=True,
-                allow_unused=True,
-            )
-            for i, g in zip(wanted, got):
-                if g is not None:
-                    out[i] = g if out[i] is None else out[i] + g
-        self._groups = []  # drop the graph references: W is the last use
-        return out
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def _note(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        if self._calls is None or output.grad_fn is None:  # not recording, or no_grad
+            return
+        self._calls.append(LayerCall(module, inputs[0], output.grad_fn, output.output_nr))
 
 
-def _recorder(src: _BranchSource):
-    def record(grad_outputs):
-        src.grads = tuple(grad_outputs)
+class PendingWeightGrad:
+    """The W of one microbatch: what I left for the deferred layers."""
 
-    return record
+    def __init__(self, calls: list[LayerCall]) -> None:
+        self._calls = calls
+
+    @property
+    def held(self) -> list[torch.Tensor]:
+        """The tensors kept alive until W runs."""
+        return [t for c in self._calls for t in (c.input, c.grad_output)]
+
+    def run(self) -> None:
+        """Accumulate the deferred weight gradients into `.grad`; frees what was held."""
+        for call in self._calls:
+            _WEIGHT_GRADS[type(call.module)](call)
+        self._calls = []
 
 
-def plan_deferral(
+def backward_input(
     roots: Sequence[torch.Tensor],
     root_grads: Sequence[torch.Tensor | None],
     inputs: Sequence[torch.Tensor],
+    calls: Sequence[LayerCall],
     params: Sequence[torch.Tensor],
-) -> DeferredWeightGrad | None:
-    """Find the branch nodes of this microbatch's graph; None if the graph cannot be split."""
-    root_edges = [get_gradient_edge(r) for r in roots]
-    input_nodes = {get_gradient_edge(x).node for x in inputs}
-    param_bit = {get_gradient_edge(p).node: 1 << i for i, p in enumerate(params)}
-    order, kids_of = _children_first([e.node for e in root_edges])
-    on_path: set[Node] = set()
-    below: dict[Node, int] = {}  # node -> bitmask of the weights reachable from it
-    for node in order:
-        kids = kids_of[node]
-        mask = param_bit.get(node, 0)
-        for kid in kids:
-            mask |= below[kid]
-        below[node] = mask
-        if node in input_nodes or any(k in on_path for k in kids):
-            on_path.add(node)
-    sources: list[_BranchSource] = []
-    for node in order:
-        if node not in on_path:
-            continue
-        off = on = 0
-        for kid in kids_of[node]:
-            if kid in on_path:
-                on |= below[kid]
-            else:
-                off |= below[kid]
-        if off & on:
-            return None  # a weight both on a branch and down the path: shared weights
-        if off:
-            sources.append(_BranchSource(node, off, on))
-    for edge, root, grad in zip(root_edges, roots, root_grads):
-        if edge.node not in on_path and below.get(edge.node, 0):
-            sources.append(
-                _BranchSource(
-                    edge.node,
-                    below[edge.node],
-                    0,
-                    [edge],
-                    [torch.ones_like(root) if grad is None else grad],
-                )
-            )
-    groups: list[_Group] = []
-    for src in sources:
-        group = next((g for g in groups if g.accepts(src)), None)
-        if group is None:
-            group = _Group([])
-            groups.append(group)
-        group.add(src)
-    return DeferredWeightGrad(groups, params)
-
-
-def _children_first(roots: list[Node]) -> tuple[list[Node], dict[Node, list[Node]]]:
-    """Every node below the roots, each after all of its children, and each node's children.
-
-    Iterative, since graphs are deep; `next_functions` is read once per node, as it is costly.
-    """
-    order: list[Node] = []
-    kids_of: dict[Node, list[Node]] = {}
-    for root in roots:
-        if root is None or root in kids_of:
-            continue
-        kids_of[root] = [k for k, _ in root.next_functions if k is not None]
-        stack = [(root, iter(kids_of[root]))]
-        while stack:
-            node, kids = stack[-1]
-            kid = next(kids, None)
-            if kid is None:
-                stack.pop()
-                order.append(node)
-            elif kid not in kids_of:
-                kids_of[kid] = [k for k, _ in kid.next_functions if k is not None]
-                stack.append((kid, iter(kids_of[kid])))
-    return order, kids_of
+) -> tuple[list[torch.Tensor | None], PendingWeightGrad]:
+    """I: the gradients of `inputs` (None where none flows); the gradients of `params` (those
+    not deferred) accumulate into `.grad`; the graph is freed. Returns what W still has to do."""
+    edges = [GradientEdge(c.node, c.output_nr) for c in calls]
+    targets = [*inputs, *edges, *params]
+    if not roots or not targets:
+        return [None] * len(inputs), PendingWeightGrad([])
+    got = torch.autograd.grad(roots, targets, root_grads, allow_unused=True)
+    n_in, n_calls = len(inputs), len(calls)
+    for param, grad in zip(params, got[n_in + n_calls :]):
+        if grad is not None:
+            _accumulate(param, grad)
+    pending = []
+    for call, grad in zip(calls, got[n_in : n_in + n_calls]):
+        if grad is not None:  # None: the output did not reach the roots (an unused expert)
+            call.grad_output = grad
+            pending.append(call)
+    return list(got[:n_in]), PendingWeightGrad(pending)
