@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="processes measuring at once, as many as the run will have: each layer is timed "
         "in all of them together (the median is kept), so the contention of a run's ranks on "
         "shared cores and memory is in the times; from 2 on, the link between two of them is "
-        "measured too (gloo on CPU; NCCL with a GPU per process)",
+        "measured too, while they compute, as in a run (gloo on CPU; NCCL with a GPU per "
+        "process)",
     )
     parser.add_argument("-o", "--output", required=True, help="profile JSON to write")
 
@@ -163,7 +164,7 @@ def _profile_in_child(rank: int, world: int, store: str, options: dict):
             profile = _profile_with_progress(model, o, device, name, dist.barrier)
         else:
             profile = _profile(model, o, device, name, lambda _i, _n: dist.barrier())
-        link = measure_link(max(layer.out_bytes for layer in profile.layers), device)
+        link = measure_link(device)
         every: list = [None] * world
         dist.all_gather_object(every, profile)
         dist.barrier()
