@@ -1,7 +1,8 @@
 """Measure a real model's per-layer costs on the local device and return a `Profile`.
 
 For each layer, on one microbatch: the forward (F), the backward for the layer's input (I) and
-the backward for its weights (W), each the median of `repeats` runs after `warmup` runs; the last
+the backward for its weights (W), each the median of `repeats` runs after `warmup` runs, a run
+being the mean over a few microbatches timed back to back (F of each, then I, then W); the last
 layer's figures include the loss. I and W are timed as the executor runs them (`weightgrad`: I
 is the whole backward but for the linear and embedding weights, W their matmuls), so a profile
 prices a split backward as it will run; a layer fed only data (the embedding) still has an I,
@@ -31,6 +32,8 @@ from octopipe.runtime.weightgrad import WeightGradTape, backward_input
 
 # Fp32 weights, their gradients, and Adam's two moments: four copies of every parameter.
 ADAM_STATE_COPIES = 4
+# Microbatches timed back to back in each repeat: enough for a GPU's launch queue to fill.
+BACK_TO_BACK = 4
 
 LossFn = Callable[[Activation], torch.Tensor]
 
@@ -84,25 +87,34 @@ def backward_seeds(outputs: Activation, gen: torch.Generator) -> tuple[list, lis
 def time_split_backward(
     tape: WeightGradTape,
     layer: nn.Module,
-    inputs: Activation,
+    microbatches: Sequence[Activation],
     loss_fn: LossFn | None,
     gen: torch.Generator,
     clock: Callable[[], float],
 ) -> tuple[float, float, float]:
-    """F, I and W of one microbatch through one layer, run as the executor runs them."""
+    """Mean F, I and W of one layer, run as the executor runs them, phase by phase over the
+    microbatches back to back: `clock` synchronizes the device only around each phase, so on a
+    GPU the launch of one op overlaps the work of the one before, as in a run, instead of
+    every op paying a launch and a synchronization."""
+    forwards = []
     t0 = clock()
-    with tape.recording() as calls:
-        outputs = run_layer(layer, inputs, loss_fn)
+    for inputs in microbatches:
+        with tape.recording() as calls:
+            forwards.append((inputs, run_layer(layer, inputs, loss_fn), calls))
     t1 = clock()
-    roots, seeds = backward_seeds(outputs, gen)
-    wanted = [t for t in inputs if t.requires_grad]
     params = [p for p in layer.parameters() if p.requires_grad and not tape.defers(p)]
+    backwards = []
+    for inputs, outputs, calls in forwards:
+        roots, seeds = backward_seeds(outputs, gen)
+        backwards.append((roots, seeds, [t for t in inputs if t.requires_grad], calls))
     t2 = clock()
-    _, pending = backward_input(roots, seeds, wanted, calls, params)
+    pending = [backward_input(r, s, wanted, calls, params)[1] for r, s, wanted, calls in backwards]
     t3 = clock()
-    pending.run()
+    for w in pending:
+        w.run()
     t4 = clock()
-    return t1 - t0, t3 - t2, t4 - t3
+    n = len(microbatches)
+    return (t1 - t0) / n, (t3 - t2) / n, (t4 - t3) / n
 
 
 def _synchronize(device: torch.device) -> None:
@@ -129,7 +141,12 @@ def time_layer(
     try:
         samples = [
             time_split_backward(
-                tape, layer, as_layer_inputs(x, needs_input_grad), loss_fn, gen, clock
+                tape,
+                layer,
+                [as_layer_inputs(x, needs_input_grad) for _ in range(BACK_TO_BACK)],
+                loss_fn,
+                gen,
+                clock,
             )
             for _ in range(warmup + repeats)
         ][warmup:]
