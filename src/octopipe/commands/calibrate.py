@@ -1,0 +1,70 @@
+"""`octopipe calibrate`: a profile rescaled to the op times a measured run's trace shows."""
+
+from __future__ import annotations
+
+import argparse
+
+from octopipe.errors import InputError
+
+NAME = "calibrate"
+HELP = "Scale a profile's layer times to what their stages took in a run (from `run --trace`)."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True, help="the profile the plan was made from")
+    p.add_argument("--plan", required=True, help="the plan that ran")
+    p.add_argument("--trace", required=True, help="its trace, as `octopipe run --trace` wrote it")
+    p.add_argument("-o", "--output", required=True, help="calibrated profile JSON to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from octopipe.calibrate import calibrate, collect_durations, stage_ratios
+    from octopipe.plan import load_plan
+    from octopipe.profile import load_profile, read_json, save_profile
+    from octopipe.viz import events_from_chrome_trace
+
+    profile = load_profile(args.profile)
+    plan = load_plan(args.plan, num_layers=profile.num_layers)
+    doc = read_json(args.trace)
+    steps = _steps(doc, args.trace)
+    kept = steps[1:] or steps  # the first step warms up
+    events = [e for s in kept for e in events_from_chrome_trace(doc, args.trace, step=s)]
+    durations = collect_durations((e.action, e.end - e.start) for e in events)
+    calibrated = calibrate(profile, plan, durations, where=args.trace)
+    save_profile(calibrated, args.output)
+    table = Table(title=f"in run / profile, per stage (steps {kept[0]}-{kept[-1]})")
+    for column in ("stage", "layers", "device", "F", "I (or B)", "W (or B)"):
+        table.add_column(column, justify="right")
+    for s, (stage, r) in enumerate(zip(plan.stages, stage_ratios(profile, plan, durations))):
+        table.add_row(
+            str(s),
+            f"{stage.start}-{stage.end}",
+            str(stage.device),
+            f"{r.f:.3f}",
+            f"{r.b:.3f}",
+            f"{r.w:.3f}",
+        )
+    Console().print(table)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _steps(doc: object, where: str) -> list[int]:
+    """The training steps the trace's actions belong to."""
+    raw = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(raw, list):
+        raise InputError(where, "expected a trace object with a 'traceEvents' list")
+    steps = {
+        e["args"]["step"]
+        for e in raw
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and isinstance(e.get("args"), dict)
+        and isinstance(e["args"].get("step"), int)
+    }
+    if not steps:
+        raise InputError(where, "no executor actions with a step in this trace")
+    return sorted(steps)

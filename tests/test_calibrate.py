@@ -1,0 +1,85 @@
+"""Calibrating a profile from a run: per-stage ratios, applied layer by layer; the command reads
+a real executor trace."""
+
+import json
+import statistics
+
+import pytest
+from executor_helpers import greedy, layer_count
+from sim_helpers import uniform_profile
+
+from octopipe.calibrate import calibrate, collect_durations, stage_ratios
+from octopipe.cli import main
+from octopipe.plan import Action, load_plan, make_plan, save_plan
+from octopipe.profile import load_profile, save_profile
+
+
+def two_stage_plan():
+    # Stage 0 (layers 0-2) splits its backward; stage 1 (layer 2-3) runs full B.
+    orders = {0: ["0F0", "0I0", "0W0"], 1: ["1F0", "1B0"]}
+    return make_plan(
+        2, 1, [(0, 2), (2, 3)], [0, 1], {d: map(Action.parse, o) for d, o in orders.items()}
+    )
+
+
+def test_each_stage_takes_its_mean_in_run_time():
+    profile = uniform_profile(3, f=1.0, b=2.0, w=0.5)
+    durations = collect_durations(
+        (Action.parse(a), t)
+        for a, t in [("0F0", 3.0), ("0F1", 5.0), ("0I0", 2.0), ("0W0", 0.5), ("1B0", 5.0)]
+    )
+    plan = two_stage_plan()
+    r0, r1 = stage_ratios(profile, plan, durations)
+    assert (r0.f, r0.b, r0.w) == (2.0, 0.5, 0.5)  # F: mean 4.0 over 2 layers x 1.0
+    assert (r1.f, r1.b, r1.w) == (1.0, 2.0, 2.0)  # no F measured; B: 5.0 over b + w = 2.5
+    calibrated = calibrate(profile, plan, durations)
+    assert [(x.f, x.b, x.w) for x in calibrated.layers] == [(2.0, 1.0, 0.25)] * 2 + [
+        (1.0, 4.0, 1.0)
+    ]
+    assert [x.act_bytes for x in calibrated.layers] == [x.act_bytes for x in profile.layers]
+    assert calibrated.name == "uniform-calibrated"
+    assert calibrate(calibrated, plan, {}).name == "uniform-calibrated"
+
+
+def test_actions_of_a_stage_the_plan_lacks_are_refused():
+    from octopipe.errors import InputError
+
+    with pytest.raises(InputError, match="stage 5"):
+        calibrate(uniform_profile(3), two_stage_plan(), {(5, "F"): [1.0]})
+
+
+@pytest.mark.timeout(120)
+def test_calibrate_command_scales_to_the_traced_run(tmp_path, capsys):
+    layers = layer_count("tiny-llama")
+    profile = uniform_profile(layers, f=1e-3, b=1e-3, w=1e-3)
+    plan = greedy([0, 1, 1, 0], 3, 2, backward=lambda s, m: "I" if m else "B", num_layers=layers)
+    paths = {k: tmp_path / f"{k}.json" for k in ("profile", "plan", "trace", "out")}
+    save_profile(profile, paths["profile"])
+    save_plan(plan, paths["plan"])
+    argv = ["run", "--plan", str(paths["plan"]), "--model", "tiny-llama", "--steps", "3"]
+    assert main([*argv, "--trace", str(paths["trace"])]) == 0
+    args = ["--profile", str(paths["profile"]), "--plan", str(paths["plan"])]
+    code = main(["calibrate", *args, "--trace", str(paths["trace"]), "-o", str(paths["out"])])
+    assert code == 0
+    assert "in run / profile" in capsys.readouterr().out
+    calibrated = load_profile(paths["out"])
+    # Each stage's F now sums to the mean duration of its F actions in steps 1 and 2.
+    events = json.loads(paths["trace"].read_text())["traceEvents"]
+    for s, stage in enumerate(load_plan(paths["plan"]).stages):
+        taken = [
+            e["dur"] / 1e6
+            for e in events
+            if e["ph"] == "X" and e["name"].startswith(f"{s}F") and e["args"]["step"] > 0
+        ]
+        got = sum(x.f for x in calibrated.layers[stage.start : stage.end])
+        assert got == pytest.approx(statistics.fmean(taken), rel=1e-9)
+
+
+def test_calibrate_command_refuses_a_trace_without_actions(tmp_path, capsys):
+    profile, plan = uniform_profile(3), two_stage_plan()
+    save_profile(profile, tmp_path / "p.json")
+    save_plan(plan, tmp_path / "plan.json")
+    (tmp_path / "t.json").write_text('{"traceEvents": []}')
+    args = ["--profile", str(tmp_path / "p.json"), "--plan", str(tmp_path / "plan.json")]
+    assert main(["calibrate", *args, "--trace", str(tmp_path / "t.json"), "-o", "x.json"]) == 2
+    assert "no executor actions" in capsys.readouterr().err
