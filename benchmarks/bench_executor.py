@@ -1,6 +1,6 @@
 """Executor benchmark (issue 4, item 6): measured against the simulator and against PyTorch.
 
-    .venv/bin/python benchmarks/bench_executor.py                 # both models, about 3-4 minutes
+    .venv/bin/python benchmarks/bench_executor.py                 # both models, about 3 minutes
     .venv/bin/python benchmarks/bench_executor.py --models tiny-hybrid --repeats 2
 
 On this machine, 2 processes with one thread each (gloo on loopback), for each model:
@@ -15,7 +15,9 @@ On this machine, 2 processes with one thread each (gloo on loopback), for each m
 4. read our executor's per-action trace: in-run op durations against the profile's, waits,
    gaps between actions, and the time outside actions (optimizer step, pending sends); feed the
    in-run op durations to the simulator, to tell the cost model's error from the runtime's;
-5. time one layer of each kind in one process: F, full B, I, W as our executor runs them, and
+5. calibrate the profile to the tuned plan's fastest run (`octopipe calibrate`), plan again on
+   it, and run that plan taking turns with the fastest PyTorch schedule of step 3;
+6. time one layer of each kind in one process: F, full B, I, W as our executor runs them, and
    b, w as the profiler measures them.
 
 Each run trains `--steps` steps; a run's time is its median step after the first. Every plan runs
@@ -42,10 +44,11 @@ from pathlib import Path
 import torch
 
 from octopipe.baselines import make_baseline
+from octopipe.calibrate import calibrate, collect_durations
 from octopipe.models import build_model
 from octopipe.models.base import PipelineModel
-from octopipe.plan import Action, B, F, I, Plan, W, load_plan
-from octopipe.profile import Profile, load_profile
+from octopipe.plan import Action, F, I, Plan, W, load_plan
+from octopipe.profile import Profile, load_profile, save_profile
 from octopipe.runtime import Job, RunConfig, RunResult
 from octopipe.runtime.profiler import time_layer
 from octopipe.runtime.stage import StageCompute, as_leaves
@@ -226,6 +229,100 @@ def measure(
     return rows
 
 
+def calibrated_pass(
+    model: str,
+    profile: Profile,
+    rows: list[Row],
+    microbatches: int,
+    budget: float,
+    steps: int,
+    repeats: int,
+    out: Path,
+) -> tuple[Row, Row]:
+    """Calibrate the profile to the tuned plan's fastest run, plan again on it, and run the new
+    plan taking turns with the PyTorch schedule that was fastest in the first pass."""
+    tuned = rows[0]
+    assert tuned.plan is not None
+    calibrated = in_run_profile(profile, tuned.plan, tuned.records)
+    path, plan_dir = out / f"{model}.calibrated.json", out / f"{model}-plan-calibrated"
+    save_profile(calibrated, path)
+    octopipe_cli(
+        "plan",
+        "--profile",
+        str(path),
+        "--devices",
+        str(DEVICES),
+        "--microbatches",
+        str(microbatches),
+        "--time-budget",
+        str(budget),
+        "--quiet",
+        "-o",
+        str(plan_dir),
+    )
+    plan = load_plan(plan_dir / "plan.json")
+    best = min(
+        (r for r in rows if r.runner.startswith("PyTorch Schedule")), key=lambda r: r.fastest
+    )
+    same_plan = next(r.plan for r in rows if r.runner == OURS and r.plan_label == best.plan_label)
+    assert same_plan is not None
+    ours = Row(
+        "tuned on the calibrated profile",
+        OURS,
+        Simulator(calibrated).run(plan).iteration_time,
+        [],
+        plan,
+    )
+    theirs = Row(best.plan_label, best.runner, best.simulated, [])
+    spec, cls = FACTORIES[model], best.runner.removeprefix("PyTorch ")
+    for k in range(repeats):
+        jobs: list[Job | TorchJob] = [
+            Job(plan, RunConfig(spec, steps=steps)),
+            TorchJob(same_plan, cls, spec, steps),
+        ]
+        for result in launch_torch(jobs if k % 2 == 0 else jobs[::-1], DEVICES):
+            if isinstance(result, RunResult):
+                ours.times.append(result.iteration_time)
+                if result.iteration_time <= min(ours.times):
+                    ours.records, ours.step_times = result.records, result.step_times
+            else:
+                theirs.times.append(result.iteration_time)
+    return ours, theirs
+
+
+def calibrated_lines(ours: Row, theirs: Row) -> list[str]:
+    assert ours.plan is not None
+    return [
+        (
+            "Calibrated (`octopipe calibrate` on the tuned plan's fastest run, then `octopipe "
+            f"plan` again): {ours.plan.num_stages} stages on devices {list(ours.plan.placement)}; "
+            f"it ran taking turns with {theirs.runner.removeprefix('PyTorch ')}."
+        ),
+        "",
+        (
+            "| plan | runner | simulated ms | measured ms: fastest run | median | slowest "
+            "| fastest / simulated |"
+        ),
+        "|---|---|---:|---:|---:|---:|---:|",
+        *(
+            f"| {r.plan_label} | {r.runner} | {ms(r.simulated)} | {ms(r.fastest)} | "
+            f"{ms(r.median)} | {ms(r.slowest)} | {r.fastest / r.simulated:.3f} |"
+            for r in (ours, theirs)
+        ),
+        "",
+        (
+            "- calibrated tuned plan vs the simulator (calibrated profile): "
+            f"{ours.fastest / ours.simulated - 1:+.1%} (fastest run), "
+            f"{ours.median / ours.simulated - 1:+.1%} (median)"
+        ),
+        (
+            f"- {theirs.runner.removeprefix('PyTorch ')}'s time over the calibrated tuned plan's: "
+            f"{theirs.fastest / ours.fastest:.3f}x (fastest runs), "
+            f"{theirs.median / ours.median:.3f}x (medians)"
+        ),
+    ]
+
+
 # --- what the trace says --------------------------------------------------------------------------
 
 
@@ -273,32 +370,19 @@ def breakdown(
     return RankBreakdown(*(statistics.median(col) for col in zip(*rows)))
 
 
+def in_run_durations(records: Sequence[Sequence[ActionRecord]]) -> dict:
+    """Every action's in-run duration by stage and kind, steps after the first."""
+    return collect_durations(
+        (Action.parse(r.action), r.end - r.start) for rank in records for r in rank if r.step > 0
+    )
+
+
 def in_run_profile(
     profile: Profile, plan: Plan, records: Sequence[Sequence[ActionRecord]]
 ) -> Profile:
-    """The profile with every stage's f, b, w scaled to the mean durations its actions took in
-    the run (steps after the first): what the simulator predicts from in-run op times."""
-    taken: dict[tuple[int, str], list[float]] = defaultdict(list)
-    for rank_records in records:
-        for r in rank_records:
-            if r.step > 0:
-                act = Action.parse(r.action)
-                taken[(act.stage, act.kind)].append(r.end - r.start)
-    layers = list(profile.layers)
-    for s, st in enumerate(plan.stages):
-        f, b, w = (sum(getattr(x, k) for x in profile.layers[st.start : st.end]) for k in "fbw")
-        rf = _ratio(taken.get((s, F)), f)
-        rb = _ratio(taken[(s, I)], b) if (s, I) in taken else _ratio(taken.get((s, B)), b + w)
-        rw = _ratio(taken[(s, W)], w) if (s, W) in taken else _ratio(taken.get((s, B)), b + w)
-        for i in range(st.start, st.end):
-            x = layers[i]
-            layers[i] = x.model_copy(update={"f": x.f * rf, "b": x.b * rb, "w": x.w * rw})
-    return profile.model_copy(update={"layers": tuple(layers)})
-
-
-def _ratio(durations: list[float] | None, profiled: float) -> float:
-    """Mean in-run duration over the profiled one (a mean keeps the in-run total)."""
-    return statistics.fmean(durations) / profiled if durations and profiled > 0 else 1.0
+    """The profile calibrated to the run (`octopipe calibrate`): what the simulator predicts
+    from in-run op times."""
+    return calibrate(profile, plan, in_run_durations(records))
 
 
 # --- one layer's backward, three ways ----------------------------------------------------------
@@ -342,6 +426,7 @@ def backward_costs(model: PipelineModel, index: int, rounds: int = 7) -> Backwar
         t5 = time.perf_counter()
         prof = time_layer(model.layer(index), x, None, True, torch.device("cpu"), 0, 1)
         samples.append((t1 - t0, t2 - t1, t4 - t3, t5 - t4, prof.b, prof.w))
+    stage.close()
     # Other jobs on the machine only ever add time: the fastest round is the least disturbed.
     f, full, i, w, pb, pw = (min(c) * 1e3 for c in zip(*samples[1:]))
     return BackwardCosts(model.layer_names[index], model.layer_kinds[index], f, full, i, w, pb, pw)
@@ -499,6 +584,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             measured = measure(model, profile, tuned, csv, args.steps, args.repeats)
             lines, _ = report(model, profile, tuned, measured)
+            second = calibrated_pass(
+                model,
+                profile,
+                measured,
+                args.microbatches,
+                args.plan_budget,
+                args.steps,
+                args.repeats,
+                Path(tmp),
+            )
+            lines += ["", *calibrated_lines(*second)]
             lines += ["", *backward_table(model)]
             out_lines += [*lines, ""]
             print(

@@ -17,7 +17,7 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -35,9 +35,12 @@ def computing(device: torch.device) -> Iterator[None]:
     stop = threading.Event()
 
     def spin() -> None:
-        a = torch.randn(256, 256, device=device) / 16
-        while not stop.is_set():
-            a = torch.tanh(a @ a)
+        # On a GPU, on a stream of its own: the probe synchronizes only its own stream.
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            a = torch.randn(256, 256, device=device) / 16
+            while not stop.is_set():
+                a = torch.tanh(a @ a)
 
     worker = threading.Thread(target=spin, name="octopipe-link-load", daemon=True)
     worker.start()
@@ -58,6 +61,8 @@ def _one_way_seconds(nbytes: int, device: torch.device, warmup: int, repeats: in
             t0 = time.perf_counter()
             dist.send(buf, 1)
             dist.recv(buf, 1)
+            if device.type == "cuda":  # NCCL's wait only orders the stream; wait for the bytes
+                torch.cuda.current_stream(device).synchronize()
             if i >= warmup:
                 samples.append((time.perf_counter() - t0) / 2)
         elif rank == 1:

@@ -57,6 +57,7 @@ class StageCompute:
 
     @property
     def modules(self) -> list[nn.Module]:
+        """The stage's layers, in order."""
         return [self.model.layer(i) for i in range(self.start, self.end)]
 
     def forward(
@@ -108,6 +109,10 @@ class StageCompute:
 
     def in_flight(self) -> int:
         return len(self._flight)
+
+    def close(self) -> None:
+        """Take the stage's hooks off the model's modules (for a model that outlives it)."""
+        self._tape.remove()
 
     def _grad_inputs(self, flight: _InFlight) -> list[torch.Tensor]:
         return [x for x in flight.inputs if x.requires_grad]

@@ -11,9 +11,11 @@ the layers' inputs and output gradients (the profile's `wact_bytes`). W multipli
 the graph runs once, as in a full backward, so I + W costs what B costs.
 
 A parameter that a deferred layer shares with another module of the stage (tied weights) is not
-deferred: autograd computes its whole gradient in I. A parameter used by a module that does not
-own it (e.g. `F.linear(x, other.weight)`) is invisible here and must not be deferred: such models
-are out of scope.
+deferred: autograd computes its whole gradient in I; nor is a layer whose weight is computed
+from other parameters (`weight_norm`, `spectral_norm`). An input changed in place between F
+and W is refused, as autograd refuses it. Out of scope, because invisible to the tape: a
+parameter used by a module that does not own it (`F.linear(x, other.weight)`), and reentrant
+activation checkpointing (`use_reentrant=True`), whose forward runs without autograd.
 """
 
 from __future__ import annotations
@@ -32,15 +34,25 @@ class LayerCall:
     """One call of a deferred layer in F; `grad_output` is filled in by I."""
 
     module: nn.Module
-    input: torch.Tensor
-    node: Node  # autograd node that produced the output
+    input: torch.Tensor  # detached: holding it must not hold the graph behind it
+    input_version: int  # to refuse an input changed in place after F
+    node: Node | None  # autograd node that produced the output; dropped once I is done
     output_nr: int
     grad_output: torch.Tensor | None = None
+
+    def check_input_unchanged(self) -> None:
+        if self.input._version != self.input_version:
+            raise RuntimeError(
+                f"the input of {type(self.module).__name__} was modified in place after the "
+                "forward; its weight gradient (W) needs it as it was"
+            )
 
 
 def _accumulate(param: torch.Tensor, grad: torch.Tensor) -> None:
     if param.grad is None:
-        param.grad = grad
+        # Autograd may hand back a tensor that is also used elsewhere (the gradient it received)
+        # or a broadcast view; `.grad` must own its memory, as AccumulateGrad makes sure.
+        param.grad = grad.clone(memory_format=torch.contiguous_format)
     else:
         param.grad.add_(grad)
 
@@ -48,20 +60,22 @@ def _accumulate(param: torch.Tensor, grad: torch.Tensor) -> None:
 def _linear_weight_grads(call: LayerCall) -> None:
     lin: nn.Linear = call.module  # type: ignore[assignment]
     dy = call.grad_output.reshape(-1, lin.out_features)
-    x = call.input.reshape(-1, lin.in_features)
+    x = call.input.reshape(-1, lin.in_features).to(dy.dtype)  # autocast runs in dy's dtype
     if lin.weight.grad is None:
-        lin.weight.grad = dy.t() @ x
+        lin.weight.grad = (dy.t() @ x).to(lin.weight.dtype)
+    elif lin.weight.grad.dtype == dy.dtype:
+        lin.weight.grad.addmm_(dy.t(), x)  # in place: no temporary per microbatch
     else:
-        lin.weight.grad.addmm_(dy.t(), x)
+        lin.weight.grad.add_(dy.t() @ x)
     if lin.bias is not None:
-        _accumulate(lin.bias, dy.sum(0))
+        _accumulate(lin.bias, dy.sum(0).to(lin.bias.dtype))
 
 
 def _embedding_weight_grads(call: LayerCall) -> None:
     emb: nn.Embedding = call.module  # type: ignore[assignment]
     if emb.weight.grad is None:
         emb.weight.grad = torch.zeros_like(emb.weight)
-    rows = call.grad_output.reshape(-1, emb.embedding_dim)
+    rows = call.grad_output.reshape(-1, emb.embedding_dim).to(emb.weight.dtype)
     emb.weight.grad.index_add_(0, call.input.reshape(-1), rows)
 
 
@@ -87,7 +101,10 @@ def _deferrable(module: nn.Module) -> bool:
         return False
     if isinstance(module, nn.Embedding) and not _plain_embedding(module):
         return False
-    return all(p.requires_grad for p in module.parameters(recurse=False))
+    own = dict(module.named_parameters(recurse=False))
+    if set(own) - {"weight", "bias"} or own.get("weight") is not module.weight:
+        return False  # the weight is computed from other parameters (weight_norm and the like)
+    return all(p.requires_grad for p in own.values())
 
 
 class WeightGradTape:
@@ -106,7 +123,12 @@ class WeightGradTape:
         ]
         self._deferred = {id(p) for m in self._layers for p in m.parameters(recurse=False)}
         self._calls: list[LayerCall] | None = None
-        self._hooks = [m.register_forward_hook(self._note) for m in self._layers]
+        # First among the hooks: a later one may replace the output, but the weight gradient
+        # is the layer's own.
+        self._hooks = [
+            m.register_forward_hook(self._note, prepend=True, with_kwargs=True)
+            for m in self._layers
+        ]
 
     def defers(self, param: torch.Tensor) -> bool:
         """Whether W, not I, computes this parameter's gradient."""
@@ -122,14 +144,18 @@ class WeightGradTape:
             self._calls = outer
 
     def remove(self) -> None:
+        """Take the hooks off the modules (the tape records nothing after this)."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
 
-    def _note(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+    def _note(self, module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
         if self._calls is None or output.grad_fn is None:  # not recording, or no_grad
             return
-        self._calls.append(LayerCall(module, inputs[0], output.grad_fn, output.output_nr))
+        x = args[0] if args else kwargs["input"]
+        self._calls.append(
+            LayerCall(module, x.detach(), x._version, output.grad_fn, output.output_nr)
+        )
 
 
 class PendingWeightGrad:
@@ -143,9 +169,11 @@ class PendingWeightGrad:
         """The tensors kept alive until W runs."""
         return [t for c in self._calls for t in (c.input, c.grad_output)]
 
+    @torch.no_grad()  # the inputs may require grad; `.grad` must not record a graph
     def run(self) -> None:
         """Accumulate the deferred weight gradients into `.grad`; frees what was held."""
         for call in self._calls:
+            call.check_input_unchanged()
             _WEIGHT_GRADS[type(call.module)](call)
         self._calls = []
 
@@ -170,7 +198,9 @@ def backward_input(
             _accumulate(param, grad)
     pending = []
     for call, grad in zip(calls, got[n_in : n_in + n_calls]):
+        call.node = None  # the graph is freed; keep nothing of it
         if grad is not None:  # None: the output did not reach the roots (an unused expert)
+            call.check_input_unchanged()
             call.grad_output = grad
             pending.append(call)
     return list(got[:n_in]), PendingWeightGrad(pending)
