@@ -15,8 +15,9 @@ On this machine, 2 processes with one thread each (gloo on loopback), for each m
 4. read our executor's per-action trace: in-run op durations against the profile's, waits,
    gaps between actions, and the time outside actions (optimizer step, pending sends); feed the
    in-run op durations to the simulator, to tell the cost model's error from the runtime's;
-5. calibrate the profile to the tuned plan's fastest run (`octopipe calibrate`), plan again on
-   it, and run that plan taking turns with the fastest PyTorch schedule of step 3;
+5. fit the per-action overhead to the tuned plan's fastest run (as `octopipe calibrate` does),
+   plan again with `octopipe plan --action-overhead`, and run that plan taking turns with the
+   fastest PyTorch schedule of step 3;
 6. time one layer of each kind in one process: F, full B, I, W as our executor runs them, and
    b, w as the profiler measures them.
 
@@ -44,11 +45,11 @@ from pathlib import Path
 import torch
 
 from octopipe.baselines import make_baseline
-from octopipe.calibrate import calibrate, collect_durations
+from octopipe.calibrate import OverheadFit, calibrate, collect_durations, fit_overhead
 from octopipe.models import build_model
 from octopipe.models.base import PipelineModel
 from octopipe.plan import Action, F, I, Plan, W, load_plan
-from octopipe.profile import Profile, load_profile, save_profile
+from octopipe.profile import Profile, load_profile
 from octopipe.runtime import Job, RunConfig, RunResult
 from octopipe.runtime.profiler import time_layer
 from octopipe.runtime.stage import StageCompute, as_leaves
@@ -229,7 +230,17 @@ def measure(
     return rows
 
 
-def calibrated_pass(
+@dataclass
+class SecondPass:
+    """The plan made again with the per-action overhead fitted to the first pass's run."""
+
+    fit: OverheadFit
+    ours: Row  # simulated: the default semantics, from the measured profile
+    theirs: Row
+    simulated_with_overhead: float
+
+
+def second_pass(
     model: str,
     profile: Profile,
     rows: list[Row],
@@ -238,14 +249,14 @@ def calibrated_pass(
     steps: int,
     repeats: int,
     out: Path,
-) -> tuple[Row, Row]:
-    """Calibrate the profile to the tuned plan's fastest run, plan again on it, and run the new
-    plan taking turns with the PyTorch schedule that was fastest in the first pass."""
+) -> SecondPass:
+    """Fit `in run = scale x profile + overhead` to the tuned plan's fastest run (what
+    `octopipe calibrate` prints), plan again with `--action-overhead`, and run the new plan
+    taking turns with the PyTorch schedule that was fastest in the first pass."""
     tuned = rows[0]
     assert tuned.plan is not None
-    calibrated = in_run_profile(profile, tuned.plan, tuned.records)
-    path, plan_dir = out / f"{model}.calibrated.json", out / f"{model}-plan-calibrated"
-    save_profile(calibrated, path)
+    fit = fit_overhead(profile, tuned.plan, in_run_durations(tuned.records))
+    path, plan_dir = out / f"{model}.profile.json", out / f"{model}-plan-overhead"
     octopipe_cli(
         "plan",
         "--profile",
@@ -256,6 +267,8 @@ def calibrated_pass(
         str(microbatches),
         "--time-budget",
         str(budget),
+        "--action-overhead",
+        str(fit.overhead),
         "--quiet",
         "-o",
         str(plan_dir),
@@ -266,13 +279,8 @@ def calibrated_pass(
     )
     same_plan = next(r.plan for r in rows if r.runner == OURS and r.plan_label == best.plan_label)
     assert same_plan is not None
-    ours = Row(
-        "tuned on the calibrated profile",
-        OURS,
-        Simulator(calibrated).run(plan).iteration_time,
-        [],
-        plan,
-    )
+    label = "tuned with the fitted overhead"
+    ours = Row(label, OURS, Simulator(profile).run(plan).iteration_time, [], plan)
     theirs = Row(best.plan_label, best.runner, best.simulated, [])
     spec, cls = FACTORIES[model], best.runner.removeprefix("PyTorch ")
     for k in range(repeats):
@@ -287,16 +295,20 @@ def calibrated_pass(
                     ours.records, ours.step_times = result.records, result.step_times
             else:
                 theirs.times.append(result.iteration_time)
-    return ours, theirs
+    with_overhead = Simulator(profile, fit.overhead).run(plan).iteration_time
+    return SecondPass(fit, ours, theirs, with_overhead)
 
 
-def calibrated_lines(ours: Row, theirs: Row) -> list[str]:
+def second_pass_lines(second: SecondPass) -> list[str]:
+    ours, theirs, fit = second.ours, second.theirs, second.fit
     assert ours.plan is not None
+    other = theirs.runner.removeprefix("PyTorch ")
     return [
         (
-            "Calibrated (`octopipe calibrate` on the tuned plan's fastest run, then `octopipe "
-            f"plan` again): {ours.plan.num_stages} stages on devices {list(ours.plan.placement)}; "
-            f"it ran taking turns with {theirs.runner.removeprefix('PyTorch ')}."
+            f"Second pass: fitted to the tuned plan's fastest run, in run = {fit.scale:.3f} x "
+            f"profile + {fit.overhead * 1e6:.0f} us per action ({fit.points} stage/kind pairs); "
+            f"`octopipe plan --action-overhead` then chose {ours.plan.num_stages} stages on "
+            f"devices {list(ours.plan.placement)}, run taking turns with {other}."
         ),
         "",
         (
@@ -311,12 +323,14 @@ def calibrated_lines(ours: Row, theirs: Row) -> list[str]:
         ),
         "",
         (
-            "- calibrated tuned plan vs the simulator (calibrated profile): "
+            "- second-pass plan vs the simulator (measured profile, default semantics): "
             f"{ours.fastest / ours.simulated - 1:+.1%} (fastest run), "
-            f"{ours.median / ours.simulated - 1:+.1%} (median)"
+            f"{ours.median / ours.simulated - 1:+.1%} (median); with the fitted overhead "
+            f"({ms(second.simulated_with_overhead)} ms): "
+            f"{ours.fastest / second.simulated_with_overhead - 1:+.1%} (fastest run)"
         ),
         (
-            f"- {theirs.runner.removeprefix('PyTorch ')}'s time over the calibrated tuned plan's: "
+            f"- {other}'s time over the second-pass plan's: "
             f"{theirs.fastest / ours.fastest:.3f}x (fastest runs), "
             f"{theirs.median / ours.median:.3f}x (medians)"
         ),
@@ -584,7 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             measured = measure(model, profile, tuned, csv, args.steps, args.repeats)
             lines, _ = report(model, profile, tuned, measured)
-            second = calibrated_pass(
+            second = second_pass(
                 model,
                 profile,
                 measured,
@@ -594,7 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.repeats,
                 Path(tmp),
             )
-            lines += ["", *calibrated_lines(*second)]
+            lines += ["", *second_pass_lines(second)]
             lines += ["", *backward_table(model)]
             out_lines += [*lines, ""]
             print(

@@ -8,7 +8,7 @@ import pytest
 from executor_helpers import greedy, layer_count
 from sim_helpers import uniform_profile
 
-from octopipe.calibrate import calibrate, collect_durations, stage_ratios
+from octopipe.calibrate import calibrate, collect_durations, fit_overhead, stage_ratios
 from octopipe.cli import main
 from octopipe.plan import Action, load_plan, make_plan, save_plan
 from octopipe.profile import load_profile, save_profile
@@ -41,6 +41,27 @@ def test_each_stage_takes_its_mean_in_run_time():
     assert calibrate(calibrated, plan, {}).name == "uniform-calibrated"
 
 
+def test_the_fit_recovers_a_scale_and_a_per_action_overhead():
+    profile = uniform_profile(4, f=1.0, b=2.0, w=0.5)
+    orders = {0: ["0F0", "0I0", "0W0"], 1: ["1F0", "2F0", "2B0", "1B0"]}
+    plan = make_plan(
+        2,
+        1,
+        [(0, 1), (1, 2), (2, 4)],
+        [0, 1, 1],
+        {d: map(Action.parse, o) for d, o in orders.items()},
+    )
+    profiled = {(0, "F"): 1.0, (0, "I"): 2.0, (0, "W"): 0.5, (1, "F"): 1.0, (1, "B"): 2.5}
+    profiled |= {(2, "F"): 2.0, (2, "B"): 5.0}
+    durations = {k: [1.1 * x + 0.2, 1.1 * x + 0.2] for k, x in profiled.items()}
+    fit = fit_overhead(profile, plan, durations)
+    assert fit.scale == pytest.approx(1.1) and fit.overhead == pytest.approx(0.2)
+    assert fit.points == 7
+    # Ops faster than profiled by a constant give no negative overhead: a scale alone.
+    quicker = {k: [0.9 * x - 0.1] for k, x in profiled.items()}
+    assert fit_overhead(profile, plan, quicker).overhead == 0.0
+
+
 def test_actions_of_a_stage_the_plan_lacks_are_refused():
     from octopipe.errors import InputError
 
@@ -61,7 +82,8 @@ def test_calibrate_command_scales_to_the_traced_run(tmp_path, capsys):
     args = ["--profile", str(paths["profile"]), "--plan", str(paths["plan"])]
     code = main(["calibrate", *args, "--trace", str(paths["trace"]), "-o", str(paths["out"])])
     assert code == 0
-    assert "in run / profile" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "in run / profile" in out and "--action-overhead" in out
     calibrated = load_profile(paths["out"])
     # Each stage's F now sums to the mean duration of its F actions in steps 1 and 2.
     events = json.loads(paths["trace"].read_text())["traceEvents"]

@@ -25,6 +25,22 @@ def test_1f1b_uniform_matches_textbook(P, M):
     assert r.end_memory_bytes == r.static_memory_bytes
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_action_overhead_is_paid_once_per_action(split):
+    P, M, o = 3, 4, 0.25
+    plan = one_f_one_b(P, M, split=split)
+    default = simulate(uniform_profile(P), plan)
+    with_overhead = Simulator(uniform_profile(P), action_overhead=o).run(plan)
+    # Every action on the critical path of 1F1B (F then B, or F, I, W) grows by o; a full B is
+    # one action, so it pays one overhead, not one for its I part and one for its W part.
+    per_microbatch = (2 if not split else 3) * o
+    assert with_overhead.iteration_time > default.iteration_time
+    busy = [sum(e.end - e.start for e in with_overhead.events if e.device == d) for d in range(P)]
+    assert busy == pytest.approx([M * (3 + per_microbatch)] * P)
+    with pytest.raises(ValueError, match="at least 0"):
+        Simulator(uniform_profile(P), action_overhead=-1.0)
+
+
 def test_split_backward_memory_and_time():
     prof = uniform_profile(2, act=10, wact=4)
     plan = make_plan(

@@ -174,3 +174,16 @@ def test_degenerate_sizes_still_give_valid_plans(layers, devices, microbatches):
     assert best.sim.iteration_time >= best.sim.lower_bound - 1e-9
     if devices == 1:  # one device never waits: the physical limit is reached exactly
         assert best.sim.iteration_time == pytest.approx(best.sim.lower_bound)
+
+
+def test_action_overhead_steers_the_search_but_not_the_predicted_figures():
+    # Tiny layers, each a candidate stage: with a large fixed cost per action, fewer stages win.
+    layers = [layer(f"layers.{i}", 0.01) for i in range(12)]
+    profile = Profile(name="small", layers=tuple(layers), devices=(Device(), Device()))
+    free = tune(profile, 8, time_budget=5)
+    costly = tune(profile, 8, time_budget=5, action_overhead=0.05)
+    assert costly.best.plan.num_stages <= free.best.plan.num_stages
+    assert costly.best.plan.num_stages == 2
+    # The exported prediction is the default semantics' figure for that plan.
+    default = Simulator(profile).run(costly.best.plan, detail=False)
+    assert costly.best.plan.predicted["iteration_time"] == pytest.approx(default.iteration_time)

@@ -85,6 +85,7 @@ def _profile(path):
         (["--microbatches", 8, "--devices", 3], "asked for 3 devices"),
         (["--microbatches", 8, "--memory-limit", "lots"], "--memory-limit"),
         (["--microbatches", 8, "--memory-limit", "1GiB"], "needs"),
+        (["--microbatches", 8, "--action-overhead", -1], "--action-overhead"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(profile_path, tmp_path, capsys, args, fault):

@@ -8,6 +8,10 @@ prediction rests on op times as the executor sees them. For each stage and kind 
 ratio is the mean in-run duration over the profile's figure for that stage: F scales `f`; I and W
 scale `b` and `w`; a stage run with full backward B scales `b` and `w` alike. A layer takes its
 stage's ratios, so a later plan may cut the model elsewhere. Memory figures are kept.
+
+A run's ops also pay costs that do not grow with their layers (the executor's bookkeeping,
+waking up after a wait): `fit_overhead` fits `in run = scale x profile + overhead` over every
+stage and kind, and the overhead is what `octopipe plan --action-overhead` takes.
 """
 
 from __future__ import annotations
@@ -55,6 +59,38 @@ def stage_ratios(profile: Profile, plan: Plan, durations: Durations) -> list[Sta
             )
         )
     return ratios
+
+
+@dataclass(frozen=True)
+class OverheadFit:
+    """`in run = scale x profile + overhead` (seconds), least squares over (stage, kind) means."""
+
+    scale: float
+    overhead: float
+    points: int
+
+
+def fit_overhead(profile: Profile, plan: Plan, durations: Durations) -> OverheadFit:
+    """The scale and per-action overhead that best explain the run's mean op times."""
+    xs, ys = [], []
+    for (s, kind), taken in sorted(durations.items()):
+        if not (0 <= s < plan.num_stages) or not taken:
+            continue
+        layers = profile.layers[plan.stages[s].start : plan.stages[s].end]
+        f, b, w = (sum(getattr(x, k) for x in layers) for k in "fbw")
+        xs.append({F: f, I: b, W: w, B: b + w}[kind])
+        ys.append(statistics.fmean(taken))
+    if not xs or not any(xs):
+        raise InputError("<run>", "no actions with a profiled time to fit")
+    n = len(xs)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    scale = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    overhead = my - scale * mx
+    if sxx == 0 or overhead < 0:  # no spread to separate the two, or no overhead: scale only
+        scale = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+        overhead = 0.0
+    return OverheadFit(scale, overhead, n)
 
 
 def calibrate(profile: Profile, plan: Plan, durations: Durations, where: str = "<run>") -> Profile:

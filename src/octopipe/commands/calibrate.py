@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from octopipe.calibrate import calibrate, collect_durations, stage_ratios
+    from octopipe.calibrate import calibrate, collect_durations, fit_overhead, stage_ratios
     from octopipe.plan import load_plan
     from octopipe.profile import load_profile, read_json, save_profile
     from octopipe.viz import events_from_chrome_trace
@@ -48,6 +48,12 @@ def run(args: argparse.Namespace) -> int:
             f"{r.w:.3f}",
         )
     Console().print(table)
+    fit = fit_overhead(profile, plan, durations)
+    print(
+        f"over {fit.points} stage/kind pairs: in run = {fit.scale:.3f} x profile + "
+        f"{fit.overhead * 1e6:.0f} us per action "
+        f"(`octopipe plan --action-overhead {fit.overhead:.6f}` plans with it)"
+    )
     print(f"wrote {args.output}")
     return 0
 

@@ -79,6 +79,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only placements torchtitan builds itself (looped, or V with 2 per device)",
     )
+    p.add_argument(
+        "--action-overhead",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="a fixed cost every action pays on top of its layers' times, which the search "
+        "adds when it compares plans (e.g. the figure `octopipe calibrate` fits to a run); the "
+        "plan's predicted figures keep the default semantics (default 0)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("-o", "--output", default="octopipe-plan", help="output folder")
 
@@ -98,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--max-chunks", f"must be at least 1, got {args.max_chunks}")
     if args.time_budget <= 0:
         raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
+    if not args.action_overhead >= 0:
+        raise InputError("--action-overhead", f"must be at least 0, got {args.action_overhead}")
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once
@@ -114,12 +125,16 @@ def run(args: argparse.Namespace) -> int:
             baselines=baselines,
             progress=report,
             torchtitan=args.torchtitan,
+            action_overhead=args.action_overhead,
         )
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
     written = write_outputs(result.best.plan, profile, out, args.micro_batch_size)
     console = Console()
-    console.print(comparison_table(result, profile.name))
+    title = profile.name
+    if args.action_overhead:
+        title += f", {args.action_overhead * 1e6:.0f} us per action"
+    console.print(comparison_table(result, title))
     if torchtitan_style(result.best.plan.placement, P) is None:
         console.print(
             "note: torchtitan cannot build this placement; "

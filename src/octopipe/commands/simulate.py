@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from octopipe.errors import InputError
 from octopipe.plan import load_plan
 from octopipe.profile import load_profile
 from octopipe.report import print_simulation
@@ -21,13 +22,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--png", metavar="PATH", help="write a timeline picture (.png or .svg)")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace JSON")
     p.add_argument("--memory-png", metavar="PATH", help="write each device's memory over time")
+    p.add_argument(
+        "--action-overhead",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="beyond the default semantics: a fixed cost every action pays (default 0)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     plan = load_plan(args.plan, num_layers=profile.num_layers)
     # load_plan checked the structure against the profile's layers
-    result = Simulator(profile).run(plan, check=False, where=args.plan)
+    if not args.action_overhead >= 0:
+        raise InputError("--action-overhead", f"must be at least 0, got {args.action_overhead}")
+    result = Simulator(profile, args.action_overhead).run(plan, check=False, where=args.plan)
     if args.png or args.trace or args.memory_png:
         from octopipe import viz
 

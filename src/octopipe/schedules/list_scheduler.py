@@ -222,7 +222,7 @@ class _Scheduler:
             end = self._start(d, now, (s, "I", m), st.i, st.wact - st.act)
             self.pending_w[d].append((s, m))
         else:
-            end = self._start(d, now, (s, "B", m), st.i + st.w, -st.act)
+            end = self._start(d, now, (s, "B", m), st.full_backward, -st.act)
         if s > 0:
             # Its F ran before the F (hence the backward) of this stage: only the gradient waits.
             lag = self.stages[s - 1].lag_next

@@ -4,8 +4,9 @@
     result = sim.run(plan)              # SimResult; DeadlockError on a cyclic order
     simulate(profile, plan)             # the same in one call
 
-`graph.py` lowers a plan to integer ids, `evaluate.py` times it. The default cost semantics
-(DESIGN.md) are the only ones implemented.
+`graph.py` lowers a plan to integer ids, `evaluate.py` times it, under the default cost
+semantics (DESIGN.md); one option goes beyond them: `Simulator(profile, action_overhead=s)`
+adds a fixed cost to every action. Exported `predicted` figures never use it.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ def lower_bound(profile: Profile, devices: tuple[Device, ...], num_microbatches:
 class Simulator:
     """Reusable evaluator for many plans of one profile (the tuner's inner loop)."""
 
-    def __init__(self, profile: Profile):
+    def __init__(self, profile: Profile, action_overhead: float = 0.0):
         self.profile = profile
-        self.costs = CostTable(profile)
+        self.costs = CostTable(profile, action_overhead)
 
     def run(
         self, plan: Plan, detail: bool = True, check: bool = True, where: str = "<plan>"

@@ -33,11 +33,19 @@ def action_of(aid: int, num_microbatches: int) -> Action:
 
 
 class CostTable:
-    """Prefix sums over a profile's layers, so any stage's cost is O(1) for any partition."""
+    """Prefix sums over a profile's layers, so any stage's cost is O(1) for any partition.
 
-    def __init__(self, profile: Profile):
+    `action_overhead` (seconds, default 0: DESIGN's default semantics) is an option beyond
+    them: a fixed cost every action (F, I, W, B) pays on top of its layers' times, such as an
+    executor's per-action bookkeeping and the cost of waking up after a wait.
+    """
+
+    def __init__(self, profile: Profile, action_overhead: float = 0.0):
+        if not action_overhead >= 0.0:
+            raise ValueError(f"action overhead must be at least 0, got {action_overhead}")
         layers = profile.layers
         self.profile = profile
+        self.action_overhead = action_overhead
         self.f = _prefix(l.f for l in layers)
         self.b = _prefix(l.b for l in layers)
         self.w = _prefix(l.w for l in layers)
@@ -72,10 +80,16 @@ class StageCost:
     act: float  # held from F until the backward
     wact: float  # of which still held after I until W
     lag_next: float  # transfer to the next stage (0 on the same device or for the last stage)
+    overhead: float = 0.0  # fixed cost of one action, included in f, i and w
 
     @property
     def work(self) -> float:
         return self.f + self.i + self.w
+
+    @property
+    def full_backward(self) -> float:
+        """B: the input and weight gradients in one action (one overhead, not two)."""
+        return self.i + self.w - self.overhead
 
 
 def stage_costs(
@@ -88,6 +102,7 @@ def stage_costs(
     """The StageCost of each stage of a partition + placement (durations divided by speed)."""
     out = []
     last = len(ranges) - 1
+    extra = costs.action_overhead
     for s, ((a, b), d) in enumerate(zip(ranges, placement, strict=True)):
         f, bi, bw = costs.stage_times(a, b)
         speed = devices[d].speed
@@ -96,12 +111,13 @@ def stage_costs(
         out.append(
             StageCost(
                 device=d,
-                f=f / speed,
-                i=bi / speed,
-                w=bw / speed,
+                f=f / speed + extra,
+                i=bi / speed + extra,
+                w=bw / speed + extra,
                 act=costs.act[b] - costs.act[a],
                 wact=costs.wact[b] - costs.wact[a],
                 lag_next=lag,
+                overhead=extra,
             )
         )
     return tuple(out)
@@ -142,7 +158,8 @@ def build_graph(
     check: bool = True,
     where: str = "<plan>",
 ) -> Graph:
-    """Lower `plan` to a Graph under the default cost semantics.
+    """Lower `plan` to a Graph under the default cost semantics (plus the cost table's
+    per-action overhead, 0 unless asked for).
 
     `check=False` skips the structural check, for plans a generator has just built; `where`
     names the plan in error messages.
@@ -154,7 +171,7 @@ def build_graph(
     S = len(stages)
     ranges = [(st.start, st.end) for st in stages]
     per_stage = stage_costs(costs, ranges, plan.placement, devices, costs.profile.link)
-    dur = [(c.f, c.i, c.w, c.i + c.w) for c in per_stage]  # F, I, W, B on the stage's device
+    dur = [(c.f, c.i, c.w, c.full_backward) for c in per_stage]  # F, I, W, B on its device
     mem = [(c.act, -(c.act - c.wact), -c.wact, -c.act) for c in per_stage]  # change at each
     lag = [c.lag_next for c in per_stage]  # edge s <-> s+1, both ways; 0 on one device
 

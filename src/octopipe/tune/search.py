@@ -83,6 +83,7 @@ def tune(
     baselines: Sequence[tuple[str, Plan]] = (),
     progress: Progress | None = None,
     torchtitan: bool = False,
+    action_overhead: float = 0.0,
 ) -> TuneResult:
     """Search partition, placement and schedule for the fastest plan that fits.
 
@@ -90,7 +91,9 @@ def tune(
     placement; the result is never worse than the best of them. When no plan fits, `best` is the
     leanest one found (smallest largest shortfall). `progress(best_time, elapsed)` is called
     after every evaluation. `torchtitan=True` keeps to placements torchtitan can build itself
-    (looped, or V-shaped with two stages per device), baselines included.
+    (looped, or V-shaped with two stages per device), baselines included. `action_overhead`
+    (seconds) is a fixed cost the search adds to every action when it compares plans (see
+    `sim.graph.CostTable`); the plan's `predicted` figures keep the default semantics.
     """
     devices = profile.device_list(num_devices)
     if profile.num_layers < len(devices):
@@ -103,7 +106,7 @@ def tune(
         raise InputError(
             profile.name, f"microbatch count must be at least 1, got {num_microbatches}"
         )
-    simulator = Simulator(profile)
+    simulator = Simulator(profile, action_overhead)
     evaluator = Evaluator(profile, devices, num_microbatches, simulator.costs)
     P = len(devices)
     allowed = (lambda p: torchtitan_style(p, P) is not None) if torchtitan else (lambda p: True)
@@ -137,7 +140,8 @@ def tune(
     finalists.append(Evaluated(top.label, plan, result))
     best = min([*finalists, *base], key=lambda e: e.score)
     label = best.label if best in finalists else f"{best.label} (kept)"
-    best = Evaluated(label, best.plan.with_predicted(best.sim.predicted()), best.sim)
+    exported = best.sim if not action_overhead else Simulator(profile).run(best.plan, detail=False)
+    best = Evaluated(label, best.plan.with_predicted(exported.predicted()), best.sim)
     return TuneResult(best, base, evaluator.evaluations, search.elapsed(), search.converged)
 
 
