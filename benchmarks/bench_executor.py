@@ -15,9 +15,9 @@ On this machine, 2 processes with one thread each (gloo on loopback), for each m
 4. read our executor's per-action trace: in-run op durations against the profile's, waits,
    gaps between actions, and the time outside actions (optimizer step, pending sends); feed the
    in-run op durations to the simulator, to tell the cost model's error from the runtime's;
-5. fit the per-action overhead to the tuned plan's fastest run (as `octopipe calibrate` does),
-   plan again with `octopipe plan --action-overhead`, and run that plan taking turns with the
-   fastest PyTorch schedule of step 3;
+5. fit `in run = scale x profile + overhead` to the tuned plan's fastest run (as `octopipe
+   calibrate` does), plan again on the profile x scale with `--action-overhead`, and run that
+   plan taking turns with the fastest PyTorch schedule of step 3;
 6. time one layer of each kind in one process: F, full B, I, W as our executor runs them, and
    b, w as the profiler measures them.
 
@@ -45,11 +45,11 @@ from pathlib import Path
 import torch
 
 from octopipe.baselines import make_baseline
-from octopipe.calibrate import OverheadFit, calibrate, collect_durations, fit_overhead
+from octopipe.calibrate import RunFit, collect_durations, fit_run, scaled, stage_scaled
 from octopipe.models import build_model
 from octopipe.models.base import PipelineModel
 from octopipe.plan import Action, F, I, Plan, W, load_plan
-from octopipe.profile import Profile, load_profile
+from octopipe.profile import Profile, load_profile, save_profile
 from octopipe.runtime import Job, RunConfig, RunResult
 from octopipe.runtime.profiler import time_layer
 from octopipe.runtime.stage import StageCompute, as_leaves
@@ -232,12 +232,14 @@ def measure(
 
 @dataclass
 class SecondPass:
-    """The plan made again with the per-action overhead fitted to the first pass's run."""
+    """The plan made again on the profile rescaled to the first pass's run, with the fitted
+    per-action overhead."""
 
-    fit: OverheadFit
-    ours: Row  # simulated: the default semantics, from the measured profile
+    fit: RunFit
+    ours: Row  # simulated: the default semantics, from the rescaled profile (its `predicted`)
     theirs: Row
-    simulated_with_overhead: float
+    simulated_from_measured: float  # the same plan, default semantics, the profile as measured
+    simulated_with_overhead: float  # rescaled profile and the overhead
 
 
 def second_pass(
@@ -251,12 +253,14 @@ def second_pass(
     out: Path,
 ) -> SecondPass:
     """Fit `in run = scale x profile + overhead` to the tuned plan's fastest run (what
-    `octopipe calibrate` prints), plan again with `--action-overhead`, and run the new plan
-    taking turns with the PyTorch schedule that was fastest in the first pass."""
+    `octopipe calibrate` does), plan again on the rescaled profile with `--action-overhead`,
+    and run the new plan taking turns with the PyTorch schedule fastest in the first pass."""
     tuned = rows[0]
     assert tuned.plan is not None
-    fit = fit_overhead(profile, tuned.plan, in_run_durations(tuned.records))
-    path, plan_dir = out / f"{model}.profile.json", out / f"{model}-plan-overhead"
+    fit = fit_run(profile, tuned.plan, in_run_durations(tuned.records))
+    calibrated = scaled(profile, fit.scale)
+    path, plan_dir = out / f"{model}.calibrated.json", out / f"{model}-plan-calibrated"
+    save_profile(calibrated, path)
     octopipe_cli(
         "plan",
         "--profile",
@@ -279,8 +283,8 @@ def second_pass(
     )
     same_plan = next(r.plan for r in rows if r.runner == OURS and r.plan_label == best.plan_label)
     assert same_plan is not None
-    label = "tuned with the fitted overhead"
-    ours = Row(label, OURS, Simulator(profile).run(plan).iteration_time, [], plan)
+    label = "tuned on the calibrated profile"
+    ours = Row(label, OURS, Simulator(calibrated).run(plan).iteration_time, [], plan)
     theirs = Row(best.plan_label, best.runner, best.simulated, [])
     spec, cls = FACTORIES[model], best.runner.removeprefix("PyTorch ")
     for k in range(repeats):
@@ -295,8 +299,13 @@ def second_pass(
                     ours.records, ours.step_times = result.records, result.step_times
             else:
                 theirs.times.append(result.iteration_time)
-    with_overhead = Simulator(profile, fit.overhead).run(plan).iteration_time
-    return SecondPass(fit, ours, theirs, with_overhead)
+    return SecondPass(
+        fit,
+        ours,
+        theirs,
+        Simulator(profile).run(plan).iteration_time,
+        Simulator(calibrated, fit.overhead).run(plan).iteration_time,
+    )
 
 
 def second_pass_lines(second: SecondPass) -> list[str]:
@@ -305,10 +314,11 @@ def second_pass_lines(second: SecondPass) -> list[str]:
     other = theirs.runner.removeprefix("PyTorch ")
     return [
         (
-            f"Second pass: fitted to the tuned plan's fastest run, in run = {fit.scale:.3f} x "
-            f"profile + {fit.overhead * 1e6:.0f} us per action ({fit.points} stage/kind pairs); "
-            f"`octopipe plan --action-overhead` then chose {ours.plan.num_stages} stages on "
-            f"devices {list(ours.plan.placement)}, run taking turns with {other}."
+            f"Second pass (`octopipe calibrate` on the tuned plan's fastest run): in run = "
+            f"{fit.scale:.3f} x profile + {fit.overhead * 1e6:.0f} us per action "
+            f"({fit.points} stage/kind pairs); `octopipe plan` on the profile x {fit.scale:.3f} "
+            f"with `--action-overhead` chose {ours.plan.num_stages} stages on devices "
+            f"{list(ours.plan.placement)}, run taking turns with {other}."
         ),
         "",
         (
@@ -323,11 +333,13 @@ def second_pass_lines(second: SecondPass) -> list[str]:
         ),
         "",
         (
-            "- second-pass plan vs the simulator (measured profile, default semantics): "
-            f"{ours.fastest / ours.simulated - 1:+.1%} (fastest run), "
-            f"{ours.median / ours.simulated - 1:+.1%} (median); with the fitted overhead "
-            f"({ms(second.simulated_with_overhead)} ms): "
-            f"{ours.fastest / second.simulated_with_overhead - 1:+.1%} (fastest run)"
+            "- second-pass plan vs the simulator on the calibrated profile (its `predicted`, "
+            f"default semantics): {ours.fastest / ours.simulated - 1:+.1%} (fastest run), "
+            f"{ours.median / ours.simulated - 1:+.1%} (median); on the profile as measured "
+            f"({ms(second.simulated_from_measured)} ms): "
+            f"{ours.fastest / second.simulated_from_measured - 1:+.1%}; on the calibrated "
+            f"profile with the overhead ({ms(second.simulated_with_overhead)} ms): "
+            f"{ours.fastest / second.simulated_with_overhead - 1:+.1%} (fastest runs)"
         ),
         (
             f"- {other}'s time over the second-pass plan's: "
@@ -394,9 +406,9 @@ def in_run_durations(records: Sequence[Sequence[ActionRecord]]) -> dict:
 def in_run_profile(
     profile: Profile, plan: Plan, records: Sequence[Sequence[ActionRecord]]
 ) -> Profile:
-    """The profile calibrated to the run (`octopipe calibrate`): what the simulator predicts
-    from in-run op times."""
-    return calibrate(profile, plan, in_run_durations(records))
+    """Each stage's f, b, w scaled to its in-run mean: what the simulator predicts from the op
+    times that run measured."""
+    return stage_scaled(profile, plan, in_run_durations(records))
 
 
 # --- one layer's backward, three ways ----------------------------------------------------------

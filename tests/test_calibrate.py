@@ -1,14 +1,13 @@
-"""Calibrating a profile from a run: per-stage ratios, applied layer by layer; the command reads
-a real executor trace."""
+"""Calibrating a profile from a run: the scale and per-action overhead that explain its op times,
+per-stage ratios; the command reads a real executor trace."""
 
 import json
-import statistics
 
 import pytest
 from executor_helpers import greedy, layer_count
 from sim_helpers import uniform_profile
 
-from octopipe.calibrate import calibrate, collect_durations, fit_overhead, stage_ratios
+from octopipe.calibrate import collect_durations, fit_run, scaled, stage_ratios, stage_scaled
 from octopipe.cli import main
 from octopipe.plan import Action, load_plan, make_plan, save_plan
 from octopipe.profile import load_profile, save_profile
@@ -32,13 +31,17 @@ def test_each_stage_takes_its_mean_in_run_time():
     r0, r1 = stage_ratios(profile, plan, durations)
     assert (r0.f, r0.b, r0.w) == (2.0, 0.5, 0.5)  # F: mean 4.0 over 2 layers x 1.0
     assert (r1.f, r1.b, r1.w) == (1.0, 2.0, 2.0)  # no F measured; B: 5.0 over b + w = 2.5
-    calibrated = calibrate(profile, plan, durations)
-    assert [(x.f, x.b, x.w) for x in calibrated.layers] == [(2.0, 1.0, 0.25)] * 2 + [
-        (1.0, 4.0, 1.0)
-    ]
-    assert [x.act_bytes for x in calibrated.layers] == [x.act_bytes for x in profile.layers]
-    assert calibrated.name == "uniform-calibrated"
-    assert calibrate(calibrated, plan, {}).name == "uniform-calibrated"
+    per_stage = stage_scaled(profile, plan, durations)
+    assert [(x.f, x.b, x.w) for x in per_stage.layers] == [(2.0, 1.0, 0.25)] * 2 + [(1.0, 4.0, 1.0)]
+    assert [x.act_bytes for x in per_stage.layers] == [x.act_bytes for x in profile.layers]
+
+
+def test_scaled_profile_keeps_memory_and_names_itself_once():
+    profile = uniform_profile(2, f=1.0, b=2.0, w=0.5)
+    twice = scaled(scaled(profile, 2.0), 1.5)
+    assert [(x.f, x.b, x.w) for x in twice.layers] == [(3.0, 6.0, 1.5)] * 2
+    assert [x.act_bytes for x in twice.layers] == [x.act_bytes for x in profile.layers]
+    assert twice.name == "uniform-calibrated"
 
 
 def test_the_fit_recovers_a_scale_and_a_per_action_overhead():
@@ -54,19 +57,19 @@ def test_the_fit_recovers_a_scale_and_a_per_action_overhead():
     profiled = {(0, "F"): 1.0, (0, "I"): 2.0, (0, "W"): 0.5, (1, "F"): 1.0, (1, "B"): 2.5}
     profiled |= {(2, "F"): 2.0, (2, "B"): 5.0}
     durations = {k: [1.1 * x + 0.2, 1.1 * x + 0.2] for k, x in profiled.items()}
-    fit = fit_overhead(profile, plan, durations)
+    fit = fit_run(profile, plan, durations)
     assert fit.scale == pytest.approx(1.1) and fit.overhead == pytest.approx(0.2)
     assert fit.points == 7
     # Ops faster than profiled by a constant give no negative overhead: a scale alone.
     quicker = {k: [0.9 * x - 0.1] for k, x in profiled.items()}
-    assert fit_overhead(profile, plan, quicker).overhead == 0.0
+    assert fit_run(profile, plan, quicker).overhead == 0.0
 
 
 def test_actions_of_a_stage_the_plan_lacks_are_refused():
     from octopipe.errors import InputError
 
     with pytest.raises(InputError, match="stage 5"):
-        calibrate(uniform_profile(3), two_stage_plan(), {(5, "F"): [1.0]})
+        fit_run(uniform_profile(3), two_stage_plan(), {(5, "F"): [1.0]})
 
 
 @pytest.mark.timeout(120)
@@ -85,16 +88,18 @@ def test_calibrate_command_scales_to_the_traced_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "in run / profile" in out and "--action-overhead" in out
     calibrated = load_profile(paths["out"])
-    # Each stage's F now sums to the mean duration of its F actions in steps 1 and 2.
+    # The written profile is the given one times the fitted scale; the fit is that of the
+    # trace's actions in steps 1 and 2 (the first step warms up).
     events = json.loads(paths["trace"].read_text())["traceEvents"]
-    for s, stage in enumerate(load_plan(paths["plan"]).stages):
-        taken = [
-            e["dur"] / 1e6
-            for e in events
-            if e["ph"] == "X" and e["name"].startswith(f"{s}F") and e["args"]["step"] > 0
-        ]
-        got = sum(x.f for x in calibrated.layers[stage.start : stage.end])
-        assert got == pytest.approx(statistics.fmean(taken), rel=1e-9)
+    taken = collect_durations(
+        (Action.parse(e["name"]), e["dur"] / 1e6)
+        for e in events
+        if e["ph"] == "X" and e["cat"] != "wait" and e["args"]["step"] > 0
+    )
+    fit = fit_run(profile, load_plan(paths["plan"]), taken)
+    for mine, theirs in zip(calibrated.layers, profile.layers):
+        assert mine.f == pytest.approx(theirs.f * fit.scale, rel=1e-6)
+    assert f"{fit.overhead:.6f}" in out
 
 
 def test_calibrate_command_refuses_a_trace_without_actions(tmp_path, capsys):

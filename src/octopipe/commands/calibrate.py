@@ -1,4 +1,5 @@
-"""`octopipe calibrate`: a profile rescaled to the op times a measured run's trace shows."""
+"""`octopipe calibrate`: how a run's op times (its trace) relate to its profile; writes the
+profile rescaled to the run, and the per-action overhead to plan with."""
 
 from __future__ import annotations
 
@@ -7,21 +8,26 @@ import argparse
 from octopipe.errors import InputError
 
 NAME = "calibrate"
-HELP = "Scale a profile's layer times to what their stages took in a run (from `run --trace`)."
+HELP = (
+    "Fit a run's op times (from `run --trace`) to its profile: write the profile rescaled to "
+    "the run; print the per-action overhead for `plan --action-overhead`."
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True, help="the profile the plan was made from")
     p.add_argument("--plan", required=True, help="the plan that ran")
     p.add_argument("--trace", required=True, help="its trace, as `octopipe run --trace` wrote it")
-    p.add_argument("-o", "--output", required=True, help="calibrated profile JSON to write")
+    p.add_argument(
+        "-o", "--output", required=True, help="the profile rescaled to the run (JSON) to write"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from octopipe.calibrate import calibrate, collect_durations, fit_overhead, stage_ratios
+    from octopipe.calibrate import collect_durations, fit_run, scaled, stage_ratios
     from octopipe.plan import load_plan
     from octopipe.profile import load_profile, read_json, save_profile
     from octopipe.viz import events_from_chrome_trace
@@ -33,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     kept = steps[1:] or steps  # the first step warms up
     events = [e for s in kept for e in events_from_chrome_trace(doc, args.trace, step=s)]
     durations = collect_durations((e.action, e.end - e.start) for e in events)
-    calibrated = calibrate(profile, plan, durations, where=args.trace)
-    save_profile(calibrated, args.output)
+    fit = fit_run(profile, plan, durations, where=args.trace)
+    save_profile(scaled(profile, fit.scale), args.output)
     table = Table(title=f"in run / profile, per stage (steps {kept[0]}-{kept[-1]})")
     for column in ("stage", "layers", "device", "F", "I (or B)", "W (or B)"):
         table.add_column(column, justify="right")
@@ -48,13 +54,14 @@ def run(args: argparse.Namespace) -> int:
             f"{r.w:.3f}",
         )
     Console().print(table)
-    fit = fit_overhead(profile, plan, durations)
     print(
         f"over {fit.points} stage/kind pairs: in run = {fit.scale:.3f} x profile + "
-        f"{fit.overhead * 1e6:.0f} us per action "
-        f"(`octopipe plan --action-overhead {fit.overhead:.6f}` plans with it)"
+        f"{fit.overhead * 1e6:.0f} us per action"
     )
-    print(f"wrote {args.output}")
+    print(
+        f"wrote {args.output} (the profile x {fit.scale:.3f}); plan again with "
+        f"`octopipe plan --profile {args.output} --action-overhead {fit.overhead:.6f}`"
+    )
     return 0
 
 
