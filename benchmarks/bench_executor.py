@@ -130,6 +130,28 @@ def octopipe_cli(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "octopipe", *args], check=True, stdout=subprocess.DEVNULL)
 
 
+def plan_cli(
+    profile_path: Path, microbatches: int, budget: float, plan_dir: Path, *extra: str
+) -> Plan:
+    """`octopipe plan` for the benchmark's devices, as a user would run it; the plan it wrote."""
+    octopipe_cli(
+        "plan",
+        "--profile",
+        str(profile_path),
+        "--devices",
+        str(DEVICES),
+        "--microbatches",
+        str(microbatches),
+        "--time-budget",
+        str(budget),
+        "--quiet",
+        *extra,
+        "-o",
+        str(plan_dir),
+    )
+    return load_plan(plan_dir / "plan.json")
+
+
 def profile_and_plan(
     model: str, microbatches: int, repeats: int, budget: float, out: Path
 ) -> tuple[Profile, Plan, Path]:
@@ -153,25 +175,12 @@ def profile_and_plan(
         "-o",
         str(profile_path),
     )
-    octopipe_cli(
-        "plan",
-        "--profile",
-        str(profile_path),
-        "--devices",
-        str(DEVICES),
-        "--microbatches",
-        str(microbatches),
-        "--time-budget",
-        str(budget),
-        "--quiet",
-        "-o",
-        str(plan_dir),
-    )
+    plan = plan_cli(profile_path, microbatches, budget, plan_dir)
     profile = load_profile(profile_path)
     devices = profile.device_list(DEVICES)
     return (
         profile.with_devices(devices),
-        load_plan(plan_dir / "plan.json"),
+        plan,
         plan_dir / "schedule.csv",
     )
 
@@ -261,23 +270,7 @@ def second_pass(
     calibrated = scaled(profile, fit.scale)
     path, plan_dir = out / f"{model}.calibrated.json", out / f"{model}-plan-calibrated"
     save_profile(calibrated, path)
-    octopipe_cli(
-        "plan",
-        "--profile",
-        str(path),
-        "--devices",
-        str(DEVICES),
-        "--microbatches",
-        str(microbatches),
-        "--time-budget",
-        str(budget),
-        "--action-overhead",
-        str(fit.overhead),
-        "--quiet",
-        "-o",
-        str(plan_dir),
-    )
-    plan = load_plan(plan_dir / "plan.json")
+    plan = plan_cli(path, microbatches, budget, plan_dir, "--action-overhead", str(fit.overhead))
     best = min(
         (r for r in rows if r.runner.startswith("PyTorch Schedule")), key=lambda r: r.fastest
     )
