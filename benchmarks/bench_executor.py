@@ -45,10 +45,17 @@ from pathlib import Path
 import torch
 
 from octopipe.baselines import make_baseline
-from octopipe.calibrate import RunFit, collect_durations, fit_run, scaled, stage_scaled
+from octopipe.calibrate import (
+    RunFit,
+    collect_durations,
+    fit_run,
+    profiled_duration,
+    scaled,
+    stage_scaled,
+)
 from octopipe.models import build_model
 from octopipe.models.base import PipelineModel
-from octopipe.plan import Action, F, I, Plan, W, load_plan
+from octopipe.plan import Action, Plan, load_plan
 from octopipe.profile import Profile, load_profile, save_profile
 from octopipe.runtime import Job, RunConfig, RunResult
 from octopipe.runtime.profiler import time_layer
@@ -358,16 +365,9 @@ class RankBreakdown:
     # time this rank finished before the slowest one (`step` is the slowest rank's)
 
 
-def profiled_duration(profile: Profile, plan: Plan, act: Action) -> float:
-    st = plan.stages[act.stage]
-    layers = profile.layers[st.start : st.end]
-    if act.kind == F:
-        return sum(x.f for x in layers)
-    if act.kind == I:
-        return sum(x.b for x in layers)
-    if act.kind == W:
-        return sum(x.w for x in layers)
-    return sum(x.b + x.w for x in layers)
+def _stage_kind(record: ActionRecord) -> tuple[int, str]:
+    act = Action.parse(record.action)
+    return act.stage, act.kind
 
 
 def breakdown(
@@ -381,7 +381,7 @@ def breakdown(
         if step == 0 and len(per_step) > 1:
             continue
         compute = sum(r.end - r.start for r in recs)
-        profiled = sum(profiled_duration(profile, plan, Action.parse(r.action)) for r in recs)
+        profiled = sum(profiled_duration(profile, plan, *_stage_kind(r)) for r in recs)
         wait = sum(r.start - r.wait_start for r in recs)
         gaps = sum(b.wait_start - a.end for a, b in pairwise(recs))
         busy_span = recs[-1].end - recs[0].wait_start
@@ -487,7 +487,7 @@ def compute_ratio(profile: Profile, row: Row) -> float:
     assert row.plan is not None
     recs = [r for rank in row.records for r in rank if r.step > 0]
     run = sum(r.end - r.start for r in recs)
-    return run / sum(profiled_duration(profile, row.plan, Action.parse(r.action)) for r in recs)
+    return run / sum(profiled_duration(profile, row.plan, *_stage_kind(r)) for r in recs)
 
 
 def report(

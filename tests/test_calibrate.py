@@ -65,6 +65,31 @@ def test_the_fit_recovers_a_scale_and_a_per_action_overhead():
     assert fit_run(profile, plan, quicker).overhead == 0.0
 
 
+def test_the_profile_is_read_at_each_device_s_speed():
+    from sim_helpers import one_f_one_b
+
+    from octopipe.profile import Device
+    from octopipe.sim import Simulator
+
+    profile = uniform_profile(2).model_copy(update={"devices": (Device(), Device(speed=0.5))})
+    plan = one_f_one_b(2, 2)
+    simulated = Simulator(profile).run(plan)
+    # A run that took exactly what the simulator says: scale 1, no overhead, ratios 1.
+    durations = collect_durations((e.action, e.end - e.start) for e in simulated.events)
+    fit = fit_run(profile, plan, durations)
+    assert fit.scale == pytest.approx(1.0) and fit.overhead == pytest.approx(0.0, abs=1e-12)
+    assert all(r.f == pytest.approx(1.0) for r in stage_ratios(profile, plan, durations))
+    again = Simulator(stage_scaled(profile, plan, durations)).run(plan)
+    assert again.iteration_time == pytest.approx(simulated.iteration_time)
+
+
+def test_op_times_that_cannot_be_a_run_of_the_profile_are_refused():
+    from octopipe.errors import InputError
+
+    with pytest.raises(InputError, match="do not fit"):
+        fit_run(uniform_profile(3), two_stage_plan(), {(0, "F"): [0.0], (1, "B"): [0.0]})
+
+
 def test_actions_of_a_stage_the_plan_lacks_are_refused():
     from octopipe.errors import InputError
 

@@ -151,3 +151,19 @@ def test_gives_up_only_on_schedules_that_end_later_than_asked():
     full = list_schedule(stages, P, M, rules)
     assert list_schedule(stages, P, M, rules, give_up_after=full.makespan) == full
     assert list_schedule(stages, P, M, rules, give_up_after=full.makespan * 0.99) is None
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_list_scheduler_and_simulator_agree_under_an_action_overhead(split):
+    from octopipe.tune.candidate import Candidate, Evaluator
+
+    profile = uniform(4).with_devices((Device(), Device()))
+    sim = Simulator(profile, action_overhead=0.3)
+    evaluator = Evaluator(profile, profile.device_list(2), 6, sim.costs)
+    cand = Candidate(((0, 1), (1, 2), (2, 3), (3, 4)), (0, 1, 1, 0), split_backward=split)
+    outcome = evaluator.evaluate(cand)
+    plan = evaluator.to_plan(outcome)
+    # A B pays the overhead once in both; so do F, I and W.
+    assert outcome.makespan == pytest.approx(sim.run(plan, detail=False).iteration_time)
+    kinds = {a.kind for acts in plan.schedule.values() for a in acts}
+    assert kinds == ({"F", "I", "W"} if split else {"F", "B"})

@@ -37,8 +37,9 @@ def test_action_overhead_is_paid_once_per_action(split):
     assert with_overhead.iteration_time > default.iteration_time
     busy = [sum(e.end - e.start for e in with_overhead.events if e.device == d) for d in range(P)]
     assert busy == pytest.approx([M * (3 + per_microbatch)] * P)
-    with pytest.raises(ValueError, match="at least 0"):
-        Simulator(uniform_profile(P), action_overhead=-1.0)
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="finite number >= 0"):
+            Simulator(uniform_profile(P), action_overhead=bad)
 
 
 def test_split_backward_memory_and_time():

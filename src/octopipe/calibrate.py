@@ -24,11 +24,14 @@ from dataclasses import dataclass
 from octopipe.errors import InputError
 from octopipe.plan import Action, B, F, I, Plan, W
 from octopipe.profile import Profile
+from octopipe.sim.graph import devices_for
 
 Durations = Mapping[tuple[int, str], Sequence[float]]  # (stage, kind) -> seconds, per action
 
 
-def collect_durations(actions: Iterable[tuple[Action, float]]) -> dict[tuple[int, str], list]:
+def collect_durations(
+    actions: Iterable[tuple[Action, float]],
+) -> dict[tuple[int, str], list[float]]:
     """Group measured (action, seconds) pairs by stage and kind."""
     taken: dict[tuple[int, str], list[float]] = defaultdict(list)
     for action, seconds in actions:
@@ -37,10 +40,13 @@ def collect_durations(actions: Iterable[tuple[Action, float]]) -> dict[tuple[int
 
 
 def profiled_duration(profile: Profile, plan: Plan, stage: int, kind: str) -> float:
-    """What the profile says one action of this stage and kind takes (device speed 1)."""
-    layers = profile.layers[plan.stages[stage].start : plan.stages[stage].end]
+    """What the profile says one action of this stage and kind takes on its device (the
+    layers' times over the device's speed, as the simulator has it)."""
+    st = plan.stages[stage]
+    layers = profile.layers[st.start : st.end]
     f, b, w = (sum(getattr(x, k) for x in layers) for k in "fbw")
-    return {F: f, I: b, W: w, B: b + w}[kind]
+    speed = devices_for(profile, plan)[st.device].speed
+    return {F: f, I: b, W: w, B: b + w}[kind] / speed
 
 
 @dataclass(frozen=True)
@@ -68,9 +74,12 @@ def fit_run(profile: Profile, plan: Plan, durations: Durations, where: str = "<r
     scale = sum((x - mx) * (y - my) for x, y in pairs) / sxx if sxx > 0 else 0.0
     overhead = my - scale * mx
     if sxx == 0 or overhead < 0 or scale <= 0:
-        # Nothing to tell the two apart, or no overhead to speak of: a scale alone.
+        # No spread to tell the two apart, a negative intercept, or times that fall as the
+        # profile's rise: the best fit through the origin, a scale alone.
         scale = sum(x * y for x, y in pairs) / sum(x * x for x in xs)
         overhead = 0.0
+    if not scale > 0:
+        raise InputError(where, f"the run's op times do not fit the profile (scale {scale:.3g})")
     return RunFit(scale, overhead, len(pairs))
 
 
@@ -94,6 +103,7 @@ class StageRatios:
 
 
 def stage_ratios(profile: Profile, plan: Plan, durations: Durations) -> list[StageRatios]:
+    """Per stage: mean in-run duration over the profiled one, for F, I (or B) and W (or B)."""
     ratios = []
     for s in range(plan.num_stages):
 
@@ -112,7 +122,9 @@ def stage_ratios(profile: Profile, plan: Plan, durations: Durations) -> list[Sta
     return ratios
 
 
-def stage_scaled(profile: Profile, plan: Plan, durations: Durations, where: str = "<run>"):
+def stage_scaled(
+    profile: Profile, plan: Plan, durations: Durations, where: str = "<run>"
+) -> Profile:
     """The profile with each layer's f, b, w scaled by its stage's in-run ratios: simulating
     `plan` on it uses the op times that run measured."""
     _check(profile, plan, durations, where)

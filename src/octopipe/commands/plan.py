@@ -8,6 +8,7 @@ this module only gathers inputs, reports and writes files.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
@@ -107,8 +108,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--max-chunks", f"must be at least 1, got {args.max_chunks}")
     if args.time_budget <= 0:
         raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
-    if not args.action_overhead >= 0:
-        raise InputError("--action-overhead", f"must be at least 0, got {args.action_overhead}")
+    if not (math.isfinite(args.action_overhead) and args.action_overhead >= 0):
+        raise InputError(
+            "--action-overhead", f"must be a finite number >= 0, got {args.action_overhead}"
+        )
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once

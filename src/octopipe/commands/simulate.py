@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from octopipe.errors import InputError
 from octopipe.plan import load_plan
@@ -35,8 +36,10 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     plan = load_plan(args.plan, num_layers=profile.num_layers)
     # load_plan checked the structure against the profile's layers
-    if not args.action_overhead >= 0:
-        raise InputError("--action-overhead", f"must be at least 0, got {args.action_overhead}")
+    if not (math.isfinite(args.action_overhead) and args.action_overhead >= 0):
+        raise InputError(
+            "--action-overhead", f"must be a finite number >= 0, got {args.action_overhead}"
+        )
     result = Simulator(profile, args.action_overhead).run(plan, check=False, where=args.plan)
     if args.png or args.trace or args.memory_png:
         from octopipe import viz
@@ -47,8 +50,14 @@ def run(args: argparse.Namespace) -> int:
             viz.save_chrome_trace(result.events, args.trace)
         if args.memory_png:
             viz.save_memory_plot(result, plan, profile, args.memory_png)
+    title = f"{profile.name} / {args.plan}"
+    if args.action_overhead:
+        title += f", {args.action_overhead * 1e6:.0f} us per action"
     if args.json:
-        print(json.dumps(result.summary()))
+        summary = result.summary()
+        if args.action_overhead:
+            summary["action_overhead"] = args.action_overhead
+        print(json.dumps(summary))
     else:
-        print_simulation(result, title=f"{profile.name} / {args.plan}")
+        print_simulation(result, title=title)
     return 0

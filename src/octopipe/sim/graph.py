@@ -9,6 +9,7 @@ which; it does not evaluate time or memory (`evaluate.py` does).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -41,8 +42,8 @@ class CostTable:
     """
 
     def __init__(self, profile: Profile, action_overhead: float = 0.0):
-        if not action_overhead >= 0.0:
-            raise ValueError(f"action overhead must be at least 0, got {action_overhead}")
+        if not (math.isfinite(action_overhead) and action_overhead >= 0.0):
+            raise ValueError(f"action overhead must be a finite number >= 0, got {action_overhead}")
         layers = profile.layers
         self.profile = profile
         self.action_overhead = action_overhead

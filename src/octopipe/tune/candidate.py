@@ -78,14 +78,18 @@ def inflight_caps(
     The round trip of stage s is the chain F(s..S-1) then backward(S-1..s) with transfers; during
     it the device completes round_trip / (its work per microbatch) microbatches.
     """
+
+    def backward(st: StageCost) -> float:  # the backward on the round trip: I, or a whole B
+        return st.i if split_backward else st.full_backward
+
     cycle = [0.0] * num_devices
     for st in stages:
-        cycle[st.device] += st.work
+        cycle[st.device] += st.work if split_backward else st.f + st.full_backward
     caps = [0] * len(stages)
     trip = 0.0
     for s in range(len(stages) - 1, -1, -1):
         st = stages[s]
-        trip += st.f + st.i + (0.0 if split_backward else st.w) + 2 * st.lag_next
+        trip += st.f + backward(st) + 2 * st.lag_next
         depth = math.ceil(warmup * trip / cycle[st.device] - 1e-9) if cycle[st.device] > 0 else M
         bonus = extra[st.device] if extra else 0
         caps[s] = min(M, max(1, depth + bonus))
