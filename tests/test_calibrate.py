@@ -104,9 +104,11 @@ def test_calibrate_command_scales_to_the_traced_run(tmp_path, capsys):
     plan = greedy([0, 1, 1, 0], 3, 2, backward=lambda s, m: "I" if m else "B", num_layers=layers)
     paths = {k: tmp_path / f"{k}.json" for k in ("profile", "plan", "trace", "out")}
     save_profile(profile, paths["profile"])
-    save_plan(plan, paths["plan"])
+    save_plan(plan.with_predicted({"iteration_time": 0.01}), paths["plan"])
     argv = ["run", "--plan", str(paths["plan"]), "--model", "tiny-llama", "--steps", "3"]
     assert main([*argv, "--trace", str(paths["trace"])]) == 0
+    ran = capsys.readouterr().out
+    assert "plan predicted 10.000 ms (" in ran and "octopipe calibrate" in ran  # error, hint
     args = ["--profile", str(paths["profile"]), "--plan", str(paths["plan"])]
     code = main(["calibrate", *args, "--trace", str(paths["trace"]), "-o", str(paths["out"])])
     assert code == 0

@@ -102,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         _print_human(summary)
+        if args.trace and summary["predicted_iteration_time"] is not None:
+            print(
+                "to fit the profile to this run: octopipe calibrate --profile PROFILE "
+                f"--plan {args.plan} --trace {args.trace} -o CALIBRATED"
+            )
     if under_torchrun():
         _leave_rank()
     return 0
@@ -131,7 +136,8 @@ def _print_human(summary: dict) -> None:
     predicted = summary["predicted_iteration_time"]
     line = f"iteration time: {summary['iteration_time'] * 1e3:.3f} ms (median after the first step)"
     if predicted is not None:
-        line += f"; plan predicted {predicted * 1e3:.3f} ms"
+        error = summary["iteration_time"] / predicted - 1
+        line += f"; plan predicted {predicted * 1e3:.3f} ms ({error:+.1%})"
     print(line)
     mems = ", ".join(
         f"rank {r}: {b / 2**20:.1f} MiB" for r, b in enumerate(summary["peak_memory_bytes"])
