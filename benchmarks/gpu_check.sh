@@ -7,8 +7,10 @@
 # Assumes python3 with torch (CUDA) is installed there; pydantic may have to be carried as
 # wheels in .whl/ (see the device tool's notes): they are installed first when present.
 # Per model: profile on the GPU, plan for the GPUs there are, run the plan with NCCL (one rank
-# per GPU), and run the same plan on gloo/CPU to compare losses. With one GPU the plan has one
-# device (NCCL refuses two ranks on one GPU). Writes OUTDIR/gpu_check.md and the JSON it read.
+# per GPU), and run the same plan on gloo/CPU to compare losses; then the second pass: calibrate
+# the profile to the NCCL run's trace, plan again with the fitted per-action overhead, run that.
+# With one GPU the plan has one device (NCCL refuses two ranks on one GPU). Writes
+# OUTDIR/gpu_check.md and the JSON it read.
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$out"
@@ -32,32 +34,42 @@ report="$out/gpu_check.md"
 print('# Executor check:', torch.cuda.get_device_name(0) if gpu else 'CPU', torch.__version__, end='')" "$device"
     echo ", $gpus rank(s), backend $backend"
     echo
-    echo "| model | ranks | measured iteration ms | predicted ms | error | losses vs gloo/CPU (max rel diff) |"
-    echo "|---|---|---|---|---|---|"
+    echo "| model | ranks | measured iteration ms | predicted ms | error | second pass: measured ms | predicted ms | error | losses vs gloo/CPU (max rel diff) |"
+    echo "|---|---|---|---|---|---|---|---|---|"
 } > "$report"
 for model in tiny-hybrid tiny-moe tiny-vlm; do
     # The same sizes in the profile and the run, so the prediction applies.
     sizes=(--seq-len "${SEQ_LEN:-256}" --micro-batch-size "${MICRO_BATCH_SIZE:-2}")
     python3 -m octopipe profile --model "$model" --device "$device" --repeats 10 "${sizes[@]}" \
-        -o "$out/$model.profile.json" || continue
+        --nproc "$gpus" -o "$out/$model.profile.json" || continue
     python3 -m octopipe plan --profile "$out/$model.profile.json" --devices "$gpus" \
         --microbatches $((4 * gpus)) --quiet --time-budget 20 -o "$out/$model" > /dev/null || continue
     python3 -m octopipe run --plan "$out/$model/plan.json" --model "$model" --backend "$backend" \
-        "${sizes[@]}" --steps 6 --json > "$out/$model.run.json" || continue
+        "${sizes[@]}" --steps 6 --json --trace "$out/$model.trace.json" > "$out/$model.run.json" \
+        || continue
     python3 -m octopipe run --plan "$out/$model/plan.json" --model "$model" --backend gloo \
         "${sizes[@]}" --nproc "$gpus" --steps 6 --json > "$out/$model.cpu.json" || continue
-    python3 - "$model" "$gpus" "$out/$model.run.json" "$out/$model.cpu.json" >> "$report" <<'EOF'
+    overhead=$(python3 -m octopipe calibrate --profile "$out/$model.profile.json" \
+        --plan "$out/$model/plan.json" --trace "$out/$model.trace.json" -o "$out/$model.cal.json" \
+        | sed -n 's/.*--action-overhead \([0-9.e-]*\).*/\1/p') || continue
+    python3 -m octopipe plan --profile "$out/$model.cal.json" --devices "$gpus" \
+        --microbatches $((4 * gpus)) --quiet --time-budget 10 --action-overhead "${overhead:-0}" \
+        -o "$out/$model-2" > /dev/null || continue
+    python3 -m octopipe run --plan "$out/$model-2/plan.json" --model "$model" --backend "$backend" \
+        "${sizes[@]}" --steps 6 --json > "$out/$model.run2.json" || continue
+    python3 - "$model" "$gpus" "$out/$model.run.json" "$out/$model.cpu.json" \
+        "$out/$model.run2.json" >> "$report" <<'EOF'
 import json
 import sys
 
-model, ranks, gpu_path, cpu_path = sys.argv[1:]
-gpu, cpu = json.load(open(gpu_path)), json.load(open(cpu_path))
-err = gpu["iteration_time"] / gpu["predicted_iteration_time"] - 1
+model, ranks, gpu_path, cpu_path, second_path = sys.argv[1:]
+gpu, cpu, second = (json.load(open(p)) for p in (gpu_path, cpu_path, second_path))
 diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(gpu["losses"], cpu["losses"]))
-print(
-    f"| {model} | {ranks} | {gpu['iteration_time'] * 1e3:.2f} "
-    f"| {gpu['predicted_iteration_time'] * 1e3:.2f} | {err:+.1%} | {diff:.1e} |"
-)
+cells = []
+for run in (gpu, second):
+    measured, predicted = run["iteration_time"], run["predicted_iteration_time"]
+    cells.append(f"{measured * 1e3:.2f} | {predicted * 1e3:.2f} | {measured / predicted - 1:+.1%}")
+print(f"| {model} | {ranks} | {' | '.join(cells)} | {diff:.1e} |")
 EOF
 done
 cat "$report"
