@@ -34,10 +34,13 @@ def run(args: argparse.Namespace) -> int:
 
     profile = load_profile(args.profile)
     plan = load_plan(args.plan, num_layers=profile.num_layers)
-    doc = read_json(args.trace)
-    steps = _steps(doc, args.trace)
+    raw = _trace_events(read_json(args.trace), args.trace)
+    steps = sorted({_step(e) for e in raw} - {None})
+    if not steps:
+        raise InputError(args.trace, "no executor actions with a step in this trace")
     kept = steps[1:] or steps  # the first step warms up
-    events = [e for s in kept for e in events_from_chrome_trace(doc, args.trace, step=s)]
+    later = [e for e in raw if _step(e) in kept]
+    events = events_from_chrome_trace({"traceEvents": later}, args.trace)
     durations = collect_durations((e.action, e.end - e.start) for e in events)
     fit = fit_run(profile, plan, durations, where=args.trace)
     save_profile(scaled(profile, fit.scale), args.output)
@@ -65,19 +68,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _steps(doc: object, where: str) -> list[int]:
-    """The training steps the trace's actions belong to."""
+def _trace_events(doc: object, where: str) -> list:
     raw = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(raw, list):
         raise InputError(where, "expected a trace object with a 'traceEvents' list")
-    steps = {
-        e["args"]["step"]
-        for e in raw
-        if isinstance(e, dict)
-        and e.get("ph") == "X"
-        and isinstance(e.get("args"), dict)
-        and isinstance(e["args"].get("step"), int)
-    }
-    if not steps:
-        raise InputError(where, "no executor actions with a step in this trace")
-    return sorted(steps)
+    return raw
+
+
+def _step(event: object) -> int | None:
+    """The training step of an executor action event; None for anything else."""
+    if not (isinstance(event, dict) and event.get("ph") == "X"):
+        return None
+    args = event.get("args")
+    step = args.get("step") if isinstance(args, dict) else None
+    return step if isinstance(step, int) else None

@@ -135,30 +135,22 @@ _DEADLINE_S = 24 * 3600.0  # profiling a large config takes long; a failure stil
 def _profile_in_child(rank: int, world: int, store: str, options: dict):
     """The profiling itself, in a spawned process: build the model, time every layer; with
     several processes, in step with the others, then measure the link and merge."""
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 
     from octopipe.models import build_model
+    from octopipe.runtime.launcher import join_process_group
     from octopipe.runtime.linkprobe import measure_link
     from octopipe.runtime.profiler import median_profile
 
     o = argparse.Namespace(**options)
     torch.set_num_threads(o.threads)
-    device = torch.device("cuda", rank) if o.device == "cuda" else torch.device("cpu")
     model = build_model(o.model, o.seed, seq_len=o.seq_len, micro_batch_size=o.micro_batch_size)
     name = f"{model.arch.name}-{o.device}-s{o.seq_len}-mb{o.micro_batch_size}"
     if world == 1:
-        return _profile_with_progress(model, o, device, name, lambda: None)
-    dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=_DEADLINE_S),
-        device_id=device if device.type == "cuda" else None,
-    )
+        return _profile_with_progress(model, o, torch.device(o.device), name, lambda: None)
+    backend = "nccl" if o.device == "cuda" else "gloo"
+    device = join_process_group(backend, rank, world, rank, f"file://{store}", _DEADLINE_S)
     try:
         if rank == 0:
             profile = _profile_with_progress(model, o, device, name, dist.barrier)

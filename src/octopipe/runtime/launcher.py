@@ -113,6 +113,19 @@ def train_as_rank(
     timeout_s: float,
 ) -> list[RunResult] | None:
     """Join the process group, train every job, leave; rank 0 returns the results."""
+    device = join_process_group(backend, rank, world, local_rank, init_method, timeout_s)
+    results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
+    # Only on success: after a failure, tearing down may wait on dead peers; the error goes first.
+    # The barrier keeps a fast rank from closing its sockets under a peer still finishing.
+    dist.barrier()
+    dist.destroy_process_group()
+    return results if rank == 0 else None
+
+
+def join_process_group(
+    backend: str, rank: int, world: int, local_rank: int, init_method: str, timeout_s: float
+) -> torch.device:
+    """Join the default process group; the device this rank computes on (its GPU for NCCL)."""
     device = _device_for(backend, local_rank)
     dist.init_process_group(
         backend,
@@ -122,12 +135,7 @@ def train_as_rank(
         timeout=timedelta(seconds=timeout_s),
         device_id=_bound_device(device),
     )
-    results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
-    # Only on success: after a failure, tearing down may wait on dead peers; the error goes first.
-    # The barrier keeps a fast rank from closing its sockets under a peer still finishing.
-    dist.barrier()
-    dist.destroy_process_group()
-    return results if rank == 0 else None
+    return device
 
 
 # --- spawning our own ranks ---------------------------------------------------------------------
