@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from octopipe.actions import Action
 from octopipe.baselines import make_baseline
 from octopipe.calibrate import (
     RunFit,
@@ -55,7 +56,7 @@ from octopipe.calibrate import (
 )
 from octopipe.models import build_model
 from octopipe.models.base import PipelineModel
-from octopipe.plan import Action, Plan, load_plan
+from octopipe.plan import Plan, load_plan
 from octopipe.profile import Profile, load_profile, save_profile
 from octopipe.runtime import Job, RunConfig, RunResult
 from octopipe.runtime.profiler import time_layer

@@ -22,9 +22,9 @@ from octopipe.costmodel import load_architecture
 from octopipe.costmodel.build import build_profile
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.settings import Settings
+from octopipe.costs import CostTable
 from octopipe.plan import Plan
 from octopipe.profile import Device, Profile
-from octopipe.sim.graph import CostTable
 from octopipe.tune import tune
 from octopipe.tune.balance import device_loads
 

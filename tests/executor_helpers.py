@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from octopipe.actions import Action, B, F, I, W
 from octopipe.models.base import Batch, PipelineModel
-from octopipe.plan import Action, B, F, I, Plan, W, dependencies, make_plan
+from octopipe.plan import Plan, dependencies, make_plan
 from octopipe.runtime.model_source import build_pipeline_model
 
 TOY = "executor_helpers:toy_model"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from octopipe.plan import Action, Plan, make_plan
+from octopipe.actions import Action
+from octopipe.plan import Plan, make_plan
 from octopipe.profile import Device, LayerCost, Link, Profile
 
 

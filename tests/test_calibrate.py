@@ -7,9 +7,10 @@ import pytest
 from executor_helpers import greedy, layer_count
 from sim_helpers import uniform_profile
 
+from octopipe.actions import Action
 from octopipe.calibrate import collect_durations, fit_run, scaled, stage_ratios, stage_scaled
 from octopipe.cli import main
-from octopipe.plan import Action, load_plan, make_plan, save_plan
+from octopipe.plan import load_plan, make_plan, save_plan
 from octopipe.profile import load_profile, save_profile
 
 

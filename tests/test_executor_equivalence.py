@@ -8,7 +8,8 @@ parameter after 3 optimizer steps match plain training of the same model on the 
 import pytest
 from executor_helpers import TOY, gpipe, greedy, layer_count, one_f_one_b
 
-from octopipe.plan import Action, make_plan
+from octopipe.actions import Action
+from octopipe.plan import make_plan
 from octopipe.runtime.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.session import Job, RunConfig

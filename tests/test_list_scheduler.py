@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from octopipe.costs import StageCost, stage_costs
 from octopipe.plan import check_structure, make_plan
 from octopipe.profile import Device, LayerCost, Link, Profile
 from octopipe.schedules import generate
 from octopipe.schedules.list_scheduler import Rules, list_schedule
 from octopipe.sim import Simulator
-from octopipe.sim.graph import StageCost, stage_costs
 
 
 def uniform(P: int, act: int = 10, wact: int = 4) -> Profile:

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
+from octopipe.actions import Action
 from octopipe.errors import InputError
-from octopipe.plan import Action, load_plan, load_schedule_csv, save_plan, save_schedule_csv
+from octopipe.plan import load_plan, load_schedule_csv, save_plan, save_schedule_csv
 
 DESIGN_EXAMPLE = {
     "format": "octopipe.plan/1",

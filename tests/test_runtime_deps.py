@@ -7,8 +7,9 @@ from executor_helpers import TOY_LAYERS, gpipe, greedy, one_f_one_b
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from octopipe.actions import Action, B, F, I, W
 from octopipe.errors import InputError
-from octopipe.plan import Action, B, F, I, W, make_plan
+from octopipe.plan import make_plan
 from octopipe.runtime.deps import check_runnable, dependencies, find_cycle
 from octopipe.runtime.fuzz import random_plan
 

@@ -4,8 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from octopipe.actions import Action
 from octopipe.errors import DeadlockError, InputError
-from octopipe.plan import Action, Plan, make_plan
+from octopipe.plan import Plan, make_plan
 from octopipe.profile import Device, LayerCost, Link, Profile
 from octopipe.random_plans import random_plan
 from octopipe.sim import Simulator, simulate

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed.pipelining.schedules as tps
 
+from octopipe.actions import Action
 from octopipe.errors import InputError
-from octopipe.plan import Action
 from octopipe.schedules import generate
 
 logging.getLogger("torch.distributed.pipelining.schedules").setLevel(logging.ERROR)

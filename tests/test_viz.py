@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from octopipe import viz
+from octopipe.actions import Action, Event
 from octopipe.errors import InputError
-from octopipe.plan import Action
-from octopipe.sim import Event, Simulator
+from octopipe.sim import Simulator
 from tests.viz_samples import interleaved_1f1b, layer_profile, one_f_one_b, v_shape_greedy
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -9,9 +9,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from octopipe.plan import Action, Plan, make_plan
+from octopipe.actions import Action
+from octopipe.costs import CostTable
+from octopipe.plan import Plan, make_plan
 from octopipe.profile import Device, LayerCost, Link, Profile
-from octopipe.sim import CostTable
 from tests.sim_helpers import one_f_one_b
 
 

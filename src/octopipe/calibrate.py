@@ -21,8 +21,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from octopipe.actions import Action, B, F, I, W
 from octopipe.errors import InputError
-from octopipe.plan import Action, B, F, I, Plan, W
+from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim.graph import devices_for
 

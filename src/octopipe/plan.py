@@ -10,37 +10,18 @@ import csv
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from octopipe.actions import Action, B, F, I, Kind, W, format_entry, parse_entry
 from octopipe.errors import InputError
 from octopipe.profile import read_json
 
 PLAN_FORMAT = "octopipe.plan/1"
 
-F, B, I, W = "F", "B", "I", "W"  # forward, full backward, backward-input, backward-weight
-_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
-
-
-class Action(NamedTuple):
-    """One compute action in `torch.distributed.pipelining` notation: `{stage}{kind}{mb}`."""
-
-    stage: int
-    kind: str
-    mb: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.mb}"
-
-    @staticmethod
-    def parse(text: str) -> Action:
-        m = _ACTION.match(text.strip())
-        if not m:
-            raise ValueError(
-                f"bad action {text!r}, expected e.g. '0F3' (stage, F|B|I|W, microbatch)"
-            )
-        return Action(int(m.group(1)), m.group(2), int(m.group(3)))
+_BIT = {k: 1 << k.code for k in Kind}  # check_structure's bit set of kinds
+_FULL, _SPLIT = _BIT[F] | _BIT[B], _BIT[F] | _BIT[I] | _BIT[W]
 
 
 class Stage(NamedTuple):
@@ -55,13 +36,30 @@ class Stage(NamedTuple):
         return self.end - self.start
 
 
+Composites = frozenset[tuple[int, int, int]]  # (device, position of the first part, parts)
+
+
 @dataclass(frozen=True)
 class Plan:
+    """What runs where, and in which order. `schedule` lists each device's actions, a
+    composite entry of torch's (`(0F7;7B3)OVERLAP_F_B`) as its parts in order; `composites`
+    remembers where such entries stood, so the plan writes them back as it read them."""
+
     num_devices: int
     num_microbatches: int
     stages: tuple[Stage, ...]
     schedule: Mapping[int, tuple[Action, ...]]  # device -> its compute actions in order
     predicted: Mapping[str, Any] | None = field(default=None, compare=False)
+    composites: Composites = field(default=frozenset(), compare=False)
+
+    def __post_init__(self) -> None:
+        # One kind type everywhere (Kind), whatever the caller built the actions with.
+        if any(type(a.kind) is not Kind for acts in self.schedule.values() for a in acts):
+            normalized = {
+                d: tuple(Action(a.stage, Kind(a.kind), a.mb) for a in acts)
+                for d, acts in self.schedule.items()
+            }
+            object.__setattr__(self, "schedule", normalized)
 
     @property
     def num_stages(self) -> int:
@@ -76,7 +74,18 @@ class Plan:
         return [i for i, s in enumerate(self.stages) if s.device == device]
 
     def with_predicted(self, predicted: Mapping[str, Any]) -> Plan:
-        return Plan(self.num_devices, self.num_microbatches, self.stages, self.schedule, predicted)
+        return replace(self, predicted=predicted)
+
+    def entries(self, device: int) -> list[tuple[Action, ...]]:
+        """The device's schedule entries: one action each, or a composite's parts."""
+        acts = self.schedule.get(device, ())
+        sizes = {pos: n for d, pos, n in self.composites if d == device}
+        out, pos = [], 0
+        while pos < len(acts):
+            n = sizes.get(pos, 1)
+            out.append(tuple(acts[pos : pos + n]))
+            pos += n
+        return out
 
     # --- serialization -----------------------------------------------------------------
 
@@ -86,17 +95,31 @@ class Plan:
             "num_devices": self.num_devices,
             "num_microbatches": self.num_microbatches,
             "stages": [{"layers": [s.start, s.end], "device": s.device} for s in self.stages],
-            "schedule": {
-                str(d): [str(a) for a in acts] for d, acts in sorted(self.schedule.items())
-            },
         }
+        rows = self.csv_rows()
+        data["schedule"] = {str(d): rows[d] for d in sorted(self.schedule)}
         if self.predicted is not None:
             data["predicted"] = dict(self.predicted)
         return data
 
     def csv_rows(self) -> list[list[str]]:
         """One row per device (rank), as `_PipelineScheduleRuntime._load_csv` reads them."""
-        return [[str(a) for a in self.schedule.get(d, ())] for d in range(self.num_devices)]
+        return [[format_entry(e) for e in self.entries(d)] for d in range(self.num_devices)]
+
+
+def flatten_entries(
+    rows: Mapping[int, Sequence[tuple[Action, ...]]],
+) -> tuple[dict[int, tuple[Action, ...]], Composites]:
+    """Per-device entries -> the flat schedule and where its composites stood."""
+    schedule, composites = {}, set()
+    for d, entries in rows.items():
+        flat: list[Action] = []
+        for parts in entries:
+            if len(parts) > 1:
+                composites.add((d, len(flat), len(parts)))
+            flat.extend(parts)
+        schedule[d] = tuple(flat)
+    return schedule, frozenset(composites)
 
 
 def split_backwards(plan: Plan) -> frozenset[tuple[int, int]]:
@@ -170,23 +193,25 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
     raw_sched = data.get("schedule")
     if not isinstance(raw_sched, dict):
         raise InputError(where, "expected an object mapping device to its action list", "schedule")
-    schedule: dict[int, tuple[Action, ...]] = {}
+    entries: dict[int, list[tuple[Action, ...]]] = {}
     for key, acts in raw_sched.items():
         if not (isinstance(key, str) and re.fullmatch(r"[0-9]+", key)):
             raise InputError(where, f"device key must be a device index, got {key!r}", "schedule")
-        if int(key) in schedule:
+        if int(key) in entries:
             raise InputError(where, f"device {int(key)} is listed twice", f"schedule.{key}")
         if not isinstance(acts, list):
             raise InputError(where, "expected a list of actions", f"schedule.{key}")
         parsed = []
         for j, text in enumerate(acts):
             try:
-                parsed.append(Action.parse(str(text)))
+                parsed.append(parse_entry(str(text)))
             except ValueError as exc:
                 raise InputError(where, str(exc), f"schedule.{key}[{j}]") from None
-        schedule[int(key)] = tuple(parsed)
+        entries[int(key)] = parsed
+    schedule, composites = flatten_entries(entries)
     predicted = data.get("predicted")
-    plan = Plan(nd, nm, tuple(stages), schedule, predicted if isinstance(predicted, dict) else None)
+    predicted = predicted if isinstance(predicted, dict) else None
+    plan = Plan(nd, nm, tuple(stages), schedule, predicted, composites)
     check_structure(plan, where, num_layers)
     return plan
 
@@ -228,24 +253,22 @@ def check_structure(
             raise InputError(where, f"device {d} out of range 0..{nd - 1}", f"schedule.{d}")
     S = plan.num_stages
     device_of = plan.placement
-    kind_bit = {"F": 1, "I": 2, "W": 4, "B": 8}
     held = [0] * (S * nm)  # per (stage, mb): bit set of the kinds scheduled
     for d, acts in plan.schedule.items():
         for j, (s, k, m) in enumerate(acts):
-            if (
-                not (0 <= s < S and device_of[s] == d and 0 <= m < nm)
-                or held[s * nm + m] & kind_bit[k]
+            if not (0 <= s < S and device_of[s] == d and 0 <= m < nm) or held[s * nm + m] & (
+                1 << k.code
             ):
                 raise InputError(
                     where, _action_fault(plan, d, Action(s, k, m)), f"schedule.{d}[{j}]"
                 )
-            held[s * nm + m] |= kind_bit[k]
+            held[s * nm + m] |= 1 << k.code
     for i, bits in enumerate(held):
-        if bits != 1 | 8 and bits != 1 | 2 | 4:
+        if bits != _FULL and bits != _SPLIT:
             s, m = divmod(i, nm)
-            if not bits & 1:
+            if not bits & _BIT[F]:
                 problem = f"{s}F{m} is missing"
-            elif bits & 8:
+            elif bits & _BIT[B]:
                 problem = f"stage {s} microbatch {m} has both B and I/W"
             else:
                 problem = f"stage {s} microbatch {m} needs B, or I and W"
@@ -276,12 +299,18 @@ def save_schedule_csv(plan: Plan, path: str | Path) -> None:
 
 
 def load_schedule_csv(path: str | Path) -> dict[int, tuple[Action, ...]]:
+    """Per rank, its actions in order (a composite entry as its parts)."""
+    return flatten_entries(load_schedule_entries(path))[0]
+
+
+def load_schedule_entries(path: str | Path) -> dict[int, list[tuple[Action, ...]]]:
+    """Per rank, its schedule entries as written: one action each, or a composite's parts."""
     with open(path, newline="") as fh:
         rows = list(csv.reader(fh))
     out = {}
     for rank, row in enumerate(rows):
         try:
-            out[rank] = tuple(Action.parse(x) for x in row if x.strip())
+            out[rank] = [parse_entry(x) for x in row if x.strip()]
         except ValueError as exc:
             raise InputError(str(path), str(exc), f"row {rank}") from None
     return out

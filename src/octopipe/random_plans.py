@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 import random
 
-from octopipe.plan import Action, Plan, dependencies, make_plan
+from octopipe.actions import Action, B, F, I, W
+from octopipe.plan import Plan, dependencies, make_plan
 
 
 def random_partition(rng: random.Random, num_layers: int, num_stages: int) -> list[tuple[int, int]]:
@@ -33,9 +34,9 @@ def random_plan(
     todo: list[Action] = []
     for s in range(num_stages):
         for m in range(num_microbatches):
-            todo.append(Action(s, "F", m))
+            todo.append(Action(s, F, m))
             split = rng.random() < split_probability
-            todo += [Action(s, "I", m), Action(s, "W", m)] if split else [Action(s, "B", m)]
+            todo += [Action(s, I, m), Action(s, W, m)] if split else [Action(s, B, m)]
     skeleton = make_plan(num_devices, num_microbatches, ranges, placement, {})
     orders: dict[int, list[Action]] = {d: [] for d in range(num_devices)}
     for act in random_topological_order(rng, skeleton, todo):
@@ -47,7 +48,7 @@ def random_topological_order(
     rng: random.Random, skeleton: Plan, actions: list[Action]
 ) -> list[Action]:
     """`actions` in a random order in which every action follows what it depends on."""
-    split = frozenset((a.stage, a.mb) for a in actions if a.kind == "I")
+    split = frozenset((a.stage, a.mb) for a in actions if a.kind == I)
     waiting = {a: set(dependencies(skeleton, a, split)) for a in actions}
     consumers: dict[Action, list[Action]] = {}
     for a, deps in waiting.items():

@@ -29,11 +29,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
+from octopipe.actions import Action, Event, Kind  # noqa: E402
+from octopipe.costs import CostTable  # noqa: E402
 from octopipe.errors import InputError  # noqa: E402
-from octopipe.plan import Action, Plan  # noqa: E402
+from octopipe.plan import Plan  # noqa: E402
 from octopipe.profile import Profile, read_json  # noqa: E402
-from octopipe.sim import CostTable, Event, SimResult  # noqa: E402
-from octopipe.sim.graph import KIND_CODE, action_id, build_graph, devices_for  # noqa: E402
+from octopipe.sim import SimResult  # noqa: E402
+from octopipe.sim.graph import action_id, build_graph, devices_for  # noqa: E402
 
 KIND_COLORS = {"F": "#3D85C6", "B": "#CC4125", "I": "#E69138", "W": "#6AA84F"}
 KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weight)"}
@@ -414,7 +416,7 @@ def memory_over_time(
         level = static
         for e in by_device[d]:
             a = e.action
-            delta = graph.mem_delta[action_id(a.stage, KIND_CODE[a.kind], a.mb, M)]
+            delta = graph.mem_delta[action_id(a, M)]
             if not delta:
                 continue
             level += delta
@@ -579,10 +581,7 @@ def _trace_action(item: dict[str, Any], args: dict[str, Any]) -> Action | None:
     """The action an "X" event stands for, from its args or else its name; None for events
     that are no action (waits, transfers)."""
     if "stage" in args:
-        action = Action(int(args["stage"]), str(args["kind"]), int(args["microbatch"]))
-        if action.kind not in KIND_CODE:
-            raise ValueError(f"unknown kind {action.kind!r}")
-        return action
+        return Action(int(args["stage"]), Kind(str(args["kind"])), int(args["microbatch"]))
     try:
         return Action.parse(str(item.get("name", "")))
     except ValueError:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from octopipe.plan import B, F, I, Plan
+from octopipe.actions import B, F, I
+from octopipe.plan import Plan
 from octopipe.runtime.shapes import BoundarySpec, grad_specs
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from octopipe.actions import Action
 from octopipe.errors import DeadlockError, InputError
-from octopipe.plan import Action, Plan, check_structure, dependencies, split_backwards
+from octopipe.plan import Plan, check_structure, dependencies, split_backwards
 
 
 def find_cycle(plan: Plan) -> list[Action] | None:

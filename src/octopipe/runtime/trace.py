@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from octopipe.plan import Action
+from octopipe.actions import Action
 from octopipe.runtime.worker import ActionRecord
 
 _US = 1e6

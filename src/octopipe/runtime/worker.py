@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from octopipe.actions import Action, B, F, I
 from octopipe.models.base import Activation, Batch, PipelineModel
-from octopipe.plan import Action, B, F, I, Plan
+from octopipe.plan import Plan
 from octopipe.runtime.comm import P2P
 from octopipe.runtime.shapes import BoundarySpec
 from octopipe.runtime.stage import StageCompute, as_leaves

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from octopipe.actions import Action
 from octopipe.errors import InputError
-from octopipe.plan import Action
 from octopipe.schedules import one_f_one_b as family
 from octopipe.schedules.spec import ScheduleSpec, looped_placement, v_placement
 from octopipe.schedules.v_shape import dualpipev_order, zbv_order

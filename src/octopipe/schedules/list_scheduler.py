@@ -12,9 +12,10 @@ action that the rules rank first. The rules are what a tuner turns:
 - `memory_budget`: per device, activation bytes that may be held at once.
 
 With one stage per device, `inflight = S - s`, `backward_first` and no split the orders are
-1F1B's; with the split and `defer_w` they are ZB-H1-like. The timing follows DESIGN.md's default
-cost semantics, so the simulator reproduces the scheduler's makespan; still, callers report the
-simulator's figures, not this module's. This module does not search (see `octopipe.tune`).
+1F1B's; with the split and `defer_w` they are ZB-H1-like. Durations, memory changes and lags are the
+cost layer's (`StageCost.duration`, `.memory_change`, `.lag_next`), the same tables the simulator
+lowers a plan with, so the simulator reproduces the scheduler's makespan; still, callers report
+the simulator's figures, not this module's. This module does not search (see `octopipe.tune`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from octopipe.actions import Action, Kind
+from octopipe.costs import StageCost
 from octopipe.errors import DeadlockError
-from octopipe.plan import Action
-from octopipe.sim.graph import StageCost
 
 INF = float("inf")
+_F, _I, _W, _B = (k.code for k in (Kind.F, Kind.I, Kind.W, Kind.B))
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Rules:
 class ListSchedule:
     """The scheduler's orders, with its own estimate of time and activation peaks."""
 
-    codes: tuple[tuple[tuple[int, str, int], ...], ...]  # per device: (stage, kind, mb)
+    codes: tuple[tuple[tuple[int, Kind, int], ...], ...]  # per device: (stage, kind, mb)
     makespan: float
     busy: tuple[float, ...]
     peak_activation_bytes: tuple[float, ...]
@@ -102,7 +104,7 @@ class _Scheduler:
         self.peak = [0.0] * nd
         self.free_at = [0.0] * nd
         self.busy = [0.0] * nd
-        self.orders: list[list[tuple[int, str, int]]] = [[] for _ in range(nd)]
+        self.orders: list[list[tuple[int, Kind, int]]] = [[] for _ in range(nd)]
         self.wakeups: list[tuple[float, int]] = [(0.0, d) for d in range(nd)]
         self.remaining = S * M * (3 if rules.split_backward else 2)
 
@@ -188,7 +190,7 @@ class _Scheduler:
     # --- running -------------------------------------------------------------------------
 
     def _start(
-        self, d: int, now: float, action: tuple[int, str, int], duration: float, mem_delta: float
+        self, d: int, now: float, action: tuple[int, Kind, int], duration: float, mem_delta: float
     ) -> float:
         end = now + duration
         self.orders[d].append(action)
@@ -207,7 +209,7 @@ class _Scheduler:
         st = self.stages[s]
         m = self.next_f[s]
         self.next_f[s] = m + 1
-        end = self._start(d, now, (s, "F", m), st.f, st.act)
+        end = self._start(d, now, (s, Kind.F, m), st.duration[_F], st.memory_change[_F])
         if s + 1 < self.S:
             self.f_ready[(s + 1) * self.M + m] = end + st.lag_next
             self._wake(s + 1, end + st.lag_next)
@@ -219,10 +221,10 @@ class _Scheduler:
         m = self.next_bwd[s]
         self.next_bwd[s] = m + 1
         if self.rules.split_backward:
-            end = self._start(d, now, (s, "I", m), st.i, st.wact - st.act)
+            end = self._start(d, now, (s, Kind.I, m), st.duration[_I], st.memory_change[_I])
             self.pending_w[d].append((s, m))
         else:
-            end = self._start(d, now, (s, "B", m), st.full_backward, -st.act)
+            end = self._start(d, now, (s, Kind.B, m), st.duration[_B], st.memory_change[_B])
         if s > 0:
             # Its F ran before the F (hence the backward) of this stage: only the gradient waits.
             lag = self.stages[s - 1].lag_next
@@ -232,4 +234,4 @@ class _Scheduler:
     def _run_w(self, d: int, now: float) -> None:
         s, m = self.pending_w[d].popleft()
         st = self.stages[s]
-        self._start(d, now, (s, "W", m), st.w, -st.wact)
+        self._start(d, now, (s, Kind.W, m), st.duration[_W], st.memory_change[_W])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from octopipe.plan import Action
+from octopipe.actions import Action
 from octopipe.schedules.writer import OrderWriter
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from octopipe.plan import Action
+from octopipe.actions import Action
 
 
 @dataclass(frozen=True)

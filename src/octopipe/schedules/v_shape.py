@@ -9,7 +9,7 @@ write as the forward followed by the backward).
 
 from __future__ import annotations
 
-from octopipe.plan import Action
+from octopipe.actions import Action
 from octopipe.schedules.writer import OrderWriter
 
 

@@ -13,38 +13,38 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-from octopipe.plan import Action
+from octopipe.actions import Action, B, F, I, Kind, W
 
 
 class OrderWriter:
     """Builds one device's compute order step by step."""
 
     def __init__(self) -> None:
-        self._count: Counter[tuple[int, str]] = Counter()
+        self._count: Counter[tuple[int, Kind]] = Counter()
         self._pending_w: deque[tuple[int, int]] = deque()  # (stage, mb) whose I ran, W not yet
         self.actions: list[Action] = []
 
     def forwards_done(self, stage: int) -> int:
-        return self._count[(stage, "F")]
+        return self._count[(stage, F)]
 
     def forward(self, stage: int) -> None:
-        self._emit(stage, "F", self._take(stage, "F"))
+        self._emit(stage, "F", self._take(stage, F))
 
     def backward(self, stage: int, split: bool) -> None:
         """The stage's next backward: a full B, or an I whose W is queued for later."""
-        mb = self._take(stage, "B")
+        mb = self._take(stage, B)
         if split:
-            self._emit(stage, "I", mb)
+            self._emit(stage, I, mb)
             self._pending_w.append((stage, mb))
         else:
-            self._emit(stage, "B", mb)
+            self._emit(stage, B, mb)
 
     def weight(self, stage: int | None = None) -> bool:
         """Run the oldest pending W (of `stage`, if given). False when none is pending."""
         for i, (s, mb) in enumerate(self._pending_w):
             if stage is None or s == stage:
                 del self._pending_w[i]
-                self._emit(s, "W", mb)
+                self._emit(s, W, mb)
                 return True
         return False
 
@@ -57,10 +57,10 @@ class OrderWriter:
         self.drain_weights()
         return tuple(a for a in self.actions if a.mb < num_microbatches)
 
-    def _take(self, stage: int, key: str) -> int:
+    def _take(self, stage: int, key: Kind) -> int:
         mb = self._count[(stage, key)]
         self._count[(stage, key)] = mb + 1
         return mb
 
-    def _emit(self, stage: int, kind: str, mb: int) -> None:
+    def _emit(self, stage: int, kind: Kind, mb: int) -> None:
         self.actions.append(Action(stage, kind, mb))

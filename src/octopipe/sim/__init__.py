@@ -5,19 +5,20 @@
     simulate(profile, plan)             # the same in one call
 
 `graph.py` lowers a plan to integer ids, `evaluate.py` times it, under the default cost
-semantics (DESIGN.md); one option goes beyond them: `Simulator(profile, action_overhead=s)`
+semantics (docs/FORMATS.md); one option goes beyond them: `Simulator(profile, action_overhead=s)`
 adds a fixed cost to every action. Exported `predicted` figures never use it.
 """
 
 from __future__ import annotations
 
+from octopipe.costs import CostTable
 from octopipe.errors import DeadlockError
 from octopipe.plan import Plan
 from octopipe.profile import Device, Profile
-from octopipe.sim.evaluate import Event, SimResult, evaluate
-from octopipe.sim.graph import CostTable, build_graph, devices_for
+from octopipe.sim.evaluate import SimResult, evaluate
+from octopipe.sim.graph import build_graph, devices_for
 
-__all__ = ["CostTable", "Event", "SimResult", "Simulator", "lower_bound", "simulate"]
+__all__ = ["SimResult", "Simulator", "lower_bound", "simulate"]
 
 
 def lower_bound(profile: Profile, devices: tuple[Device, ...], num_microbatches: int) -> float:

@@ -10,19 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from octopipe.actions import Action, Event
 from octopipe.errors import DeadlockError
-from octopipe.plan import Action
 from octopipe.sim.graph import NO_DEP, Graph, action_of
-
-
-@dataclass(frozen=True)
-class Event:
-    """One action as simulated (or measured): device, action, start and end seconds."""
-
-    device: int
-    action: Action
-    start: float
-    end: float
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import itertools
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from octopipe.sim.graph import CostTable
+from octopipe.costs import CostTable
 
 Ranges = tuple[tuple[int, int], ...]
 

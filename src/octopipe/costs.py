@@ -1,0 +1,142 @@
+"""The cost layer: what a profile's stages cost, under docs/FORMATS.md's default semantics.
+
+Below the simulator, the schedules and the tuner, and shared by all of them:
+
+- `CostTable`: prefix sums over a profile's layers, so any stage's times and bytes are O(1)
+  for any partition;
+- `StageCost`: one stage on its device, and the per-kind rules every timing engine applies
+  (`duration[kind.code]`, `memory_change[kind.code]`, the transfer `lag_next`); the simulator
+  (`sim/graph.py`) and the list scheduler (`schedules/list_scheduler.py`) read these tables
+  instead of encoding B = b + w, the memory steps or the lags themselves;
+- `stage_costs`, `static_bytes`: a partition + placement turned into those.
+
+Nothing here orders or times actions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from octopipe.profile import Device, Link, Profile
+
+
+class CostTable:
+    """Prefix sums over a profile's layers, so any stage's cost is O(1) for any partition.
+
+    `action_overhead` (seconds, default 0: the default semantics) is an option beyond them: a
+    fixed cost every action (F, I, W, B) pays on top of its layers' times, such as an executor's
+    per-action bookkeeping and the cost of waking up after a wait.
+    """
+
+    def __init__(self, profile: Profile, action_overhead: float = 0.0):
+        if not (math.isfinite(action_overhead) and action_overhead >= 0.0):
+            raise ValueError(f"action overhead must be a finite number >= 0, got {action_overhead}")
+        layers = profile.layers
+        self.profile = profile
+        self.action_overhead = action_overhead
+        self.f = prefix_sums(l.f for l in layers)
+        self.b = prefix_sums(l.b for l in layers)
+        self.w = prefix_sums(l.w for l in layers)
+        self.work = [f + b + w for f, b, w in zip(self.f, self.b, self.w)]  # prefix of f + b + w
+        self.act = prefix_sums(l.act_bytes for l in layers)
+        self.wact = prefix_sums(l.wact_bytes for l in layers)
+        self.param = prefix_sums(l.param_bytes for l in layers)
+        self.out_bytes = [l.out_bytes for l in layers]
+        self.num_layers = len(layers)
+
+    def stage_times(self, start: int, end: int) -> tuple[float, float, float]:
+        """(f, b, w) of layers [start, end) on a device of speed 1."""
+        return (
+            self.f[end] - self.f[start],
+            self.b[end] - self.b[start],
+            self.w[end] - self.w[start],
+        )
+
+    def boundary_bytes(self, end: int) -> int:
+        """Bytes crossing the boundary after layer `end - 1`, both ways (activation, gradient)."""
+        return self.out_bytes[end - 1]
+
+
+def prefix_sums(values: Iterable[float]) -> list[float]:
+    """[0, v0, v0 + v1, ...]: the sum over [i, j) is p[j] - p[i]."""
+    return [0, *accumulate(values)]
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One stage as its device sees it: op seconds at the device's speed, activation bytes.
+
+    `duration` and `memory_change` are indexed by `Kind.code` (F, I, W, B): the seconds an
+    action of that kind runs, and how it changes its device's activation memory (F takes
+    `act`; I frees all but `wact`; W frees `wact`; B frees `act`).
+    """
+
+    device: int
+    f: float
+    i: float  # backward for the input
+    w: float  # backward for the weights
+    act: float  # held from F until the backward
+    wact: float  # of which still held after I until W
+    lag_next: float  # transfer to the next stage (0 on the same device or for the last stage)
+    overhead: float = 0.0  # fixed cost of one action, included in f, i and w
+
+    @property
+    def work(self) -> float:
+        return self.f + self.i + self.w
+
+    @property
+    def full_backward(self) -> float:
+        """B: the input and weight gradients in one action (one overhead, not two)."""
+        return self.i + self.w - self.overhead
+
+    @property
+    def duration(self) -> tuple[float, float, float, float]:
+        return (self.f, self.i, self.w, self.full_backward)
+
+    @property
+    def memory_change(self) -> tuple[float, float, float, float]:
+        return (self.act, self.wact - self.act, -self.wact, -self.act)
+
+
+def stage_costs(
+    costs: CostTable,
+    ranges: Sequence[tuple[int, int]],
+    placement: Sequence[int],
+    devices: Sequence[Device],
+    link: Link,
+) -> tuple[StageCost, ...]:
+    """The StageCost of each stage of a partition + placement (durations divided by speed)."""
+    out = []
+    last = len(ranges) - 1
+    extra = costs.action_overhead
+    for s, ((a, b), d) in enumerate(zip(ranges, placement, strict=True)):
+        f, bi, bw = costs.stage_times(a, b)
+        speed = devices[d].speed
+        crosses = s < last and placement[s + 1] != d
+        lag = link.transfer_time(costs.boundary_bytes(b)) if crosses else 0.0
+        out.append(
+            StageCost(
+                device=d,
+                f=f / speed + extra,
+                i=bi / speed + extra,
+                w=bw / speed + extra,
+                act=costs.act[b] - costs.act[a],
+                wact=costs.wact[b] - costs.wact[a],
+                lag_next=lag,
+                overhead=extra,
+            )
+        )
+    return tuple(out)
+
+
+def static_bytes(
+    costs: CostTable, ranges: Sequence[tuple[int, int]], placement: Sequence[int], num_devices: int
+) -> list[float]:
+    """Per device: the `param_bytes` of the layers of its stages."""
+    static = [0.0] * num_devices
+    for (a, b), d in zip(ranges, placement, strict=True):
+        static[d] += costs.param[b] - costs.param[a]
+    return static
