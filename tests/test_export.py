@@ -97,8 +97,8 @@ def test_toml_writer_escapes_strings():
 
 
 def test_torchtitan_style_and_schedule_name_follow_the_placement(tmp_path):
+    from octopipe.placement import interleaved, torchtitan_style, v_shape
     from octopipe.plan import make_plan
-    from octopipe.tune.placement import interleaved, torchtitan_style, v_shape
 
     assert torchtitan_style(interleaved(range(3), 2), 3) == "loop"
     assert torchtitan_style(v_shape(range(3), 2), 3) == "v"
@@ -120,7 +120,7 @@ def test_torchtitan_style_and_schedule_name_follow_the_placement(tmp_path):
 
 
 def test_tuning_for_torchtitan_keeps_to_its_placements():
-    from octopipe.tune.placement import torchtitan_style
+    from octopipe.placement import torchtitan_style
 
     prof = profile()
     best = tune(prof, 6, 3, time_budget=20, torchtitan=True).best

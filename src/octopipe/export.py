@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from octopipe.placement import torchtitan_style
 from octopipe.plan import Plan
 from octopipe.profile import Profile
-from octopipe.tune.placement import torchtitan_style
 
 # The schedule name torchtitan is given: with a CSV the order comes from the file, but the name
 # still picks how torchtitan assigns stages to ranks (a V schedule means the V placement).

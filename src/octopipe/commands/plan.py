@@ -19,11 +19,11 @@ from rich.table import Table
 
 from octopipe.errors import InputError, MemoryExceededError
 from octopipe.export import write_torchtitan_toml
+from octopipe.placement import torchtitan_style
 from octopipe.plan import Plan, save_plan, save_schedule_csv
 from octopipe.profile import Device, Profile, load_profile
 from octopipe.sim import Simulator
 from octopipe.tune import Evaluated, TuneResult, tune
-from octopipe.tune.placement import torchtitan_style
 from octopipe.viz import save_timeline
 
 NAME = "plan"

@@ -30,12 +30,12 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as tps
 
 from octopipe.models.base import Activation, PipelineModel
+from octopipe.placement import interleaved, v_shape
 from octopipe.plan import Plan, save_schedule_csv
 from octopipe.runtime.launcher import DEFAULT_TIMEOUT_S, spawn_ranks, validate_jobs
 from octopipe.runtime.model_source import build_pipeline_model
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.shapes import BoundarySpec, discover_boundary_specs
-from octopipe.schedules.spec import looped_placement, v_placement
 
 CSV_RUNTIME = "csv"  # `_PipelineScheduleRuntime` loading the plan's schedule.csv
 
@@ -44,9 +44,9 @@ TORCH_SCHEDULES = {
     "Schedule1F1B": (tps.Schedule1F1B, lambda p, s: tuple(range(p))),
     "ScheduleInterleaved1F1B": (
         tps.ScheduleInterleaved1F1B,
-        lambda p, s: looped_placement(p, s // p),
+        lambda p, s: interleaved(range(p), s // p),
     ),
-    "ScheduleZBVZeroBubble": (tps.ScheduleZBVZeroBubble, lambda p, s: v_placement(p)),
+    "ScheduleZBVZeroBubble": (tps.ScheduleZBVZeroBubble, lambda p, s: v_shape(range(p), 2)),
 }
 
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from octopipe import placement as maps
 from octopipe.actions import Action
 from octopipe.errors import InputError
 from octopipe.schedules import one_f_one_b as family
-from octopipe.schedules.spec import ScheduleSpec, looped_placement, v_placement
+from octopipe.schedules.spec import ScheduleSpec
 from octopipe.schedules.v_shape import dualpipev_order, zbv_order
 
 __all__ = ["DEFAULT_CHUNKS", "SCHEDULES", "ScheduleSpec", "generate"]
@@ -63,10 +64,10 @@ def generate(
     if name in _V_ORDERS:
         make = _V_ORDERS[name]
         orders = {d: make(d, P, M) for d in range(P)}
-        return ScheduleSpec(name, 2 * P, v_placement(P), orders)
+        return ScheduleSpec(name, 2 * P, maps.v_shape(range(P), 2), orders)
     rule = _FAMILY_RULES[name]
     orders = {d: family.family_order(d, P, V, M, rule(d, P, V, M)) for d in range(P)}
-    return ScheduleSpec(name, P * V, looped_placement(P, V), orders)
+    return ScheduleSpec(name, P * V, maps.interleaved(range(P), V), orders)
 
 
 def check_supported(name: str, num_devices: int, num_microbatches: int, chunks: int) -> None:

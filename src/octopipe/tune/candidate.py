@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from octopipe.costs import CostTable, StageCost, stage_costs, static_bytes
+from octopipe.placement import Placement
 from octopipe.plan import Plan, make_plan
 from octopipe.profile import Device, Profile
 from octopipe.schedules.list_scheduler import ListSchedule, Rules, list_schedule
 from octopipe.sim.evaluate import memory_excess, plan_rank
 from octopipe.tune.balance import Ranges
-from octopipe.tune.placement import Placement
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from octopipe.errors import InputError
+from octopipe.placement import seed_placements, torchtitan_style
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim import SimResult, Simulator
 from octopipe.tune.balance import balanced_ranges
 from octopipe.tune.candidate import Candidate, Evaluator, Outcome
 from octopipe.tune.moves import kick, neighbours
-from octopipe.tune.placement import seed_placements, torchtitan_style
 from octopipe.tune.reorder import reorder_critical
 
 Progress = Callable[[float, float], None]  # (best iteration time so far, seconds elapsed)

@@ -1,8 +1,10 @@
-"""Stage-to-device maps the tuner starts from: sequential, interleaved (looping) and V-shaped.
+"""Placements: which device runs each stage. The one home of stage-to-device maps.
 
-A placement is a tuple: stage index -> device. `device_order` lets a family start on any device
-order (e.g. the devices with most memory first, since early stages hold the most activations).
-The tuner changes placements further by moves (see `moves.py`); this module only builds seeds.
+A placement is a tuple: stage index -> device. The named schedules use `interleaved` (Megatron's
+looping map; one chunk is sequential) and `v_shape` (ZB-V, DualPipeV); `torchtitan_style` says
+which maps torchtitan builds itself; `seed_placements` are the tuner's starting points, on any
+device order (e.g. the devices with most memory first, since early stages hold the most
+activations). The tuner changes placements further by moves (`tune/moves.py`).
 """
 
 from __future__ import annotations
