@@ -25,8 +25,8 @@ from octopipe.costmodel.settings import Settings
 from octopipe.costs import CostTable
 from octopipe.plan import Plan
 from octopipe.profile import Device, Profile
-from octopipe.tune import tune
-from octopipe.tune.balance import device_loads
+from octopipe.tuner import tune
+from octopipe.tuner.balance import device_loads
 
 MEGATRON = "i1f1b/uniform"
 GIB = 2**30

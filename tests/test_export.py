@@ -16,7 +16,7 @@ from octopipe.export import (
 )
 from octopipe.plan import save_schedule_csv
 from octopipe.profile import Device, LayerCost, Profile
-from octopipe.tune import tune
+from octopipe.tuner import tune
 
 
 def profile() -> Profile:

@@ -155,7 +155,7 @@ def test_gives_up_only_on_schedules_that_end_later_than_asked():
 
 @pytest.mark.parametrize("split", [False, True])
 def test_list_scheduler_and_simulator_agree_under_an_action_overhead(split):
-    from octopipe.tune.candidate import Candidate, Evaluator
+    from octopipe.tuner.candidate import Candidate, Evaluator
 
     profile = uniform(4).with_devices((Device(), Device()))
     sim = Simulator(profile, action_overhead=0.3)

@@ -16,7 +16,7 @@ import torch
 
 from octopipe.models import build_model
 from octopipe.plan import make_plan
-from octopipe.runtime import Job, RunConfig, RunResult
+from octopipe.runtime.session import Job, RunConfig, RunResult
 from octopipe.runtime.torch_pipelining import (
     CSV_RUNTIME,
     TorchJob,

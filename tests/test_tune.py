@@ -8,8 +8,8 @@ from octopipe.baselines import all_baselines
 from octopipe.plan import check_structure
 from octopipe.profile import Device, LayerCost, Link, Profile
 from octopipe.sim import Simulator
-from octopipe.tune import tune
-from octopipe.tune.balance import device_loads
+from octopipe.tuner import tune
+from octopipe.tuner.balance import device_loads
 
 GB = 10**9
 
@@ -109,7 +109,7 @@ def test_never_slower_than_the_best_baseline_even_without_search_time():
 
 def test_local_reordering_moves_a_binding_action_ahead():
     from octopipe.plan import Action, make_plan
-    from octopipe.tune.reorder import reorder_critical
+    from octopipe.tuner.reorder import reorder_critical
 
     unit = LayerCost(
         name="l", f=1.0, b=1.0, w=1.0, act_bytes=1, wact_bytes=0, param_bytes=0, out_bytes=0

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from octopipe.placement import interleaved, seed_placements, v_shape
 from octopipe.profile import Device
-from octopipe.tune.balance import device_loads, min_max_stage_ranges, refine_device_loads
+from octopipe.tuner.balance import device_loads, min_max_stage_ranges, refine_device_loads
 
 
 def slowest_stage(work, ranges, placement, speeds):

@@ -4,7 +4,7 @@ A placement is a tuple: stage index -> device. The named schedules use `interlea
 looping map; one chunk is sequential) and `v_shape` (ZB-V, DualPipeV); `torchtitan_style` says
 which maps torchtitan builds itself; `seed_placements` are the tuner's starting points, on any
 device order (e.g. the devices with most memory first, since early stages hold the most
-activations). The tuner changes placements further by moves (`tune/moves.py`).
+activations). The tuner changes placements further by moves (`tuner/moves.py`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Plan (`octopipe.plan/1`): stages, placement and per-device schedule. JSON and CSV I/O.
 
 A plan says what runs where and in which order; it does not say how long anything takes
-(that is `sim/`) nor how a plan is found (`schedules/`, `partition.py`, `tune/`).
+(that is `sim/`) nor how a plan is found (`schedules/`, `partition.py`, `tuner/`).
 """
 
 from __future__ import annotations

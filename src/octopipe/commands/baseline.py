@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from octopipe.baselines import make_baseline
 from octopipe.partition import METHODS
-from octopipe.plan import save_plan
-from octopipe.profile import load_profile
 from octopipe.schedules import DEFAULT_CHUNKS, SCHEDULES
 
 NAME = "baseline"
@@ -31,10 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from octopipe.api import baseline
+    from octopipe.plan import save_plan
+    from octopipe.profile import load_profile
+
     profile = load_profile(args.profile)
     num_devices = len(profile.device_list(args.devices))
-    plan = make_baseline(
-        profile, args.schedule, args.partition, num_devices, args.microbatches, args.chunks
+    plan = baseline(
+        profile, args.schedule, args.partition, args.microbatches, num_devices, args.chunks
     )
     save_plan(plan, args.output)
     pred = plan.predicted

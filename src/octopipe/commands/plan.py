@@ -1,7 +1,7 @@
 """`octopipe plan`: tune a plan for a profile (or a model config) and write it out.
 
 Writes OUTDIR/plan.json (with `predicted`), schedule.csv, torchtitan.toml and timeline.png,
-and prints the tuned plan beside every baseline. The search itself lives in `octopipe.tune`;
+and prints the tuned plan beside every baseline. The search itself lives in `octopipe.tuner`;
 this module only gathers inputs, reports and writes files.
 """
 
@@ -23,7 +23,7 @@ from octopipe.placement import torchtitan_style
 from octopipe.plan import Plan, save_plan, save_schedule_csv
 from octopipe.profile import Device, Profile, load_profile
 from octopipe.sim import Simulator
-from octopipe.tune import Evaluated, TuneResult, tune
+from octopipe.tuner import Evaluated, TuneResult, tune
 from octopipe.viz import save_timeline
 
 NAME = "plan"

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-
-from octopipe.costmodel.arch import load_architecture, shipped_models
-from octopipe.costmodel.build import build_profile, parameter_count
-from octopipe.costmodel.hardware import PRESETS, hardware_preset
-from octopipe.costmodel.settings import Settings
+from octopipe.costmodel.arch import shipped_models
+from octopipe.costmodel.hardware import PRESETS
 from octopipe.errors import InputError
-from octopipe.profile import Profile, save_profile
+
+if TYPE_CHECKING:
+    from octopipe.profile import Profile
 
 NAME = "profile-arch"
 HELP = "Estimate a profile from an architecture config (HF config.json or a shipped model name)."
@@ -55,28 +53,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.devices is not None and args.devices < 1:
         raise InputError("--devices", f"must be at least 1 (got {args.devices})")
-    arch = load_architecture(args.config)
-    hardware = hardware_preset(
+    from octopipe.api import profile_from_config
+    from octopipe.costmodel.arch import load_architecture
+    from octopipe.costmodel.build import parameter_count
+    from octopipe.profile import save_profile
+
+    profile = profile_from_config(
+        args.config,
         args.hardware,
+        devices=args.devices,
+        tp=args.tp,
+        seq_len=args.seq_len,
+        micro_batch_size=args.micro_batch_size,
+        sequence_parallel=args.sequence_parallel,
+        recompute=args.recompute,
+        optimizer_bytes=args.optimizer_bytes,
         memory_bytes=args.memory_gb * GB if args.memory_gb is not None else None,
         link_bandwidth=args.link_bandwidth * GB if args.link_bandwidth is not None else None,
         link_latency=args.link_latency,
     )
-    settings = Settings(
-        seq_len=args.seq_len,
-        micro_batch_size=args.micro_batch_size,
-        tensor_parallel=args.tp,
-        sequence_parallel=args.sequence_parallel,
-        recompute=args.recompute,
-        optimizer_bytes=args.optimizer_bytes,
-    )
-    profile = build_profile(arch, hardware, settings, args.devices)
     save_profile(profile, args.output)
-    _print_summary(profile, parameter_count(arch), args.output)
+    _print_summary(profile, parameter_count(load_architecture(args.config)), args.output)
     return 0
 
 
 def _print_summary(profile: Profile, params: int, path: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     by_kind: dict[str, list] = defaultdict(list)
     for layer in profile.layers:
         by_kind[layer.kind].append(layer)

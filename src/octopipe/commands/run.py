@@ -7,11 +7,7 @@ import json
 import os
 import sys
 
-from octopipe.plan import load_plan
-from octopipe.runtime.launcher import DEFAULT_TIMEOUT_S, RankFailure, execute, under_torchrun
-from octopipe.runtime.session import Job, RunConfig
-from octopipe.runtime.trace import trace_events, write_trace
-from octopipe.runtime.worker import OptimizerConfig
+from octopipe.runtime import DEFAULT_TIMEOUT_S
 
 NAME = "run"
 HELP = "run a plan on torch.distributed (spawned processes or inside torchrun) and measure it"
@@ -69,30 +65,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from octopipe.api import run as train
+    from octopipe.plan import load_plan
+    from octopipe.runtime.launcher import RankFailure, under_torchrun
+    from octopipe.runtime.trace import write_trace
+
     plan = load_plan(args.plan)
-    optimizer = OptimizerConfig(
-        args.optimizer, args.lr, args.momentum if args.optimizer == "sgd" else 0.0
-    )
-    config = RunConfig(
-        args.model,
-        args.seed,
-        args.steps,
-        optimizer,
-        args.lookahead,
-        seq_len=args.seq_len,
-        micro_batch_size=args.micro_batch_size,
-    )
-    nproc = args.nproc or plan.num_devices
     try:
-        results = execute(
-            [Job(plan, config, args.plan)], nproc, args.backend, args.timeout, args.init_method
+        result = train(
+            plan,
+            args.model,
+            steps=args.steps,
+            seed=args.seed,
+            optimizer=args.optimizer,
+            lr=args.lr,
+            momentum=args.momentum,
+            nproc=args.nproc,
+            backend=args.backend,
+            timeout=args.timeout,
+            lookahead=args.lookahead,
+            seq_len=args.seq_len,
+            micro_batch_size=args.micro_batch_size,
+            init_method=args.init_method,
+            where=args.plan,
         )
     except RankFailure as exc:
         print(f"octopipe run: {exc}", file=sys.stderr)
         return 1
-    if results is None:  # a rank other than 0 under torchrun: rank 0 reports
+    if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         _leave_rank()
-    result = results[0]
     if args.trace:
         write_trace(args.trace, result.records)
     if args.png:
@@ -124,6 +125,7 @@ def _leave_rank() -> None:
 def _draw_last_step(result, path: str) -> None:
     """The measured timeline of the last step, drawn like a simulated one."""
     from octopipe import viz
+    from octopipe.runtime.trace import trace_events
 
     doc = {"traceEvents": trace_events(result.records)}
     events = viz.events_from_chrome_trace(doc, step=len(result.losses) - 1)

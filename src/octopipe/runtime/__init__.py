@@ -9,16 +9,16 @@
 - `session`: one rank's whole job, and the result assembled from every rank;
 - `launcher`: spawned processes or torchrun; failures propagate, nothing is left running;
 - `profiler`, `linkprobe`: measured profiles (every layer's F, I, W and sizes; the link);
+- `measure`: a profile measured in processes that start as a run's ranks (`octopipe profile`);
 - `trace`: Chrome/Perfetto traces; `reference`: single-process ground truth; `fuzz`: random plans.
 
 Use: `octopipe run --plan plan.json --model tiny-llama --nproc 2 --json --trace trace.json`
 spawns the ranks itself (gloo on loopback, or NCCL with a GPU per rank);
 `torchrun --nproc-per-node 8 -m octopipe run --plan plan.json --model NAME` runs one rank per
-process of an existing job. From Python: `launch([Job(plan, RunConfig("tiny-llama"))], nproc=2)`.
+process of an existing job. From Python: `octopipe.run(plan, "tiny-llama", steps=3)`
+(`octopipe/api.py`), or `launch([Job(plan, RunConfig("tiny-llama"))], nproc=2)` for several jobs.
 """
 
-from octopipe.runtime.launcher import RankFailure, execute, launch
-from octopipe.runtime.session import Job, RunConfig, RunResult
-from octopipe.runtime.worker import OptimizerConfig
-
-__all__ = ["Job", "OptimizerConfig", "RankFailure", "RunConfig", "RunResult", "execute", "launch"]
+# A hung transfer fails after this instead of blocking forever. Here, not in `launcher`, so the
+# CLI can show it without importing torch (this package's __init__ imports nothing).
+DEFAULT_TIMEOUT_S = 120.0

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from octopipe.runtime import DEFAULT_TIMEOUT_S
 from octopipe.runtime.deps import check_runnable
 from octopipe.runtime.model_source import build_pipeline_model
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 
-DEFAULT_TIMEOUT_S = 120.0  # a hung transfer fails after this instead of blocking forever
 _GRACE_S = 2.0  # how long a failed run's other ranks get before they are killed
 
 # Every process that times or trains (ranks, and the profiler's) starts with these unless the

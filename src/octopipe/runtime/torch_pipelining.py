@@ -32,7 +32,8 @@ from torch.distributed.pipelining import schedules as tps
 from octopipe.models.base import Activation, PipelineModel
 from octopipe.placement import interleaved, v_shape
 from octopipe.plan import Plan, save_schedule_csv
-from octopipe.runtime.launcher import DEFAULT_TIMEOUT_S, spawn_ranks, validate_jobs
+from octopipe.runtime import DEFAULT_TIMEOUT_S
+from octopipe.runtime.launcher import spawn_ranks, validate_jobs
 from octopipe.runtime.model_source import build_pipeline_model
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.shapes import BoundarySpec, discover_boundary_specs

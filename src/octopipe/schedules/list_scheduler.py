@@ -15,7 +15,7 @@ With one stage per device, `inflight = S - s`, `backward_first` and no split the
 1F1B's; with the split and `defer_w` they are ZB-H1-like. Durations, memory changes and lags are the
 cost layer's (`StageCost.duration`, `.memory_change`, `.lag_next`), the same tables the simulator
 lowers a plan with, so the simulator reproduces the scheduler's makespan; still, callers report
-the simulator's figures, not this module's. This module does not search (see `octopipe.tune`).
+the simulator's figures, not this module's. This module does not search (see `octopipe.tuner`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from octopipe.plan import Plan, make_plan
 from octopipe.profile import Device, Profile
 from octopipe.schedules.list_scheduler import ListSchedule, Rules, list_schedule
 from octopipe.sim.evaluate import memory_excess, plan_rank
-from octopipe.tune.balance import Ranges
+from octopipe.tuner.balance import Ranges
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from octopipe.tune.candidate import Candidate, Outcome
+from octopipe.tuner.candidate import Candidate, Outcome
 
 WARMUP_STEPS = (0.8, 1.25)
 MAX_WARMUP = 8.0

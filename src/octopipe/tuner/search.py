@@ -29,10 +29,10 @@ from octopipe.placement import seed_placements, torchtitan_style
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim import SimResult, Simulator
-from octopipe.tune.balance import balanced_ranges
-from octopipe.tune.candidate import Candidate, Evaluator, Outcome
-from octopipe.tune.moves import kick, neighbours
-from octopipe.tune.reorder import reorder_critical
+from octopipe.tuner.balance import balanced_ranges
+from octopipe.tuner.candidate import Candidate, Evaluator, Outcome
+from octopipe.tuner.moves import kick, neighbours
+from octopipe.tuner.reorder import reorder_critical
 
 Progress = Callable[[float, float], None]  # (best iteration time so far, seconds elapsed)
 

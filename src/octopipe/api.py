@@ -1,0 +1,183 @@
+"""The Python API: what every `octopipe` command does, callable from code.
+
+    import octopipe as op
+
+    profile = op.profile_from_config("llama3-8b", hardware="h100", devices=4)
+    plan = op.baseline(profile, "i1f1b", "uniform", num_microbatches=16)
+    print(op.simulate(profile, plan).iteration_time)
+    tuned = op.tune(profile, num_microbatches=16)      # never worse than any baseline
+    op.save_plan(tuned.best.plan, "plan.json")
+
+    measured = op.measure_profile("tiny-hybrid", seq_len=128, nproc=2)   # real layers, timed
+    result = op.run(plan_for_tiny_hybrid, "tiny-hybrid", steps=5)        # one process per device
+
+The commands (`octopipe.commands`) are thin over these functions. Each imports what it needs
+when called: `import octopipe` loads neither torch nor matplotlib.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from octopipe.runtime import DEFAULT_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from octopipe.plan import Plan
+    from octopipe.profile import Profile
+    from octopipe.runtime.session import RunResult
+    from octopipe.sim import SimResult
+    from octopipe.tuner import TuneResult
+
+
+def profile_from_config(
+    config: str | Path,
+    hardware: str = "h100",
+    *,
+    devices: int | None = None,
+    tp: int = 1,
+    seq_len: int = 4096,
+    micro_batch_size: int = 1,
+    sequence_parallel: bool = False,
+    recompute: bool = False,
+    optimizer_bytes: int = 12,
+    memory_bytes: float | None = None,
+    link_bandwidth: float | None = None,
+    link_latency: float | None = None,
+) -> Profile:
+    """An analytic profile of an architecture (a shipped model name or a Hugging Face style
+    `config.json`) on a hardware preset, listing `devices` devices when given
+    (docs/COSTMODEL.md). Bandwidth in bytes/s, latency in seconds, memory in bytes."""
+    from octopipe.costmodel import load_architecture
+    from octopipe.costmodel.build import build_profile
+    from octopipe.costmodel.hardware import hardware_preset
+    from octopipe.costmodel.settings import Settings
+
+    preset = hardware_preset(
+        hardware,
+        memory_bytes=memory_bytes,
+        link_bandwidth=link_bandwidth,
+        link_latency=link_latency,
+    )
+    settings = Settings(
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        tensor_parallel=tp,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        optimizer_bytes=optimizer_bytes,
+    )
+    return build_profile(load_architecture(str(config)), preset, settings, devices)
+
+
+def baseline(
+    profile: Profile,
+    schedule: str,
+    partition: str,
+    num_microbatches: int,
+    num_devices: int | None = None,
+    chunks: int | None = None,
+) -> Plan:
+    """A named schedule (gpipe, 1f1b, i1f1b, zbh1, zbh2, zbv, dualpipev) over a named partition
+    (uniform, titan, balanced), its `predicted` figures filled by the simulator."""
+    from octopipe.baselines import make_baseline
+
+    P = len(profile.device_list(num_devices))
+    return make_baseline(profile, schedule, partition, P, num_microbatches, chunks)
+
+
+def all_baselines(
+    profile: Profile, num_microbatches: int, num_devices: int | None = None
+) -> list[tuple[str, Plan]]:
+    """Every schedule with every partitioner, labelled "schedule/partition" (combinations the
+    counts do not support are left out)."""
+    from octopipe.baselines import all_baselines as every
+
+    P = len(profile.device_list(num_devices))
+    return every(profile, P, num_microbatches)
+
+
+def simulate(profile: Profile, plan: Plan, *, action_overhead: float = 0.0) -> SimResult:
+    """Iteration time, bubbles, peak memory and critical path of `plan` (docs/FORMATS.md's
+    default semantics; `action_overhead` seconds per action goes beyond them)."""
+    from octopipe.sim import Simulator
+
+    return Simulator(profile, action_overhead).run(plan)
+
+
+def tune(
+    profile: Profile,
+    num_microbatches: int,
+    num_devices: int | None = None,
+    *,
+    with_baselines: bool = True,
+    **options,
+) -> TuneResult:
+    """The bubble-aware tuner over partition, placement and schedule. With `with_baselines`
+    (the default, as `octopipe plan` does) every baseline is evaluated too and seeds the
+    search, so the result is never worse than any of them. `options`: those of
+    `octopipe.tuner.tune` (time_budget, max_chunks, seed, progress, torchtitan,
+    action_overhead)."""
+    from octopipe.tuner import tune as search
+
+    P = len(profile.device_list(num_devices))
+    extra: Sequence[tuple[str, Plan]] = (
+        all_baselines(profile, num_microbatches, P) if with_baselines else ()
+    )
+    return search(profile, num_microbatches, P, baselines=extra, **options)
+
+
+def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
+    """A measured profile of a bundled model (or config.json) on this machine, every layer
+    timed in `nproc` processes at once; options as `octopipe.runtime.measure.MeasureOptions`
+    (device, seq_len, micro_batch_size, repeats, warmup, seed, threads, progress)."""
+    from octopipe.runtime.measure import measure_profile as measure
+
+    return measure(model, nproc=nproc, **options)
+
+
+def run(
+    plan: Plan,
+    model: str,
+    *,
+    steps: int = 3,
+    seed: int = 0,
+    optimizer: str = "sgd",
+    lr: float = 0.01,
+    momentum: float = 0.0,
+    nproc: int | None = None,
+    backend: str = "auto",
+    timeout: float = DEFAULT_TIMEOUT_S,
+    lookahead: int = 8,
+    seq_len: int | None = None,
+    micro_batch_size: int | None = None,
+    init_method: str = "env://",
+    where: str = "<plan>",
+) -> RunResult | None:
+    """Train `model` (a bundled name or `module:factory`) with `plan` for `steps` steps on
+    spawned processes, one per device (gloo on CPU, NCCL with a GPU per rank), and return what
+    was measured: losses, per-action records, iteration time, peak memory. Inside a torchrun
+    job this process is one rank instead (ranks meet by `init_method`) and only rank 0 gets
+    the result (the others None). A failing rank raises `octopipe.runtime.RankFailure`."""
+    from octopipe.runtime.launcher import execute
+    from octopipe.runtime.session import Job, RunConfig
+    from octopipe.runtime.worker import OptimizerConfig
+
+    config = RunConfig(
+        model,
+        seed,
+        steps,
+        OptimizerConfig(optimizer, lr, momentum if optimizer == "sgd" else 0.0),
+        lookahead,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+    )
+    results = execute(
+        [Job(plan, config, where)],
+        nproc or plan.num_devices,
+        backend,
+        timeout,
+        init_method,
+    )
+    return None if results is None else results[0]
