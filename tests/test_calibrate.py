@@ -98,6 +98,7 @@ def test_actions_of_a_stage_the_plan_lacks_are_refused():
         fit_run(uniform_profile(3), two_stage_plan(), {(5, "F"): [1.0]})
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_calibrate_command_scales_to_the_traced_run(tmp_path, capsys):
     layers = layer_count("tiny-llama")

@@ -12,6 +12,8 @@ from executor_helpers import TOY, greedy, layer_count, one_f_one_b
 from octopipe.cli import main
 from octopipe.plan import save_plan
 
+pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
+
 
 @pytest.mark.timeout(120)
 def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):

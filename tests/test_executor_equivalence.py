@@ -15,6 +15,8 @@ from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.session import Job, RunConfig
 from octopipe.runtime.worker import OptimizerConfig
 
+pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
+
 STEPS = 3
 ADAM = OptimizerConfig("adam", lr=0.01)
 SGD = OptimizerConfig("sgd", lr=0.1, momentum=0.9)

@@ -8,6 +8,8 @@ from executor_helpers import gpipe, one_f_one_b
 from octopipe.runtime.launcher import RankFailure, launch
 from octopipe.runtime.session import Job, RunConfig
 
+pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
+
 
 @pytest.mark.timeout(90)
 def test_a_raising_rank_stops_every_rank_with_the_original_error():

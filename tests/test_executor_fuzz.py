@@ -14,6 +14,8 @@ from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.session import Job, RunConfig
 from octopipe.runtime.worker import OptimizerConfig
 
+pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
+
 ADAM = OptimizerConfig("adam", lr=0.01)
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from octopipe.runtime.launcher import CHILD_ENVIRONMENT, RankFailure, spawn_ranks
 
+pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
+
 
 def report_environment(rank, world, store):
     return {k: os.environ.get(k) for k in CHILD_ENVIRONMENT}, rank, world

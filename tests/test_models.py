@@ -9,15 +9,19 @@ from octopipe.costmodel.arch import layer_specs, load_architecture
 from octopipe.models import build_model, bundled_models
 from octopipe.models.mamba import ssd_scan
 
-MODELS = bundled_models()
+# The fast subset runs each per-model test on tiny-llama; the other families in the full suite.
+MODELS = [
+    name if name == "tiny-llama" else pytest.param(name, marks=pytest.mark.slow)
+    for name in bundled_models()
+]
 REQUIRED = {"tiny-llama", "tiny-gemma", "tiny-moe", "tiny-hybrid", "tiny-vlm"}
 
 
 def test_required_families_are_bundled():
-    assert REQUIRED <= set(MODELS)
+    assert REQUIRED <= set(bundled_models())
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", bundled_models())
 def test_layers_match_layer_specs(name):
     model = build_model(name)
     specs = layer_specs(load_architecture(name))
@@ -199,7 +203,7 @@ def test_a_few_adam_steps_lower_the_loss(name):
     assert loss() < before - 0.3
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", bundled_models())
 def test_parameters_and_boundaries_agree_with_the_cost_model(name):
     """The real model has the shapes the analytic cost model assumes for the same config:
     per layer the same parameter count and, in fp32, the same bytes crossing each boundary."""
@@ -220,7 +224,7 @@ def test_parameters_and_boundaries_agree_with_the_cost_model(name):
         assert sent == boundary_bytes(arch, specs, i, settings), spec.name
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", bundled_models())
 def test_parameter_count_without_building(name):
     from octopipe.models.build import parameter_count
 

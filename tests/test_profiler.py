@@ -18,6 +18,8 @@ from octopipe.runtime.profiler import (
 )
 from octopipe.runtime.weightgrad import WeightGradTape, backward_input
 
+pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
+
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-vlm", "tiny-moe", "tiny-hybrid"])
 def test_profile_has_every_layer_with_positive_times(name, tmp_path):

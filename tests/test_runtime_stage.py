@@ -96,7 +96,10 @@ def split_matches_full(model_factory, spans, num_mb=2, seed=3):
             torch.testing.assert_close(p.grad, want[name].grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("name", bundled_models())
+@pytest.mark.parametrize(
+    "name",
+    [m if m == "tiny-llama" else pytest.param(m, marks=pytest.mark.slow) for m in bundled_models()],
+)
 def test_split_backward_matches_plain_autograd_on_every_bundled_model(name):
     layers = layer_count(name)
     cut = layers // 2

@@ -26,6 +26,8 @@ from octopipe.runtime.torch_pipelining import (
 )
 from octopipe.schedules import generate
 
+pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
+
 MODEL = "tiny-gemma"  # embedding, four decoder layers, norm, a large-vocabulary head
 MICROBATCHES = 4
 STEPS = 2

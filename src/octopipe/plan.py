@@ -132,7 +132,7 @@ def split_backwards(plan: Plan) -> frozenset[tuple[int, int]]:
 def dependencies(
     plan: Plan, act: Action, split: frozenset[tuple[int, int]] | None = None
 ) -> Iterator[Action]:
-    """The actions whose results `act` consumes (DESIGN.md, default cost semantics).
+    """The actions whose results `act` consumes (docs/FORMATS.md, default cost semantics).
 
     `split` is `split_backwards(plan)`; pass it when calling this in a loop. The simulator keeps
     its own integer-indexed lowering of these rules (sim/graph.py) for speed.

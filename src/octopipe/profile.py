@@ -18,7 +18,7 @@ PROFILE_FORMAT = "octopipe.profile/1"
 
 
 class _Frozen(BaseModel):
-    # Readers ignore keys they do not know (DESIGN.md: stable contracts).
+    # Readers ignore keys they do not know (docs/FORMATS.md: stable contracts).
     model_config = ConfigDict(frozen=True, extra="ignore")
 
 

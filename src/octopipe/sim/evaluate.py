@@ -22,7 +22,7 @@ class SimResult:
     peak_memory_bytes: tuple[float, ...]  # per device: static + highest dynamic level
     static_memory_bytes: tuple[float, ...]
     capacity_bytes: tuple[float, ...]
-    lower_bound: float  # physical limit of the iteration time (DESIGN.md)
+    lower_bound: float  # physical limit of the iteration time (docs/FORMATS.md)
     critical_path: tuple[Action, ...]  # from the first action to the last, the binding chain
     end_memory_bytes: tuple[float, ...]  # per device after the last action: static if balanced
     # (device orders as action ids, start per id, end per id, microbatches): events on demand.

@@ -1,4 +1,4 @@
-"""The bubble-aware tuner: co-optimizes partition, placement and scheduling (issue 3).
+"""The bubble-aware tuner: co-optimizes partition, placement and scheduling.
 
     result = tune(profile, num_microbatches, num_devices, time_budget=30, seed=0,
                   baselines=[(label, plan), ...])
