@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from octopipe.errors import InputError
+from octopipe.units import GIB
 
 NAME = "profile"
 HELP = "Measure a bundled (or config.json) model's per-layer costs on this device; write a profile."
@@ -77,8 +78,8 @@ def _check_fits(name: str, device: str) -> None:
     if weights > WEIGHT_SHARE * memory:
         raise InputError(
             "--model",
-            f"{name} holds {weights / 2**30:.1f} GiB of fp32 weights, too much for this "
-            f"{device}'s {memory / 2**30:.0f} GiB; profile a smaller config, or use "
+            f"{name} holds {weights / GIB:.1f} GiB of fp32 weights, too much for this "
+            f"{device}'s {memory / GIB:.0f} GiB; profile a smaller config, or use "
             "`octopipe profile-arch` for the analytic cost model",
         )
 
