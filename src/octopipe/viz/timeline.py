@@ -224,34 +224,33 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
     ]
     ax.add_collection(PolyCollection(idle, facecolors=IDLE_COLOR, edgecolors="none", zorder=0))
     per_action = fmt == "svg"
+    # Thin white edges part neighbouring boxes, and outlines mark the critical path, only
+    # where boxes are wide enough to show them; else the path is a dark strip under its boxes.
+    wide = (
+        bool(events) and layout.box_width_pt(sum(e.end - e.start for e in events) / len(events)) > 3
+    )
     boxes, faces, outlines = [], [], []
     for e in events:
         a = e.action
         x0, x1 = e.start * scale, e.end * scale
+        y0, y1 = e.device - half, e.device + half
         face = colors[(a.kind, chunk_of[a.stage])]
         if per_action:  # an element per action readers can find by id; SVGs are small plans
             box = Rectangle(
-                (x0, e.device - half),
-                x1 - x0,
-                _BAR_FILL,
-                facecolor=face,
-                edgecolor="white",
-                linewidth=0.4,
-                zorder=2,
-            )
+                (x0, y0), x1 - x0, _BAR_FILL, facecolor=face, edgecolor="white",
+                linewidth=0.4, zorder=2,
+            )  # fmt: skip
             first = e.start >= lo or band == 0
             box.set_gid(f"{'' if first else 'more-'}action-d{e.device}-{a}")
             ax.add_artist(box)  # add_patch would re-fit the axis limits for every box: slow
         else:
-            boxes.append([(x0, e.device - half), (x1, e.device - half), (x1, e.device + half),
-                          (x0, e.device + half)])  # fmt: skip
+            boxes.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
             faces.append(face)
         if a in critical:
-            outlines.append([(x0, e.device - half), (x1, e.device - half),
-                             (x1, e.device + half), (x0, e.device + half)])  # fmt: skip
+            if not wide:
+                y0 = y1 - 0.14
+            outlines.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
     if boxes:
-        # Thin white edges part neighbouring boxes only where boxes are wide enough to show it.
-        wide = layout.box_width_pt(sum(e.end - e.start for e in events) / len(events)) > 3
         ax.add_collection(
             PolyCollection(
                 boxes,
@@ -264,7 +263,11 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
     if outlines:
         ax.add_collection(
             PolyCollection(
-                outlines, facecolors="none", edgecolors=CRITICAL_EDGE, linewidths=1.1, zorder=3
+                outlines,
+                facecolors="none" if wide else CRITICAL_EDGE,
+                edgecolors=CRITICAL_EDGE,
+                linewidths=1.1 if wide else 0.0,
+                zorder=3,
             )
         )
     for e in events:
