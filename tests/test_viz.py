@@ -15,6 +15,7 @@ from octopipe.errors import InputError
 from octopipe.sim import Simulator
 from octopipe.sim.memory import memory_over_time
 from octopipe.units import time_unit
+from octopipe.viz.layout import MAX_WIDTH_PX
 from tests.viz_samples import interleaved_1f1b, layer_profile, one_f_one_b, v_shape_greedy
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -130,12 +131,12 @@ def test_picture_grows_with_devices_and_actions(tmp_path):
     w2, h2 = png_inches(viz.save_timeline(long, tmp_path / "long.png"))
     assert h1 > h0
     assert w2 * h2 > 2 * w0 * h0  # more room for 8 times the actions: wider, or in bands
-    assert png_size(tmp_path / "long.png")[0] <= viz.timeline.MAX_WIDTH_PX
+    assert png_size(tmp_path / "long.png")[0] <= MAX_WIDTH_PX
 
 
 def bounded(width: int, height: int) -> bool:
     """Fits a screen (within the timeline's bounds) and is not flatter than about 4:1."""
-    from octopipe.viz.timeline import MAX_HEIGHT_PX, MAX_WIDTH_PX
+    from octopipe.viz.layout import MAX_HEIGHT_PX, MAX_WIDTH_PX
 
     return width <= MAX_WIDTH_PX and height <= MAX_HEIGHT_PX and width <= 4.5 * height
 

@@ -5,7 +5,7 @@
     viz.save_html_timeline(result, "plan.html")        # html.py: every action, hover and zoom
     viz.save_memory_plot(result, plan, profile, "mem.png")   # memory.py (matplotlib)
     print(viz.render_text_timeline(result, width=100))       # text.py
-    # style.py: colours, shades per chunk, label sizes, headline figures
+    # layout.py: the timeline's size; style.py: colours, shades per chunk, label sizes, headline
 
 Everything here reads a `SimResult` or any sequence of `octopipe.actions.Event` (simulated or
 measured: `octopipe.trace` reads both) and only draws it. Names are loaded on first use, so
@@ -19,8 +19,8 @@ from typing import Any
 
 _WHERE = {
     "save_timeline": "timeline",
-    "timeline_layout": "timeline",
-    "TimelineLayout": "timeline",
+    "timeline_layout": "layout",
+    "TimelineLayout": "layout",
     "save_memory_plot": "memory",
     "save_html_timeline": "html",
     "html_timeline": "html",

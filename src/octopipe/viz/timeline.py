@@ -1,19 +1,15 @@
 """The timeline picture (PNG or SVG): one row per device, one box per action.
 
-The picture fits a screen: at most `MAX_WIDTH_PX` wide and `MAX_HEIGHT_PX` tall. A long
-iteration wraps into bands (the time axis continues in the next band below) while the figure
-stays within both bounds, rows grow so the figure is never flatter than about 4:1, and the
-microbatch labels appear only where they fit. Every action is still drawn (boxes are one
-PolyCollection per band, so tens of thousands draw in seconds); the detail of a big plan is in
-the HTML timeline (`viz.html`). In an SVG each action is its own element with the id
-`action-d{device}-{action}`.
+The picture fits a screen (sizes: `viz.layout`): within 2400 x 1800 pixels, long iterations
+wrapped into bands, microbatch labels only where they fit, time ticks with units. Every action
+is still drawn (boxes are one PolyCollection per band, so tens of thousands draw in seconds);
+the detail of a big plan is in the HTML timeline (`viz.html`). In an SVG each action is its
+own element with the id `action-d{device}-{action}`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -29,6 +25,14 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 from octopipe.actions import Event  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
 from octopipe.units import time_unit  # noqa: E402
+from octopipe.viz.layout import (  # noqa: E402
+    BAND_GAP,
+    BAR_FILL,
+    INCHES_PER_TICK,
+    MARGIN_LEFT,
+    MARGIN_TOP,
+    timeline_layout,
+)
 from octopipe.viz.style import (  # noqa: E402
     CRITICAL_EDGE,
     IDLE_COLOR,
@@ -40,99 +44,11 @@ from octopipe.viz.style import (  # noqa: E402
     events_of,
     headline,
     image_format,
-    label_font_size,
     shade,
     stage_list,
     stages_per_device,
     summarize,
 )
-
-MAX_WIDTH_PX = 2400
-MAX_HEIGHT_PX = 1800
-# Fixed margins around the bands, in inches; the top holds two lines of title and a legend.
-_MARGIN_LEFT, _MARGIN_RIGHT, _MARGIN_TOP, _MARGIN_BOTTOM = 1.5, 0.8, 1.0, 0.6
-_BAND_GAP = 0.55  # between bands: room for the upper band's tick labels
-_ROW_HEIGHT, _MIN_ROW, _MAX_ROW = 0.34, 0.12, 1.0
-_BAR_FILL = 0.82  # share of a row's height a box fills
-_TYPICAL_BOX = 0.2  # inches for a short action (first quartile), room for a 3-digit label
-_MIN_AXES_WIDTH = 8.0
-_FLATTEST = 4.0  # width over height at most (about)
-_INCHES_PER_TICK = 1.3
-
-
-@dataclass(frozen=True)
-class TimelineLayout:
-    """Sizes of a timeline picture, in inches and points, fixed before anything is drawn."""
-
-    axes_width: float  # inches, of each band
-    row_height: float  # inches
-    num_devices: int
-    bands: int
-    span: float  # seconds of the whole iteration
-    dpi: int
-
-    @property
-    def axes_height(self) -> float:
-        return self.row_height * self.num_devices
-
-    @property
-    def band_span(self) -> float:
-        return self.span / self.bands
-
-    @property
-    def figure_size(self) -> tuple[float, float]:
-        return (
-            self.axes_width + _MARGIN_LEFT + _MARGIN_RIGHT,
-            _figure_height(self.axes_height, self.bands),
-        )
-
-    @property
-    def pixels(self) -> tuple[int, int]:
-        w, h = self.figure_size
-        return round(w * self.dpi), round(h * self.dpi)
-
-    @property
-    def bar_height_pt(self) -> float:
-        return _BAR_FILL * self.row_height * 72.0
-
-    def box_width_pt(self, seconds: float) -> float:
-        return seconds / self.band_span * self.axes_width * 72.0 if self.span > 0 else 0.0
-
-    def label_size(self, event: Event) -> float | None:
-        """Font size of the event's microbatch label, None where it does not fit."""
-        return label_font_size(
-            self.box_width_pt(event.end - event.start), self.bar_height_pt, str(event.action.mb)
-        )
-
-
-def _figure_height(axes_height: float, bands: int) -> float:
-    return bands * axes_height + (bands - 1) * _BAND_GAP + _MARGIN_TOP + _MARGIN_BOTTOM
-
-
-def timeline_layout(events: Sequence[Event], span: float, num_devices: int) -> TimelineLayout:
-    """The width that gives a short action (the first quartile of durations) `_TYPICAL_BOX`
-    inches, so most boxes carry their label; where that is wider than the screen, the time
-    axis wraps into bands as far as the height allows, then boxes get narrower. Rows shrink
-    to fit many devices and grow so the figure is not flatter than `_FLATTEST`."""
-    # Zero-length actions (an I of a stage with no input gradient) never carry a label.
-    durations = sorted(d for e in events if (d := e.end - e.start) > 0)
-    short = durations[len(durations) // 4] if durations else 0.0
-    wanted = _MIN_AXES_WIDTH
-    if short > 0 and span > 0:
-        wanted = max(_MIN_AXES_WIDTH, _TYPICAL_BOX * span / short)
-    margins = _MARGIN_LEFT + _MARGIN_RIGHT
-    dpi = 150 if (wanted + margins) * 150 <= MAX_WIDTH_PX else 100
-    max_width, max_height = MAX_WIDTH_PX / dpi - margins, MAX_HEIGHT_PX / dpi
-    P = max(num_devices, 1)
-    bands = max(1, math.ceil(wanted / max_width))
-    while bands > 1 and _figure_height(_ROW_HEIGHT * P, bands) > max_height:
-        bands -= 1
-    width = min(max_width, max(_MIN_AXES_WIDTH, wanted / bands))
-    rows_room = max_height - _figure_height(0.0, bands)
-    row = min(_ROW_HEIGHT, rows_room / (P * bands))
-    flattest = (width + margins) / _FLATTEST - _figure_height(0.0, bands)
-    row = max(_MIN_ROW, row, min(_MAX_ROW, rows_room / (P * bands), flattest / (P * bands)))
-    return TimelineLayout(width, row, P, bands, span, dpi)
 
 
 def save_timeline(
@@ -166,10 +82,10 @@ def save_timeline(
     fig_w, fig_h = layout.figure_size
     band_span = layout.band_span
     for band in range(layout.bands):
-        top = _MARGIN_TOP + band * (layout.axes_height + _BAND_GAP)
+        top = MARGIN_TOP + band * (layout.axes_height + BAND_GAP)
         ax = fig.add_axes(
             (
-                _MARGIN_LEFT / fig_w,
+                MARGIN_LEFT / fig_w,
                 1.0 - (top + layout.axes_height) / fig_h,
                 layout.axes_width / fig_w,
                 layout.axes_height / fig_h,
@@ -183,7 +99,7 @@ def save_timeline(
         _label_rows(ax, events, stats, stage_labels, idle=band == 0)
         ax.xaxis.set_major_locator(
             MaxNLocator(
-                nbins=max(3, round(layout.axes_width / _INCHES_PER_TICK)),
+                nbins=max(3, round(layout.axes_width / INCHES_PER_TICK)),
                 steps=[1, 2, 2.5, 5, 10],
             )
         )
@@ -196,7 +112,7 @@ def save_timeline(
     _add_legend(fig, events, num_chunks, bool(critical))
     heading = headline(stats)
     fig.text(
-        _MARGIN_LEFT / fig_w,
+        MARGIN_LEFT / fig_w,
         1.0 - 0.12 / fig_h,
         f"{title}\n{heading}" if title else heading,
         ha="left",
@@ -212,7 +128,7 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
     """Idle rows, the boxes (one collection; one element each in an SVG), the critical path's
     outlines and the labels that fit."""
     lo, hi = window
-    half = _BAR_FILL / 2
+    half = BAR_FILL / 2
     idle = [
         [
             (lo * scale, d - half),
@@ -237,7 +153,7 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
         face = colors[(a.kind, chunk_of[a.stage])]
         if per_action:  # an element per action readers can find by id; SVGs are small plans
             box = Rectangle(
-                (x0, y0), x1 - x0, _BAR_FILL, facecolor=face, edgecolor="white",
+                (x0, y0), x1 - x0, BAR_FILL, facecolor=face, edgecolor="white",
                 linewidth=0.4, zorder=2,
             )  # fmt: skip
             first = e.start >= lo or band == 0
@@ -338,7 +254,7 @@ def _add_legend(fig, events: Sequence[Event], num_chunks: int, critical: bool) -
         ncol=len(handles),
         fontsize=8,
         frameon=False,
-        bbox_to_anchor=((_MARGIN_LEFT - 0.1) / fig_w, 1.0 - 0.55 / fig_h),
+        bbox_to_anchor=((MARGIN_LEFT - 0.1) / fig_w, 1.0 - 0.55 / fig_h),
         borderaxespad=0.0,
         handlelength=1.2,
         columnspacing=1.2,
