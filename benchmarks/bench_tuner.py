@@ -27,9 +27,9 @@ from octopipe.plan import Plan
 from octopipe.profile import Device, Profile
 from octopipe.tuner import tune
 from octopipe.tuner.balance import device_loads
+from octopipe.units import GIB
 
 MEGATRON = "i1f1b/uniform"
-GIB = 2**30
 
 
 @dataclass(frozen=True)

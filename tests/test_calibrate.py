@@ -2,6 +2,9 @@
 per-stage ratios; the command reads a real executor trace."""
 
 import json
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 from executor_helpers import greedy, layer_count
@@ -129,6 +132,18 @@ def test_calibrate_command_scales_to_the_traced_run(tmp_path, capsys):
     for mine, theirs in zip(calibrated.layers, profile.layers):
         assert mine.f == pytest.approx(theirs.f * fit.scale, rel=1e-6)
     assert f"{fit.overhead:.6f}" in out
+    # The suggested next command works as printed (the profile lists no devices: the command
+    # carries the plan's device and microbatch counts) and writes its folder.
+    words = suggested_command(out)
+    assert words[:2] == ["octopipe", "plan"] and "--devices" in words and "-o" in words
+    assert main([*words[1:], "--quiet"]) == 0, capsys.readouterr().err
+    folder = Path(words[words.index("-o") + 1])
+    assert load_plan(folder / "plan.json").num_microbatches == plan.num_microbatches
+
+
+def suggested_command(out: str) -> list[str]:
+    """The words of the command `octopipe calibrate` prints between backticks."""
+    return shlex.split(re.search(r"`(octopipe plan [^`]+)`", out).group(1))
 
 
 def test_calibrate_command_refuses_a_trace_without_actions(tmp_path, capsys):

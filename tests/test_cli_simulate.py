@@ -53,6 +53,19 @@ def test_simulate_pictures(files):
     assert (files / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_simulate_html_and_trace(files, capsys):
+    from octopipe.trace import load_events
+
+    args = ["simulate", "--profile", str(files / "p.json"), "--plan", str(files / "plan.json")]
+    page, trace = files / "t.html", files / "t.json"
+    assert main([*args, "--json", "--html", str(page), "--trace", str(trace)]) == 0
+    out, err = capsys.readouterr()
+    json.loads(out)  # still one JSON object on stdout; the path written goes to stderr
+    assert str(page) in err
+    assert page.read_text().count('<rect id="action-d') == 4 * 8 * 2
+    assert len(load_events(trace)) == 4 * 8 * 2
+
+
 def test_unwritable_picture_is_one_line(files, capsys):
     args = ["simulate", "--profile", str(files / "p.json"), "--plan", str(files / "plan.json")]
     assert main([*args, "--png", str(files / "no" / "t.png")]) == 2

@@ -63,12 +63,8 @@ def test_plan_writes_outputs_and_compares_with_baselines(profile_path, tmp_path,
     )
     assert load_schedule_csv(out_dir / "schedule.csv") == dict(plan.schedule)
     assert (out_dir / "torchtitan.toml").is_file()
-    try:
-        import octopipe.viz  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        assert (out_dir / "timeline.png").stat().st_size > 0
+    assert (out_dir / "timeline.png").stat().st_size > 0
+    assert (out_dir / "timeline.html").stat().st_size > 0
     assert "tuned" in out and "i1f1b/uniform" in out and "1f1b/uniform" in out
 
 
@@ -144,3 +140,16 @@ def test_profile_without_devices_needs_a_device_count(tmp_path, capsys):
         capsys,
     )
     assert code == 0, err
+
+
+def test_no_png_writes_no_picture(profile_path, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    argv = ["--profile", profile_path, "--microbatches", 8, "--quiet", "--time-budget", 2]
+    code, out, err = run([*argv, "--no-png", "-o", out_dir], capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "plan.json",
+        "schedule.csv",
+        "torchtitan.toml",
+    ]
+    assert "timeline" not in out

@@ -141,6 +141,7 @@ def write_samples(folder: str | Path) -> list[Path]:
     """Write the sample pictures and traces the report points to."""
     from octopipe import viz
     from octopipe.sim import Simulator
+    from octopipe.trace import write_trace
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,12 +159,13 @@ def write_samples(folder: str | Path) -> list[Path]:
     for name, (profile, plan) in cases.items():
         result = Simulator(profile).run(plan)
         written.append(viz.save_timeline(result, out / f"{name}.png", title=name))
+        written.append(viz.save_html_timeline(result, out / f"{name}.html", title=name))
         if plan.num_devices <= 8:
             written.append(viz.save_timeline(result, out / f"{name}.svg", title=name))
             written.append(
                 viz.save_memory_plot(result, plan, profile, out / f"{name}_memory.png", title=name)
             )
-        written.append(viz.save_chrome_trace(result, out / f"{name}.trace.json"))
+        written.append(write_trace(out / f"{name}.trace.json", result.events, "simulated"))
     return written
 
 

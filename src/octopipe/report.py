@@ -1,4 +1,4 @@
-"""Human-readable reports shared by commands: byte and time formatting, simulation summaries."""
+"""Human-readable reports shared by commands: simulation summaries (units: `octopipe.units`)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from octopipe.sim import SimResult
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None or n == float("inf"):
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def fmt_time(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.3f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} us"
+from octopipe.units import fmt_bytes, fmt_time
 
 
 def compress_path(actions, limit: int = 14) -> str:

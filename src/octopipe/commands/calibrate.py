@@ -4,6 +4,8 @@ profile rescaled to the run, and the per-action overhead to plan with."""
 from __future__ import annotations
 
 import argparse
+import shlex
+from pathlib import Path
 
 from octopipe.errors import InputError
 
@@ -29,18 +31,17 @@ def run(args: argparse.Namespace) -> int:
 
     from octopipe.calibrate import collect_durations, fit_run, scaled, stage_ratios
     from octopipe.plan import load_plan
-    from octopipe.profile import load_profile, read_json, save_profile
-    from octopipe.viz import events_from_chrome_trace
+    from octopipe.profile import load_profile, save_profile
+    from octopipe.trace import events_by_step, read_trace
 
     profile = load_profile(args.profile)
     plan = load_plan(args.plan, num_layers=profile.num_layers)
-    raw = _trace_events(read_json(args.trace), args.trace)
-    steps = sorted({_step(e) for e in raw} - {None})
+    per_step = events_by_step(read_trace(args.trace))
+    steps = [s for s in per_step if s is not None]
     if not steps:
         raise InputError(args.trace, "no executor actions with a step in this trace")
     kept = steps[1:] or steps  # the first step warms up
-    later = [e for e in raw if _step(e) in kept]
-    events = events_from_chrome_trace({"traceEvents": later}, args.trace)
+    events = [e for s in kept for e in per_step[s]]
     durations = collect_durations((e.action, e.end - e.start) for e in events)
     fit = fit_run(profile, plan, durations, where=args.trace)
     save_profile(scaled(profile, fit.scale), args.output)
@@ -63,22 +64,30 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"wrote {args.output} (the profile x {fit.scale:.3f}); plan again with "
-        f"`octopipe plan --profile {args.output} --action-overhead {fit.overhead:.6f}`"
+        f"`{next_plan_command(args.output, plan, fit.overhead)}`"
     )
     return 0
 
 
-def _trace_events(doc: object, where: str) -> list:
-    raw = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(raw, list):
-        raise InputError(where, "expected a trace object with a 'traceEvents' list")
-    return raw
-
-
-def _step(event: object) -> int | None:
-    """The training step of an executor action event; None for anything else."""
-    if not (isinstance(event, dict) and event.get("ph") == "X"):
-        return None
-    args = event.get("args")
-    step = args.get("step") if isinstance(args, dict) else None
-    return step if isinstance(step, int) else None
+def next_plan_command(profile_path: str, plan, overhead: float) -> str:
+    """The `octopipe plan` command to paste: the calibrated profile, the plan's device and
+    microbatch counts (a measured profile may list no devices, and the default microbatch
+    count is 4 per device, not the run's), the fitted overhead, and a folder beside the
+    profile for its outputs."""
+    out = Path(profile_path)
+    folder = out.with_name(f"{out.stem}-plan")
+    words = [
+        "octopipe",
+        "plan",
+        "--profile",
+        str(out),
+        "--devices",
+        str(plan.num_devices),
+        "--microbatches",
+        str(plan.num_microbatches),
+        "--action-overhead",
+        f"{overhead:.6f}",
+        "-o",
+        str(folder),
+    ]
+    return shlex.join(words)

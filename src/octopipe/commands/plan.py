@@ -1,7 +1,8 @@
 """`octopipe plan`: tune a plan for a profile (or a model config) and write it out.
 
-Writes OUTDIR/plan.json (with `predicted`), schedule.csv, torchtitan.toml and timeline.png,
-and prints the tuned plan beside every baseline. The search itself lives in `octopipe.tuner`;
+Writes OUTDIR/plan.json (with `predicted`), schedule.csv, torchtitan.toml, timeline.png and
+timeline.html (the interactive timeline; `--no-png` skips both pictures), and prints the
+tuned plan beside every baseline. The search itself lives in `octopipe.tuner`;
 this module only gathers inputs, reports and writes files.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from pathlib import Path
 
@@ -24,30 +24,16 @@ from octopipe.plan import Plan, save_plan, save_schedule_csv
 from octopipe.profile import Device, Profile, load_profile
 from octopipe.sim import Simulator
 from octopipe.tuner import Evaluated, TuneResult, tune
-from octopipe.viz import save_timeline
+from octopipe.units import GIB, parse_size
 
 NAME = "plan"
 HELP = (
     "Tune partition, placement and schedule together; write plan.json, schedule.csv, "
-    "torchtitan.toml and timeline.png."
+    "torchtitan.toml, timeline.png and timeline.html."
 )
 
 DEFAULT_MODEL = "gemma2-9b"  # large vocabulary: what an uneven pipeline costs, at a glance
 DEFAULT_DEVICES = 4
-GIB = 2**30
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 1e3,
-    "mb": 1e6,
-    "gb": 1e9,
-    "tb": 1e12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,6 +76,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "plan's predicted figures keep the default semantics (default 0)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-png",
+        dest="png",
+        action="store_false",
+        help="draw no timeline (timeline.png and timeline.html take seconds for big plans)",
+    )
     p.add_argument("-o", "--output", default="octopipe-plan", help="output folder")
 
 
@@ -132,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
-    written = write_outputs(result.best.plan, profile, out, args.micro_batch_size)
+    written = write_outputs(result.best.plan, profile, out, args.micro_batch_size, args.png)
     console = Console()
     title = profile.name
     if args.action_overhead:
@@ -150,18 +142,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_size(text: str, where: str) -> float:
-    """'40GiB' -> 42949672960.0; plain numbers are bytes."""
-    m = _SIZE.match(text)
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _UNITS:
-        raise InputError(where, f"expected a size such as 40GiB or 80e9, got {text!r}")
-    value = float(m.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise InputError(where, f"must be positive, got {text!r}")
-    return value
-
-
 def shortfall_message(leanest: Evaluated) -> str:
     sim = leanest.sim
     d = max(range(sim.num_devices), key=lambda i: sim.memory_excess_bytes[i])
@@ -173,17 +153,23 @@ def shortfall_message(leanest: Evaluated) -> str:
     )
 
 
-def write_outputs(plan: Plan, profile: Profile, out: Path, microbatch_size: int = 1) -> list[str]:
+def write_outputs(
+    plan: Plan, profile: Profile, out: Path, microbatch_size: int = 1, pictures: bool = True
+) -> list[str]:
     save_plan(plan, out / "plan.json")
     save_schedule_csv(plan, out / "schedule.csv")
     write_torchtitan_toml(plan, profile, out / "torchtitan.toml", "schedule.csv", microbatch_size)
     written = ["plan.json", "schedule.csv", "torchtitan.toml"]
-    save_timeline(
-        Simulator(profile).run(plan, detail=True),
-        out / "timeline.png",
-        title=f"{profile.name}: tuned plan",
-    )
-    return [*written, "timeline.png"]
+    if not pictures:
+        return written
+    from octopipe.viz.html import save_html_timeline
+    from octopipe.viz.timeline import save_timeline
+
+    result = Simulator(profile).run(plan, detail=True)
+    title = f"{profile.name}: tuned plan"
+    save_timeline(result, out / "timeline.png", title=title)
+    save_html_timeline(result, out / "timeline.html", title=title)
+    return [*written, "timeline.png", "timeline.html"]
 
 
 def comparison_table(result: TuneResult, title: str) -> Table:

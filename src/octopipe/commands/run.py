@@ -8,6 +8,7 @@ import os
 import sys
 
 from octopipe.runtime import DEFAULT_TIMEOUT_S
+from octopipe.units import fmt_bytes
 
 NAME = "run"
 HELP = "run a plan on torch.distributed (spawned processes or inside torchrun) and measure it"
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.api import run as train
     from octopipe.plan import load_plan
     from octopipe.runtime.launcher import RankFailure, under_torchrun
-    from octopipe.runtime.trace import write_trace
+    from octopipe.trace import from_records, write_trace
 
     plan = load_plan(args.plan)
     try:
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         _leave_rank()
     if args.trace:
-        write_trace(args.trace, result.records)
+        write_trace(args.trace, from_records(result.records), "measured")
     if args.png:
         _draw_last_step(result, args.png)
     summary = result.summary()
@@ -124,12 +125,12 @@ def _leave_rank() -> None:
 
 def _draw_last_step(result, path: str) -> None:
     """The measured timeline of the last step, drawn like a simulated one."""
-    from octopipe import viz
-    from octopipe.runtime.trace import trace_events
+    from octopipe.trace import from_records
+    from octopipe.viz.timeline import save_timeline
 
-    doc = {"traceEvents": trace_events(result.records)}
-    events = viz.events_from_chrome_trace(doc, step=len(result.losses) - 1)
-    viz.save_timeline(events, path, title=f"measured: last of {len(result.losses)} steps")
+    last = len(result.losses) - 1
+    events = [t.event for t in from_records(result.records) if t.step == last]
+    save_timeline(events, path, title=f"measured: last of {len(result.losses)} steps")
 
 
 def _print_human(summary: dict) -> None:
@@ -142,7 +143,7 @@ def _print_human(summary: dict) -> None:
         line += f"; plan predicted {predicted * 1e3:.3f} ms ({error:+.1%})"
     print(line)
     mems = ", ".join(
-        f"rank {r}: {b / 2**20:.1f} MiB" for r, b in enumerate(summary["peak_memory_bytes"])
+        f"rank {r}: {fmt_bytes(b)}" for r, b in enumerate(summary["peak_memory_bytes"])
     )
     print(f"peak memory ({summary['peak_memory_source']}): {mems}")
 

@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True, help="plan JSON (octopipe.plan/1)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--png", metavar="PATH", help="write a timeline picture (.png or .svg)")
+    p.add_argument(
+        "--html", metavar="PATH", help="write an interactive timeline (one offline HTML file)"
+    )
     p.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace JSON")
     p.add_argument("--memory-png", metavar="PATH", help="write each device's memory over time")
     p.add_argument(
@@ -41,15 +44,12 @@ def run(args: argparse.Namespace) -> int:
             "--action-overhead", f"must be a finite number >= 0, got {args.action_overhead}"
         )
     result = Simulator(profile, args.action_overhead).run(plan, check=False, where=args.plan)
-    if args.png or args.trace or args.memory_png:
-        from octopipe import viz
+    if args.trace:
+        from octopipe.trace import write_trace
 
-        if args.png:
-            viz.save_timeline(result, args.png, title=f"{profile.name}: {args.plan}")
-        if args.trace:
-            viz.save_chrome_trace(result.events, args.trace)
-        if args.memory_png:
-            viz.save_memory_plot(result, plan, profile, args.memory_png)
+        write_trace(args.trace, result.events, "simulated")
+    if args.png or args.html or args.memory_png:
+        _draw(args, result, plan, profile)
     title = f"{profile.name} / {args.plan}"
     if args.action_overhead:
         title += f", {args.action_overhead * 1e6:.0f} us per action"
@@ -61,3 +61,24 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_simulation(result, title=title)
     return 0
+
+
+def _draw(args: argparse.Namespace, result, plan, profile) -> None:
+    """The pictures asked for; the only place this command imports a plotting library."""
+    import sys
+
+    title = f"{profile.name}: {args.plan}"
+    if args.png:
+        from octopipe.viz.timeline import save_timeline
+
+        save_timeline(result, args.png, title=title)
+    if args.html:
+        from octopipe.viz.html import save_html_timeline
+
+        save_html_timeline(result, args.html, title=title)
+    if args.memory_png:
+        from octopipe.viz.memory import save_memory_plot
+
+        save_memory_plot(result, plan, profile, args.memory_png)
+    written = [x for x in (args.png, args.html, args.memory_png) if x]
+    print(f"wrote {', '.join(written)}", file=sys.stderr)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-# Layer kinds (docs/FORMATS.md: a profile layer's `kind`). Kept as plain strings so profiles stay JSON.
+# Layer kinds (docs/FORMATS.md: a profile layer's `kind`), plain strings so profiles stay JSON.
 EMBEDDING = "embedding"
 DECODER = "decoder"  # dense block: self-attention + MLP
 MOE = "moe"  # self-attention + mixture-of-experts block

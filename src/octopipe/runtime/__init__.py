@@ -10,7 +10,7 @@
 - `launcher`: spawned processes or torchrun; failures propagate, nothing is left running;
 - `profiler`, `linkprobe`: measured profiles (every layer's F, I, W and sizes; the link);
 - `measure`: a profile measured in processes that start as a run's ranks (`octopipe profile`);
-- `trace`: Chrome/Perfetto traces; `reference`: single-process ground truth; `fuzz`: random plans.
+- `reference`: single-process ground truth; `fuzz`: random plans. Traces of a run: `octopipe.trace`.
 
 Use: `octopipe run --plan plan.json --model tiny-llama --nproc 2 --json --trace trace.json`
 spawns the ranks itself (gloo on loopback, or NCCL with a GPU per rank);

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 from octopipe.errors import InputError
 from octopipe.profile import Profile
+from octopipe.units import GIB
 
 FP32_BYTES = 4
 # The weights may take this share of the device's memory; gradients, activations and the
@@ -84,8 +85,8 @@ def check_fits(name: str, device: str) -> None:
     if weights > WEIGHT_SHARE * memory:
         raise InputError(
             "--model",
-            f"{name} holds {weights / 2**30:.1f} GiB of fp32 weights, too much for this "
-            f"{device}'s {memory / 2**30:.0f} GiB; profile a smaller config, or use "
+            f"{name} holds {weights / GIB:.1f} GiB of fp32 weights, too much for this "
+            f"{device}'s {memory / GIB:.0f} GiB; profile a smaller config, or use "
             "`octopipe profile-arch` for the analytic cost model",
         )
 

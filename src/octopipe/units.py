@@ -1,0 +1,80 @@
+"""Bytes and seconds for people: formatters, unit pickers for axes, and the size parser.
+
+    fmt_bytes(3 * 2**30)      -> "3.0 GiB"       fmt_time(0.0123) -> "12.30 ms"
+    byte_unit(3 * 2**30)      -> ("GiB", 2**30)  time_unit(0.0123) -> ("ms", 1e3)
+    parse_size("40GiB", "--memory-limit") -> 42949672960.0
+
+Every command, report and picture formats through here, so a number reads the same everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+
+from octopipe.errors import InputError
+
+KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "kib": KIB,
+    "mib": MIB,
+    "gib": GIB,
+    "tib": TIB,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def fmt_bytes(n: float | None) -> str:
+    """'512 B', '1.5 KiB' ... '2.0 TiB'; '-' for no figure or an unlimited one."""
+    if n is None or n == float("inf"):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_time(seconds: float) -> str:
+    """'1.250 s', '12.30 ms', '80.0 us'."""
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def time_unit(span: float) -> tuple[str, float]:
+    """(unit name, factor from seconds) that keeps tick labels short for a span in seconds."""
+    if span >= 1.0:
+        return "s", 1.0
+    if span >= 1e-3:
+        return "ms", 1e3
+    return "µs", 1e6
+
+
+def byte_unit(nbytes: float) -> tuple[str, float]:
+    """(unit name, bytes per unit) for an axis whose largest value is `nbytes`."""
+    for name, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if nbytes >= size:
+            return name, float(size)
+    return "B", 1.0
+
+
+def parse_size(text: str, where: str) -> float:
+    """'40GiB' -> 42949672960.0, '80e9' -> 8e10; plain numbers are bytes. A fault is an
+    InputError naming `where` (the option or field)."""
+    m = _SIZE.match(text)
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _SIZE_UNITS:
+        raise InputError(where, f"expected a size such as 40GiB or 80e9, got {text!r}")
+    value = float(m.group(1)) * _SIZE_UNITS[unit]
+    if value <= 0:
+        raise InputError(where, f"must be positive, got {text!r}")
+    return value

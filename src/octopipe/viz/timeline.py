@@ -1,0 +1,261 @@
+"""The timeline picture (PNG or SVG): one row per device, one box per action.
+
+The picture fits a screen (sizes: `viz.layout`): within 2400 x 1800 pixels, long iterations
+wrapped into bands, microbatch labels only where they fit, time ticks with units. Every action
+is still drawn (boxes are one PolyCollection per band, so tens of thousands draw in seconds);
+the detail of a big plan is in the HTML timeline (`viz.html`). In an SVG each action is its
+own element with the id `action-d{device}-{action}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never open a window
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.transforms import blended_transform_factory  # noqa: E402
+
+from octopipe.actions import Event  # noqa: E402
+from octopipe.sim import SimResult  # noqa: E402
+from octopipe.units import time_unit  # noqa: E402
+from octopipe.viz.layout import (  # noqa: E402
+    BAND_GAP,
+    BAR_FILL,
+    INCHES_PER_TICK,
+    MARGIN_LEFT,
+    MARGIN_TOP,
+    timeline_layout,
+)
+from octopipe.viz.style import (  # noqa: E402
+    CRITICAL_EDGE,
+    IDLE_COLOR,
+    KIND_COLORS,
+    KIND_NAMES,
+    KIND_ORDER,
+    TimelineSummary,
+    chunk_indices,
+    events_of,
+    headline,
+    image_format,
+    shade,
+    stage_list,
+    stages_per_device,
+    summarize,
+)
+
+
+def save_timeline(
+    result: SimResult | Sequence[Event],
+    path: str | Path,
+    title: str | None = None,
+    stage_labels: bool = True,
+) -> Path:
+    """Draw one row per device, one box per action, to a PNG or SVG (by the file suffix).
+
+    Boxes are coloured by kind (F/B/I/W) and lightened per chunk, labelled with the
+    microbatch where the label fits; grey is idle time. A SimResult's critical path is
+    outlined. `stage_labels` names each row's stages next to its device.
+    """
+    path = Path(path)
+    fmt = image_format(path)
+    events = events_of(result)
+    stats = summarize(result)
+    if not events:
+        raise ValueError("nothing to draw: no events")
+    unit, scale = time_unit(stats.iteration_time)
+    critical = set(result.critical_path) if isinstance(result, SimResult) else set()
+    chunk_of = chunk_indices(events)
+    num_chunks = 1 + max(chunk_of.values())
+    layout = timeline_layout(events, stats.iteration_time, stats.num_devices)
+    colors = {
+        (k, c): shade(KIND_COLORS[k], c, num_chunks) for k in KIND_ORDER for c in range(num_chunks)
+    }
+
+    fig = plt.figure(figsize=layout.figure_size)
+    fig_w, fig_h = layout.figure_size
+    band_span = layout.band_span
+    for band in range(layout.bands):
+        top = MARGIN_TOP + band * (layout.axes_height + BAND_GAP)
+        ax = fig.add_axes(
+            (
+                MARGIN_LEFT / fig_w,
+                1.0 - (top + layout.axes_height) / fig_h,
+                layout.axes_width / fig_w,
+                layout.axes_height / fig_h,
+            )
+        )
+        lo, hi = band * band_span, (band + 1) * band_span
+        ax.set_xlim(lo * scale, hi * scale)
+        ax.set_ylim(stats.num_devices - 0.5, -0.5)  # device 0 on top
+        shown = [e for e in events if e.end >= lo and e.start <= hi]
+        _draw_band(ax, shown, layout, scale, (lo, hi), colors, chunk_of, critical, fmt, band)
+        _label_rows(ax, events, stats, stage_labels, idle=band == 0)
+        ax.xaxis.set_major_locator(
+            MaxNLocator(
+                nbins=max(3, round(layout.axes_width / INCHES_PER_TICK)),
+                steps=[1, 2, 2.5, 5, 10],
+            )
+        )
+        ax.tick_params(axis="x", labelsize=8)
+        ax.spines[["top", "right", "left"]].set_visible(False)
+        ax.tick_params(axis="y", length=0)
+        ax.grid(axis="x", color="#BBBBBB", linewidth=0.4, zorder=1)
+        ax.set_axisbelow(True)
+    ax.set_xlabel(f"time ({unit})" + (f", in {layout.bands} bands" if layout.bands > 1 else ""))
+    _add_legend(fig, events, num_chunks, bool(critical))
+    heading = headline(stats)
+    fig.text(
+        MARGIN_LEFT / fig_w,
+        1.0 - 0.12 / fig_h,
+        f"{title}\n{heading}" if title else heading,
+        ha="left",
+        va="top",
+        fontsize=11,
+    )
+    fig.savefig(path, format=fmt, dpi=layout.dpi)
+    plt.close(fig)
+    return path
+
+
+def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fmt, band) -> None:
+    """Idle rows, the boxes (one collection; one element each in an SVG), the critical path's
+    outlines and the labels that fit."""
+    lo, hi = window
+    half = BAR_FILL / 2
+    idle = [
+        [
+            (lo * scale, d - half),
+            (hi * scale, d - half),
+            (hi * scale, d + half),
+            (lo * scale, d + half),
+        ]
+        for d in range(layout.num_devices)
+    ]
+    ax.add_collection(PolyCollection(idle, facecolors=IDLE_COLOR, edgecolors="none", zorder=0))
+    per_action = fmt == "svg"
+    # Thin white edges part neighbouring boxes, and outlines mark the critical path, only
+    # where boxes are wide enough to show them; else the path is a dark strip under its boxes.
+    wide = (
+        bool(events) and layout.box_width_pt(sum(e.end - e.start for e in events) / len(events)) > 3
+    )
+    boxes, faces, outlines = [], [], []
+    for e in events:
+        a = e.action
+        x0, x1 = e.start * scale, e.end * scale
+        y0, y1 = e.device - half, e.device + half
+        face = colors[(a.kind, chunk_of[a.stage])]
+        if per_action:  # an element per action readers can find by id; SVGs are small plans
+            box = Rectangle(
+                (x0, y0), x1 - x0, BAR_FILL, facecolor=face, edgecolor="white",
+                linewidth=0.4, zorder=2,
+            )  # fmt: skip
+            first = e.start >= lo or band == 0
+            box.set_gid(f"{'' if first else 'more-'}action-d{e.device}-{a}")
+            ax.add_artist(box)  # add_patch would re-fit the axis limits for every box: slow
+        else:
+            boxes.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
+            faces.append(face)
+        if a in critical:
+            if not wide:
+                y0 = y1 - 0.14
+            outlines.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
+    if boxes:
+        ax.add_collection(
+            PolyCollection(
+                boxes,
+                facecolors=faces,
+                edgecolors="white" if wide else "face",
+                linewidths=0.4 if wide else 0.0,
+                zorder=2,
+            )
+        )
+    if outlines:
+        ax.add_collection(
+            PolyCollection(
+                outlines,
+                facecolors="none" if wide else CRITICAL_EDGE,
+                edgecolors=CRITICAL_EDGE,
+                linewidths=1.1 if wide else 0.0,
+                zorder=3,
+            )
+        )
+    for e in events:
+        size = layout.label_size(e)
+        if size is None or not (lo <= (e.start + e.end) / 2 < hi):
+            continue
+        ax.text(
+            (e.start + e.end) / 2 * scale,
+            e.device,
+            str(e.action.mb),
+            ha="center",
+            va="center",
+            fontsize=size,
+            color="white" if chunk_of[e.action.stage] == 0 else "#222222",
+            zorder=4,
+        )
+
+
+def _label_rows(
+    ax, events: Sequence[Event], stats: TimelineSummary, stage_labels: bool, idle: bool
+) -> None:
+    stages_of = stages_per_device(events)
+    labels = []
+    for d in range(stats.num_devices):
+        label = f"device {d}"
+        if stage_labels and d in stages_of:
+            label += "\n" + stage_list(stages_of[d])
+        labels.append(label)
+    rows_pt = ax.get_position().height * ax.figure.get_size_inches()[1] * 72 / stats.num_devices
+    size = min(7.5 if stage_labels else 8.5, 0.45 * rows_pt if stage_labels else 0.8 * rows_pt)
+    ax.set_yticks(range(stats.num_devices), labels, fontsize=max(size, 3.0), linespacing=0.95)
+    if not idle:
+        return
+    # Idle share just right of each row: axes-x / data-y coordinates, a fixed offset in points.
+    right = blended_transform_factory(ax.transAxes, ax.transData)
+    for d in range(stats.num_devices):
+        share = 1.0 - stats.busy[d] / stats.iteration_time if stats.iteration_time > 0 else 0.0
+        ax.annotate(
+            f"idle {100 * share:.0f}%",
+            (1.0, d),
+            xycoords=right,
+            xytext=(4, 0),
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize=min(7.0, max(3.0, 0.8 * rows_pt)),
+            color="#555555",
+        )
+
+
+def _add_legend(fig, events: Sequence[Event], num_chunks: int, critical: bool) -> None:
+    kinds = [k for k in KIND_ORDER if any(e.action.kind == k for e in events)]
+    handles = [Patch(facecolor=KIND_COLORS[k], label=f"{k} {KIND_NAMES[k]}") for k in kinds]
+    if num_chunks > 1:
+        grey = "#666666"
+        handles += [
+            Patch(facecolor=shade(grey, c, num_chunks), label=f"chunk {c}")
+            for c in range(num_chunks)
+        ]
+    handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
+    if critical:
+        handles.append(Patch(facecolor="white", edgecolor=CRITICAL_EDGE, label="critical path"))
+    fig_w, fig_h = fig.get_size_inches()
+    # One row under the title, its left edge under the title's.
+    fig.legend(
+        handles=handles,
+        loc="upper left",
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+        bbox_to_anchor=((MARGIN_LEFT - 0.1) / fig_w, 1.0 - 0.55 / fig_h),
+        borderaxespad=0.0,
+        handlelength=1.2,
+        columnspacing=1.2,
+    )
