@@ -200,9 +200,11 @@ def layer_case(arch: Architecture, spec: LayerSpec, seq: int, device: str) -> La
         v = arch.vision
         assert v is not None
         states = hidden_states(v.num_tokens, v.hidden_size, device)
+        # The features earlier layers collected travel as one stream, their widths side by side.
         collected = sum(1 for i in v.intermediate_layers if i < spec.index)
-        extra = (hidden_states(v.num_tokens, collected * v.hidden_size, device),)
-        inputs = (states, *extra[:collected])
+        inputs = (states,)
+        if collected:
+            inputs += (hidden_states(v.num_tokens, collected * v.hidden_size, device),)
         return LayerCase(module, inputs, (ids,), lambda *x: module(ids, *x)[1])
     if spec.kind in ("decoder", "moe", "mamba", "attention", "mlp", "norm"):
         return LayerCase(module, (h,), (), lambda x: module(x)[0])
