@@ -3,14 +3,17 @@
 #
 #   bash benchmarks/gpu_check.sh OUTDIR
 #   DEVICE=cpu RANKS=2 bash benchmarks/gpu_check.sh OUTDIR    # the same steps on CPU (a dry run)
+#   CALIBRATE=1 bash benchmarks/gpu_check.sh OUTDIR           # also the cost model's measurements
 #
 # Assumes python3 with torch (CUDA) is installed there; pydantic may have to be carried as
-# wheels in .whl/ (see the device tool's notes): they are installed first when present.
+# wheels in .whl/ (the machine has no package index): they are installed first when present.
 # Per model: profile on the GPU, plan for the GPUs there are, run the plan with NCCL (one rank
 # per GPU), and run the same plan on gloo/CPU to compare losses; then the second pass: calibrate
 # the profile to the NCCL run's trace, plan again with the fitted per-action overhead, run that.
 # With one GPU the plan has one device (NCCL refuses two ranks on one GPU). Writes
-# OUTDIR/gpu_check.md and the JSON it read.
+# OUTDIR/gpu_check.md and the JSON it read. With CALIBRATE=1, first measures the kernels and
+# layers the cost model prices (benchmarks/calibrate_gpu.py, torch only; --small on CPU) into
+# OUTDIR/measured.json, for benchmarks/calibration_report.py (docs/COSTMODEL.md).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$out"
@@ -27,6 +30,12 @@ if [ "$device" = cuda ]; then
 else
     gpus=${RANKS:-2}
     backend=gloo
+fi
+if [ "${CALIBRATE:-0}" = 1 ]; then
+    small=()
+    [ "$device" = cuda ] || small=(--small)
+    python3 benchmarks/calibrate_gpu.py --device "$device" "${small[@]}" -o "$out/measured.json" \
+        > "$out/calibrate_gpu.log" || echo "calibrate_gpu.py failed: see $out/calibrate_gpu.log"
 fi
 report="$out/gpu_check.md"
 {

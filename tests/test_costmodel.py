@@ -1,17 +1,14 @@
 """Analytic cost model: profiles of every shipped config, published parameter counts, FLOP and
 memory sanity, tensor parallelism, recomputation, hardware overrides and the CLI."""
 
-import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from octopipe import costmodel
 from octopipe.cli import main
+from octopipe.costmodel.accuracy import layer_ratios, load_measurements, recorded_measurements
 from octopipe.costmodel.arch import layer_specs, load_architecture, shipped_models
 from octopipe.costmodel.build import build_profile, estimate_layers, parameter_count, training_flops
-from octopipe.costmodel.calibration_report import layer_ratios
 from octopipe.costmodel.hardware import PRESETS, hardware_preset
 from octopipe.costmodel.settings import Settings
 from octopipe.costmodel.work import mean_attended_keys
@@ -235,10 +232,10 @@ H200_BANDS = {
 
 
 def test_predictions_track_the_recorded_h200_measurements():
-    """Measured once on an H200 with costmodel/calibrate_gpu.py (a recorded file, not a timing
-    taken during the test)."""
-    path = Path(costmodel.__file__).parent / "measurements" / "h200.json"
-    measured = json.loads(path.read_text())["layers"]
+    """Measured once on an H200 by the GPU measuring script's earlier, fixture-based version
+    (benchmarks/calibrate_gpu.py lists how it differs): a recorded file, not a timing taken
+    during the test."""
+    measured = load_measurements(recorded_measurements("h200"))["layers"]
     assert len(measured) == 10
     for name, values in measured.items():
         low, high = next(band for prefix, band in H200_BANDS.items() if name.startswith(prefix))

@@ -1,10 +1,12 @@
 """Analytic cost model: architecture configs -> flat layer lists -> per-layer costs -> Profile.
 
 `arch` reads configs and names the layers; `hardware` holds device presets; `layercost` holds the
-pure per-layer arithmetic; `build` assembles a `octopipe.profile.Profile`.
+pure per-layer arithmetic; `build` assembles a `octopipe.profile.Profile`; `accuracy` compares
+the model with measurements on real hardware.
 
-Only the architecture layer is imported here: `calibrate_gpu` runs as `python -m` on GPU
-machines that hold torch but not OctoPipe's other dependencies (pydantic, rich).
+Only the architecture layer is imported here: `octopipe.models` and the GPU measuring script
+(`benchmarks/calibrate_gpu.py`) run on machines that hold torch but not OctoPipe's other
+dependencies (pydantic, rich).
 """
 
 from octopipe.costmodel.arch import (

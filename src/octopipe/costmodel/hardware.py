@@ -99,7 +99,8 @@ PRESETS: dict[str, Hardware] = {
         peak_flops=989e12,  # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity -> 989 dense
         memory_bandwidth=4.8e12,  # H200 SXM datasheet: HBM3e 4.8 TB/s
         memory_bytes=143771 * MIB,  # nvidia-smi total of an H200 (141 GB marketed)
-        # Calibrated with costmodel/calibrate_gpu.py on one H200 (torch 2.11, eager): an
+        # Calibrated with benchmarks/calibrate_gpu.py (its earlier, fixture-based version; the
+        # run is measurements/h200.json) on one H200 (torch 2.11, eager): an
         # 8192^3 BF16 GEMM ran at 0.79 of peak; LLaMA-3 8B/70B blocks' F and W fit 0.67.
         # torch._grouped_mm over 64 experts x 384 rows (2048 -> 2816): 0.51, where a dense
         # GEMM of the same FLOPs ran at 0.74. The other presets assume the same 0.5.
