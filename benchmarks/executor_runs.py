@@ -19,7 +19,7 @@ from octopipe.models import build_model
 from octopipe.models.base import PipelineModel
 from octopipe.plan import Plan, load_plan
 from octopipe.profile import Profile, load_profile, save_profile
-from octopipe.runtime import Job, RunConfig, RunResult
+from octopipe.runtime.session import Job, RunConfig, RunResult
 from octopipe.runtime.torch_pipelining import CSV_RUNTIME, TorchJob, TorchResult, launch_torch
 from octopipe.runtime.worker import ActionRecord
 from octopipe.sim import Simulator
