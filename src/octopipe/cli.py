@@ -1,7 +1,9 @@
 """The `octopipe` command: discovers one subcommand per module in `octopipe.commands`.
 
-Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
-Here only dispatch and the one-line error contract live: a user's fault (OctoPipeError)
+Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`, and
+imports at its top only what building the parser needs (no torch, no matplotlib): `--help` and
+the light commands start fast. Here only dispatch, the help layout (every default shown) and the
+one-line error contract live: a user's fault (OctoPipeError)
 prints one line and exits 2, never a traceback.
 """
 
@@ -16,6 +18,24 @@ from octopipe import commands
 from octopipe.errors import OctoPipeError
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the text already speaks of one or
+    there is none to show (a flag, or an option whose absence means something)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            default is None
+            or default is argparse.SUPPRESS
+            or isinstance(default, bool)
+            or not action.option_strings
+            or "default" in text.lower()
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="octopipe",
@@ -24,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        cmd = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        cmd = sub.add_parser(
+            module.NAME, help=module.HELP, description=module.HELP, formatter_class=_DefaultsShown
+        )
         module.add_arguments(cmd)
         cmd.set_defaults(_run=module.run)
     return parser

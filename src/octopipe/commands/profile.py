@@ -12,7 +12,9 @@ HELP = "Measure a bundled (or config.json) model's per-layer costs on this devic
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="bundled model name or config.json path")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where to run the layers"
+    )
     parser.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
     parser.add_argument("--micro-batch-size", type=int, default=2, help="sequences per microbatch")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per layer (median)")

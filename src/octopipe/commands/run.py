@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=_positive, default=3, help="training steps (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
-    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument(
+        "--optimizer", choices=("sgd", "adam"), default="sgd", help="optimizer of every stage"
+    )
     parser.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
     parser.add_argument(
