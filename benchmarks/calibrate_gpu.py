@@ -50,7 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octopipe.costmodel.arch import Architecture, LayerSpec, layer_specs, load_architecture
+from octopipe.costmodel.arch import Architecture, LayerSpec, layer_specs
+from octopipe.costmodel.hf_config import load_architecture
 from octopipe.models.feedforward import MoE
 from octopipe.models.layers import build_layer
 

@@ -7,9 +7,10 @@ import pytest
 
 from octopipe.cli import main
 from octopipe.costmodel.accuracy import layer_ratios, load_measurements, recorded_measurements
-from octopipe.costmodel.arch import layer_specs, load_architecture, shipped_models
+from octopipe.costmodel.arch import layer_specs
 from octopipe.costmodel.build import build_profile, estimate_layers, parameter_count, training_flops
 from octopipe.costmodel.hardware import PRESETS, hardware_preset
+from octopipe.costmodel.hf_config import load_architecture, shipped_models
 from octopipe.costmodel.settings import Settings
 from octopipe.costmodel.work import mean_attended_keys
 from octopipe.errors import InputError

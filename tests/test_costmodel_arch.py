@@ -5,13 +5,8 @@ import json
 
 import pytest
 
-from octopipe.costmodel.arch import (
-    KINDS,
-    config_path,
-    layer_specs,
-    load_architecture,
-    shipped_models,
-)
+from octopipe.costmodel.arch import KINDS, layer_specs
+from octopipe.costmodel.hf_config import config_path, load_architecture, shipped_models
 from octopipe.errors import InputError
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from octopipe.costmodel.arch import layer_specs, load_architecture
+from octopipe.costmodel.arch import layer_specs
+from octopipe.costmodel.hf_config import load_architecture
 from octopipe.models import build_model, bundled_models
 from octopipe.models.mamba import ssd_scan
 

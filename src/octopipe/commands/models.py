@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from octopipe.costmodel.arch import layer_specs, load_architecture
+    from octopipe.costmodel.arch import layer_specs
+    from octopipe.costmodel.hf_config import load_architecture
     from octopipe.models import bundled_models
     from octopipe.models.build import parameter_count
 

@@ -6,8 +6,8 @@ import argparse
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from octopipe.costmodel.arch import shipped_models
 from octopipe.costmodel.hardware import PRESETS
+from octopipe.costmodel.hf_config import shipped_models
 from octopipe.errors import InputError
 
 if TYPE_CHECKING:
@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     if args.devices is not None and args.devices < 1:
         raise InputError("--devices", f"must be at least 1 (got {args.devices})")
     from octopipe.api import profile_from_config
-    from octopipe.costmodel.arch import load_architecture
     from octopipe.costmodel.build import parameter_count
+    from octopipe.costmodel.hf_config import load_architecture
     from octopipe.profile import save_profile
 
     profile = profile_from_config(

@@ -13,9 +13,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from octopipe.costmodel.arch import load_architecture
 from octopipe.costmodel.build import estimate_layers
 from octopipe.costmodel.hardware import Hardware, hardware_preset
+from octopipe.costmodel.hf_config import load_architecture
 from octopipe.costmodel.settings import Settings
 from octopipe.costmodel.work import ATTENTION_BACKWARD_FACTOR
 from octopipe.errors import InputError

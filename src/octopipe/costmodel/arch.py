@@ -12,7 +12,6 @@ torch modules (see `octopipe.models`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 # Layer kinds (docs/FORMATS.md: a profile layer's `kind`), plain strings so profiles stay JSON.
 EMBEDDING = "embedding"
@@ -245,39 +244,3 @@ def _text_layer_spec(arch: Architecture, i: int) -> LayerSpec:
         return LayerSpec(name, kind, i, "cross", "dense")
     ffn = "moe" if kind == MOE else "dense"
     return LayerSpec(name, kind, i, self_attn, ffn, window)
-
-
-def _configs_dir() -> Path:
-    return Path(__file__).parent / "configs"
-
-
-def shipped_models() -> list[str]:
-    """Names of the configs shipped with OctoPipe (file stems in costmodel/configs/)."""
-    return sorted(p.stem for p in _configs_dir().glob("*.json"))
-
-
-def config_path(name_or_path: str | Path) -> Path:
-    """A shipped config's path by name, or the given path itself."""
-    candidate = _configs_dir() / f"{name_or_path}.json"
-    if isinstance(name_or_path, str) and "/" not in name_or_path and candidate.is_file():
-        return candidate
-    return Path(name_or_path)
-
-
-def load_architecture(name_or_path: str | Path) -> Architecture:
-    """Read a config.json (path) or a shipped config (name) into an Architecture.
-
-    Raises InputError naming the file, the field and the fault for an unreadable or malformed
-    config. Nothing is downloaded.
-    """
-    from octopipe.costmodel.hf_config import architecture_from_hf  # parser depends on this module
-    from octopipe.errors import InputError
-    from octopipe.profile import read_json
-
-    path = config_path(name_or_path)
-    if not path.is_file() and isinstance(name_or_path, str) and not path.suffix:
-        known = ", ".join(shipped_models())
-        raise InputError(
-            str(name_or_path), f"no such config file or shipped model (known: {known})"
-        )
-    return architecture_from_hf(read_json(path), where=str(path), name=path.stem)

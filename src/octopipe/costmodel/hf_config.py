@@ -1,4 +1,6 @@
-"""Parse a Hugging Face style config.json into an `Architecture`.
+"""Read architecture configs: a Hugging Face style config.json, or a shipped one by name.
+
+`load_architecture("llama3-8b")` or `load_architecture("path/to/config.json")`.
 
 Field names follow the `transformers` configs of each family (LLaMA, Qwen2, Mistral, Gemma-2/3,
 DeepSeek-V2/V3, Qwen2-MoE, Mixtral, Nemotron-H, Mllama). Every fault is one InputError naming
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from octopipe.costmodel.arch import (
@@ -304,3 +307,37 @@ def _check_layer_tuples(arch: Architecture, f: _Fields) -> None:
     for i in arch.cross_attention_layers:
         if i >= arch.num_layers:
             raise f.fault("cross_attention_layers", f"layer {i} is beyond {arch.num_layers} layers")
+
+
+def _configs_dir() -> Path:
+    return Path(__file__).parent / "configs"
+
+
+def shipped_models() -> list[str]:
+    """Names of the configs shipped with OctoPipe (file stems in costmodel/configs/)."""
+    return sorted(p.stem for p in _configs_dir().glob("*.json"))
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """A shipped config's path by name, or the given path itself."""
+    candidate = _configs_dir() / f"{name_or_path}.json"
+    if isinstance(name_or_path, str) and "/" not in name_or_path and candidate.is_file():
+        return candidate
+    return Path(name_or_path)
+
+
+def load_architecture(name_or_path: str | Path) -> Architecture:
+    """Read a config.json (path) or a shipped config (name) into an Architecture.
+
+    Raises InputError naming the file, the field and the fault for an unreadable or malformed
+    config. Nothing is downloaded.
+    """
+    from octopipe.profile import read_json
+
+    path = config_path(name_or_path)
+    if not path.is_file() and isinstance(name_or_path, str) and not path.suffix:
+        known = ", ".join(shipped_models())
+        raise InputError(
+            str(name_or_path), f"no such config file or shipped model (known: {known})"
+        )
+    return architecture_from_hf(read_json(path), where=str(path), name=path.stem)

@@ -16,13 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octopipe.costmodel.arch import (
-    Architecture,
-    LayerSpec,
-    layer_specs,
-    load_architecture,
-    shipped_models,
-)
+from octopipe.costmodel.arch import Architecture, LayerSpec, layer_specs
+from octopipe.costmodel.hf_config import load_architecture, shipped_models
 from octopipe.models import synthetic
 from octopipe.models.base import Activation, Batch, PipelineModel
 from octopipe.models.layers import build_layer

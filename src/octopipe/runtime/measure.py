@@ -77,7 +77,7 @@ def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
 
 def check_fits(name: str, device: str) -> None:
     """Refuse, in one line, a model whose fp32 weights alone would crowd out the device."""
-    from octopipe.costmodel.arch import load_architecture
+    from octopipe.costmodel.hf_config import load_architecture
     from octopipe.models.build import parameter_count
 
     weights = FP32_BYTES * parameter_count(load_architecture(name))
