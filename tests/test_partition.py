@@ -1,4 +1,5 @@
-"""Partitioners: coverage, Megatron/torchtitan definitions, balanced optimality (brute force)."""
+"""Partitioners: coverage, Megatron/torchtitan definitions, balanced optimality and its
+tie-break (brute force)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from octopipe.errors import InputError
-from octopipe.partition import METHODS, bottleneck, partition
+from octopipe.partition import METHODS, bottleneck, min_max_ranges, partition
 from octopipe.profile import Device, LayerCost, Profile
 
 
@@ -217,6 +218,79 @@ def test_balanced_is_optimal(works, speeds):
     assert_tiles(ranges, len(works), len(speeds))
     best = brute_force_bottleneck(profile, speeds)
     assert bottleneck(profile, ranges, speeds) == pytest.approx(best)
+
+
+def leximax_brute_force(layer_work, speeds):
+    """Every split, ranked by its stage times sorted slowest first, then (the tie-break) by
+    its boundaries read from the last, largest first: the later stages as light as they can
+    be."""
+    L, S = len(layer_work), len(speeds)
+    best = None
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        bounds = [0, *cuts, L]
+        times = [sum(layer_work[a:b]) / sp for a, b, sp in zip(bounds, bounds[1:], speeds)]
+        key = (sorted(times, reverse=True), [-b for b in reversed(bounds)])
+        if best is None or key < best[0]:
+            best = (key, tuple(zip(bounds, bounds[1:])))
+    return best[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    # Small whole numbers: sums are exact and ties are frequent (equal layers, 2 = 1 + 1).
+    st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0]), min_size=1, max_size=9),
+    st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0]), min_size=1, max_size=5),
+)
+def test_min_max_ranges_tie_breaks_match_brute_force(layer_work, speeds):
+    if len(speeds) > len(layer_work):
+        return
+    work = [0.0, *itertools.accumulate(layer_work)]
+    assert min_max_ranges(work, speeds) == leximax_brute_force(layer_work, speeds)
+    # One stage per device: device loads are the stage times, nothing to choose between.
+    assert min_max_ranges(work, speeds, range(len(speeds))) == min_max_ranges(work, speeds)
+    assert min_max_ranges(work, speeds, back_loaded=True) == back_loaded_brute_force(
+        layer_work, speeds
+    )
+
+
+def back_loaded_brute_force(layer_work, speeds):
+    """The min-max splits, the one whose boundaries read from the last are smallest: each
+    stage from the last starts as early as the optimal bottleneck allows."""
+    L, S = len(layer_work), len(speeds)
+    best = None
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        bounds = [0, *cuts, L]
+        times = [sum(layer_work[a:b]) / sp for a, b, sp in zip(bounds, bounds[1:], speeds)]
+        key = (max(times), list(reversed(bounds)))
+        if best is None or key < best[0]:
+            best = (key, tuple(zip(bounds, bounds[1:])))
+    return best[1]
+
+
+def test_min_max_ranges_ties_equal_layers_despite_rounding():
+    # Prefix sums of 0.1 are not exact: stages of equal layer counts must still tie.
+    work = [0.0, *itertools.accumulate([0.1] * 10)]
+    assert min_max_ranges(work, [1.0] * 4) == ((0, 3), (3, 6), (6, 8), (8, 10))
+
+
+def slowest(work, split, speeds) -> float:
+    return max((work[b] - work[a]) / sp for (a, b), sp in zip(split, speeds))
+
+
+def test_min_max_ranges_splits_many_stages_on_mixed_speeds():
+    # The tuner's largest seeds: up to 128 stages over 130 layers. (Its speed is measured by
+    # benchmarks/bench_tuner.py, not here.)
+    layers = [40.0] + [10.0 + (i % 4) * 0.1 for i in range(128)] + [55.0]
+    work = [0.0, *itertools.accumulate(layers)]
+    for S in (16, 32, 64, 128):
+        placement = [s % 32 for s in range(S)]
+        speeds = [1.0 if d % 2 else 0.3 for d in placement]
+        ranges = min_max_ranges(work, speeds, placement)
+        assert [a for a, _ in ranges][1:] == [b for _, b in ranges][:-1]  # they tile
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(layers)
+        assert all(b > a for a, b in ranges)
+        even = [(len(layers) * s // S, len(layers) * (s + 1) // S) for s in range(S)]
+        assert slowest(work, ranges, speeds) <= slowest(work, even, speeds)
 
 
 def torchtitan_module_names(num_stages, num_blocks):

@@ -8,7 +8,8 @@
 - titan (torchtitan's default split): the embedding and the norm+head each count as one block,
   so the first and last stages get one block fewer than the others.
 - balanced: the contiguous split that minimizes the slowest stage, a stage's time being its
-  layers' f+b+w divided by the speed of the device it is placed on. Exact (dynamic program).
+  layers' f+b+w divided by the speed of the device it is placed on; then the second slowest,
+  and so on (leximax; `min_max_ranges`, which the tuner's seeds start from too). Exact.
 
 A "block" is any layer whose kind is not an embedding, norm, head or projector; a non-block
 layer between blocks rides with the block before it. When the blocks cannot give every stage
@@ -18,11 +19,11 @@ nothing of schedules or time beyond a stage's work.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections.abc import Sequence
-from itertools import accumulate
 
-import numpy as np
-
+from octopipe.costs import CostTable
 from octopipe.errors import InputError
 from octopipe.profile import Profile
 
@@ -46,7 +47,7 @@ def partition(
             profile.name, f"{profile.num_layers} layers cannot fill {num_stages} stages", "layers"
         )
     if method == "balanced":
-        return balanced(profile, num_stages, stage_speeds(profile, num_stages, placement))
+        return balanced(profile, num_stages, placement)
     blocks = block_positions(profile)
     has_input = bool(blocks) and blocks[0] > 0
     has_output = bool(blocks) and blocks[-1] < profile.num_layers - 1
@@ -96,6 +97,230 @@ def _ranges_from_block_counts(num_layers: int, blocks: list[int], counts: list[i
 
 # --- balanced ------------------------------------------------------------------------------
 
+# `min_max_ranges` compares stage times on layer work in units of 2**-RESOLUTION_BITS of the
+# model's total work (rounded down to a power of two), as integers.
+RESOLUTION_BITS = 40
+
+
+def min_max_ranges(
+    work: Sequence[float],
+    speeds: Sequence[float],
+    devices: Sequence[int] | None = None,
+    back_loaded: bool = False,
+) -> tuple[tuple[int, int], ...]:
+    """The split of the layers into `len(speeds)` non-empty contiguous stages, stage s running
+    at `speeds[s]`, whose slowest stage (work / speed) is as fast as possible, with the tie-break
+    below. The one min-max partitioner: the balanced baselines and the tuner's seeds use it.
+
+    `work` is the prefix sum of layer work (`CostTable.work`): [0, w0, w0 + w1, ...];
+    `devices[s]`, when given, is the device of stage s (the placement).
+
+    Stage times are compared on layer work rounded to 2**-RESOLUTION_BITS of the total, in
+    integers: stage sums are exact, so stages of equal layers tie exactly (float prefix sums
+    differ in their last bits and would pick among ties at random). The bottleneck is exact up
+    to that rounding.
+
+    Tie-break (default): the leximax order. The slowest stage as fast as possible, then the
+    second slowest, and so on: no stage is slower than the layers force it to be. Splits with
+    the same sorted stage times differ in where the heavier stages sit:
+    - the later stages are as light as they can be: the last stage as short as possible, then
+      the one before it, and so on. On the benchmark zoo's sequential schedules (1F1B, ZB-H1,
+      ZB-H2), heavy stages early are up to 5% faster than heavy stages late, and never more
+      than 0.01% slower;
+    - when stages share a device, whose steady state is bounded by the sum of its stages,
+      single-layer boundary moves that keep the sorted stage times (they swap two stages'
+      times) then lower the more loaded of the two devices they touch, while one does
+      (`_even_out_devices`, a deterministic local search).
+
+    `back_loaded=True`: another tie-break among the min-max splits (not leximax): from the last
+    stage back, each stage starts as early as the optimal bottleneck allows, so the first
+    stages get what is left. Early stages hold the most activations in 1F1B-like schedules,
+    so this split leaves them the most memory; the tuner seeds from both.
+
+    Method, O(S x L log L) plus the leximax step on the stage ends that survive:
+    1. the smallest bottleneck of every prefix of the layers in the first s stages, and of
+       every suffix in the last ones (`_prefix_bottlenecks`), give the optimal bottleneck T*
+       and the stage ends some split within T* can use;
+    2. a dynamic program over those ends keeps, per (stage, end), the leximax-smallest
+       vector of the prefix's stage times. Adding a common element keeps the leximax order,
+       so the best split of a prefix extends a best split of a shorter one; the candidates
+       are the starts whose stage and shorter prefix both stay within the prefix's smallest
+       bottleneck (the others have a larger first element).
+    """
+    num_layers, S = len(work) - 1, len(speeds)
+    if not 1 <= S <= num_layers:
+        raise ValueError(f"{S} stages need 1 to {num_layers} (the layer count) stages")
+    total = work[-1] - work[0]
+    # The unit, at least the smallest float (a subnormal total would round it to 0).
+    unit = max(math.ldexp(1.0, math.frexp(total)[1] - RESOLUTION_BITS), math.ulp(0.0))
+    prefix = [0]  # integer work prefix
+    for a, b in zip(work, work[1:]):
+        prefix.append(prefix[-1] + max(0, round((b - a) / unit)))
+    # forward[s][j - s - 1]: the smallest bottleneck of layers [0, j) in stages 0..s.
+    forward = _prefix_bottlenecks(prefix, speeds)
+    limit = forward[-1][-1]  # T*
+    if back_loaded:
+        return _back_loaded(prefix, speeds, forward, limit)
+    # backward[m - 1][(L - j) - m]: that of layers [j, L) in the last m stages.
+    backward = _prefix_bottlenecks(
+        [prefix[-1] - p for p in reversed(prefix)], list(reversed(speeds))
+    )
+
+    # Per stage: the ends within T* from both sides.
+    ends_ok: list[list[int]] = []
+    for s in range(S):
+        later = S - 1 - s
+        if not later:
+            ends_ok.append([num_layers])
+            continue
+        row = forward[s]
+        suffix = backward[later - 1]
+        ends_ok.append(
+            [
+                j
+                for j in range(s + 1, s + 1 + len(row))
+                if row[j - s - 1] <= limit and suffix[num_layers - j - later] <= limit
+            ]
+        )
+
+    # Leximax program over the kept ends. A vector holds a split's stage times negated, in
+    # ascending order, so the larger tuple is the better split.
+    vectors: dict[int, tuple[float, ...]] = {0: ()}
+    bounds_of: dict[int, float] = {0: 0.0}  # best bottleneck of the prefix ending there
+    keys: list[int] = [0]  # the previous stage's kept ends, ascending
+    starts: list[dict[int, int]] = []  # per stage: end -> the start of the best split
+    for s in range(S):
+        speed, row, offset = speeds[s], forward[s], s + 1
+        chosen: dict[int, int] = {}
+        found: dict[int, tuple[float, ...]] = {}
+        for j in ends_ok[s]:
+            bound, pj = row[j - offset], prefix[j]
+            top: tuple[float, ...] | None = None
+            for idx in range(bisect_left(keys, j) - 1, -1, -1):  # latest start first
+                i = keys[idx]
+                t = (pj - prefix[i]) / speed
+                if t > bound:  # so are the earlier starts
+                    break
+                if bounds_of[i] > bound:
+                    continue
+                vec = vectors[i]
+                k = bisect_left(vec, -t)
+                cand = vec[:k] + (-t,) + vec[k:]
+                if top is None or cand > top:  # equal vectors keep the later start
+                    top, chosen[j] = cand, i
+            assert top is not None  # the start that gives `bound` is among them
+            found[j] = top
+        starts.append(chosen)
+        vectors, keys = found, ends_ok[s]
+        bounds_of = {j: row[j - offset] for j in keys}
+    bounds = [num_layers]
+    for chosen in reversed(starts):
+        bounds.append(chosen[bounds[-1]])
+    bounds.reverse()
+    if devices is not None and len(set(devices)) < S:
+        _even_out_devices(prefix, speeds, devices, bounds)
+    return tuple(zip(bounds, bounds[1:]))
+
+
+def _back_loaded(
+    prefix: Sequence[int], speeds: Sequence[float], forward: list[list[float]], limit: float
+) -> tuple[tuple[int, int], ...]:
+    """The min-max split whose stages, from the last, each start as early as `limit` (T*)
+    allows: the earliest start whose stage and prefix both stay within it."""
+    S = len(speeds)
+    bounds = [len(prefix) - 1]
+    for s in range(S - 1, 0, -1):
+        j, prev, speed = bounds[-1], forward[s - 1], speeds[s]
+        i = next(
+            i
+            for i in range(s, j)
+            if (prefix[j] - prefix[i]) / speed <= limit and prev[i - s] <= limit
+        )
+        bounds.append(i)
+    bounds.append(0)
+    return tuple(zip(bounds[::-1], bounds[-2::-1]))
+
+
+def _even_out_devices(
+    prefix: Sequence[int], speeds: Sequence[float], devices: Sequence[int], bounds: list[int]
+) -> None:
+    """Move single stage boundaries (in place) where the two stages swap their times and the
+    more loaded of their two devices gets less loaded; the steepest such move first, until
+    none is left. The sorted stage times never change."""
+    S = len(speeds)
+    times = [(prefix[bounds[s + 1]] - prefix[bounds[s]]) / speeds[s] for s in range(S)]
+    stages_of: dict[int, list[int]] = {}
+    for s, d in enumerate(devices):
+        stages_of.setdefault(d, []).append(s)
+
+    def load(d: int) -> float:
+        return sum(times[s] for s in stages_of[d])
+
+    while True:
+        best = None  # (new max of the two loads, boundary, position, the two new times)
+        for k in range(1, S):
+            a, b = devices[k - 1], devices[k]
+            if a == b:
+                continue
+            now = max(load(a), load(b))
+            for cut in (bounds[k] - 1, bounds[k] + 1):
+                if not bounds[k - 1] < cut < bounds[k + 1]:
+                    continue
+                left = (prefix[cut] - prefix[bounds[k - 1]]) / speeds[k - 1]
+                right = (prefix[bounds[k + 1]] - prefix[cut]) / speeds[k]
+                if (left, right) != (times[k], times[k - 1]):
+                    continue  # not a swap of the two times
+                old = times[k - 1], times[k]
+                times[k - 1], times[k] = left, right
+                after = max(load(a), load(b))
+                times[k - 1], times[k] = old
+                if after < now and (best is None or after < best[0]):
+                    best = (after, k, cut, left, right)
+        if best is None:
+            return
+        _, k, bounds[k], times[k - 1], times[k] = best
+
+
+def _prefix_bottlenecks(prefix: Sequence[int], speeds: Sequence[float]) -> list[list[float]]:
+    """out[s][j - s - 1]: the smallest bottleneck of layers [0, j) in stages 0..s, for every
+    end j that leaves a layer to each later stage.
+
+    Stage s's time shrinks as its start i grows; the shorter prefix's bottleneck need not
+    grow with i (stages differ in speed), but a start whose shorter prefix is no faster than
+    a later start's is never better. The others form a stack along which the prefix
+    bottleneck rises while the stage time falls: the best start is where they cross
+    (bisection). O(S x L log L).
+    """
+    num_layers, S = len(prefix) - 1, len(speeds)
+    speed = speeds[0]
+    out = [[prefix[j] / speed for j in range(1, num_layers - S + 2)]]
+    for s in range(1, S):
+        prev, speed = out[-1], speeds[s]  # prev[i - s]: bottleneck of [0, i) in stages < s
+        starts: list[int] = []  # undominated starts, ascending, with rising prev
+        row = []
+        for j in range(s + 1, num_layers - (S - 1 - s) + 1):
+            last = prev[j - 1 - s]
+            while starts and prev[starts[-1] - s] >= last:
+                starts.pop()
+            starts.append(j - 1)
+            pj = prefix[j]
+            lo, hi = 0, len(starts) - 1  # first position whose prev >= its stage time
+            while lo < hi:
+                mid = (lo + hi) // 2
+                i = starts[mid]
+                if prev[i - s] >= (pj - prefix[i]) / speed:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            i = starts[lo]
+            value = max(prev[i - s], (pj - prefix[i]) / speed)
+            if lo:
+                i = starts[lo - 1]
+                value = min(value, max(prev[i - s], (pj - prefix[i]) / speed))
+            row.append(value)
+        out.append(row)
+    return out
+
 
 def stage_speeds(profile: Profile, num_stages: int, placement: Sequence[int] | None) -> list[float]:
     """Speed of each stage's device: 1.0 without a placement or without devices in the profile."""
@@ -117,8 +342,9 @@ def stage_speeds(profile: Profile, num_stages: int, placement: Sequence[int] | N
 
 
 def work_prefix(profile: Profile) -> list[float]:
-    """Prefix sums of layer work (f+b+w): stage [i, j) works prefix[j] - prefix[i]."""
-    return [0.0, *accumulate(layer.work for layer in profile.layers)]
+    """Prefix sums of layer work (f+b+w), as the tuner sees them (`CostTable.work`): stage
+    [i, j) works prefix[j] - prefix[i]."""
+    return CostTable(profile).work
 
 
 def stage_time(prefix: Sequence[float], start: int, end: int, speed: float) -> float:
@@ -126,33 +352,12 @@ def stage_time(prefix: Sequence[float], start: int, end: int, speed: float) -> f
 
 
 def bottleneck(profile: Profile, ranges: Ranges, speeds: Sequence[float]) -> float:
-    """The slowest stage's time of a split: what `balanced` minimizes."""
+    """The slowest stage's time of a split: what `balanced` minimizes first."""
     prefix = work_prefix(profile)
     return max(stage_time(prefix, a, b, sp) for (a, b), sp in zip(ranges, speeds, strict=True))
 
 
-def balanced(profile: Profile, num_stages: int, speeds: Sequence[float]) -> Ranges:
-    """The contiguous split minimizing the slowest stage (exact).
-
-    Dynamic program over stages, vectorized over split points: best[j] is the smallest
-    bottleneck of layers [0, j) in the stages so far. O(S * L^2) arithmetic in numpy.
-    """
-    L, S = profile.num_layers, num_stages
-    prefix = np.array(work_prefix(profile))
-    span = prefix[None, :] - prefix[:, None]  # span[i, j]: work of layers [i, j)
-    later = np.triu(np.ones((L + 1, L + 1), dtype=bool), k=1)  # only i < j is a stage
-    best = np.full(L + 1, np.inf)
-    best[0] = 0.0
-    choice = np.zeros((S, L + 1), dtype=np.int64)
-    for s in range(S):
-        times = np.where(later, span / speeds[s], np.inf)
-        candidates = np.maximum(best[:, None], times)  # [i, j]: stages so far then [i, j)
-        choice[s] = np.argmin(candidates, axis=0)
-        best = candidates[choice[s], np.arange(L + 1)]
-    ranges = []
-    end = L
-    for s in range(S - 1, -1, -1):
-        start = int(choice[s, end])
-        ranges.append((start, end))
-        end = start
-    return ranges[::-1]
+def balanced(profile: Profile, num_stages: int, placement: Sequence[int] | None = None) -> Ranges:
+    """The leximax split for the stages' device speeds (`min_max_ranges`)."""
+    speeds = stage_speeds(profile, num_stages, placement)
+    return list(min_max_ranges(work_prefix(profile), speeds, placement))
