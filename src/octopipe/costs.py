@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate
 
 from octopipe.profile import Device, Link, Profile
@@ -92,11 +93,11 @@ class StageCost:
         """B: the input and weight gradients in one action (one overhead, not two)."""
         return self.i + self.w - self.overhead
 
-    @property
+    @cached_property  # read in the schedulers' inner loops: built once per stage
     def duration(self) -> tuple[float, float, float, float]:
         return (self.f, self.i, self.w, self.full_backward)
 
-    @property
+    @cached_property
     def memory_change(self) -> tuple[float, float, float, float]:
         return (self.act, self.wact - self.act, -self.wact, -self.act)
 

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from octopipe.actions import Action, Kind
+from octopipe.actions import KINDS, Action, Kind
 from octopipe.costs import StageCost
 from octopipe.errors import DeadlockError
 
@@ -49,7 +49,9 @@ class Rules:
 class ListSchedule:
     """The scheduler's orders, with its own estimate of time and activation peaks."""
 
-    codes: tuple[tuple[tuple[int, Kind, int], ...], ...]  # per device: (stage, kind, mb)
+    # Per device: (stage, kind code, mb). Plain ints: millions of these tuples stay out of the
+    # garbage collector's way (a tuple holding an enum member is tracked, one of ints is not).
+    codes: tuple[tuple[tuple[int, int, int], ...], ...]
     makespan: float
     busy: tuple[float, ...]
     peak_activation_bytes: tuple[float, ...]
@@ -57,7 +59,10 @@ class ListSchedule:
     @property
     def orders(self) -> dict[int, tuple[Action, ...]]:
         """Per device, its actions in order (built on demand: a search discards most schedules)."""
-        return {d: tuple(Action(*a) for a in acts) for d, acts in enumerate(self.codes)}
+        return {
+            d: tuple(Action(s, KINDS[k], m) for s, k, m in acts)
+            for d, acts in enumerate(self.codes)
+        }
 
 
 def list_schedule(
@@ -104,7 +109,7 @@ class _Scheduler:
         self.peak = [0.0] * nd
         self.free_at = [0.0] * nd
         self.busy = [0.0] * nd
-        self.orders: list[list[tuple[int, Kind, int]]] = [[] for _ in range(nd)]
+        self.orders: list[list[tuple[int, int, int]]] = [[] for _ in range(nd)]
         self.wakeups: list[tuple[float, int]] = [(0.0, d) for d in range(nd)]
         self.remaining = S * M * (3 if rules.split_backward else 2)
 
@@ -190,7 +195,7 @@ class _Scheduler:
     # --- running -------------------------------------------------------------------------
 
     def _start(
-        self, d: int, now: float, action: tuple[int, Kind, int], duration: float, mem_delta: float
+        self, d: int, now: float, action: tuple[int, int, int], duration: float, mem_delta: float
     ) -> float:
         end = now + duration
         self.orders[d].append(action)
@@ -209,7 +214,7 @@ class _Scheduler:
         st = self.stages[s]
         m = self.next_f[s]
         self.next_f[s] = m + 1
-        end = self._start(d, now, (s, Kind.F, m), st.duration[_F], st.memory_change[_F])
+        end = self._start(d, now, (s, _F, m), st.duration[_F], st.memory_change[_F])
         if s + 1 < self.S:
             self.f_ready[(s + 1) * self.M + m] = end + st.lag_next
             self._wake(s + 1, end + st.lag_next)
@@ -221,10 +226,10 @@ class _Scheduler:
         m = self.next_bwd[s]
         self.next_bwd[s] = m + 1
         if self.rules.split_backward:
-            end = self._start(d, now, (s, Kind.I, m), st.duration[_I], st.memory_change[_I])
+            end = self._start(d, now, (s, _I, m), st.duration[_I], st.memory_change[_I])
             self.pending_w[d].append((s, m))
         else:
-            end = self._start(d, now, (s, Kind.B, m), st.duration[_B], st.memory_change[_B])
+            end = self._start(d, now, (s, _B, m), st.duration[_B], st.memory_change[_B])
         if s > 0:
             # Its F ran before the F (hence the backward) of this stage: only the gradient waits.
             lag = self.stages[s - 1].lag_next
@@ -234,4 +239,4 @@ class _Scheduler:
     def _run_w(self, d: int, now: float) -> None:
         s, m = self.pending_w[d].popleft()
         st = self.stages[s]
-        self._start(d, now, (s, Kind.W, m), st.duration[_W], st.memory_change[_W])
+        self._start(d, now, (s, _W, m), st.duration[_W], st.memory_change[_W])
