@@ -1,5 +1,6 @@
-"""Balanced partitions: the tuner's min-max seed split is exact and keeps the leximax stage
-times when stages share a device; refinement never worsens device loads."""
+"""Balanced partitions: the min-max split (leximax for the baselines, back-loaded for the tuner's
+seeds) is exact and keeps the leximax stage times when stages share a device; refinement never
+worsens device loads."""
 
 from __future__ import annotations
 

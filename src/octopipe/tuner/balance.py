@@ -1,9 +1,11 @@
 """Balanced partitions for a fixed placement: contiguous layer ranges that even out the work.
 
 The seeds start from the partitioners' min-max split (`octopipe.partition.min_max_ranges`: the
-slowest stage, work / speed of its device, as fast as possible): its leximax tie-break, the
-split the balanced baselines use, and its back-loaded one, which leaves the early stages the
-most memory. Two refinements here, pure functions on the profile's prefix sums (`CostTable`):
+slowest stage, work / speed of its device, as fast as possible) with its back-loaded tie-break,
+which leaves the early stages (those holding the most activations) the most memory. The
+leximax split the balanced baselines use reaches the search too, as the seed "from" each
+baseline; seeding from it here as well steered the local search to worse plans on some cases
+(benchmarks/bench_tuner.py: llama3-70b on 4 devices 0.961 instead of 0.965 efficiency). Two refinements here, pure functions on the profile's prefix sums (`CostTable`):
 
 1. `proportional_ranges`: cuts at each stage's fair share of the work (a second start when a
    device holds several stages);
@@ -95,13 +97,12 @@ def proportional_ranges(
 def balanced_ranges(
     costs: CostTable, placement: Sequence[int], speeds: Sequence[float]
 ) -> list[tuple[str, Ranges]]:
-    """The tuner's partition seeds for a placement, labelled: the min-max split with either
-    tie-break ("" leximax, "/back" back-loaded) and, where a device holds several stages, the
-    proportional split too ("/fair"), each then refined for device loads; duplicates once."""
+    """The tuner's partition seeds for a placement, labelled: the back-loaded min-max split
+    ("/back") and, where a device holds several stages, the proportional split too ("/fair"),
+    each then refined for device loads; duplicates once."""
     work = costs.work
     stage_speeds = [speeds[d] for d in placement]
     splits = [
-        ("", min_max_ranges(work, stage_speeds, placement)),
         ("/back", min_max_ranges(work, stage_speeds, back_loaded=True)),
     ]
     if len(set(placement)) < len(placement):
