@@ -6,7 +6,7 @@ from octopipe.actions import Action
 from octopipe.errors import InputError
 from octopipe.plan import load_plan, load_schedule_csv, save_plan, save_schedule_csv
 
-DESIGN_EXAMPLE = {
+FORMATS_EXAMPLE = {
     "format": "octopipe.plan/1",
     "num_devices": 2,
     "num_microbatches": 1,
@@ -23,7 +23,7 @@ def write(tmp_path, data):
 
 
 def test_round_trip_json_and_csv(tmp_path):
-    plan = load_plan(write(tmp_path, DESIGN_EXAMPLE), num_layers=20)
+    plan = load_plan(write(tmp_path, FORMATS_EXAMPLE), num_layers=20)
     assert plan.stages[1].start == 9 and plan.placement == (0, 1)
     assert plan.schedule[0] == (Action(0, "F", 0), Action(0, "I", 0), Action(0, "W", 0))
     save_plan(plan, tmp_path / "again.json")
@@ -42,7 +42,7 @@ def test_action_notation():
 
 
 def _with(**kw):
-    data = json.loads(json.dumps(DESIGN_EXAMPLE))
+    data = json.loads(json.dumps(FORMATS_EXAMPLE))
     data.update(kw)
     return data
 
@@ -111,4 +111,4 @@ def test_device_keys_are_plain_and_unique(tmp_path, schedule, words):
 
 def test_plan_for_other_layer_count(tmp_path):
     with pytest.raises(InputError, match="cover 20 layers but the profile has 24"):
-        load_plan(write(tmp_path, DESIGN_EXAMPLE), num_layers=24)
+        load_plan(write(tmp_path, FORMATS_EXAMPLE), num_layers=24)

@@ -10,6 +10,11 @@ Below the simulator, the schedules and the tuner, and shared by all of them:
   instead of encoding B = b + w, the memory steps or the lags themselves;
 - `stage_costs`, `static_bytes`: a partition + placement turned into those.
 
+Why shared rules and not one engine with an ordering policy: the simulator times a fixed order
+in a tight sweep over integer ids (about a million actions a second), the list scheduler picks
+the next action event by event; one engine would put the scheduler's bookkeeping in the
+simulator's inner loop. What must agree between them, durations, memory steps and lags, is
+computed here once, and tests/test_list_scheduler.py checks that both give the same makespan.
 Nothing here orders or times actions.
 """
 
