@@ -5,7 +5,9 @@ slowest stage, work / speed of its device, as fast as possible) with its back-lo
 which leaves the early stages (those holding the most activations) the most memory. The
 leximax split the balanced baselines use reaches the search too, as the seed "from" each
 baseline; seeding from it here as well steered the local search to worse plans on some cases
-(benchmarks/bench_tuner.py: llama3-70b on 4 devices 0.961 instead of 0.965 efficiency). Two refinements here, pure functions on the profile's prefix sums (`CostTable`):
+(benchmarks/bench_tuner.py: llama3-70b on 4 devices 0.961 instead of 0.965 efficiency).
+
+Two refinements here, pure functions on the profile's prefix sums (`CostTable`):
 
 1. `proportional_ranges`: cuts at each stage's fair share of the work (a second start when a
    device holds several stages);
