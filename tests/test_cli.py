@@ -79,7 +79,7 @@ def test_help_shows_every_default(command, capsys):
         if not action.option_strings:
             continue
         entry = next(entries[o] for o in action.option_strings if o in entries)
-        assert "default" in entry, entry
+        assert "(default" in entry, entry
         shown += 1
     assert shown > 0
 

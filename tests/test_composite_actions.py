@@ -7,6 +7,7 @@ test_torch_parity.py), written as the CSV rows torch's `_PipelineScheduleRuntime
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -127,3 +128,21 @@ def test_stage_of_a_composite_part_must_be_on_the_entry_device():
     data["schedule"]["0"][0] = "(0F0;1F0)OVERLAP_F_B"  # stage 1 runs on device 1
     with pytest.raises(InputError, match="placed on device"):
         plan_from_dict(data, "<bad>", num_layers=2 * P)
+
+
+def test_a_reordered_schedule_keeps_only_the_composites_it_did_not_break():
+    P, M = 2, 4
+    rows = torch_dualpipev_rows(P, M)
+    plan = plan_from_dict(plan_dict(rows, P, M), "<torch>", num_layers=2 * P)
+    d, (first, parts) = next(
+        (d, (i, e)) for d in range(P) for i, e in enumerate(plan.entries(d)) if len(e) > 1
+    )
+    acts = list(plan.schedule[d])
+    at = acts.index(parts[0])
+    acts[at], acts[at + 1] = acts[at + 1], acts[at]  # swap the composite's two parts
+    swapped = dataclasses.replace(plan, schedule={**plan.schedule, d: tuple(acts)})
+    written = [format_entry(e) for e in swapped.entries(d)]
+    assert format_entry(parts) not in written
+    assert written[first : first + 2] == [str(parts[1]), str(parts[0])]
+    others = [e for e in plan.entries(d) if len(e) > 1 and e != parts]
+    assert all(format_entry(e) in written for e in others)  # the rest stay composites

@@ -52,7 +52,7 @@ CASES = {
 def test_tuned_plan_is_valid_fits_and_beats_or_equals_every_baseline(name):
     profile = CASES[name]
     baselines = all_baselines(profile, 4, 8)
-    result = tune(profile, 8, 4, baselines=baselines, time_budget=20)
+    result = tune(profile, 8, 4, baselines=baselines, time_budget=math.inf)
     best = result.best
     check_structure(best.plan, "<tuned>", profile.num_layers)
     assert best.sim.fits
@@ -66,7 +66,7 @@ def test_tuned_plan_is_valid_fits_and_beats_or_equals_every_baseline(name):
 
 def test_slow_device_gets_less_work():
     profile = model(blocks=16, speeds=(1.0, 1.0, 0.5, 1.0))
-    best = tune(profile, 16, 4, time_budget=20).best
+    best = tune(profile, 16, 4, time_budget=math.inf).best
     ranges = tuple((s.start, s.end) for s in best.plan.stages)
     work_units = device_loads(
         Simulator(profile).costs.work, ranges, best.plan.placement, [1.0] * 4
@@ -76,17 +76,17 @@ def test_slow_device_gets_less_work():
 
 
 def test_memory_limited_case_returns_a_fitting_plan():
-    loose = tune(model(), 16, 4, time_budget=20).best
+    loose = tune(model(), 16, 4, time_budget=math.inf).best
     # Capacity below what the unconstrained plan uses, but enough for a leaner one.
     cap = 0.8 * max(loose.sim.peak_memory_bytes)
-    tight = tune(model(memory=cap), 16, 4, time_budget=20, baselines=[]).best
+    tight = tune(model(memory=cap), 16, 4, time_budget=math.inf, baselines=[]).best
     assert not all(p <= cap for p in loose.sim.peak_memory_bytes)
     assert tight.sim.fits
     assert max(tight.sim.peak_memory_bytes) <= cap
 
 
 def test_impossible_memory_reports_the_leanest_plan():
-    result = tune(model(memory=2 * GB), 8, 4, time_budget=5)
+    result = tune(model(memory=2 * GB), 8, 4, time_budget=math.inf)
     sim = result.best.sim
     assert not sim.fits
     # Static memory alone (about 4-6 GB a device) exceeds 2 GB: the shortfall is positive.
@@ -137,11 +137,11 @@ def test_local_reordering_moves_a_binding_action_ahead():
 def test_small_device_gets_less_static_memory():
     roomy = 40 * GB
     profile = model(blocks=16, memory=roomy)
-    even = tune(profile, 8, 4, time_budget=20).best.sim
+    even = tune(profile, 8, 4, time_budget=math.inf).best.sim
     small = min(even.peak_memory_bytes) * 0.9  # below what every device used in the even plan
     devices = list(profile.devices)
     devices[1] = Device(memory_bytes=small)
-    uneven = tune(profile.with_devices(devices), 8, 4, time_budget=20).best.sim
+    uneven = tune(profile.with_devices(devices), 8, 4, time_budget=math.inf).best.sim
     assert uneven.fits
     assert uneven.peak_memory_bytes[1] <= small
     others = [uneven.static_memory_bytes[d] for d in (0, 2, 3)]
@@ -163,7 +163,7 @@ def test_impossible_requests_are_input_errors(layers, devices, microbatches, fau
         devices=(Device(),) * devices,
     )
     with pytest.raises(InputError, match=fault):
-        tune(profile, microbatches, devices, time_budget=5)
+        tune(profile, microbatches, devices, time_budget=math.inf)
 
 
 @pytest.mark.parametrize("layers, devices, microbatches", [(4, 1, 3), (4, 2, 1), (1, 1, 1)])
@@ -172,7 +172,7 @@ def test_degenerate_sizes_still_give_valid_plans(layers, devices, microbatches):
         layers=tuple(layer(f"layers.{i}", 1.0) for i in range(layers)),
         devices=(Device(),) * devices,
     )
-    best = tune(profile, microbatches, devices, time_budget=5).best
+    best = tune(profile, microbatches, devices, time_budget=math.inf).best
     check_structure(best.plan, "<tuned>", layers)
     assert best.sim.iteration_time >= best.sim.lower_bound - 1e-9
     if devices == 1:  # one device never waits: the physical limit is reached exactly
@@ -183,8 +183,8 @@ def test_action_overhead_steers_the_search_but_not_the_predicted_figures():
     # Tiny layers, each a candidate stage: with a large fixed cost per action, fewer stages win.
     layers = [layer(f"layers.{i}", 0.01) for i in range(12)]
     profile = Profile(name="small", layers=tuple(layers), devices=(Device(), Device()))
-    free = tune(profile, 8, time_budget=5)
-    costly = tune(profile, 8, time_budget=5, action_overhead=0.05)
+    free = tune(profile, 8, time_budget=math.inf)
+    costly = tune(profile, 8, time_budget=math.inf, action_overhead=0.05)
     assert costly.best.plan.num_stages <= free.best.plan.num_stages
     assert costly.best.plan.num_stages == 2
     # The exported prediction is the default semantics' figure for that plan.

@@ -19,8 +19,9 @@ from octopipe.errors import OctoPipeError
 
 
 class _DefaultsShown(argparse.HelpFormatter):
-    """Every option's help ends with its default, unless the text already speaks of one or
-    there is none to show (a flag, or an option whose absence means something)."""
+    """Every option's help ends with "(default: X)", unless the text already says its default
+    in parentheses or there is none to show (a flag, or an option whose absence means
+    something)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -30,7 +31,7 @@ class _DefaultsShown(argparse.HelpFormatter):
             or default is argparse.SUPPRESS
             or isinstance(default, bool)
             or not action.option_strings
-            or "default" in text.lower()
+            or "(default" in text
         ):
             return text
         return f"{text} (default: %(default)s)"

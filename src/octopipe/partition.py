@@ -135,7 +135,7 @@ def min_max_ranges(
     `back_loaded=True`: another tie-break among the min-max splits (not leximax): from the last
     stage back, each stage starts as early as the optimal bottleneck allows, so the first
     stages get what is left. Early stages hold the most activations in 1F1B-like schedules,
-    so this split leaves them the most memory; the tuner seeds from both.
+    so this split leaves them the most memory; the tuner seeds from this one.
 
     Method, O(S x L log L) plus the leximax step on the stage ends that survive:
     1. the smallest bottleneck of every prefix of the layers in the first s stages, and of

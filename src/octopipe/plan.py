@@ -36,14 +36,16 @@ class Stage(NamedTuple):
         return self.end - self.start
 
 
-Composites = frozenset[tuple[int, int, int]]  # (device, position of the first part, parts)
+Composites = frozenset[tuple[int, tuple[Action, ...]]]  # (device, the parts in order)
 
 
 @dataclass(frozen=True)
 class Plan:
     """What runs where, and in which order. `schedule` lists each device's actions, a
     composite entry of torch's (`(0F7;7B3)OVERLAP_F_B`) as its parts in order; `composites`
-    remembers where such entries stood, so the plan writes them back as it read them."""
+    remembers those entries by their parts, so the plan writes them back as it read them
+    wherever the parts still stand together in that order (a reordered schedule keeps the
+    composites it did not break up)."""
 
     num_devices: int
     num_microbatches: int
@@ -53,10 +55,13 @@ class Plan:
     composites: Composites = field(default=frozenset(), compare=False)
 
     def __post_init__(self) -> None:
-        # One kind type everywhere (Kind), whatever the caller built the actions with.
-        if any(type(a.kind) is not Kind for acts in self.schedule.values() for a in acts):
+        # Tuples of Actions with one kind type (Kind), whatever the caller built them with.
+        if not all(
+            type(acts) is tuple and all(type(a) is Action and type(a.kind) is Kind for a in acts)
+            for acts in self.schedule.values()
+        ):
             normalized = {
-                d: tuple(Action(a.stage, Kind(a.kind), a.mb) for a in acts)
+                d: tuple(Action(int(s), Kind(k), int(m)) for s, k, m in acts)
                 for d, acts in self.schedule.items()
             }
             object.__setattr__(self, "schedule", normalized)
@@ -79,12 +84,14 @@ class Plan:
     def entries(self, device: int) -> list[tuple[Action, ...]]:
         """The device's schedule entries: one action each, or a composite's parts."""
         acts = self.schedule.get(device, ())
-        sizes = {pos: n for d, pos, n in self.composites if d == device}
+        starting = {parts[0]: parts for d, parts in self.composites if d == device}
         out, pos = [], 0
         while pos < len(acts):
-            n = sizes.get(pos, 1)
-            out.append(tuple(acts[pos : pos + n]))
-            pos += n
+            parts = starting.get(acts[pos])
+            if parts is None or tuple(acts[pos : pos + len(parts)]) != parts:
+                parts = (acts[pos],)
+            out.append(parts)
+            pos += len(parts)
         return out
 
     # --- serialization -----------------------------------------------------------------
@@ -96,8 +103,9 @@ class Plan:
             "num_microbatches": self.num_microbatches,
             "stages": [{"layers": [s.start, s.end], "device": s.device} for s in self.stages],
         }
-        rows = self.csv_rows()
-        data["schedule"] = {str(d): rows[d] for d in sorted(self.schedule)}
+        data["schedule"] = {
+            str(d): [format_entry(e) for e in self.entries(d)] for d in sorted(self.schedule)
+        }
         if self.predicted is not None:
             data["predicted"] = dict(self.predicted)
         return data
@@ -116,7 +124,7 @@ def flatten_entries(
         flat: list[Action] = []
         for parts in entries:
             if len(parts) > 1:
-                composites.add((d, len(flat), len(parts)))
+                composites.add((d, tuple(parts)))
             flat.extend(parts)
         schedule[d] = tuple(flat)
     return schedule, frozenset(composites)

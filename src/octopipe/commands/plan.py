@@ -58,7 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--microbatches", type=int, help="microbatches per iteration (default 4 x devices)"
     )
-    p.add_argument("--memory-limit", help="capacity of every device, e.g. 40GiB or 80e9")
+    p.add_argument(
+        "--memory-limit",
+        help="capacity of every device, e.g. 40GiB or 80e9 (default: the profile's or preset's)",
+    )
     p.add_argument("--max-chunks", type=int, default=4, help="most stages per device to try")
     p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search at most")
     p.add_argument("--seed", type=int, default=0, help="seed of the search's random moves")
@@ -74,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="a fixed cost every action pays on top of its layers' times, which the search "
         "adds when it compares plans (e.g. the figure `octopipe calibrate` fits to a run); the "
-        "plan's predicted figures keep the default semantics (default 0)",
+        "plan's predicted figures keep the default semantics",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(

@@ -11,7 +11,7 @@ from octopipe.runtime import DEFAULT_TIMEOUT_S
 from octopipe.units import fmt_bytes
 
 NAME = "run"
-HELP = "run a plan on torch.distributed (spawned processes or inside torchrun) and measure it"
+HELP = "Run a plan on torch.distributed (spawned processes or inside torchrun) and measure it."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,12 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="processes to spawn (default: the plan's devices; ignored under torchrun)",
     )
-    parser.add_argument("--steps", type=_positive, default=3, help="training steps (default 3)")
+    parser.add_argument("--steps", type=_positive, default=3, help="training steps")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
     parser.add_argument(
         "--optimizer", choices=("sgd", "adam"), default="sgd", help="optimizer of every stage"
     )
-    parser.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    parser.add_argument("--lr", type=float, default=0.01, help="learning rate")
     parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
     parser.add_argument(
         "--backend",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 from octopipe.errors import InputError
 from octopipe.plan import load_plan
@@ -31,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="beyond the default semantics: a fixed cost every action pays (default 0)",
+        help="beyond the default semantics: a fixed cost every action pays",
     )
 
 
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         from octopipe.trace import write_trace
 
         write_trace(args.trace, result.events, "simulated")
+        print(f"wrote {args.trace}", file=sys.stderr)
     if args.png or args.html or args.memory_png:
         _draw(args, result, plan, profile)
     title = f"{profile.name} / {args.plan}"
@@ -65,7 +67,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _draw(args: argparse.Namespace, result, plan, profile) -> None:
     """The pictures asked for; the only place this command imports a plotting library."""
-    import sys
 
     title = f"{profile.name}: {args.plan}"
     if args.png:

@@ -28,7 +28,7 @@ class OrderWriter:
         return self._count[(stage, F)]
 
     def forward(self, stage: int) -> None:
-        self._emit(stage, "F", self._take(stage, F))
+        self._emit(stage, F, self._take(stage, F))
 
     def backward(self, stage: int, split: bool) -> None:
         """The stage's next backward: a full B, or an I whose W is queued for later."""

@@ -93,7 +93,7 @@ def tune(
     after every evaluation. `torchtitan=True` keeps to placements torchtitan can build itself
     (looped, or V-shaped with two stages per device), baselines included. `action_overhead`
     (seconds) is a fixed cost the search adds to every action when it compares plans (see
-    `sim.graph.CostTable`); the plan's `predicted` figures keep the default semantics.
+    `octopipe.costs.CostTable`); the plan's `predicted` figures keep the default semantics.
     """
     devices = profile.device_list(num_devices)
     if profile.num_layers < len(devices):
