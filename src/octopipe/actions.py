@@ -34,6 +34,12 @@ class Kind(StrEnum):
 
 F, I, W, B = Kind.F, Kind.I, Kind.W, Kind.B  # the notation's letters
 KINDS = tuple(Kind)  # in code order: KINDS[k.code] is k
+KIND_NAMES = {
+    Kind.F: "forward",
+    Kind.B: "backward",
+    Kind.I: "backward (input)",
+    Kind.W: "backward (weight)",
+}
 NUM_KINDS = len(KINDS)
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 OVERLAP_F_B = "OVERLAP_F_B"

@@ -28,7 +28,6 @@ from octopipe.errors import InputError
 
 FORMAT = "octopipe.trace/1"
 WAIT = "wait"
-KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weight)"}
 _US = 1e6
 _MIN_WAIT_S = 1e-6  # waits shorter than this are bookkeeping, not worth an event
 

@@ -15,6 +15,7 @@ around the pointer, dragging or scrolling pans, 0 fits the page. No network, no 
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -106,6 +107,7 @@ def html_timeline(result: SimResult | Sequence[Event], title: str | None = None)
         unit=unit,
         rects="\n".join(rects),
         count=len(events),
+        kind_names=json.dumps({str(k): name for k, name in KIND_NAMES.items()}),
     )
 
 
@@ -154,7 +156,7 @@ pan, 0: fit.</div>
 <div id="tip"></div>
 <script>
 (function(){{
-const SPAN={span}, UNIT="{unit}";
+const SPAN={span}, UNIT="{unit}", kinds={kind_names};
 const sc=document.getElementById("scroll"), ct=document.getElementById("content"),
   axis=document.getElementById("axis"), tip=document.getElementById("tip"),
   svg=document.getElementById("tl");
@@ -191,7 +193,6 @@ window.addEventListener("mousemove",e=>{{
   if(r.tagName==="rect"&&r.id){{
     const m=/^action-d(\\d+)-(\\d+)([FBIW])(\\d+)$/.exec(r.id);
     const x=+r.getAttribute("x"), w=+r.getAttribute("width");
-    const kinds={{F:"forward",B:"backward",I:"backward (input)",W:"backward (weight)"}};
     tip.textContent=m[2]+m[3]+m[4]+"  "+kinds[m[3]]+", stage "+m[2]+", microbatch "+m[4]+
       "\\ndevice "+m[1]+"\\nstart "+fmt(x)+"\\nend "+fmt(x+w)+"\\ntakes "+fmt(w);
     tip.style.display="block";

@@ -9,10 +9,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from octopipe.actions import Event
+from octopipe.actions import KIND_NAMES, Event
 from octopipe.errors import InputError
 from octopipe.sim import SimResult
-from octopipe.trace import KIND_NAMES, normalized_events
+from octopipe.trace import normalized_events
 from octopipe.units import time_unit
 
 __all__ = [
