@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.api import baseline
     from octopipe.plan import save_plan
     from octopipe.profile import load_profile
+    from octopipe.units import fmt_time
 
     profile = load_profile(args.profile)
     num_devices = len(profile.device_list(args.devices))
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     pred = plan.predicted
     print(
         f"{args.schedule}/{args.partition}: {plan.num_stages} stages on {num_devices} devices, "
-        f"iteration {pred['iteration_time']:.6g} s, bubble {pred['bubble_ratio']:.1%}, "
+        f"iteration {fmt_time(pred['iteration_time'])}, bubble {pred['bubble_ratio']:.1%}, "
         f"{'fits' if pred['fits'] else 'exceeds memory'} -> {args.output}"
     )
     return 0
