@@ -30,7 +30,6 @@ def sequential_stages(P: int, profile: Profile) -> tuple[StageCost, ...]:
         [(s, s + 1) for s in range(P)],
         list(range(P)),
         profile.device_list(P),
-        profile.link,
     )
 
 
@@ -135,7 +134,7 @@ def cases(draw):
 @given(cases())
 def test_any_placement_gives_a_valid_order_that_the_simulator_times_alike(case):
     profile, P, M, ranges, placement, rules = case
-    stages = stage_costs(Simulator(profile).costs, ranges, placement, profile.devices, profile.link)
+    stages = stage_costs(Simulator(profile).costs, ranges, placement, profile.devices)
     sched = list_schedule(stages, P, M, rules)
     _, result = simulate_orders(profile, P, M, ranges, placement, sched.orders)  # no deadlock
     assert result.iteration_time == pytest.approx(sched.makespan, rel=1e-9, abs=1e-12)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
 
-from octopipe.profile import Device, Link, Profile
+from octopipe.profile import Device, Profile
 
 
 class CostTable:
@@ -50,6 +50,7 @@ class CostTable:
         self.act = prefix_sums(l.act_bytes for l in layers)
         self.wact = prefix_sums(l.wact_bytes for l in layers)
         self.param = prefix_sums(l.param_bytes for l in layers)
+        self.grad = prefix_sums(l.grad_bytes for l in layers)
         self.out_bytes = [l.out_bytes for l in layers]
         self.num_layers = len(layers)
 
@@ -112,9 +113,9 @@ def stage_costs(
     ranges: Sequence[tuple[int, int]],
     placement: Sequence[int],
     devices: Sequence[Device],
-    link: Link,
 ) -> tuple[StageCost, ...]:
-    """The StageCost of each stage of a partition + placement (durations divided by speed)."""
+    """The StageCost of each stage of a partition + placement (durations divided by speed;
+    a transfer takes the link between the two devices, `Profile.link_between`)."""
     out = []
     last = len(ranges) - 1
     extra = costs.action_overhead
@@ -122,7 +123,10 @@ def stage_costs(
         f, bi, bw = costs.stage_times(a, b)
         speed = devices[d].speed
         crosses = s < last and placement[s + 1] != d
-        lag = link.transfer_time(costs.boundary_bytes(b)) if crosses else 0.0
+        lag = 0.0
+        if crosses:
+            link = costs.profile.link_between(devices[d], devices[placement[s + 1]])
+            lag = link.transfer_time(costs.boundary_bytes(b))
         out.append(
             StageCost(
                 device=d,
@@ -136,6 +140,13 @@ def stage_costs(
             )
         )
     return tuple(out)
+
+
+def reduction_times(costs: CostTable, ranges: Sequence[tuple[int, int]]) -> tuple[float, ...]:
+    """Per stage: the seconds of its gradients' all-reduce across the data-parallel replicas
+    (0 with one replica or no `grad_bytes`)."""
+    dp = costs.profile.data_parallel
+    return tuple(dp.allreduce_time(costs.grad[b] - costs.grad[a]) for a, b in ranges)
 
 
 def static_bytes(

@@ -1,4 +1,6 @@
-"""Profile (`octopipe.profile/1`): per-layer costs, devices and link. Load, validate, save.
+"""Profile (`octopipe.profile/1`): per-layer costs, devices, links and data parallelism.
+
+Load, validate, save.
 
 This module only describes a model's costs; it does not compute them (see `costmodel/` and
 `runtime/profiler.py`) nor interpret them (see `sim/`).
@@ -34,6 +36,7 @@ class LayerCost(_Frozen):
     wact_bytes: int = Field(ge=0, description="part of act_bytes still held after I until W")
     param_bytes: int = Field(ge=0, description="static: weights, gradients, optimizer state")
     out_bytes: int = Field(ge=0, description="output size: what crosses a stage boundary")
+    grad_bytes: int = Field(default=0, ge=0, description="gradients data parallelism reduces")
 
     @model_validator(mode="after")
     def _wact_within_act(self) -> LayerCost:
@@ -51,6 +54,7 @@ class Device(_Frozen):
         default=1.0, gt=0, allow_inf_nan=False, description="a device of speed s runs an op in t/s"
     )
     memory_bytes: float = Field(default=float("inf"), gt=0, description="capacity to fit")
+    node: int = Field(default=0, ge=0, description="the node (host) the device sits on")
 
 
 class Link(_Frozen):
@@ -61,11 +65,35 @@ class Link(_Frozen):
         return self.latency + nbytes / self.bandwidth
 
 
+class Links(_Frozen):
+    """Transfers inside a node and between nodes; replaces `link` when given."""
+
+    intra_node: Link
+    inter_node: Link
+
+
+class DataParallel(_Frozen):
+    """Replicas of the whole pipeline whose gradients are averaged by a ring all-reduce."""
+
+    degree: int = Field(default=1, ge=1, description="pipeline replicas")
+    bandwidth: float = Field(default=float("inf"), gt=0, description="bytes per second")
+    latency: float = Field(default=0.0, ge=0, description="seconds per ring step")
+
+    def allreduce_time(self, nbytes: float) -> float:
+        """Ring all-reduce of `nbytes`: 2 (D-1) L + 2 (D-1)/D * G / B (0 for one replica)."""
+        D = self.degree
+        if D == 1 or nbytes == 0:
+            return 0.0
+        return 2 * (D - 1) * self.latency + 2 * (D - 1) / D * nbytes / self.bandwidth
+
+
 class Profile(_Frozen):
     name: str = "profile"
     layers: tuple[LayerCost, ...]
     devices: tuple[Device, ...] | None = None
     link: Link = Link()
+    links: Links | None = None
+    data_parallel: DataParallel = DataParallel()
 
     @field_validator("layers")
     @classmethod
@@ -96,16 +124,32 @@ class Profile(_Frozen):
             )
         return self.devices
 
+    def link_between(self, a: Device, b: Device) -> Link:
+        """The link a transfer from device `a` to device `b` takes (docs/FORMATS.md)."""
+        if self.links is None:
+            return self.link
+        return self.links.intra_node if a.node == b.node else self.links.inter_node
+
     def with_devices(self, devices: list[Device] | tuple[Device, ...]) -> Profile:
         return self.model_copy(update={"devices": tuple(devices)})
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"format": PROFILE_FORMAT, "name": self.name}
-        data["layers"] = [layer.model_dump() for layer in self.layers]
+        data["layers"] = [_given(layer.model_dump(), grad_bytes=0) for layer in self.layers]
         if self.devices is not None:
-            data["devices"] = [_finite(d.model_dump()) for d in self.devices]
+            data["devices"] = [_given(_finite(d.model_dump()), node=0) for d in self.devices]
         data["link"] = _finite(self.link.model_dump())
+        if self.links is not None:
+            data["links"] = {k: _finite(v) for k, v in self.links.model_dump().items()}
+        if self.data_parallel != DataParallel():
+            data["data_parallel"] = _finite(self.data_parallel.model_dump())
         return data
+
+
+def _given(values: dict[str, Any], **defaults: Any) -> dict[str, Any]:
+    """Optional keys are written only where they differ from their default, so a profile that
+    does not use them is written as it was before they existed."""
+    return {k: v for k, v in values.items() if k not in defaults or v != defaults[k]}
 
 
 def _finite(values: dict[str, Any]) -> dict[str, Any]:

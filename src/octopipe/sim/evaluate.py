@@ -10,9 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from octopipe.actions import Action, Event
+from octopipe.actions import NUM_KINDS, Action, Event, Kind
 from octopipe.errors import DeadlockError
 from octopipe.sim.graph import NO_DEP, Graph, action_of
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One stage's data-parallel gradient all-reduce on its device: start and end seconds."""
+
+    device: int
+    stage: int
+    start: float
+    end: float
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,8 @@ class SimResult:
     end_memory_bytes: tuple[float, ...]  # per device after the last action: static if balanced
     # (device orders as action ids, start per id, end per id, microbatches): events on demand.
     _timing: tuple | None = field(default=None, repr=False, compare=False)
+    # Data parallelism: each stage's gradient all-reduce (none with one replica).
+    reductions: tuple[Reduction, ...] = ()
 
     @cached_property
     def events(self) -> tuple[Event, ...]:
@@ -95,6 +107,7 @@ class SimResult:
             "capacity_bytes": [c if c != float("inf") else None for c in self.capacity_bytes],
             "fits_per_device": list(self.fits_per_device),
             "critical_path": [str(a) for a in self.critical_path],
+            **({"reductions": [vars(r) for r in self.reductions]} if self.reductions else {}),
         }
 
 
@@ -108,6 +121,9 @@ def plan_rank(iteration_time: float, excess: tuple[float, ...]) -> tuple[int, fl
     if not any(excess):
         return (0, 0.0, iteration_time)
     return (1, max(excess), iteration_time)
+
+
+_W, _B = Kind.W.code, Kind.B.code
 
 
 def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult:
@@ -168,7 +184,8 @@ def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult
         if not progressed:
             raise DeadlockError(_deadlock_message(graph, ptr, end))
 
-    makespan = max(free_at) if nd else 0.0
+    reductions = _reductions(graph, end) if any(graph.reduce_time) else ()
+    makespan = max([*free_at, *(r.end for r in reductions)]) if nd else 0.0
     peaks, ends = _memory_levels(graph)
     capacity = tuple(dev.memory_bytes for dev in graph.devices)
     M = graph.plan.num_microbatches
@@ -187,7 +204,33 @@ def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult
         critical_path=path,
         end_memory_bytes=ends,
         _timing=timing,
+        reductions=reductions,
     )
+
+
+def _reductions(graph: Graph, end: list[float]) -> tuple[Reduction, ...]:
+    """Each stage's all-reduce starts on its device once every backward action of the stage
+    (B or W, all microbatches) has ended; a device runs its reductions one at a time, in the
+    order they become ready (ties: lower stage first), beside its compute (docs/FORMATS.md)."""
+    M, K = graph.plan.num_microbatches, NUM_KINDS
+    last_backward = [0.0] * len(graph.reduce_time)
+    for row in graph.rows:
+        for r in row:
+            aid = r[0]
+            if aid % K in (_W, _B):
+                s = aid // (M * K)
+                last_backward[s] = max(last_backward[s], end[aid])
+    out = []
+    for d in range(len(graph.rows)):
+        ready = sorted(
+            (last_backward[s], s) for s in graph.plan.stages_on(d) if graph.reduce_time[s] > 0
+        )
+        t = 0.0
+        for at, s in ready:
+            t = max(t, at)
+            out.append(Reduction(d, s, t, t + graph.reduce_time[s]))
+            t += graph.reduce_time[s]
+    return tuple(out)
 
 
 def _memory_levels(graph: Graph) -> tuple[tuple[float, ...], tuple[float, ...]]:

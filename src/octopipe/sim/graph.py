@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from octopipe.actions import KINDS, NUM_KINDS, Action, Kind
-from octopipe.costs import CostTable, stage_costs, static_bytes
+from octopipe.costs import CostTable, reduction_times, stage_costs, static_bytes
 from octopipe.errors import InputError
 from octopipe.plan import Plan, check_structure
 from octopipe.profile import Device, Profile
@@ -44,6 +44,8 @@ class Graph:
     static_bytes: tuple[float, ...]
     # Per-action memory change when it runs (bytes), indexed by aid.
     mem_delta: tuple[int, ...]
+    # Per stage: seconds of its data-parallel gradient all-reduce (all 0 without one).
+    reduce_time: tuple[float, ...] = ()
 
 
 def build_graph(
@@ -65,7 +67,7 @@ def build_graph(
     stages = plan.stages
     S = len(stages)
     ranges = [(st.start, st.end) for st in stages]
-    per_stage = stage_costs(costs, ranges, plan.placement, devices, costs.profile.link)
+    per_stage = stage_costs(costs, ranges, plan.placement, devices)
     dur = [c.duration for c in per_stage]  # by kind code, on the stage's device
     mem = [c.memory_change for c in per_stage]
     lag = [c.lag_next for c in per_stage]  # edge s <-> s+1, both ways; 0 on one device
@@ -104,7 +106,8 @@ def build_graph(
         rows.append(tuple(row))
 
     static = static_bytes(costs, ranges, plan.placement, plan.num_devices)
-    return Graph(plan, devices, tuple(rows), n, tuple(static), tuple(mem_delta))
+    reduce = reduction_times(costs, ranges)
+    return Graph(plan, devices, tuple(rows), n, tuple(static), tuple(mem_delta), reduce)
 
 
 def devices_for(profile: Profile, plan: Plan, where: str = "<plan>") -> tuple[Device, ...]:

@@ -120,7 +120,7 @@ class Evaluator:
         return static_bytes(self.costs, cand.ranges, cand.placement, self.num_devices)
 
     def stages(self, cand: Candidate) -> tuple[StageCost, ...]:
-        return stage_costs(self.costs, cand.ranges, cand.placement, self.devices, self.profile.link)
+        return stage_costs(self.costs, cand.ranges, cand.placement, self.devices)
 
     def evaluate(self, cand: Candidate, give_up_after: float = math.inf) -> Outcome | None:
         """The candidate's outcome; None once it is sure to take longer than `give_up_after`."""

@@ -1,0 +1,118 @@
+"""Topology (nodes and their links) and data parallelism in the profile and the simulator.
+
+Closed forms from docs/FORMATS.md: a transfer takes the intra- or inter-node link by whether
+its two devices share a node; with D replicas a stage's gradients take a ring all-reduce of
+2 (D-1) L + 2 (D-1)/D * G / B, starting when the stage's last backward ends, one reduction at
+a time per device, beside compute.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sim_helpers import one_f_one_b, uniform_profile
+
+from octopipe.actions import Action
+from octopipe.errors import InputError
+from octopipe.plan import make_plan
+from octopipe.profile import DataParallel, Device, Link, Links, load_profile, profile_from_dict
+from octopipe.sim import simulate
+
+
+def with_grads(profile, grad_bytes: int, dp: DataParallel):
+    layers = tuple(l.model_copy(update={"grad_bytes": grad_bytes}) for l in profile.layers)
+    return profile.model_copy(update={"layers": layers, "data_parallel": dp})
+
+
+def test_ring_allreduce_formula():
+    dp = DataParallel(degree=4, bandwidth=1e9, latency=1e-5)
+    assert dp.allreduce_time(2e9) == pytest.approx(2 * 3 * 1e-5 + 2 * 3 / 4 * 2.0)
+    assert DataParallel(degree=1, bandwidth=1.0).allreduce_time(1e9) == 0.0
+
+
+def test_one_stage_ends_with_its_reduction():
+    # One device, one stage: F then B per microbatch, 2 s each, then the all-reduce.
+    profile = with_grads(
+        uniform_profile(1, f=1.0, b=0.5, w=0.5, devices=1),
+        grad_bytes=1000,
+        dp=DataParallel(degree=2, bandwidth=1000.0, latency=0.25),
+    )
+    plan = one_f_one_b(1, 3)
+    base = simulate(uniform_profile(1, f=1.0, b=0.5, w=0.5, devices=1), plan)
+    result = simulate(profile, plan)
+    reduce = 2 * 1 * 0.25 + 2 * 1 / 2 * 1000 / 1000.0  # 1.5 s
+    assert base.iteration_time == pytest.approx(6.0)
+    assert result.iteration_time == pytest.approx(6.0 + reduce)
+    (r,) = result.reductions
+    assert (r.device, r.stage, r.start, r.end) == (0, 0, pytest.approx(6.0), pytest.approx(7.5))
+    assert result.busy == base.busy  # busy counts compute only
+
+
+def test_an_early_reduction_hides_under_the_remaining_compute():
+    # Two stages on one device: stage 1's backward ends first, its reduction overlaps the rest.
+    profile = with_grads(
+        uniform_profile(2, f=1.0, b=1.0, w=0.0, devices=1),
+        grad_bytes=100,
+        dp=DataParallel(degree=2, bandwidth=100.0),  # 1 s per stage
+    )
+    order = ["0F0", "1F0", "1B0", "0B0"]
+    plan = make_plan(1, 1, [(0, 1), (1, 2)], [0, 0], {0: [Action.parse(a) for a in order]})
+    result = simulate(profile, plan)
+    # Compute ends at 4; stage 1's reduction runs 3-4, stage 0's 4-5.
+    assert [(r.stage, r.start, r.end) for r in result.reductions] == [(1, 3.0, 4.0), (0, 4.0, 5.0)]
+    assert result.iteration_time == pytest.approx(5.0)
+
+
+def test_one_replica_or_no_gradient_bytes_leave_results_exactly_as_before():
+    plan = one_f_one_b(4, 8, split=True)
+    base = simulate(uniform_profile(4, devices=4), plan)
+    for profile in (
+        with_grads(uniform_profile(4, devices=4), 10**9, DataParallel(degree=1, bandwidth=1.0)),
+        with_grads(uniform_profile(4, devices=4), 0, DataParallel(degree=8, bandwidth=1.0)),
+    ):
+        result = simulate(profile, plan)
+        assert result == base and result.reductions == ()
+
+
+def test_transfers_take_the_link_of_the_nodes_they_cross():
+    fast, slow = Link(bandwidth=1e12, latency=0.0), Link(bandwidth=1e12, latency=0.5)
+    devices = (Device(node=0), Device(node=0), Device(node=1))
+    profile = uniform_profile(3, w=0.0, b=1.0).model_copy(
+        update={"devices": devices, "links": Links(intra_node=fast, inter_node=slow)}
+    )
+    plan = one_f_one_b(3, 1)
+    # F chain 0 -> 1 (same node, free) -> 2 (other node, +0.5), and the gradient back likewise.
+    assert simulate(profile, plan).iteration_time == pytest.approx(6.0 + 2 * 0.5)
+    flat = profile.model_copy(update={"links": None})
+    assert simulate(flat, plan).iteration_time == pytest.approx(6.0)
+
+
+def test_new_keys_round_trip_and_old_profiles_are_written_as_before(tmp_path):
+    old = uniform_profile(2, devices=2)
+    assert set(old.to_dict()) == {"format", "name", "layers", "devices", "link"}
+    assert "grad_bytes" not in old.to_dict()["layers"][0]
+    assert "node" not in old.to_dict()["devices"][0]
+    new = with_grads(old, 64, DataParallel(degree=3, bandwidth=2e9, latency=1e-6)).model_copy(
+        update={
+            "devices": (Device(node=0), Device(node=1)),
+            "links": Links(intra_node=Link(bandwidth=1e11), inter_node=Link(bandwidth=1e10)),
+        }
+    )
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(new.to_dict()))
+    assert load_profile(path) == new
+
+
+@pytest.mark.parametrize(
+    "patch, place",
+    [
+        ({"data_parallel": {"degree": 0}}, "data_parallel.degree"),
+        ({"data_parallel": {"degree": 2, "bandwidth": -1}}, "data_parallel.bandwidth"),
+        ({"links": {"intra_node": {"bandwidth": 1e9}}}, "links.inter_node"),
+    ],
+)
+def test_bad_topology_keys_give_one_line(patch, place):
+    data = {**uniform_profile(2).to_dict(), **patch}
+    with pytest.raises(InputError, match=place.replace(".", r"\.")):
+        profile_from_dict(data, "p.json")
