@@ -116,3 +116,20 @@ def test_bad_topology_keys_give_one_line(patch, place):
     data = {**uniform_profile(2).to_dict(), **patch}
     with pytest.raises(InputError, match=place.replace(".", r"\.")):
         profile_from_dict(data, "p.json")
+
+
+def test_the_cost_model_fills_gradient_bytes_per_tensor_parallel_rank():
+    from octopipe.api import profile_from_config
+    from octopipe.costmodel.build import parameter_count
+    from octopipe.costmodel.hf_config import load_architecture
+
+    tp1 = profile_from_config("llama3-8b", seq_len=1024)
+    tp2 = profile_from_config("llama3-8b", seq_len=1024, tp=2)
+    params = parameter_count(load_architecture("llama3-8b"))
+    assert sum(l.grad_bytes for l in tp1.layers) == 2 * params  # bf16 gradients
+    # Every layer: its own rank's parameters x 2 bytes, i.e. 2 of param_bytes' 16 per parameter.
+    assert all(16 * l.grad_bytes == 2 * l.param_bytes for l in (*tp1.layers, *tp2.layers))
+    decoder = next(i for i, l in enumerate(tp1.layers) if l.kind == "decoder")
+    # Split in two by TP, but for the norms each rank keeps whole.
+    half = tp1.layers[decoder].grad_bytes / 2
+    assert half <= tp2.layers[decoder].grad_bytes <= 1.001 * half

@@ -37,6 +37,8 @@ class LayerEstimate:
     act_bytes: int
     wact_bytes: int
     param_bytes: int
+    grad_bytes: int
+    """What data parallelism reduces: this TP rank's parameters x gradient bytes."""
     out_bytes: int
 
 
@@ -75,6 +77,7 @@ def _estimate(
         act_bytes=int(act),
         wact_bytes=int(min(wact, act)),
         param_bytes=work.params * s.bytes_per_param,
+        grad_bytes=work.params * s.grad_bytes,
         out_bytes=boundary_bytes(arch, specs, index, s),
     )
 
@@ -106,6 +109,7 @@ def build_profile(
             act_bytes=e.act_bytes,
             wact_bytes=e.wact_bytes,
             param_bytes=e.param_bytes,
+            grad_bytes=e.grad_bytes,
             out_bytes=e.out_bytes,
         )
         for e in estimate_layers(arch, hardware, settings)
