@@ -133,3 +133,31 @@ def test_the_cost_model_fills_gradient_bytes_per_tensor_parallel_rank():
     # Split in two by TP, but for the norms each rank keeps whole.
     half = tp1.layers[decoder].grad_bytes / 2
     assert half <= tp2.layers[decoder].grad_bytes <= 1.001 * half
+
+
+def test_simulate_reports_the_exposed_reduction(tmp_path, capsys):
+    from octopipe.cli import main
+    from octopipe.plan import save_plan
+    from octopipe.profile import save_profile
+
+    profile = with_grads(
+        uniform_profile(1, f=1.0, b=0.5, w=0.5, devices=1),
+        grad_bytes=1000,
+        dp=DataParallel(degree=2, bandwidth=1000.0, latency=0.25),
+    )
+    save_profile(profile, tmp_path / "p.json")
+    save_plan(one_f_one_b(1, 3), tmp_path / "plan.json")
+    argv = [
+        "simulate",
+        "--profile",
+        str(tmp_path / "p.json"),
+        "--plan",
+        str(tmp_path / "plan.json"),
+    ]
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "1.500 s of it after the last compute action" in text
+    assert main([*argv, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["iteration_time"] == pytest.approx(7.5)
+    assert summary["reductions"] == [{"device": 0, "stage": 0, "start": 6.0, "end": 7.5}]

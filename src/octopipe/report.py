@@ -43,3 +43,11 @@ def print_simulation(result: SimResult, console: Console | None = None, title: s
         console.print(
             f"critical path ({len(r.critical_path)} actions): {compress_path(r.critical_path)}"
         )
+    if r.reductions:
+        compute_end = max(e.end for e in r.events) if r.events else 0.0
+        exposed = max(0.0, r.iteration_time - compute_end)
+        total = sum(x.end - x.start for x in r.reductions)
+        console.print(
+            f"gradient all-reduce: {len(r.reductions)} stage(s), {fmt_time(total)} in all; "
+            f"{fmt_time(exposed)} of it after the last compute action"
+        )
