@@ -2,13 +2,15 @@
 
     .venv/bin/python benchmarks/compare_tuner.py 7e6885c            # every case, ~10 minutes
     .venv/bin/python benchmarks/compare_tuner.py 7e6885c --only zoo
+    .venv/bin/python benchmarks/compare_tuner.py 7e6885c --balanced   # the balanced baselines
 
 For a change that must leave the tuner's results as they were (a refactor, a new partitioner):
 the cases are `bench_tuner.py`'s zoo, its memory-tight case, its scaling cases and its shipped
 full-size models, each tuned to convergence (no time budget) with every baseline, as
 `octopipe plan` does. The other commit is checked out in a temporary worktree and each case runs
 there (its own code and its own `bench_tuner.py` cases), then here. Simulated times only:
-deterministic, whatever the machine's load.
+deterministic, whatever the machine's load. `--balanced` compares every balanced baseline of
+the zoo and scaling cases instead (no tuning, seconds), listing those that changed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ HERE = Path(__file__).resolve().parents[1]
 # Runs inside one checkout (argv[1]); prints "label<TAB>tuned<TAB>best fitting baseline".
 CHILD = """
 import math, sys
-tree, only = sys.argv[1], sys.argv[2]
+tree, only, balanced = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 sys.path[:0] = [tree + "/src", tree + "/benchmarks"]
 import bench_tuner as bt
 from octopipe.baselines import all_baselines
@@ -43,6 +45,13 @@ for name, cases in groups.items():
     for case in cases:
         profile = bt.profile_for(case)
         base = all_baselines(profile, case.devices, case.microbatches)
+        if balanced:
+            for label, plan in base:
+                if label.endswith("/balanced") and name != "shipped":
+                    fits = "fits" if plan.predicted["fits"] else "over memory"
+                    t = plan.predicted["iteration_time"]
+                    print(f"{case.label}: {label} ({fits})\t{t:.6f}\tnan", flush=True)
+            continue
         M, P = case.microbatches, case.devices
         result = tune(profile, M, P, baselines=base, time_budget=math.inf)
         fitting = [b.sim.iteration_time for b in result.baselines if b.sim.fits]
@@ -51,10 +60,9 @@ for name, cases in groups.items():
 """
 
 
-def times(tree: Path, only: str) -> list[tuple[str, float, float]]:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tree), only], capture_output=True, text=True, check=True
-    )
+def times(tree: Path, only: str, balanced: bool) -> list[tuple[str, float, float]]:
+    argv = [sys.executable, "-c", CHILD, str(tree), only, "1" if balanced else "0"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
     rows = []
     for line in done.stdout.splitlines():
         label, tuned, best = line.split("\t")
@@ -72,16 +80,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("rev", help="the commit to compare with")
     ap.add_argument("--only", choices=("all", "zoo", "scaling", "shipped"), default="all")
+    ap.add_argument(
+        "--balanced", action="store_true", help="every balanced baseline that changed, instead"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tree:
         git = ["git", "-C", str(HERE), "worktree"]
         subprocess.run([*git, "add", "--detach", tree, args.rev], check=True, capture_output=True)
         try:
-            before = times(Path(tree), args.only)
+            before = times(Path(tree), args.only, args.balanced)
         finally:
             subprocess.run([*git, "remove", "--force", tree], capture_output=True)
-    after = {label: (t, b) for label, t, b in times(HERE, args.only)}
+    after = {label: (t, b) for label, t, b in times(HERE, args.only, args.balanced)}
     rev = args.rev
+    if args.balanced:
+        print(f"| baseline | simulated s: {rev} | now | change |")
+        print("|---|---:|---:|---|")
+        for label, t0, _ in before:
+            t1 = after.get(label, (float("nan"),))[0]
+            if t1 != t0:
+                print(f"| {label} | {t0:.6f} | {t1:.6f} | {change(t0, t1)} |")
+        return
     print(f"| case | tuned s: {rev} | now | change | best baseline s: {rev} | now | change |")
     print("|---|---:|---:|---|---:|---:|---|")
     for label, tuned, best in before:
