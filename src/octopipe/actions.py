@@ -34,6 +34,8 @@ class Kind(StrEnum):
 
 F, I, W, B = Kind.F, Kind.I, Kind.W, Kind.B  # the notation's letters
 KINDS = tuple(Kind)  # in code order: KINDS[k.code] is k
+# The codes as plain ints, for inner loops that index per-kind tables.
+F_CODE, I_CODE, W_CODE, B_CODE = (k.code for k in (Kind.F, Kind.I, Kind.W, Kind.B))
 KIND_NAMES = {
     Kind.F: "forward",
     Kind.B: "backward",

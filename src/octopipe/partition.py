@@ -347,14 +347,10 @@ def work_prefix(profile: Profile) -> list[float]:
     return CostTable(profile).work
 
 
-def stage_time(prefix: Sequence[float], start: int, end: int, speed: float) -> float:
-    return (prefix[end] - prefix[start]) / speed
-
-
 def bottleneck(profile: Profile, ranges: Ranges, speeds: Sequence[float]) -> float:
     """The slowest stage's time of a split: what `balanced` minimizes first."""
     prefix = work_prefix(profile)
-    return max(stage_time(prefix, a, b, sp) for (a, b), sp in zip(ranges, speeds, strict=True))
+    return max((prefix[b] - prefix[a]) / sp for (a, b), sp in zip(ranges, speeds, strict=True))
 
 
 def balanced(profile: Profile, num_stages: int, placement: Sequence[int] | None = None) -> Ranges:

@@ -25,12 +25,11 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from octopipe.actions import KINDS, Action, Kind
+from octopipe.actions import B_CODE, F_CODE, I_CODE, KINDS, W_CODE, Action
 from octopipe.costs import StageCost
 from octopipe.errors import DeadlockError
 
 INF = float("inf")
-_F, _I, _W, _B = (k.code for k in (Kind.F, Kind.I, Kind.W, Kind.B))
 
 
 @dataclass(frozen=True)
@@ -214,7 +213,7 @@ class _Scheduler:
         st = self.stages[s]
         m = self.next_f[s]
         self.next_f[s] = m + 1
-        end = self._start(d, now, (s, _F, m), st.duration[_F], st.memory_change[_F])
+        end = self._start(d, now, (s, F_CODE, m), st.duration[F_CODE], st.memory_change[F_CODE])
         if s + 1 < self.S:
             self.f_ready[(s + 1) * self.M + m] = end + st.lag_next
             self._wake(s + 1, end + st.lag_next)
@@ -226,10 +225,10 @@ class _Scheduler:
         m = self.next_bwd[s]
         self.next_bwd[s] = m + 1
         if self.rules.split_backward:
-            end = self._start(d, now, (s, _I, m), st.duration[_I], st.memory_change[_I])
+            end = self._start(d, now, (s, I_CODE, m), st.duration[I_CODE], st.memory_change[I_CODE])
             self.pending_w[d].append((s, m))
         else:
-            end = self._start(d, now, (s, _B, m), st.duration[_B], st.memory_change[_B])
+            end = self._start(d, now, (s, B_CODE, m), st.duration[B_CODE], st.memory_change[B_CODE])
         if s > 0:
             # Its F ran before the F (hence the backward) of this stage: only the gradient waits.
             lag = self.stages[s - 1].lag_next
@@ -239,4 +238,4 @@ class _Scheduler:
     def _run_w(self, d: int, now: float) -> None:
         s, m = self.pending_w[d].popleft()
         st = self.stages[s]
-        self._start(d, now, (s, _W, m), st.duration[_W], st.memory_change[_W])
+        self._start(d, now, (s, W_CODE, m), st.duration[W_CODE], st.memory_change[W_CODE])

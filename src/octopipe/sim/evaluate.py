@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from octopipe.actions import NUM_KINDS, Action, Event, Kind
+from octopipe.actions import B_CODE, NUM_KINDS, W_CODE, Action, Event
 from octopipe.errors import DeadlockError
 from octopipe.sim.graph import NO_DEP, Graph, action_of
 
@@ -123,9 +123,6 @@ def plan_rank(iteration_time: float, excess: tuple[float, ...]) -> tuple[int, fl
     return (1, max(excess), iteration_time)
 
 
-_W, _B = Kind.W.code, Kind.B.code
-
-
 def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult:
     """Time and memory of `graph`. `detail=False` skips events and the critical path (search)."""
     rows = graph.rows
@@ -217,7 +214,7 @@ def _reductions(graph: Graph, end: list[float]) -> tuple[Reduction, ...]:
     for row in graph.rows:
         for r in row:
             aid = r[0]
-            if aid % K in (_W, _B):
+            if aid % K in (W_CODE, B_CODE):
                 s = aid // (M * K)
                 last_backward[s] = max(last_backward[s], end[aid])
     out = []

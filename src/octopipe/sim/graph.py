@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from octopipe.actions import KINDS, NUM_KINDS, Action, Kind
+from octopipe.actions import F_CODE, I_CODE, KINDS, NUM_KINDS, W_CODE, Action, Kind
 from octopipe.costs import CostTable, reduction_times, stage_costs, static_bytes
 from octopipe.errors import InputError
 from octopipe.plan import Plan, check_structure
 from octopipe.profile import Device, Profile
 
 NO_DEP = -1
-_F, _I, _W, _B = (k.code for k in (Kind.F, Kind.I, Kind.W, Kind.B))
 
 
 def action_id(action: Action, num_microbatches: int) -> int:
@@ -91,18 +90,20 @@ def build_graph(
             sm = s * M + m
             aid = sm * K + code
             mem_delta[aid] = mem[s][code]
-            if code == _F:  # F needs F of the previous stage
+            if code == F_CODE:  # F needs F of the previous stage
                 if s > 0:
-                    row.append((aid, dur[s][_F], (sm - M) * K + _F, lag[s - 1], NO_DEP, 0.0))
+                    row.append(
+                        (aid, dur[s][F_CODE], (sm - M) * K + F_CODE, lag[s - 1], NO_DEP, 0.0)
+                    )
                 else:
-                    row.append((aid, dur[s][_F], NO_DEP, 0.0, NO_DEP, 0.0))
-            elif code == _W:  # W needs I
-                row.append((aid, dur[s][_W], sm * K + _I, 0.0, NO_DEP, 0.0))
+                    row.append((aid, dur[s][F_CODE], NO_DEP, 0.0, NO_DEP, 0.0))
+            elif code == W_CODE:  # W needs I
+                row.append((aid, dur[s][W_CODE], sm * K + I_CODE, 0.0, NO_DEP, 0.0))
             else:  # I or B needs its F and the next stage's backward
                 if s < S - 1:
-                    row.append((aid, dur[s][code], sm * K + _F, 0.0, bwd[sm + M], lag[s]))
+                    row.append((aid, dur[s][code], sm * K + F_CODE, 0.0, bwd[sm + M], lag[s]))
                 else:
-                    row.append((aid, dur[s][code], sm * K + _F, 0.0, NO_DEP, 0.0))
+                    row.append((aid, dur[s][code], sm * K + F_CODE, 0.0, NO_DEP, 0.0))
         rows.append(tuple(row))
 
     static = static_bytes(costs, ranges, plan.placement, plan.num_devices)
