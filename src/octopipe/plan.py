@@ -53,6 +53,9 @@ class Plan:
     schedule: Mapping[int, tuple[Action, ...]]  # device -> its compute actions in order
     predicted: Mapping[str, Any] | None = field(default=None, compare=False)
     composites: Composites = field(default=frozenset(), compare=False)
+    # How the plan sits in the whole job (docs/FORMATS.md): {"tp", "pp", "dp",
+    # "microbatch_size"}, pp being num_devices. None: a pipeline on its own.
+    parallelism: Mapping[str, int] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # Tuples of Actions with one kind type (Kind), whatever the caller built them with.
@@ -81,6 +84,10 @@ class Plan:
     def with_predicted(self, predicted: Mapping[str, Any]) -> Plan:
         return replace(self, predicted=predicted)
 
+    def with_parallelism(self, tp: int, dp: int, microbatch_size: int) -> Plan:
+        degrees = {"tp": tp, "pp": self.num_devices, "dp": dp, "microbatch_size": microbatch_size}
+        return replace(self, parallelism=degrees)
+
     def entries(self, device: int) -> list[tuple[Action, ...]]:
         """The device's schedule entries: one action each, or a composite's parts."""
         acts = self.schedule.get(device, ())
@@ -108,6 +115,8 @@ class Plan:
         }
         if self.predicted is not None:
             data["predicted"] = dict(self.predicted)
+        if self.parallelism is not None:
+            data["parallelism"] = dict(self.parallelism)
         return data
 
     def csv_rows(self) -> list[list[str]]:
@@ -219,9 +228,28 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
     schedule, composites = flatten_entries(entries)
     predicted = data.get("predicted")
     predicted = predicted if isinstance(predicted, dict) else None
-    plan = Plan(nd, nm, tuple(stages), schedule, predicted, composites)
+    parallelism = _parallelism(data.get("parallelism"), nd, where)
+    plan = Plan(nd, nm, tuple(stages), schedule, predicted, composites, parallelism)
     check_structure(plan, where, num_layers)
     return plan
+
+
+PARALLELISM_KEYS = ("tp", "pp", "dp", "microbatch_size")
+
+
+def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | None:
+    """The optional `parallelism` object: positive `tp`, `pp`, `dp`, `microbatch_size`, with
+    `pp` the plan's device count."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InputError(where, "expected an object of tp, pp, dp, microbatch_size", "parallelism")
+    out = {key: _positive_int(raw, key, where, "parallelism.") for key in PARALLELISM_KEYS}
+    if out["pp"] != num_devices:
+        raise InputError(
+            where, f"pp is {out['pp']} but the plan has {num_devices} devices", "parallelism.pp"
+        )
+    return out
 
 
 def check_structure(
@@ -328,8 +356,8 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _positive_int(data: dict, key: str, where: str) -> int:
+def _positive_int(data: dict, key: str, where: str, prefix: str = "") -> int:
     v = data.get(key)
     if not _is_int(v) or v < 1:
-        raise InputError(where, f"expected a positive integer, got {v!r}", key)
+        raise InputError(where, f"expected a positive integer, got {v!r}", prefix + key)
     return v

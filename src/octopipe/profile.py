@@ -94,6 +94,12 @@ class Profile(_Frozen):
     link: Link = Link()
     links: Links | None = None
     data_parallel: DataParallel = DataParallel()
+    microbatch_size: int | None = Field(
+        default=None, ge=1, description="samples in the microbatch the costs are for"
+    )
+    tensor_parallel: int = Field(
+        default=1, ge=1, description="GPUs per pipeline device (one tensor-parallel group)"
+    )
 
     @field_validator("layers")
     @classmethod
@@ -143,6 +149,10 @@ class Profile(_Frozen):
             data["links"] = {k: _finite(v) for k, v in self.links.model_dump().items()}
         if self.data_parallel != DataParallel():
             data["data_parallel"] = _finite(self.data_parallel.model_dump())
+        if self.microbatch_size is not None:
+            data["microbatch_size"] = self.microbatch_size
+        if self.tensor_parallel != 1:
+            data["tensor_parallel"] = self.tensor_parallel
         return data
 
 

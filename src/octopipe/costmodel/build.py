@@ -124,6 +124,8 @@ def build_profile(
         layers=layers,
         devices=devices,
         link=Link(bandwidth=hardware.link_bandwidth, latency=hardware.link_latency),
+        microbatch_size=settings.micro_batch_size,
+        tensor_parallel=settings.tensor_parallel,
     )
 
 

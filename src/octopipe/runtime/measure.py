@@ -149,7 +149,7 @@ def _time_layers(
         )
 
     if not show:
-        return measure(lambda _i, _n: after_layer())
+        return _with_batch(measure(lambda _i, _n: after_layer()), o)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -168,4 +168,8 @@ def _time_layers(
             following = names[index + 1] if index + 1 < len(names) else "done"
             progress.update(task, advance=1, description=following)
 
-        return measure(advance)
+        return _with_batch(measure(advance), o)
+
+
+def _with_batch(profile: Profile, o: MeasureOptions) -> Profile:
+    return profile.model_copy(update={"microbatch_size": o.micro_batch_size})
