@@ -8,7 +8,9 @@ Below the simulator, the schedules and the tuner, and shared by all of them:
   (`duration[kind.code]`, `memory_change[kind.code]`, the transfer `lag_next`); the simulator
   (`sim/graph.py`) and the list scheduler (`schedules/list_scheduler.py`) read these tables
   instead of encoding B = b + w, the memory steps or the lags themselves;
-- `stage_costs`, `static_bytes`: a partition + placement turned into those.
+- `stage_costs`, `static_bytes`: a partition + placement turned into those;
+- `reduction_times`, `reduction_windows`: the data-parallel gradient all-reduces and when each
+  device runs them.
 
 Why shared rules and not one engine with an ordering policy: the simulator times a fixed order
 in a tight sweep over integer ids (about a million actions a second), the list scheduler picks
@@ -147,6 +149,27 @@ def reduction_times(costs: CostTable, ranges: Sequence[tuple[int, int]]) -> tupl
     (0 with one replica or no `grad_bytes`)."""
     dp = costs.profile.data_parallel
     return tuple(dp.allreduce_time(costs.grad[b] - costs.grad[a]) for a, b in ranges)
+
+
+def reduction_windows(
+    ready: Sequence[float], reduce_time: Sequence[float], placement: Sequence[int]
+) -> list[tuple[int, int, float, float]]:
+    """(device, stage, start, end) of each stage's all-reduce, given when each stage's last
+    backward action ended (`ready`): a device runs its reductions one at a time, in the order
+    they become ready, ties lower stage first (docs/FORMATS.md). Stages without one are left
+    out. The one home of this rule: the simulator and the tuner's evaluator both call it."""
+    out = []
+    by_device: dict[int, list[tuple[float, int]]] = {}
+    for s, d in enumerate(placement):
+        if reduce_time[s] > 0:
+            by_device.setdefault(d, []).append((ready[s], s))
+    for d in sorted(by_device):
+        t = 0.0
+        for at, s in sorted(by_device[d]):
+            t = max(t, at)
+            out.append((d, s, t, t + reduce_time[s]))
+            t += reduce_time[s]
+    return out
 
 
 def static_bytes(

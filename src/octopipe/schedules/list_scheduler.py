@@ -9,7 +9,9 @@ action that the rules rank first. The rules are what a tuner turns:
   (the warm-up depth; a 1F1B stage s of S has S - s);
 - `defer_w`: W waits until its device has nothing else ready (filling bubbles) or memory forces it;
 - `backward_first` and `oldest_first`: the ranking of ready backward and forward actions;
-- `memory_budget`: per device, activation bytes that may be held at once.
+- `memory_budget`: per device, activation bytes that may be held at once;
+- `reduce_early`: once a stage's last I has run, its deferred W run before anything else of its
+  device, so the stage's data-parallel all-reduce can start under the device's remaining work.
 
 With one stage per device, `inflight = S - s`, `backward_first` and no split the orders are
 1F1B's; with the split and `defer_w` they are ZB-H1-like. Durations, memory changes and lags are the
@@ -42,6 +44,7 @@ class Rules:
     backward_first: bool = True
     oldest_first: bool = True  # among ready actions of a kind: lowest mb first, else deepest stage
     memory_budget: tuple[float, ...] | None = None  # per device, bytes of activations
+    reduce_early: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class ListSchedule:
     makespan: float
     busy: tuple[float, ...]
     peak_activation_bytes: tuple[float, ...]
+    last_backward: tuple[float, ...]  # per stage: when its last B or W ends (its all-reduce)
 
     @property
     def orders(self) -> dict[int, tuple[Action, ...]]:
@@ -104,6 +108,8 @@ class _Scheduler:
         self.next_f = [0] * S
         self.next_bwd = [0] * S
         self.pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(nd)]
+        self.urgent_w = [0] * nd  # reduce_early: leading pending W that go before all else
+        self.last_backward = [0.0] * S
         self.level = [0.0] * nd
         self.peak = [0.0] * nd
         self.free_at = [0.0] * nd
@@ -130,6 +136,7 @@ class _Scheduler:
             makespan=makespan,
             busy=tuple(self.busy),
             peak_activation_bytes=tuple(self.peak),
+            last_backward=tuple(self.last_backward),
         )
 
     # --- choosing ------------------------------------------------------------------------
@@ -137,7 +144,7 @@ class _Scheduler:
     def _dispatch(self, d: int, now: float) -> None:
         """Start the best ready action on free device `d`, if any."""
         rules = self.rules
-        if self.pending_w[d] and not rules.defer_w:
+        if self.urgent_w[d] or (self.pending_w[d] and not rules.defer_w):
             self._run_w(d, now)
             return
         if rules.backward_first:
@@ -227,15 +234,28 @@ class _Scheduler:
         if self.rules.split_backward:
             end = self._start(d, now, (s, I_CODE, m), st.duration[I_CODE], st.memory_change[I_CODE])
             self.pending_w[d].append((s, m))
+            if self.rules.reduce_early and m == self.M - 1:
+                self._hurry_w(s, d)
         else:
             end = self._start(d, now, (s, B_CODE, m), st.duration[B_CODE], st.memory_change[B_CODE])
+            self.last_backward[s] = end
         if s > 0:
             # Its F ran before the F (hence the backward) of this stage: only the gradient waits.
             lag = self.stages[s - 1].lag_next
             self.b_ready[(s - 1) * self.M + m] = end + lag
             self._wake(s - 1, end + lag)
 
+    def _hurry_w(self, s: int, d: int) -> None:
+        """Move stage s's pending W to the front, to run before anything else (reduce_early)."""
+        pending = self.pending_w[d]
+        mine = [x for x in pending if x[0] == s]
+        self.pending_w[d] = deque([*mine, *(x for x in pending if x[0] != s)])
+        self.urgent_w[d] += len(mine)
+
     def _run_w(self, d: int, now: float) -> None:
         s, m = self.pending_w[d].popleft()
+        if self.urgent_w[d]:
+            self.urgent_w[d] -= 1
         st = self.stages[s]
-        self._start(d, now, (s, W_CODE, m), st.duration[W_CODE], st.memory_change[W_CODE])
+        end = self._start(d, now, (s, W_CODE, m), st.duration[W_CODE], st.memory_change[W_CODE])
+        self.last_backward[s] = max(self.last_backward[s], end)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from octopipe.actions import B_CODE, NUM_KINDS, W_CODE, Action, Event
+from octopipe.costs import reduction_windows
 from octopipe.errors import DeadlockError
 from octopipe.sim.graph import NO_DEP, Graph, action_of
 
@@ -217,17 +218,8 @@ def _reductions(graph: Graph, end: list[float]) -> tuple[Reduction, ...]:
             if aid % K in (W_CODE, B_CODE):
                 s = aid // (M * K)
                 last_backward[s] = max(last_backward[s], end[aid])
-    out = []
-    for d in range(len(graph.rows)):
-        ready = sorted(
-            (last_backward[s], s) for s in graph.plan.stages_on(d) if graph.reduce_time[s] > 0
-        )
-        t = 0.0
-        for at, s in ready:
-            t = max(t, at)
-            out.append(Reduction(d, s, t, t + graph.reduce_time[s]))
-            t += graph.reduce_time[s]
-    return tuple(out)
+    windows = reduction_windows(last_backward, graph.reduce_time, graph.plan.placement)
+    return tuple(Reduction(*w) for w in windows)
 
 
 def _memory_levels(graph: Graph) -> tuple[tuple[float, ...], tuple[float, ...]]:

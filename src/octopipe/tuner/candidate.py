@@ -12,7 +12,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from octopipe.costs import CostTable, StageCost, stage_costs, static_bytes
+from octopipe.costs import (
+    CostTable,
+    StageCost,
+    reduction_times,
+    reduction_windows,
+    stage_costs,
+    static_bytes,
+)
 from octopipe.placement import Placement
 from octopipe.plan import Plan, make_plan
 from octopipe.profile import Device, Profile
@@ -34,6 +41,7 @@ class Candidate:
     defer_w: bool = True
     backward_first: bool = True
     oldest_first: bool = True
+    reduce_early: bool = False
     label: str = field(default="", compare=False)
 
     def but(self, **changes) -> Candidate:
@@ -110,6 +118,7 @@ class Evaluator:
         self.costs = costs or CostTable(profile)
         self.capacity = tuple(float(d.memory_bytes) for d in devices)
         self.speeds = tuple(d.speed for d in devices)
+        self.data_parallel = profile.data_parallel.degree > 1 and self.costs.grad[-1] > 0
         self.evaluations = 0
 
     @property
@@ -136,13 +145,23 @@ class Evaluator:
             defer_w=cand.defer_w,
             backward_first=cand.backward_first,
             oldest_first=cand.oldest_first,
+            reduce_early=cand.reduce_early,
             memory_budget=tuple(c - s for c, s in zip(self.capacity, static)),
         )
         sched = list_schedule(stages, self.num_devices, self.M, rules, give_up_after)
         if sched is None:
             return None
         peaks = tuple(s + a for s, a in zip(static, sched.peak_activation_bytes))
-        return Outcome(cand, sched, sched.makespan, sched.busy, peaks, self.capacity)
+        makespan = max(sched.makespan, self.reductions_end(cand, sched))
+        return Outcome(cand, sched, makespan, sched.busy, peaks, self.capacity)
+
+    def reductions_end(self, cand: Candidate, sched: ListSchedule) -> float:
+        """When the last data-parallel all-reduce ends (0 without data parallelism)."""
+        if not self.data_parallel:
+            return 0.0
+        reduce = reduction_times(self.costs, cand.ranges)
+        windows = reduction_windows(sched.last_backward, reduce, cand.placement)
+        return max((end for *_, end in windows), default=0.0)
 
     def to_plan(self, outcome: Outcome) -> Plan:
         cand = outcome.candidate

@@ -122,6 +122,7 @@ def tune(
             tuple((s.start, s.end) for s in e.plan.stages),
             e.plan.placement,
             warmup=warmup,
+            reduce_early=evaluator.data_parallel,
             label=f"from {e.label}",
         )
         for e in base
@@ -147,8 +148,11 @@ def tune(
 
 def _seed_candidates(evaluator: Evaluator, max_chunks: int) -> list[Candidate]:
     costs, speeds = evaluator.costs, evaluator.speeds
+    # With data parallelism, finishing a stage's W early lets its all-reduce hide under the
+    # device's remaining backward work; the seeds' variants try the other way too.
+    early = evaluator.data_parallel
     return [
-        Candidate(ranges, placement, warmup=warmup, label=label + tag)
+        Candidate(ranges, placement, warmup=warmup, reduce_early=early, label=label + tag)
         for label, placement in seed_placements(evaluator.devices, max_chunks, costs.num_layers)
         for tag, ranges in balanced_ranges(costs, placement, speeds)
         for warmup in SEED_WARMUPS
@@ -193,6 +197,11 @@ class _Search:
             self.progress(self.best.makespan, self.elapsed())
         return out
 
+    def variants(self, cand: Candidate) -> list[dict]:
+        """The rule changes tried on a seed; with data parallelism also the other W order."""
+        extra = [{"reduce_early": not cand.reduce_early}] if self.evaluator.data_parallel else []
+        return [*RULE_VARIANTS, *extra]
+
     def best_outcomes(self, k: int) -> list[Outcome]:
         return sorted(self.seen.values(), key=lambda o: o.score)[:k]
 
@@ -200,7 +209,7 @@ class _Search:
         ranked = self._evaluate_all(seeds)
         varied = []
         for o in ranked[:SEEDS_TO_VARY]:
-            varied += [o.candidate.but(**v) for v in RULE_VARIANTS]
+            varied += [o.candidate.but(**v) for v in self.variants(o.candidate)]
         ranked = sorted([*ranked, *self._evaluate_all(varied)], key=lambda o: o.score)
         starts = _distinct_placements(ranked, STARTS)
         active = {i: o for i, o in enumerate(starts)}
