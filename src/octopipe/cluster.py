@@ -1,0 +1,140 @@
+"""A cluster of GPUs in nodes, and the topology one pipeline replica sees on it.
+
+`parse_gpus("16", "h100")` or `parse_gpus("4xh100,4xa100")` describes the GPUs; `Cluster` puts
+them in nodes of `gpus_per_node`, in the order given. `replica_topology` answers, for a layout
+of tensor (T), pipeline (P) and data (D) parallel degrees, what docs/FORMATS.md's profile keys
+need: each pipeline device's node, speed and memory, the links inside and between nodes, and
+the data-parallel ring. GPUs are numbered TP fastest, then PP, then DP (the `parallelism` rule of
+docs/FORMATS.md), so GPU `t + T * (p + P * r)` is TP rank t of pipeline device p in replica r.
+
+Nothing here estimates a model's costs (`costmodel/`) or searches (`layouts.py`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from octopipe.costmodel.hardware import Hardware, hardware_preset
+from octopipe.errors import InputError
+from octopipe.profile import DataParallel, Device, Link, Links
+
+
+@dataclass(frozen=True)
+class GpuGroup:
+    count: int
+    hardware: Hardware
+
+
+def parse_gpus(spec: str, default_hardware: str = "h100") -> tuple[GpuGroup, ...]:
+    """'16' (GPUs of `default_hardware`) or '4xh100,4xa100' (counts of presets, in order)."""
+    groups = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:x\s*([A-Za-z0-9_-]+))?\s*", part)
+        if m is None:
+            raise InputError("--gpus", f"expected N or NxPRESET[,NxPRESET...], got {spec!r}")
+        count = int(m.group(1))
+        if count < 1:
+            raise InputError("--gpus", f"a GPU count must be at least 1, got {part.strip()!r}")
+        groups.append(GpuGroup(count, hardware_preset(m.group(2) or default_hardware)))
+    return tuple(groups)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What one pipeline replica runs on: its devices (each a TP group), links, DP ring."""
+
+    devices: tuple[Device, ...]
+    links: Links
+    data_parallel: DataParallel
+    replicas_differ: bool
+    """Mixed clusters: whether some replica's devices differ from replica 0's (the plan is
+    tuned on replica 0 and must then be checked on the others)."""
+    replica_devices: tuple[tuple[Device, ...], ...]
+
+
+class Cluster:
+    """GPUs in nodes of `gpus_per_node`, filled in the order the groups are given."""
+
+    def __init__(self, groups: tuple[GpuGroup, ...], gpus_per_node: int):
+        if gpus_per_node < 1:
+            raise InputError("--gpus-per-node", f"must be at least 1, got {gpus_per_node}")
+        self.groups, self.gpus_per_node = groups, gpus_per_node
+        self.gpus: tuple[Hardware, ...] = tuple(g.hardware for g in groups for _ in range(g.count))
+        if len(groups) > 1:
+            for g in groups:
+                if g.count % gpus_per_node:
+                    raise InputError(
+                        "--gpus",
+                        f"{g.count}x{g.hardware.name} does not fill whole nodes of "
+                        f"{gpus_per_node}: a node holds one kind of GPU",
+                    )
+
+    @property
+    def size(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def reference(self) -> Hardware:
+        """The preset the layers' costs are estimated for (the first group's)."""
+        return self.groups[0].hardware
+
+    @property
+    def mixed(self) -> bool:
+        return len({g.hardware.name for g in self.groups}) > 1
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+    def describe(self) -> str:
+        kinds = " + ".join(f"{g.count}x{g.hardware.name}" for g in self.groups)
+        nodes = -(-self.size // self.gpus_per_node)
+        return f"{kinds} in {nodes} node{'s' if nodes > 1 else ''} of {self.gpus_per_node}"
+
+    def replica_topology(
+        self, tp: int, pp: int, dp: int, speed: dict[str, float] | None = None
+    ) -> Topology:
+        """The topology of replica 0 under TP x PP x DP = the cluster's size; `speed` gives
+        each preset's speed relative to the reference (1.0 where not given)."""
+        if tp * pp * dp != self.size:
+            raise ValueError(f"{tp} x {pp} x {dp} != {self.size} GPUs")
+        if self.gpus_per_node % tp and tp % self.gpus_per_node:
+            raise ValueError(f"TP {tp} neither divides nor fills nodes of {self.gpus_per_node}")
+        speed = speed or {}
+
+        def device(p: int, r: int) -> Device:
+            first = tp * (p + pp * r)  # TP rank 0 of the group
+            hw = self.gpus[first]
+            return Device(
+                speed=speed.get(hw.name, 1.0), memory_bytes=hw.memory_bytes, node=self.node_of(first)
+            )
+
+        replicas = tuple(tuple(device(p, r) for p in range(pp)) for r in range(dp))
+        # Replica 0's nodes renumbered from 0: only which devices share one matters.
+        devices = replicas[0]
+        same = [tuple((d.speed, d.memory_bytes) for d in rep) for rep in replicas]
+        ref = self.reference
+        links = Links(
+            # NVLink between pipeline neighbours of a node, the NIC between nodes.
+            intra_node=Link(bandwidth=ref.tp_bandwidth, latency=ref.link_latency),
+            inter_node=Link(bandwidth=ref.link_bandwidth, latency=ref.link_latency),
+        )
+        return Topology(
+            devices=devices,
+            links=links,
+            data_parallel=self._ring(tp, pp, dp),
+            replicas_differ=any(s != same[0] for s in same),
+            replica_devices=replicas,
+        )
+
+    def _ring(self, tp: int, pp: int, dp: int) -> DataParallel:
+        """The DP ring of each TP rank: GPUs `t + tp * (p + pp * r)` for r = 0..dp-1. Inside
+        a node it runs over NVLink, else each GPU's NIC carries its own ring (the TP ranks
+        reduce their own shards side by side)."""
+        ref = self.reference
+        if dp == 1:
+            return DataParallel()
+        stride = tp * pp
+        one_node = self.node_of(0) == self.node_of(stride * (dp - 1))
+        bandwidth = ref.tp_bandwidth if one_node else min(g.link_bandwidth for g in self.gpus)
+        return DataParallel(degree=dp, bandwidth=bandwidth, latency=ref.link_latency)

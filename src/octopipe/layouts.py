@@ -1,0 +1,352 @@
+"""Choosing the parallel degrees: TP x PP x DP, microbatch size and count, for a whole cluster.
+
+    layouts = candidate_layouts(cluster, global_batch=512, num_layers=83, tp_fits=...)
+    search = LayoutSearch(job)            # profiles per (TP, microbatch size), cached
+    row = search.screen(layout)           # the best of a few baselines: cheap
+    row = search.tune(layout, budget)     # the tuner on that layout
+
+A layout fixes TP (inside a node), PP, DP with TP x PP x DP GPUs, and the microbatch size b and
+count M with D x M x b = the global batch. Each is planned on the analytic profile of its TP
+degree and microbatch size, with the topology `Cluster.replica_topology` gives (which pipeline
+devices share a node, the data-parallel ring). ZeRO-1 (optimizer state sharded across DP, as
+Megatron-LM's distributed optimizer) is used where a layout does not fit without it. The
+reference is Megatron-LM's usual choice for the job (`megatron_layout`). The command that
+prints the table is `commands/plan_cluster.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from octopipe.cluster import Cluster
+from octopipe.errors import InputError
+from octopipe.plan import Plan
+from octopipe.profile import Profile
+from octopipe.sim import SimResult, Simulator
+
+MAX_MICROBATCH_SIZE = 8
+SCREEN_BASELINES = (("1f1b", "balanced"), ("zbh1", "balanced"), ("i1f1b", "balanced"))
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    microbatch_size: int
+    num_microbatches: int
+    zero1: bool = False  # optimizer state sharded across the DP replicas
+
+    def describe(self) -> str:
+        zero = ", ZeRO-1" if self.zero1 else ""
+        return (
+            f"TP {self.tp} x PP {self.pp} x DP {self.dp}, "
+            f"b {self.microbatch_size} x M {self.num_microbatches}{zero}"
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to lay out: a model config on a cluster at a global batch (samples of seq_len)."""
+
+    config: str
+    cluster: Cluster
+    global_batch: int
+    seq_len: int = 4096
+    recompute: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+@dataclass(frozen=True)
+class Row:
+    """One layout's best plan found, simulated on every replica's devices."""
+
+    layout: Layout
+    label: str  # where the plan came from (a baseline's name, or "tuned")
+    plan: Plan
+    profile: Profile  # replica 0's profile, the plan's
+    sim: SimResult  # the slowest replica's result
+
+    @property
+    def iteration_time(self) -> float:
+        return self.sim.iteration_time
+
+    def tokens_per_gpu(self, job: Job) -> float:
+        return job.tokens / self.sim.iteration_time / job.cluster.size
+
+    @property
+    def score(self) -> tuple[int, float, float]:
+        return self.sim.rank
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(
+    cluster: Cluster, global_batch: int, num_layers: int, tp_fits: Callable[[int], bool]
+) -> list[Layout]:
+    """Every TP (dividing a node, `tp_fits` the model) x PP (at most one layer per stage... at
+    least one layer per device) x DP = the cluster, with every power-of-two microbatch size up
+    to MAX_MICROBATCH_SIZE that divides the per-replica batch."""
+    N, G = cluster.size, cluster.gpus_per_node
+    out = []
+    for tp in divisors(min(N, G)):
+        if N % tp or G % tp or not tp_fits(tp):
+            continue
+        for pp in divisors(N // tp):
+            dp = N // (tp * pp)
+            if pp > num_layers or global_batch % dp:
+                continue
+            per_replica = global_batch // dp
+            b = 1
+            while b <= min(MAX_MICROBATCH_SIZE, per_replica):
+                if per_replica % b == 0:
+                    out.append(Layout(tp, pp, dp, b, per_replica // b))
+                b *= 2
+    return out
+
+
+def megatron_layout(
+    cluster: Cluster, global_batch: int, num_layers: int, tp_fits: Callable[[int], bool]
+) -> list[Layout]:
+    """Megatron-LM's usual choice, most preferred first: TP = the GPUs of a node (or the
+    largest that fits the model's heads), microbatch size 1, then the smallest PP that fits
+    memory (the caller tries them in order), DP the rest, with the distributed optimizer."""
+    G = min(cluster.gpus_per_node, cluster.size)
+    tp = max(t for t in divisors(G) if cluster.size % t == 0 and tp_fits(t))
+    out = []
+    for pp in divisors(cluster.size // tp):
+        dp = cluster.size // (tp * pp)
+        if pp <= num_layers and global_batch % dp == 0:
+            out.append(Layout(tp, pp, dp, 1, global_batch // dp, zero1=dp > 1))
+    return out
+
+
+def shard_optimizer(profile: Profile, dp: int, state_bytes: int, bytes_per_param: int) -> Profile:
+    """ZeRO-1: each replica keeps 1/dp of the optimizer state (`state_bytes` of the
+    `bytes_per_param` every parameter costs)."""
+    keep = (bytes_per_param - state_bytes + state_bytes / dp) / bytes_per_param
+    layers = tuple(
+        layer.model_copy(update={"param_bytes": math.ceil(layer.param_bytes * keep)})
+        for layer in profile.layers
+    )
+    return profile.model_copy(update={"layers": layers})
+
+
+class LayoutSearch:
+    """Plans layouts of one job; the analytic profiles are built once per (TP, b)."""
+
+    def __init__(self, job: Job, hardware_overrides: dict | None = None):
+        self.job = job
+        self._profiles: dict[tuple[int, int, str], Profile] = {}
+        self.overrides = hardware_overrides or {}
+
+    # --- profiles ------------------------------------------------------------------------
+
+    def base_profile(self, tp: int, microbatch_size: int, hardware: str | None = None) -> Profile:
+        from octopipe.api import profile_from_config
+
+        hw = hardware or self.job.cluster.reference.name
+        key = (tp, microbatch_size, hw)
+        if key not in self._profiles:
+            self._profiles[key] = profile_from_config(
+                self.job.config,
+                hw,
+                tp=tp,
+                seq_len=self.job.seq_len,
+                micro_batch_size=microbatch_size,
+                recompute=self.job.recompute,
+            )
+        return self._profiles[key]
+
+    def tp_fits(self, tp: int) -> bool:
+        try:
+            self.base_profile(tp, 1)
+        except InputError:  # heads or experts do not split tp ways
+            return False
+        return True
+
+    def speeds(self, tp: int, microbatch_size: int) -> dict[str, float]:
+        """Each preset's speed relative to the reference: the ratio of the model's total
+        estimated work (a mixed cluster's devices differ by one factor each)."""
+        def work(hw: str) -> float:
+            return sum(l.work for l in self.base_profile(tp, microbatch_size, hw).layers)
+
+        ref = work(self.job.cluster.reference.name)
+        kinds = {g.hardware.name for g in self.job.cluster.groups}
+        return {hw: ref / work(hw) for hw in kinds}
+
+    def profile(self, layout: Layout) -> tuple[Profile, tuple[tuple, ...]]:
+        """Replica 0's profile of `layout`, and every distinct replica's devices."""
+        base = self.base_profile(layout.tp, layout.microbatch_size)
+        speeds = self.speeds(layout.tp, layout.microbatch_size) if self.job.cluster.mixed else {}
+        topo = self.job.cluster.replica_topology(layout.tp, layout.pp, layout.dp, speeds)
+        profile = base.model_copy(
+            update={
+                "name": f"{base.name}-pp{layout.pp}-dp{layout.dp}",
+                "devices": topo.devices,
+                "links": topo.links,
+                "data_parallel": topo.data_parallel,
+            }
+        )
+        if layout.zero1:
+            profile = shard_optimizer(profile, layout.dp, state_bytes=12, bytes_per_param=16)
+        replicas = tuple(dict.fromkeys(topo.replica_devices))  # distinct, in order
+        return profile, replicas
+
+    # --- evaluating ----------------------------------------------------------------------
+
+    def evaluate(self, layout: Layout, label: str, plan: Plan) -> Row:
+        """The plan on every distinct replica; the row holds the slowest replica's result."""
+        profile, replicas = self.profile(layout)
+        worst = None
+        for devices in replicas:
+            sim = Simulator(profile.with_devices(devices)).run(plan, detail=False)
+            if worst is None or sim.rank > worst.rank:
+                worst = sim
+        assert worst is not None
+        return Row(layout, label, plan, profile, worst)
+
+    def baselines(self, layout: Layout, names: Iterable[tuple[str, str]]) -> list[Row]:
+        from octopipe.baselines import make_baseline
+
+        profile, _ = self.profile(layout)
+        rows = []
+        for schedule, method in names:
+            try:
+                plan = make_baseline(
+                    profile, schedule, method, layout.pp, layout.num_microbatches
+                )
+            except InputError:  # too few microbatches or layers for this schedule
+                continue
+            rows.append(self.evaluate(layout, f"{schedule}/{method}", plan))
+        return rows
+
+    def screen(self, layout: Layout) -> Row | None:
+        """The best of a few balanced baselines: a quick estimate of the layout, switching
+        to ZeRO-1 when nothing fits without it."""
+        rows = self.baselines(layout, SCREEN_BASELINES)
+        best = min(rows, key=lambda r: r.score, default=None)
+        if best is not None and not best.sim.fits and layout.dp > 1 and not layout.zero1:
+            sharded = self.screen(replace(layout, zero1=True))
+            if sharded is not None and sharded.score < best.score:
+                return sharded
+        return best
+
+    def tune(self, start: Row, time_budget: float, seed: int = 0, max_chunks: int = 4) -> Row:
+        """The tuner on `start`'s layout, seeded with `start`'s plan (never worse than it)."""
+        from octopipe.tuner import tune as search
+
+        layout = start.layout
+        profile, _ = self.profile(layout)
+        result = search(
+            profile,
+            layout.num_microbatches,
+            layout.pp,
+            max_chunks=max_chunks,
+            time_budget=time_budget,
+            seed=seed,
+            baselines=[(start.label, start.plan)],
+        )
+        row = self.evaluate(layout, "tuned", result.best.plan)
+        return row if row.score <= start.score else start
+
+
+@dataclass(frozen=True)
+class LayoutReport:
+    rows: tuple[Row, ...]  # every layout screened, best first (the tuned ones as tuned)
+    reference: Row | None  # Megatron-LM's usual layout, simulated the same way
+    screened: int
+    candidates: int  # layouts enumerated (more than screened when the budget ran out)
+    tuned: int
+    seconds: float
+
+    @property
+    def best(self) -> Row:
+        return self.rows[0]
+
+
+Progress = Callable[[str, float], None]  # (what is being done, fraction of the budget used)
+
+
+def plan_cluster(
+    job: Job,
+    *,
+    time_budget: float = 60.0,
+    finalists: int = 4,
+    seed: int = 0,
+    max_chunks: int = 4,
+    progress: Progress | None = None,
+) -> LayoutReport:
+    """Screen every layout with a few baselines, then tune the `finalists` best under what is
+    left of `time_budget` (seconds, shared); the Megatron-LM reference row beside them."""
+    import time
+
+    started = time.perf_counter()
+
+    def used() -> float:
+        return time.perf_counter() - started
+
+    def report(what: str) -> None:
+        if progress is not None:
+            progress(what, min(1.0, used() / time_budget))
+
+    search = LayoutSearch(job)
+    L = search.base_profile(1, 1).num_layers
+    layouts = candidate_layouts(job.cluster, job.global_batch, L, search.tp_fits)
+    if not layouts:
+        raise InputError(
+            "--gpus",
+            f"no TP x PP x DP layout of {job.cluster.size} GPUs divides the global batch "
+            f"{job.global_batch} with at most one stage per layer",
+        )
+    screen_budget = 0.4 * time_budget  # the rest goes to tuning the best of them
+    rows: list[Row] = []
+    for i, layout in enumerate(_cheapest_first(layouts)):
+        if rows and used() > screen_budget:
+            break
+        report(f"screening {i + 1}/{len(layouts)}: {layout.describe()}")
+        row = search.screen(layout)
+        if row is not None:
+            rows.append(row)
+    screened = len(rows)
+    rows.sort(key=lambda r: r.score)
+    reference = _reference(search, job, L)
+    report("tuning")
+    tuned = 0
+    top = rows[:finalists]
+    for k, start in enumerate(top):
+        left = 0.9 * time_budget - used()  # a tenth kept for writing the plan and pictures
+        if left <= 0:
+            break
+        report(f"tuning {k + 1}/{len(top)}: {start.layout.describe()}")
+        rows[k] = search.tune(start, left / (len(top) - k), seed, max_chunks)
+        tuned += 1
+    rows.sort(key=lambda r: r.score)
+    return LayoutReport(tuple(rows), reference, screened, len(layouts), tuned, used())
+
+
+def _cheapest_first(layouts: list[Layout]) -> list[Layout]:
+    """Screening order when the budget may run out: fewer simulated actions first."""
+    return sorted(layouts, key=lambda l: (l.pp * l.num_microbatches, l.tp))
+
+
+def _reference(search: LayoutSearch, job: Job, num_layers: int) -> Row | None:
+    """Megatron-LM's usual layout: the first of its preferences whose interleaved 1F1B over a
+    uniform partition fits (or the leanest, when none does)."""
+    leanest = None
+    for layout in megatron_layout(job.cluster, job.global_batch, num_layers, search.tp_fits):
+        names = [("i1f1b", "uniform")] if layout.pp > 1 else [("1f1b", "uniform")]
+        rows = search.baselines(layout, names) or search.baselines(layout, [("1f1b", "uniform")])
+        for row in rows:
+            if row.sim.fits:
+                return replace(row, label=f"Megatron-LM ({row.label})")
+            if leanest is None or row.score < leanest.score:
+                leanest = replace(row, label=f"Megatron-LM ({row.label})")
+    return leanest
