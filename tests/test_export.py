@@ -8,11 +8,15 @@ from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
+from octopipe.api import baseline
 from octopipe.export import (
     module_fqns_per_model_part,
     to_toml,
+    toml_string,
     write_torchtitan_toml,
 )
 from octopipe.plan import save_schedule_csv
@@ -20,8 +24,9 @@ from octopipe.profile import Device, LayerCost, Profile
 from octopipe.tuner import tune
 
 
-def profile() -> Profile:
-    names = ["tok_embeddings", *(f"layers.{i}" for i in range(9)), "norm", "output"]
+def profile(names=None, **keys) -> Profile:
+    if names is None:
+        names = ["tok_embeddings", *(f"layers.{i}" for i in range(9)), "norm", "output"]
     layers = tuple(
         LayerCost(
             name=n,
@@ -35,7 +40,19 @@ def profile() -> Profile:
         )
         for n in names
     )
-    return Profile(name="toy", layers=layers, devices=(Device(),) * 3)
+    return Profile(**{"name": "toy", "layers": layers, "devices": (Device(),) * 3, **keys})
+
+
+def torchtitan_toml(plan, prof, tmp_path) -> tuple[dict, str]:
+    """The written fragment, parsed and as text."""
+    path = tmp_path / "torchtitan.toml"
+    write_torchtitan_toml(plan, prof, path, "schedule.csv")
+    text = path.read_text(encoding="utf-8")
+    return tomllib.loads(text), text
+
+
+def two_device_plan(prof):
+    return baseline(prof, "1f1b", "uniform", num_microbatches=4, num_devices=2)
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +95,10 @@ def test_csv_loads_in_pytorch_runtime_with_the_same_actions(tuned, tmp_path):
 def test_torchtitan_fragment_names_every_layer_once_in_stage_order(tuned, tmp_path):
     prof, plan = tuned
     path = tmp_path / "torchtitan.toml"
-    write_torchtitan_toml(plan, prof, path, "schedule.csv", microbatch_size=2)
-    doc = tomllib.loads(path.read_text())
+    write_torchtitan_toml(
+        plan, prof.model_copy(update={"microbatch_size": 2}), path, "schedule.csv"
+    )
+    doc = tomllib.loads(path.read_text(encoding="utf-8"))
     par = doc["parallelism"]
     assert par["pipeline_parallel_degree"] == plan.num_devices
     assert par["pipeline_parallel_schedule_csv"] == "schedule.csv"
@@ -95,6 +114,59 @@ def test_torchtitan_fragment_names_every_layer_once_in_stage_order(tuned, tmp_pa
 def test_toml_writer_escapes_strings():
     text = to_toml({"a": {"s": 'x "y" \\ z', "n": 3, "l": [["p"], []]}})
     assert tomllib.loads(text) == {"a": {"s": 'x "y" \\ z', "n": 3, "l": [["p"], []]}}
+
+
+def test_microbatch_size_comes_from_the_plan_first_then_the_profile(tmp_path):
+    prof = profile(devices=None, microbatch_size=3)
+    plan = two_device_plan(prof)
+    for source, size in [(plan.with_parallelism(1, 1, 5), 5), (plan, 3)]:
+        doc, text = torchtitan_toml(source, prof, tmp_path)
+        assert doc["parallelism"]["pipeline_parallel_microbatch_size"] == size
+        assert doc["training"]["local_batch_size"] == 4 * size
+        assert "was assumed" not in text
+
+
+def test_unknown_microbatch_size_is_taken_as_1_and_said_so(tmp_path):
+    prof = profile(devices=None)
+    doc, text = torchtitan_toml(two_device_plan(prof), prof, tmp_path)
+    assert doc["parallelism"]["pipeline_parallel_microbatch_size"] == 1
+    assert doc["training"]["local_batch_size"] == 4
+    assert "# The profile does not record its microbatch size, so 1 was assumed" in text
+
+
+def test_tp_and_dp_degrees_come_from_the_plan_first_then_the_profile(tmp_path):
+    prof = profile(devices=None, tensor_parallel=2, data_parallel={"degree": 3}, microbatch_size=2)
+    plan = two_device_plan(prof)
+    for source, (tp, dp) in [(plan.with_parallelism(4, 5, 2), (4, 5)), (plan, (2, 3))]:
+        doc, _ = torchtitan_toml(source, prof, tmp_path)
+        par = doc["parallelism"]
+        assert (par["tensor_parallel_degree"], par["data_parallel_replicate_degree"]) == (tp, dp)
+        assert par["data_parallel_shard_degree"] == 1  # whole replicas, no FSDP
+        assert doc["training"]["global_batch_size"] == doc["training"]["local_batch_size"] * dp
+    bare = profile(devices=None)
+    doc, _ = torchtitan_toml(two_device_plan(bare), bare, tmp_path)
+    assert doc["parallelism"]["tensor_parallel_degree"] == 1
+    assert doc["parallelism"]["data_parallel_replicate_degree"] == 1
+
+
+def test_toml_string_escapes_only_what_toml_requires():
+    assert toml_string('a"b\\c') == '"a\\"b\\\\c"'
+    assert toml_string("\x00\b\t\n\f\r\x1f\x7f") == '"\\u0000\\b\\t\\n\\f\\r\\u001F\\u007F"'
+    assert toml_string("é😀\x85") == '"é😀\x85"'  # no surrogate pairs, no escaped non-ASCII
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(), layer_names=st.lists(st.text(), min_size=2, max_size=4))
+def test_any_names_give_valid_toml_that_reads_back(tmp_path_factory, name, layer_names):
+    prof = profile(layer_names, name=name, devices=None)
+    doc, text = torchtitan_toml(two_device_plan(prof), prof, tmp_path_factory.mktemp("t"))
+    parts = doc["parallelism"]["module_fqns_per_model_part"]
+    assert [n for part in parts for n in part] == layer_names
+    # The header comment names the profile as a TOML string, on one line.
+    first = text.split("\n")[0]
+    quoted = first.removeprefix("# torchtitan settings for an OctoPipe plan of profile ")
+    assert tomllib.loads(f"name = {quoted}")["name"] == name
+    assert tomllib.loads(to_toml({"a": {"s": name}})) == {"a": {"s": name}}
 
 
 def test_torchtitan_style_and_schedule_name_follow_the_placement(tmp_path):
@@ -115,7 +187,7 @@ def test_torchtitan_style_and_schedule_name_follow_the_placement(tmp_path):
         plan = make_plan(3, 2, ranges, placement, {})
         path = tmp_path / "t.toml"
         write_torchtitan_toml(plan, prof, path, "schedule.csv")
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         assert tomllib.loads(text)["parallelism"]["pipeline_parallel_schedule"] == name
         assert ("WARNING" in text) == warned
 

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
-    written = write_outputs(result.best.plan, profile, out, args.micro_batch_size, args.png)
+    written = write_outputs(result.best.plan, profile, out, pictures=args.png)
     console = Console()
     title = profile.name
     if args.action_overhead:
@@ -155,12 +155,10 @@ def shortfall_message(leanest: Evaluated) -> str:
     )
 
 
-def write_outputs(
-    plan: Plan, profile: Profile, out: Path, microbatch_size: int = 1, pictures: bool = True
-) -> list[str]:
+def write_outputs(plan: Plan, profile: Profile, out: Path, pictures: bool = True) -> list[str]:
     save_plan(plan, out / "plan.json")
     save_schedule_csv(plan, out / "schedule.csv")
-    write_torchtitan_toml(plan, profile, out / "torchtitan.toml", "schedule.csv", microbatch_size)
+    write_torchtitan_toml(plan, profile, out / "torchtitan.toml", "schedule.csv")
     written = ["plan.json", "schedule.csv", "torchtitan.toml"]
     if not pictures:
         return written
