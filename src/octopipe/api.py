@@ -17,6 +17,8 @@ when called: `import octopipe` loads neither torch nor matplotlib.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,14 +90,17 @@ def baseline(
 
 
 def all_baselines(
-    profile: Profile, num_microbatches: int, num_devices: int | None = None
+    profile: Profile,
+    num_microbatches: int,
+    num_devices: int | None = None,
+    time_limit: float = math.inf,
 ) -> list[tuple[str, Plan]]:
     """Every schedule with every partitioner, labelled "schedule/partition" (combinations the
-    counts do not support are left out)."""
+    counts do not support are left out; none is started after `time_limit` seconds)."""
     from octopipe.baselines import all_baselines as every
 
     P = len(profile.device_list(num_devices))
-    return every(profile, P, num_microbatches)
+    return every(profile, P, num_microbatches, time_limit)
 
 
 def simulate(profile: Profile, plan: Plan, *, action_overhead: float = 0.0) -> SimResult:
@@ -112,20 +117,25 @@ def tune(
     num_devices: int | None = None,
     *,
     with_baselines: bool = True,
+    time_budget: float = 30.0,
     **options,
 ) -> TuneResult:
     """The bubble-aware tuner over partition, placement and schedule. With `with_baselines`
     (the default, as `octopipe plan` does) every baseline is evaluated too and seeds the
-    search, so the result is never worse than any of them. `options`: those of
-    `octopipe.tuner.tune` (time_budget, max_chunks, seed, progress, torchtitan,
-    action_overhead)."""
+    search, so the result is never worse than any of them. `time_budget` (seconds) covers
+    both: the baselines take at most a third of it, the search what is left. `options`:
+    those of `octopipe.tuner.tune` (max_chunks, seed, progress, torchtitan, action_overhead)."""
+    from octopipe.tuner import check_plan_size
     from octopipe.tuner import tune as search
 
+    started = time.perf_counter()
     P = len(profile.device_list(num_devices))
+    check_plan_size(profile, num_microbatches, P)
     extra: Sequence[tuple[str, Plan]] = (
-        all_baselines(profile, num_microbatches, P) if with_baselines else ()
+        all_baselines(profile, num_microbatches, P, time_budget / 3) if with_baselines else ()
     )
-    return search(profile, num_microbatches, P, baselines=extra, **options)
+    left = max(0.0, time_budget - (time.perf_counter() - started))
+    return search(profile, num_microbatches, P, baselines=extra, time_budget=left, **options)
 
 
 def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:

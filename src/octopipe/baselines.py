@@ -9,6 +9,9 @@ DualPipeV); the tuner must beat them. This module only combines `schedules` and 
 
 from __future__ import annotations
 
+import math
+import time
+
 from octopipe.errors import InputError
 from octopipe.partition import METHODS
 from octopipe.partition import partition as split_layers
@@ -40,15 +43,19 @@ def make_baseline(
 
 
 def all_baselines(
-    profile: Profile, num_devices: int, num_microbatches: int
+    profile: Profile, num_devices: int, num_microbatches: int, time_limit: float = math.inf
 ) -> list[tuple[str, Plan]]:
     """Every schedule (default chunks) with every partitioner, labelled "schedule/partition";
-    combinations the counts do not support (too few microbatches or layers) are skipped."""
+    combinations the counts do not support (too few microbatches or layers) are skipped.
+    After `time_limit` seconds no further baseline is built (the first always is)."""
     profile.device_list(num_devices)  # wrong device count: an error, not an empty list
     simulator = Simulator(profile)
-    out = []
+    started = time.perf_counter()
+    out: list[tuple[str, Plan]] = []
     for schedule in SCHEDULES:
         for method in METHODS:
+            if out and time.perf_counter() - started > time_limit:
+                return out
             try:
                 plan = make_baseline(
                     profile, schedule, method, num_devices, num_microbatches, simulator=simulator

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):  # a command's helper module, not a command
+            continue
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         cmd = sub.add_parser(
             module.NAME, help=module.HELP, description=module.HELP, formatter_class=_DefaultsShown

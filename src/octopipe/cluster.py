@@ -106,7 +106,9 @@ class Cluster:
             first = tp * (p + pp * r)  # TP rank 0 of the group
             hw = self.gpus[first]
             return Device(
-                speed=speed.get(hw.name, 1.0), memory_bytes=hw.memory_bytes, node=self.node_of(first)
+                speed=speed.get(hw.name, 1.0),
+                memory_bytes=hw.memory_bytes,
+                node=self.node_of(first),
             )
 
         replicas = tuple(tuple(device(p, r) for p in range(pp)) for r in range(dp))

@@ -175,6 +175,7 @@ class LayoutSearch:
     def speeds(self, tp: int, microbatch_size: int) -> dict[str, float]:
         """Each preset's speed relative to the reference: the ratio of the model's total
         estimated work (a mixed cluster's devices differ by one factor each)."""
+
         def work(hw: str) -> float:
             return sum(l.work for l in self.base_profile(tp, microbatch_size, hw).layers)
 
@@ -220,9 +221,7 @@ class LayoutSearch:
         rows = []
         for schedule, method in names:
             try:
-                plan = make_baseline(
-                    profile, schedule, method, layout.pp, layout.num_microbatches
-                )
+                plan = make_baseline(profile, schedule, method, layout.pp, layout.num_microbatches)
             except InputError:  # too few microbatches or layers for this schedule
                 continue
             rows.append(self.evaluate(layout, f"{schedule}/{method}", plan))
@@ -284,8 +283,9 @@ def plan_cluster(
     max_chunks: int = 4,
     progress: Progress | None = None,
 ) -> LayoutReport:
-    """Screen every layout with a few baselines, then tune the `finalists` best under what is
-    left of `time_budget` (seconds, shared); the Megatron-LM reference row beside them."""
+    """Screen every layout with a few baselines, then tune them best first under what is left
+    of `time_budget` (seconds, shared by the whole search), each with a `finalists`-th of the
+    time left; the Megatron-LM reference row beside them."""
     import time
 
     started = time.perf_counter()
@@ -318,15 +318,16 @@ def plan_cluster(
     screened = len(rows)
     rows.sort(key=lambda r: r.score)
     reference = _reference(search, job, L)
-    report("tuning")
+    # Tune in screened order: each layout gets its share of what is left as if only
+    # `finalists` remained, and the search goes on down the list while time is left (small
+    # problems converge in a fraction of their share).
     tuned = 0
-    top = rows[:finalists]
-    for k, start in enumerate(top):
+    for k, start in enumerate(list(rows)):
         left = 0.9 * time_budget - used()  # a tenth kept for writing the plan and pictures
         if left <= 0:
             break
-        report(f"tuning {k + 1}/{len(top)}: {start.layout.describe()}")
-        rows[k] = search.tune(start, left / (len(top) - k), seed, max_chunks)
+        report(f"tuning {k + 1}/{len(rows)}: {start.layout.describe()}")
+        rows[k] = search.tune(start, left / min(finalists, len(rows) - k), seed, max_chunks)
         tuned += 1
     rows.sort(key=lambda r: r.score)
     return LayoutReport(tuple(rows), reference, screened, len(layouts), tuned, used())
@@ -346,7 +347,7 @@ def _reference(search: LayoutSearch, job: Job, num_layers: int) -> Row | None:
         rows = search.baselines(layout, names) or search.baselines(layout, [("1f1b", "uniform")])
         for row in rows:
             if row.sim.fits:
-                return replace(row, label=f"Megatron-LM ({row.label})")
+                return replace(row, label="Megatron-LM")
             if leanest is None or row.score < leanest.score:
-                leanest = replace(row, label=f"Megatron-LM ({row.label})")
+                leanest = replace(row, label="Megatron-LM")
     return leanest

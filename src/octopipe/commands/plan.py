@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -18,12 +19,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from octopipe.api import profile_from_config, tune
+from octopipe.commands import _plan_cluster as plan_cluster
+from octopipe.commands._plan_outputs import picture_seconds, pictures_fit, since, write_outputs
 from octopipe.errors import InputError, MemoryExceededError
-from octopipe.export import write_torchtitan_toml
 from octopipe.placement import torchtitan_style
-from octopipe.plan import Plan, save_plan, save_schedule_csv
 from octopipe.profile import Device, Profile, load_profile
-from octopipe.sim import Simulator
 from octopipe.tuner import Evaluated, TuneResult
 from octopipe.units import GIB, parse_size
 
@@ -42,13 +42,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--profile", help="profile JSON (octopipe.profile/1)")
     src.add_argument("--model", help=f"shipped model name or config.json (default {DEFAULT_MODEL})")
     src.add_argument("--hardware", default="h100", help="hardware preset for --model")
-    src.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for --model")
+    src.add_argument("--tp", type=int, help="tensor-parallel degree for --model (default 1)")
     src.add_argument("--seq-len", type=int, default=4096, help="tokens per sample for --model")
     src.add_argument(
         "--micro-batch-size",
         type=int,
-        default=1,
-        help="samples per microbatch for --model (also written to torchtitan.toml)",
+        help="samples per microbatch for --model (default 1; recorded in the profile, so "
+        "torchtitan.toml gets it)",
     )
     p.add_argument(
         "--devices",
@@ -63,7 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="capacity of every device, e.g. 40GiB or 80e9 (default: the profile's or preset's)",
     )
     p.add_argument("--max-chunks", type=int, default=4, help="most stages per device to try")
-    p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search at most")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=30.0,
+        help="seconds for the whole command: baselines, search and pictures",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the search's random moves")
     p.add_argument(
         "--torchtitan",
@@ -87,9 +92,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="draw no timeline (timeline.png and timeline.html take seconds for big plans)",
     )
     p.add_argument("-o", "--output", default="octopipe-plan", help="output folder")
+    plan_cluster.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.gpus is not None:
+        return plan_cluster.run(args)
+    started = time.perf_counter()
     profile = _profile(args)
     devices = profile.device_list(args.devices)  # a profile without devices needs --devices
     if args.memory_limit is not None:
@@ -112,13 +121,16 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once
     show = not args.quiet and sys.stderr.isatty()
-    with _progress(show, args.time_budget) as report:
+    # The budget covers the whole command: what the pictures will take is set aside first.
+    drawing = picture_seconds(P * M * 3) if args.png else 0.0
+    budget = max(0.1 * args.time_budget, args.time_budget - drawing - since(started))
+    with _progress(show, budget) as report:
         result = tune(  # every baseline too: the result is never worse than one
             profile,
             M,
             P,
             max_chunks=args.max_chunks,
-            time_budget=args.time_budget,
+            time_budget=budget,
             seed=args.seed,
             progress=report,
             torchtitan=args.torchtitan,
@@ -126,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
         )
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
-    written = write_outputs(result.best.plan, profile, out, pictures=args.png)
     console = Console()
+    pictures = args.png and pictures_fit(result.best.plan, args.time_budget - since(started))
+    written = write_outputs(result.best.plan, profile, out, pictures=pictures)
     title = profile.name
     if args.action_overhead:
         title += f", {args.action_overhead * 1e6:.0f} us per action"
@@ -153,23 +166,6 @@ def shortfall_message(leanest: Evaluated) -> str:
         f"({sim.peak_memory_bytes[d] / GIB:.2f} GiB peak, {sim.capacity_bytes[d] / GIB:.2f} GiB "
         "capacity)"
     )
-
-
-def write_outputs(plan: Plan, profile: Profile, out: Path, pictures: bool = True) -> list[str]:
-    save_plan(plan, out / "plan.json")
-    save_schedule_csv(plan, out / "schedule.csv")
-    write_torchtitan_toml(plan, profile, out / "torchtitan.toml", "schedule.csv")
-    written = ["plan.json", "schedule.csv", "torchtitan.toml"]
-    if not pictures:
-        return written
-    from octopipe.viz.html import save_html_timeline
-    from octopipe.viz.timeline import save_timeline
-
-    result = Simulator(profile).run(plan, detail=True)
-    title = f"{profile.name}: tuned plan"
-    save_timeline(result, out / "timeline.png", title=title)
-    save_html_timeline(result, out / "timeline.html", title=title)
-    return [*written, "timeline.png", "timeline.html"]
 
 
 def comparison_table(result: TuneResult, title: str) -> Table:
@@ -207,9 +203,9 @@ def _profile(args: argparse.Namespace) -> Profile:
         args.model or DEFAULT_MODEL,
         args.hardware,
         devices=args.devices or DEFAULT_DEVICES,
-        tp=args.tp,
+        tp=args.tp or 1,
         seq_len=args.seq_len,
-        micro_batch_size=args.micro_batch_size,
+        micro_batch_size=args.micro_batch_size or 1,
     )
 
 

@@ -9,6 +9,6 @@
 aimed at idle or overflowing devices, `search.py` runs the iterated local search.
 """
 
-from octopipe.tuner.search import Evaluated, TuneResult, tune
+from octopipe.tuner.search import Evaluated, TuneResult, check_plan_size, tune
 
-__all__ = ["Evaluated", "TuneResult", "tune"]
+__all__ = ["Evaluated", "TuneResult", "check_plan_size", "tune"]

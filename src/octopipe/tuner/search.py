@@ -45,6 +45,10 @@ RULE_VARIANTS = (
     {"warmup": 0.01, "defer_w": False},  # lean: one microbatch in flight per stage
 )
 SEED_WARMUPS = (1.5, 3.0)  # every seed is scheduled with a moderate and a deep warm-up
+# Devices x microbatches the tuner takes on: each of its evaluations is atomic and grows with
+# this, so beyond it no time budget could be kept (one list schedule of 2^18 pairs in up to
+# four chunks takes seconds on one core).
+MAX_PLAN_PAIRS = 2**18
 SEEDS_TO_VARY = 4
 STARTS = 5
 KICKS = 3
@@ -96,6 +100,7 @@ def tune(
     `octopipe.costs.CostTable`); the plan's `predicted` figures keep the default semantics.
     """
     devices = profile.device_list(num_devices)
+    check_plan_size(profile, num_microbatches, len(devices))
     if profile.num_layers < len(devices):
         raise InputError(
             profile.name,
@@ -144,6 +149,18 @@ def tune(
     exported = best.sim if not action_overhead else Simulator(profile).run(best.plan, detail=False)
     best = Evaluated(label, best.plan.with_predicted(exported.predicted()), best.sim)
     return TuneResult(best, base, evaluator.evaluations, search.elapsed(), search.converged)
+
+
+def check_plan_size(profile: Profile, num_microbatches: int, num_devices: int) -> None:
+    """Refuse a plan too large to tune in bounded time, saying what to change."""
+    pairs = num_microbatches * num_devices
+    if pairs > MAX_PLAN_PAIRS:
+        raise InputError(
+            profile.name,
+            f"{num_microbatches:,} microbatches on {num_devices} devices are {pairs:,} "
+            f"(device, microbatch) pairs; the tuner plans at most {MAX_PLAN_PAIRS:,} in bounded "
+            "time: use fewer, larger microbatches",
+        )
 
 
 def _seed_candidates(evaluator: Evaluator, max_chunks: int) -> list[Candidate]:

@@ -1,0 +1,153 @@
+"""`octopipe plan --gpus N`: lay a model out on a cluster (TP x PP x DP, microbatches).
+
+Screens every layout, tunes the best few under the shared `--time-budget`, prints them best
+first beside Megatron-LM's usual layout, and writes the best plan (with its `parallelism`) and
+the profile it was planned on to the output folder. The search lives in `octopipe.layouts`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from octopipe.cluster import Cluster, parse_gpus
+from octopipe.commands._plan_outputs import pictures_fit, since, write_outputs
+from octopipe.errors import InputError
+from octopipe.layouts import Job, LayoutReport, Row, plan_cluster
+from octopipe.profile import save_profile
+from octopipe.units import GIB
+
+SHOWN_ROWS = 10
+# Options of the single-pipeline `plan` that a cluster layout decides itself.
+DECIDED = ("profile", "devices", "microbatches", "tp", "micro_batch_size", "memory_limit")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster layout (with --gpus: choose TP, PP, DP and microbatches)")
+    g.add_argument(
+        "--gpus",
+        help="GPUs of the cluster: a count of --hardware GPUs (16) or counts of presets "
+        "(4xh100,4xa100: whole nodes of each); plans the layout instead of one pipeline",
+    )
+    g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
+    g.add_argument(
+        "--global-batch",
+        type=int,
+        default=512,
+        help="samples (of --seq-len tokens) per step: DP x microbatches x microbatch size",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    given = [f"--{k.replace('_', '-')}" for k in DECIDED if getattr(args, k, None) is not None]
+    if given:
+        raise InputError(given[0], "the cluster layout decides this itself; drop it or --gpus")
+    if args.global_batch < 1:
+        raise InputError("--global-batch", f"must be at least 1, got {args.global_batch}")
+    if args.time_budget <= 0:
+        raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
+    started = time.perf_counter()
+    cluster = Cluster(parse_gpus(args.gpus, args.hardware), args.gpus_per_node)
+    job = Job(args.model or "gemma2-9b", cluster, args.global_batch, args.seq_len)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once
+    show = not args.quiet and sys.stderr.isatty()
+    with _progress(show) as report:
+        result = plan_cluster(
+            job,
+            time_budget=args.time_budget,
+            seed=args.seed,
+            max_chunks=args.max_chunks,
+            progress=report,
+        )
+    console = Console()
+    console.print(layout_table(result, job))
+    best = result.best
+    if not best.sim.fits:
+        console.print("[red]no layout fits the GPUs' memory; the leanest is shown first[/red]")
+        return 1
+    lay = best.layout
+    plan = best.plan.with_parallelism(lay.tp, lay.dp, lay.microbatch_size)
+    plan = plan.with_predicted(best.sim.predicted())
+    save_profile(best.profile, out / "profile.json")
+    left = args.time_budget - since(started)
+    written = write_outputs(plan, best.profile, out, pictures=args.png and pictures_fit(plan, left))
+    console.print(
+        f"{cluster.describe()}: screened {result.screened} of {result.candidates} layouts, "
+        f"tuned {result.tuned}, in {result.seconds:.1f} s; wrote profile.json, "
+        + ", ".join(written)
+    )
+    return 0
+
+
+def layout_table(result: LayoutReport, job: Job) -> Table:
+    table = Table(
+        title=f"{job.config} on {job.cluster.describe()}, global batch {job.global_batch} x "
+        f"{job.seq_len} tokens: layouts (simulated)",
+        caption="DP Z1: optimizer state sharded across DP (ZeRO-1); b x M: samples per "
+        "microbatch x microbatches per step; Megatron-LM: its usual layout, interleaved 1F1B "
+        "over a uniform partition",
+    )
+    for col in ("TP", "PP", "DP", "b x M"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("plan")
+    for col in ("step s", "tok/s/GPU", "GiB", "fits"):
+        table.add_column(col, justify="right", no_wrap=True)
+
+    def add(row: Row, bold: bool = False) -> None:
+        lay, sim = row.layout, row.sim
+        cells = [
+            str(lay.tp),
+            str(lay.pp),
+            f"{lay.dp} Z1" if lay.zero1 else str(lay.dp),
+            f"{lay.microbatch_size} x {lay.num_microbatches}",
+            row.label,
+            f"{sim.iteration_time:.3f}",
+            f"{row.tokens_per_gpu(job):,.0f}",
+            f"{max(sim.peak_memory_bytes) / GIB:.1f}",
+            "yes" if sim.fits else "[red]no[/red]",
+        ]
+        table.add_row(*(f"[bold]{c}[/bold]" for c in cells) if bold else cells)
+
+    for i, row in enumerate(result.rows[:SHOWN_ROWS]):
+        add(row, bold=i == 0)
+    if result.reference is not None:
+        table.add_section()
+        add(result.reference)
+    return table
+
+
+class _progress:
+    """A rich progress bar on stderr over the time budget, saying what is being planned."""
+
+    def __init__(self, show: bool):
+        self.show = show
+        self.bar: Progress | None = None
+
+    def __enter__(self):
+        if not self.show:
+            return None
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self.bar.start()
+        self.task = self.bar.add_task("layouts", total=1.0)
+        return self.report
+
+    def report(self, what: str, fraction: float) -> None:
+        assert self.bar is not None
+        self.bar.update(self.task, completed=fraction, description=what)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

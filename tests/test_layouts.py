@@ -1,0 +1,202 @@
+"""Choosing the parallel degrees on a cluster: GPU specs, topology, layouts, the search, and
+`octopipe plan --gpus`."""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+
+import pytest
+
+from octopipe import api
+from octopipe.cli import main
+from octopipe.cluster import Cluster, parse_gpus
+from octopipe.costmodel.hardware import PRESETS
+from octopipe.errors import InputError
+from octopipe.layouts import (
+    Job,
+    Layout,
+    LayoutSearch,
+    candidate_layouts,
+    megatron_layout,
+    plan_cluster,
+    shard_optimizer,
+)
+from octopipe.plan import load_plan
+from octopipe.profile import load_profile
+from octopipe.sim import Simulator
+
+H100, A100 = PRESETS["h100"], PRESETS["a100"]
+
+
+def test_gpu_specs_name_counts_and_presets():
+    (g,) = parse_gpus("16", "a100")
+    assert (g.count, g.hardware.name) == (16, "a100")
+    mixed = parse_gpus("4xh100, 4xA100")
+    assert [(g.count, g.hardware.name) for g in mixed] == [(4, "h100"), (4, "a100")]
+    for bad in ("", "x", "0", "4xh100,,", "4 h100"):
+        with pytest.raises(InputError):
+            parse_gpus(bad)
+    with pytest.raises(InputError, match="does not fill whole nodes"):
+        Cluster(parse_gpus("8xh100,4xa100"), 8)
+
+
+def test_replica_topology_numbers_gpus_tp_then_pp_then_dp():
+    # 32 GPUs in nodes of 8, TP 2 x PP 4 x DP 4: a replica's 4 devices are GPUs 0, 2, 4, 6 of
+    # node 0, its DP peers 8, 16, 24 GPUs away, on other nodes.
+    cluster = Cluster(parse_gpus("32"), 8)
+    topo = cluster.replica_topology(tp=2, pp=4, dp=4)
+    assert [d.node for d in topo.devices] == [0, 0, 0, 0]
+    assert topo.links.intra_node.bandwidth == H100.tp_bandwidth
+    assert topo.links.inter_node.bandwidth == H100.link_bandwidth
+    assert topo.data_parallel.degree == 4
+    assert topo.data_parallel.bandwidth == H100.link_bandwidth  # the ring crosses nodes
+    # TP 4 x PP 4: a replica spans two nodes, devices 0-1 on one, 2-3 on the next.
+    wide = cluster.replica_topology(tp=4, pp=4, dp=2)
+    assert [d.node for d in wide.devices] == [0, 0, 1, 1]
+    # A whole DP ring inside one node runs over NVLink.
+    small = Cluster(parse_gpus("8"), 8).replica_topology(tp=1, pp=2, dp=4)
+    assert small.data_parallel.bandwidth == H100.tp_bandwidth
+    assert Cluster(parse_gpus("8"), 8).replica_topology(1, 8, 1).data_parallel.degree == 1
+
+
+def test_mixed_clusters_give_devices_their_presets_memory_and_speed():
+    cluster = Cluster(parse_gpus("4xh100,4xa100"), 4)
+    pipeline = cluster.replica_topology(tp=1, pp=8, dp=1, speed={"h100": 1.0, "a100": 0.4})
+    assert [d.speed for d in pipeline.devices] == [1.0] * 4 + [0.4] * 4
+    assert [d.node for d in pipeline.devices] == [0] * 4 + [1] * 4
+    assert pipeline.devices[4].memory_bytes == A100.memory_bytes
+    assert not pipeline.replicas_differ
+    replicated = cluster.replica_topology(tp=1, pp=4, dp=2, speed={"a100": 0.4})
+    assert replicated.replicas_differ  # replica 0 on the H100 node, replica 1 on the A100s
+
+
+def test_candidate_layouts_cover_the_cluster_and_the_global_batch():
+    cluster = Cluster(parse_gpus("16"), 8)
+    layouts = candidate_layouts(cluster, 64, num_layers=10, tp_fits=lambda tp: tp != 4)
+    assert layouts
+    for lay in layouts:
+        assert lay.tp * lay.pp * lay.dp == 16
+        assert lay.dp * lay.num_microbatches * lay.microbatch_size == 64
+        assert 8 % lay.tp == 0 and lay.tp != 4 and lay.pp <= 10
+    assert {lay.pp for lay in layouts} == {1, 2, 4, 8}  # 16 stages exceed the 10 layers
+    assert Layout(1, 2, 8, 1, 8) in layouts and Layout(1, 2, 8, 8, 1) in layouts
+
+
+def test_megatrons_usual_layout_fills_a_node_with_tp():
+    cluster = Cluster(parse_gpus("64"), 8)
+    first = megatron_layout(cluster, 512, num_layers=80, tp_fits=lambda tp: True)[0]
+    assert (first.tp, first.pp, first.dp, first.microbatch_size) == (8, 1, 8, 1)
+    assert first.zero1  # the distributed optimizer
+    # Heads that do not split 8 ways: the largest TP that fits.
+    assert megatron_layout(cluster, 512, 80, lambda tp: tp <= 4)[0].tp == 4
+
+
+def test_zero1_keeps_a_dp_th_of_the_optimizer_state():
+    profile = api.profile_from_config("tiny-llama", seq_len=64)
+    sharded = shard_optimizer(profile, dp=4, state_bytes=12, bytes_per_param=16)
+    for full, shard in zip(profile.layers, sharded.layers):
+        assert shard.param_bytes == math.ceil(full.param_bytes * (4 + 3) / 16)
+
+
+def test_a_replica_on_slower_gpus_sets_the_step_time():
+    job = Job("tiny-llama", Cluster(parse_gpus("4xh100,4xa100"), 4), 16, seq_len=128)
+    search = LayoutSearch(job)
+    lay = Layout(tp=1, pp=4, dp=2, microbatch_size=1, num_microbatches=8)
+    (row,) = search.baselines(lay, [("1f1b", "uniform")])
+    profile, replicas = search.profile(lay)
+    assert len(replicas) == 2
+    times = [Simulator(profile.with_devices(r)).run(row.plan).iteration_time for r in replicas]
+    assert times[1] > times[0]  # the A100 replica is slower
+    assert row.iteration_time == pytest.approx(times[1])
+
+
+def brute_force(job: Job) -> tuple[Layout, float]:
+    """Every candidate layout planned on its own with the public API (all baselines and the
+    tuner), the fastest that fits."""
+    search = LayoutSearch(job)
+    L = search.base_profile(1, 1).num_layers
+    best = None
+    for lay in candidate_layouts(job.cluster, job.global_batch, L, search.tp_fits):
+        base = api.profile_from_config(
+            job.config, tp=lay.tp, seq_len=job.seq_len, micro_batch_size=lay.microbatch_size
+        )
+        topo = job.cluster.replica_topology(lay.tp, lay.pp, lay.dp)
+        profile = base.model_copy(
+            update={
+                "devices": topo.devices,
+                "links": topo.links,
+                "data_parallel": topo.data_parallel,
+            }
+        )
+        result = api.tune(profile, lay.num_microbatches, lay.pp, time_budget=60.0)
+        sim = result.best.sim
+        if sim.fits and (best is None or sim.iteration_time < best[1]):
+            best = (lay, sim.iteration_time)
+    assert best is not None
+    return best
+
+
+def test_the_search_finds_the_layout_a_brute_force_finds():
+    job = Job("tiny-llama", Cluster(parse_gpus("8"), 4), global_batch=16, seq_len=256)
+    report = plan_cluster(job, time_budget=120.0)
+    layout, time = brute_force(job)
+    assert report.best.sim.fits
+    assert report.best.layout == layout
+    assert report.best.iteration_time == pytest.approx(time, rel=1e-6)
+    assert report.screened == report.candidates == report.tuned  # the budget sufficed
+
+
+def test_plan_gpus_writes_the_best_layout_with_its_profile(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
+    argv += ["--global-batch", "16", "--seq-len", "128", "--time-budget", "20", "--no-png"]
+    assert main([*argv, "-o", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "Megatron-LM" in text and "tok/s/GPU" in text
+    profile = load_profile(out / "profile.json")
+    plan = load_plan(out / "plan.json", profile.num_layers)
+    par = plan.parallelism
+    assert par["tp"] * par["pp"] * par["dp"] == 8 and par["pp"] == plan.num_devices
+    assert par["dp"] * plan.num_microbatches * par["microbatch_size"] == 16
+    assert profile.tensor_parallel == par["tp"]
+    assert profile.microbatch_size == par["microbatch_size"]
+    assert profile.data_parallel.degree == par["dp"]
+    predicted = Simulator(profile).run(plan).iteration_time
+    assert json.loads((out / "plan.json").read_text())["predicted"]["iteration_time"] == (
+        pytest.approx(predicted)
+    )
+    toml = tomllib.loads((out / "torchtitan.toml").read_text())["parallelism"]
+    assert toml["tensor_parallel_degree"] == par["tp"]
+    assert toml["data_parallel_replicate_degree"] == par["dp"]
+    assert toml["pipeline_parallel_microbatch_size"] == par["microbatch_size"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--devices", "4"], "--devices: the cluster layout decides"),
+        (["--tp", "2"], "--tp: the cluster layout decides"),
+        (["--global-batch", "0"], "--global-batch: must be at least 1"),
+        (["--gpus-per-node", "0"], "--gpus-per-node: must be at least 1"),
+    ],
+)
+def test_plan_gpus_refuses_bad_input_in_one_line(tmp_path, capsys, extra, message):
+    argv = ["plan", "--model", "tiny-llama", "--gpus", "8", *extra, "-o", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_cluster_no_layout_fits_is_refused_in_one_line(tmp_path, capsys):
+    # One sample per step leaves DP 1; TP at most a node of 4 leaves PP >= 16 > the 7 layers.
+    argv = ["plan", "--model", "tiny-llama", "--gpus", "64", "--gpus-per-node", "4"]
+    assert main([*argv, "--global-batch", "1", "-o", str(tmp_path)]) == 2
+    assert "no TP x PP x DP layout of 64 GPUs" in capsys.readouterr().err
+
+
+def test_the_tuner_refuses_plans_too_large_to_tune_in_bounded_time():
+    profile = api.profile_from_config("tiny-llama", devices=16, seq_len=64)
+    with pytest.raises(InputError, match="at most 262,144"):
+        api.tune(profile, 300_000)
