@@ -7,12 +7,13 @@ No tests here: builders shared by tests/test_viz.py and the sample-picture scrip
 from __future__ import annotations
 
 import sys
+from collections.abc import Container
 from pathlib import Path
 
 from octopipe.actions import Action
 from octopipe.costs import CostTable
 from octopipe.plan import Plan, make_plan
-from octopipe.profile import Device, LayerCost, Link, Profile
+from octopipe.profile import DataParallel, Device, LayerCost, Link, Profile
 from tests.sim_helpers import one_f_one_b
 
 
@@ -47,6 +48,20 @@ def layer_profile(
     return Profile(
         name="sample", layers=tuple(layers), devices=devs, link=Link(bandwidth=50e9, latency=1e-5)
     )
+
+
+def data_parallel(
+    profile: Profile, degree: int = 4, grad_layers: Container[int] | None = None
+) -> Profile:
+    """`profile` in `degree` replicas whose layers (all, or those in `grad_layers`) reduce their
+    parameters' bytes of gradients, so their stages get all-reduces."""
+    reduced = range(len(profile.layers)) if grad_layers is None else grad_layers
+    layers = tuple(
+        layer.model_copy(update={"grad_bytes": layer.param_bytes if i in reduced else 0})
+        for i, layer in enumerate(profile.layers)
+    )
+    dp = DataParallel(degree=degree, bandwidth=50e9, latency=1e-5)
+    return profile.model_copy(update={"layers": layers, "data_parallel": dp})
 
 
 def interleaved_1f1b(num_devices: int, chunks: int, num_microbatches: int) -> Plan:
@@ -151,11 +166,14 @@ def write_samples(folder: str | Path) -> list[Path]:
         "1f1b_split_4x8": (layer_profile(4, 4), one_f_one_b(4, 8, split=True)),
         "interleaved_4x2x8": (layer_profile(8, 4), interleaved_1f1b(4, 2, 8)),
         "vshape_hetero_4x8": None,
+        "1f1b_dp_4x8": (data_parallel(layer_profile(4, 4)), one_f_one_b(4, 8)),
+        "vshape_dp_4x8": None,
         "1f1b_32x128": (layer_profile(32, 32), one_f_one_b(32, 128)),
         "1f1b_split_32x128": (layer_profile(32, 32), one_f_one_b(32, 128, split=True)),
     }
     hetero = layer_profile(8, 4, speeds=[1.0, 1.0, 0.8, 1.25], memory_bytes=12 << 30)
     cases["vshape_hetero_4x8"] = (hetero, v_shape_greedy(hetero, 4, 8, max_in_flight=6))
+    cases["vshape_dp_4x8"] = (data_parallel(hetero), cases["vshape_hetero_4x8"][1])
     for name, (profile, plan) in cases.items():
         result = Simulator(profile).run(plan)
         written.append(viz.save_timeline(result, out / f"{name}.png", title=name))

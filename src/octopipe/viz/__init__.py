@@ -8,8 +8,10 @@
     # layout.py: the timeline's size; style.py: colours, shades per chunk, label sizes, headline
 
 Everything here reads a `SimResult` or any sequence of `octopipe.actions.Event` (simulated or
-measured: `octopipe.trace` reads both) and only draws it. Names are loaded on first use, so
-importing this package, `viz.text` or `viz.html` does not import matplotlib.
+measured: `octopipe.trace` reads both) and only draws it; the timelines also draw a
+SimResult's data-parallel gradient all-reduces, on a thin row under each device. Names are
+loaded on first use, so importing this package, `viz.text` or `viz.html` does not import
+matplotlib.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ _WHERE = {
     "save_timeline": "timeline",
     "timeline_layout": "layout",
     "TimelineLayout": "layout",
+    "timeline_rows": "layout",
+    "TimelineRows": "layout",
     "save_memory_plot": "memory",
     "save_html_timeline": "html",
     "html_timeline": "html",
@@ -33,6 +37,8 @@ _WHERE = {
     "events_of": "style",
     "KIND_COLORS": "style",
     "KIND_NAMES": "style",
+    "REDUCE_COLOR": "style",
+    "reductions_of": "style",
 }
 
 __all__ = sorted(_WHERE)

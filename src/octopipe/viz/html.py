@@ -10,6 +10,10 @@ coordinates (`viewBox` = the iteration by the devices, stretched to the page), s
 changes the drawing's width. A few lines of script, inline and offline, add the rest: hovering
 an action shows it, its device, start, end and duration; the mouse wheel (or + and -) zooms
 around the pointer, dragging or scrolling pans, 0 fits the page. No network, no libraries.
+
+A device with data-parallel gradient all-reduces gets a thin row just below its own, one
+`<rect id="reduce-d{device}-s{stage}">` per reduction; hovering one shows its stage, start, end
+and duration.
 """
 
 from __future__ import annotations
@@ -22,16 +26,19 @@ from pathlib import Path
 from octopipe.actions import Event
 from octopipe.sim import SimResult
 from octopipe.units import time_unit
+from octopipe.viz.layout import REDUCE_ROW, TimelineRows, timeline_rows
 from octopipe.viz.style import (
     CRITICAL_EDGE,
     IDLE_COLOR,
     KIND_COLORS,
     KIND_NAMES,
     KIND_ORDER,
+    REDUCE_COLOR,
     chunk_indices,
     events_of,
     headline,
     hex_color,
+    reductions_of,
     shade,
     stage_list,
     stages_per_device,
@@ -54,6 +61,8 @@ def html_timeline(result: SimResult | Sequence[Event], title: str | None = None)
     P = stats.num_devices
     row_px = max(10, min(28, 640 // max(P, 1)))
     span = stats.iteration_time * scale
+    reductions = reductions_of(result)
+    rows = timeline_rows(P, {r.device for r in reductions})
 
     styles = [f".i{{fill:{IDLE_COLOR}}}", f".c{{stroke:{CRITICAL_EDGE};stroke-width:1.5px}}"]
     legend = []
@@ -62,6 +71,9 @@ def html_timeline(result: SimResult | Sequence[Event], title: str | None = None)
         for c in range(num_chunks):
             styles.append(f".{k}{c}{{fill:{hex_color(shade(KIND_COLORS[k], c, num_chunks))}}}")
         legend.append((KIND_COLORS[k], f"{k} {KIND_NAMES[k]}"))
+    if reductions:
+        styles.append(f".ar{{fill:{REDUCE_COLOR}}}")
+        legend.append((REDUCE_COLOR, "gradient all-reduce"))
     if num_chunks > 1:
         legend += [
             (hex_color(shade("#666666", c, num_chunks)), f"chunk {c} (lighter: later)")
@@ -70,26 +82,21 @@ def html_timeline(result: SimResult | Sequence[Event], title: str | None = None)
     if critical:
         legend.append(("#FFFFFF", "critical path (outlined)"))
 
+    # Bars are centred on their row: the top is the centre less half the bar.
+    top = [y - _BAR_FILL / 2 for y in rows.compute]
     rects = [
-        f'<rect class="i" x="0" y="{d + (1 - _BAR_FILL) / 2:g}" width="{span:.6g}" '
-        f'height="{_BAR_FILL}"/>'
-        for d in range(P)
+        f'<rect class="i" x="0" y="{y:g}" width="{span:.6g}" height="{_BAR_FILL}"/>' for y in top
     ]
     for e in events:
         a = e.action
         cls = f"{a.kind}{chunk_of[a.stage]}" + (" c" if a in critical else "")
         rects.append(
             f'<rect id="action-d{e.device}-{a}" class="{cls}" x="{e.start * scale:.7g}" '
-            f'y="{e.device + (1 - _BAR_FILL) / 2:g}" width="{(e.end - e.start) * scale:.7g}" '
+            f'y="{top[e.device]:g}" width="{(e.end - e.start) * scale:.7g}" '
             f'height="{_BAR_FILL}"/>'
         )
-    stages_of = stages_per_device(events)
-    labels = "".join(
-        f'<div class="lab" style="height:{row_px}px">device {d}'
-        + (f" · {stage_list(stages_of[d])}" if d in stages_of else "")
-        + "</div>"
-        for d in range(P)
-    )
+    rects += _reduction_rects(reductions, rows, scale)
+    labels = _row_labels(events, rows, row_px)
     chips = "".join(
         f'<span class="chip"><i style="background:{color}"></i>{html.escape(text)}</span>'
         for color, text in legend
@@ -101,14 +108,43 @@ def html_timeline(result: SimResult | Sequence[Event], title: str | None = None)
         styles="\n".join(styles),
         legend=chips,
         labels=labels,
-        height=row_px * P,
+        height=f"{row_px * rows.height:g}",
         span=f"{span:.7g}",
-        devices=P,
+        rows=f"{rows.height:g}",
         unit=unit,
         rects="\n".join(rects),
-        count=len(events),
+        count=f"{len(events)} actions"
+        + (f", {len(reductions)} gradient all-reduces" if reductions else ""),
         kind_names=json.dumps({str(k): name for k, name in KIND_NAMES.items()}),
     )
+
+
+def _reduction_rects(reductions, rows: TimelineRows, scale: float) -> list[str]:
+    fill = _BAR_FILL * REDUCE_ROW
+    return [
+        f'<rect id="reduce-d{r.device}-s{r.stage}" class="ar" x="{r.start * scale:.7g}" '
+        f'y="{rows.reduce[r.device] - fill / 2:g}" width="{(r.end - r.start) * scale:.7g}" '
+        f'height="{fill:g}"/>'
+        for r in reductions
+    ]
+
+
+def _row_labels(events: Sequence[Event], rows: TimelineRows, row_px: int) -> str:
+    """One label per row, as tall as its row, so the labels line up with the drawing."""
+    stages_of = stages_per_device(events)
+    out = []
+    for d in range(len(rows.compute)):
+        out.append(
+            f'<div class="lab" style="height:{row_px}px">device {d}'
+            + (f" · {stage_list(stages_of[d])}" if d in stages_of else "")
+            + "</div>"
+        )
+        if d in rows.reduce:
+            out.append(
+                f'<div class="lab ar-lab" style="height:{row_px * REDUCE_ROW:g}px">'
+                f"device {d} all-reduce</div>"
+            )
+    return "".join(out)
 
 
 def save_html_timeline(
@@ -132,6 +168,7 @@ border:1px solid #999}}
 #wrap{{display:flex;border:1px solid #ddd}}
 #labels{{flex:none;padding-right:6px;border-right:1px solid #ddd;padding-bottom:24px}}
 .lab{{display:flex;align-items:center;font-size:11px;white-space:nowrap;color:#333}}
+.ar-lab{{font-size:9px;color:#666}}
 #scroll{{flex:1;overflow-x:auto;overflow-y:hidden;cursor:grab;position:relative}}
 #content{{position:relative;width:100%}}
 svg{{display:block;width:100%}}
@@ -145,11 +182,11 @@ font-size:12px;pointer-events:none;box-shadow:1px 1px 4px #0003;white-space:pre}
 </style></head><body>
 <h1>{heading}</h1>
 <div>{legend}</div>
-<div class="help">{count} actions. Hover: details. Wheel or +/-: zoom in time, drag or scroll:
+<div class="help">{count}. Hover: details. Wheel or +/-: zoom in time, drag or scroll:
 pan, 0: fit.</div>
 <div id="wrap"><div id="labels">{labels}</div>
 <div id="scroll"><div id="content">
-<svg id="tl" viewBox="0 0 {span} {devices}" preserveAspectRatio="none" height="{height}"
+<svg id="tl" viewBox="0 0 {span} {rows}" preserveAspectRatio="none" height="{height}"
  xmlns="http://www.w3.org/2000/svg">
 {rects}
 </svg><div id="axis"></div></div></div></div>
@@ -191,10 +228,13 @@ window.addEventListener("mousemove",e=>{{
   if(drag){{sc.scrollLeft=drag[1]-(e.clientX-drag[0]);}}
   const r=e.target;
   if(r.tagName==="rect"&&r.id){{
-    const m=/^action-d(\\d+)-(\\d+)([FBIW])(\\d+)$/.exec(r.id);
+    const m=/^action-d(\\d+)-(\\d+)([FBIW])(\\d+)$/.exec(r.id),
+      g=/^reduce-d(\\d+)-s(\\d+)$/.exec(r.id);
     const x=+r.getAttribute("x"), w=+r.getAttribute("width");
-    tip.textContent=m[2]+m[3]+m[4]+"  "+kinds[m[3]]+", stage "+m[2]+", microbatch "+m[4]+
-      "\\ndevice "+m[1]+"\\nstart "+fmt(x)+"\\nend "+fmt(x+w)+"\\ntakes "+fmt(w);
+    const when="\\nstart "+fmt(x)+"\\nend "+fmt(x+w)+"\\ntakes "+fmt(w);
+    tip.textContent=m?m[2]+m[3]+m[4]+"  "+kinds[m[3]]+", stage "+m[2]+", microbatch "+m[4]+
+      "\\ndevice "+m[1]+when:
+      "all-reduce of stage "+g[2]+"'s gradients (data parallel)\\ndevice "+g[1]+when;
     tip.style.display="block";
     tip.style.left=Math.min(e.clientX+12,window.innerWidth-260)+"px";
     tip.style.top=(e.clientY+14)+"px";

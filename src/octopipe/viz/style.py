@@ -12,6 +12,7 @@ from pathlib import Path
 from octopipe.actions import KIND_NAMES, Event
 from octopipe.errors import InputError
 from octopipe.sim import SimResult
+from octopipe.sim.evaluate import Reduction
 from octopipe.trace import normalized_events
 from octopipe.units import time_unit
 
@@ -20,6 +21,7 @@ __all__ = [
     "IDLE_COLOR",
     "KIND_COLORS",
     "KIND_NAMES",
+    "REDUCE_COLOR",
     "TimelineSummary",
     "chunk_indices",
     "events_of",
@@ -27,12 +29,14 @@ __all__ = [
     "hex_color",
     "image_format",
     "label_font_size",
+    "reductions_of",
     "shade",
     "stage_list",
     "summarize",
 ]
 
 KIND_COLORS = {"F": "#3D85C6", "B": "#CC4125", "I": "#E69138", "W": "#6AA84F"}
+REDUCE_COLOR = "#674EA7"  # data-parallel gradient all-reduces: apart from every kind
 IDLE_COLOR = "#ECECEC"
 CRITICAL_EDGE = "#111111"
 KIND_ORDER = "FBIW"
@@ -58,6 +62,16 @@ def events_of(source: SimResult | Iterable[Event]) -> tuple[Event, ...]:
             raise ValueError("this SimResult has no events: simulate with detail=True")
         return normalized_events(source.events)
     return normalized_events(source)
+
+
+def reductions_of(source: SimResult | Iterable[Event]) -> tuple[Reduction, ...]:
+    """A SimResult's gradient all-reduces on the events' clock (see `events_of`), by device
+    and start; none for bare events."""
+    if not isinstance(source, SimResult) or not source.reductions:
+        return ()
+    t0 = min((e.start for e in source.events), default=0.0)
+    shifted = (Reduction(r.device, r.stage, r.start - t0, r.end - t0) for r in source.reductions)
+    return tuple(sorted(shifted, key=lambda r: (r.device, r.start)))
 
 
 def summarize(source: SimResult | Iterable[Event]) -> TimelineSummary:

@@ -4,7 +4,9 @@ The picture fits a screen (sizes: `viz.layout`): within 2400 x 1800 pixels, long
 wrapped into bands, microbatch labels only where they fit, time ticks with units. Every action
 is still drawn (boxes are one PolyCollection per band, so tens of thousands draw in seconds);
 the detail of a big plan is in the HTML timeline (`viz.html`). In an SVG each action is its
-own element with the id `action-d{device}-{action}`.
+own element with the id `action-d{device}-{action}`. A device with data-parallel gradient
+all-reduces gets a thin row just below its own, a bar per reduction (SVG id
+`reduce-d{device}-s{stage}`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from octopipe.viz.layout import (  # noqa: E402
     INCHES_PER_TICK,
     MARGIN_LEFT,
     MARGIN_TOP,
+    REDUCE_ROW,
+    TimelineRows,
     timeline_layout,
 )
 from octopipe.viz.style import (  # noqa: E402
@@ -39,11 +43,14 @@ from octopipe.viz.style import (  # noqa: E402
     KIND_COLORS,
     KIND_NAMES,
     KIND_ORDER,
+    REDUCE_COLOR,
     TimelineSummary,
     chunk_indices,
     events_of,
     headline,
     image_format,
+    label_font_size,
+    reductions_of,
     shade,
     stage_list,
     stages_per_device,
@@ -61,7 +68,8 @@ def save_timeline(
 
     Boxes are coloured by kind (F/B/I/W) and lightened per chunk, labelled with the
     microbatch where the label fits; grey is idle time. A SimResult's critical path is
-    outlined. `stage_labels` names each row's stages next to its device.
+    outlined, and its gradient all-reduces fill a thin row under their device, labelled with
+    the stage where the label fits. `stage_labels` names each row's stages next to its device.
     """
     path = Path(path)
     fmt = image_format(path)
@@ -73,7 +81,11 @@ def save_timeline(
     critical = set(result.critical_path) if isinstance(result, SimResult) else set()
     chunk_of = chunk_indices(events)
     num_chunks = 1 + max(chunk_of.values())
-    layout = timeline_layout(events, stats.iteration_time, stats.num_devices)
+    reductions = reductions_of(result)
+    layout = timeline_layout(
+        events, stats.iteration_time, stats.num_devices, {r.device for r in reductions}
+    )
+    rows = layout.rows
     colors = {
         (k, c): shade(KIND_COLORS[k], c, num_chunks) for k in KIND_ORDER for c in range(num_chunks)
     }
@@ -93,10 +105,12 @@ def save_timeline(
         )
         lo, hi = band * band_span, (band + 1) * band_span
         ax.set_xlim(lo * scale, hi * scale)
-        ax.set_ylim(stats.num_devices - 0.5, -0.5)  # device 0 on top
+        ax.set_ylim(rows.height, 0.0)  # device 0 on top
         shown = [e for e in events if e.end >= lo and e.start <= hi]
         _draw_band(ax, shown, layout, scale, (lo, hi), colors, chunk_of, critical, fmt, band)
-        _label_rows(ax, events, stats, stage_labels, idle=band == 0)
+        reduced = [r for r in reductions if r.end >= lo and r.start <= hi]
+        _draw_reductions(ax, reduced, layout, scale, (lo, hi), fmt, band)
+        _label_rows(ax, events, stats, stage_labels, rows, idle=band == 0)
         ax.xaxis.set_major_locator(
             MaxNLocator(
                 nbins=max(3, round(layout.axes_width / INCHES_PER_TICK)),
@@ -105,11 +119,11 @@ def save_timeline(
         )
         ax.tick_params(axis="x", labelsize=8)
         ax.spines[["top", "right", "left"]].set_visible(False)
-        ax.tick_params(axis="y", length=0)
+        ax.tick_params(axis="y", which="both", length=0)
         ax.grid(axis="x", color="#BBBBBB", linewidth=0.4, zorder=1)
         ax.set_axisbelow(True)
     ax.set_xlabel(f"time ({unit})" + (f", in {layout.bands} bands" if layout.bands > 1 else ""))
-    _add_legend(fig, events, num_chunks, bool(critical))
+    _add_legend(fig, events, num_chunks, bool(critical), bool(reductions))
     heading = headline(stats)
     fig.text(
         MARGIN_LEFT / fig_w,
@@ -129,14 +143,15 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
     outlines and the labels that fit."""
     lo, hi = window
     half = BAR_FILL / 2
+    ys = layout.rows.compute
     idle = [
         [
-            (lo * scale, d - half),
-            (hi * scale, d - half),
-            (hi * scale, d + half),
-            (lo * scale, d + half),
+            (lo * scale, y - half),
+            (hi * scale, y - half),
+            (hi * scale, y + half),
+            (lo * scale, y + half),
         ]
-        for d in range(layout.num_devices)
+        for y in ys
     ]
     ax.add_collection(PolyCollection(idle, facecolors=IDLE_COLOR, edgecolors="none", zorder=0))
     per_action = fmt == "svg"
@@ -149,7 +164,7 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
     for e in events:
         a = e.action
         x0, x1 = e.start * scale, e.end * scale
-        y0, y1 = e.device - half, e.device + half
+        y0, y1 = ys[e.device] - half, ys[e.device] + half
         face = colors[(a.kind, chunk_of[a.stage])]
         if per_action:  # an element per action readers can find by id; SVGs are small plans
             box = Rectangle(
@@ -192,7 +207,7 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
             continue
         ax.text(
             (e.start + e.end) / 2 * scale,
-            e.device,
+            ys[e.device],
             str(e.action.mb),
             ha="center",
             va="center",
@@ -202,8 +217,61 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
         )
 
 
+def _draw_reductions(ax, reductions, layout, scale, window, fmt, band) -> None:
+    """The all-reduce bars on their thin rows, each labelled with its stage where it fits."""
+    lo, hi = window
+    ys = layout.rows.reduce
+    half = BAR_FILL * REDUCE_ROW / 2
+    wide = bool(reductions) and layout.box_width_pt(min(r.end - r.start for r in reductions)) > 3
+    boxes = []
+    for r in reductions:
+        x0, x1, y0, y1 = r.start * scale, r.end * scale, ys[r.device] - half, ys[r.device] + half
+        if fmt == "svg":  # an element per reduction, as per action
+            box = Rectangle(
+                (x0, y0), x1 - x0, 2 * half, facecolor=REDUCE_COLOR, edgecolor="white",
+                linewidth=0.4, zorder=2,
+            )  # fmt: skip
+            first = r.start >= lo or band == 0
+            box.set_gid(f"{'' if first else 'more-'}reduce-d{r.device}-s{r.stage}")
+            ax.add_artist(box)
+        else:
+            boxes.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
+    if boxes:
+        ax.add_collection(
+            PolyCollection(
+                boxes,
+                facecolors=REDUCE_COLOR,
+                edgecolors="white" if wide else "face",
+                linewidths=0.4 if wide else 0.0,
+                zorder=2,
+            )
+        )
+    for r in reductions:
+        text = f"s{r.stage}"
+        size = label_font_size(
+            layout.box_width_pt(r.end - r.start), layout.reduce_bar_height_pt, text
+        )
+        if size is None or not (lo <= (r.start + r.end) / 2 < hi):
+            continue
+        ax.text(
+            (r.start + r.end) / 2 * scale,
+            ys[r.device],
+            text,
+            ha="center",
+            va="center",
+            fontsize=size,
+            color="white",
+            zorder=4,
+        )
+
+
 def _label_rows(
-    ax, events: Sequence[Event], stats: TimelineSummary, stage_labels: bool, idle: bool
+    ax,
+    events: Sequence[Event],
+    stats: TimelineSummary,
+    stage_labels: bool,
+    rows: TimelineRows,
+    idle: bool,
 ) -> None:
     stages_of = stages_per_device(events)
     labels = []
@@ -212,9 +280,17 @@ def _label_rows(
         if stage_labels and d in stages_of:
             label += "\n" + stage_list(stages_of[d])
         labels.append(label)
-    rows_pt = ax.get_position().height * ax.figure.get_size_inches()[1] * 72 / stats.num_devices
+    rows_pt = ax.get_position().height * ax.figure.get_size_inches()[1] * 72 / rows.height
     size = min(7.5 if stage_labels else 8.5, 0.45 * rows_pt if stage_labels else 0.8 * rows_pt)
-    ax.set_yticks(range(stats.num_devices), labels, fontsize=max(size, 3.0), linespacing=0.95)
+    ax.set_yticks(rows.compute, labels, fontsize=max(size, 3.0), linespacing=0.95)
+    if rows.reduce:  # minor ticks: their own, smaller font
+        ax.set_yticks(
+            list(rows.reduce.values()),
+            [f"device {d} all-reduce" for d in rows.reduce],
+            minor=True,
+            fontsize=max(min(7.0, 0.8 * REDUCE_ROW * rows_pt), 3.0),
+            color="#555555",
+        )
     if not idle:
         return
     # Idle share just right of each row: axes-x / data-y coordinates, a fixed offset in points.
@@ -223,7 +299,7 @@ def _label_rows(
         share = 1.0 - stats.busy[d] / stats.iteration_time if stats.iteration_time > 0 else 0.0
         ax.annotate(
             f"idle {100 * share:.0f}%",
-            (1.0, d),
+            (1.0, rows.compute[d]),
             xycoords=right,
             xytext=(4, 0),
             textcoords="offset points",
@@ -234,9 +310,13 @@ def _label_rows(
         )
 
 
-def _add_legend(fig, events: Sequence[Event], num_chunks: int, critical: bool) -> None:
+def _add_legend(
+    fig, events: Sequence[Event], num_chunks: int, critical: bool, reductions: bool
+) -> None:
     kinds = [k for k in KIND_ORDER if any(e.action.kind == k for e in events)]
     handles = [Patch(facecolor=KIND_COLORS[k], label=f"{k} {KIND_NAMES[k]}") for k in kinds]
+    if reductions:
+        handles.append(Patch(facecolor=REDUCE_COLOR, label="gradient all-reduce"))
     if num_chunks > 1:
         grey = "#666666"
         handles += [
