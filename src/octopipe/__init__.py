@@ -33,6 +33,7 @@ _EXPORTS = {
     "all_baselines": "octopipe.api",
     "simulate": "octopipe.api",
     "tune": "octopipe.api",
+    "plan_layout": "octopipe.api",
     "run": "octopipe.api",
 }
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "load_plan",
     "load_profile",
     "measure_profile",
+    "plan_layout",
     "profile_from_config",
     "run",
     "save_plan",

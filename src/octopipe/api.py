@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from octopipe.runtime import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
+    from octopipe.layouts import LayoutReport
     from octopipe.plan import Plan
     from octopipe.profile import Profile
     from octopipe.runtime.session import RunResult
@@ -136,6 +137,30 @@ def tune(
     )
     left = max(0.0, time_budget - (time.perf_counter() - started))
     return search(profile, num_microbatches, P, baselines=extra, time_budget=left, **options)
+
+
+def plan_layout(
+    config: str | Path,
+    gpus: str | int,
+    *,
+    global_batch: int,
+    gpus_per_node: int = 8,
+    hardware: str = "h100",
+    seq_len: int = 4096,
+    time_budget: float = 60.0,
+    **options,
+) -> LayoutReport:
+    """The parallel layout of a model on a cluster, as `octopipe plan --gpus` chooses it:
+    `gpus` a count of `hardware` GPUs or a spec such as "4xh100,4xa100"; every TP x PP x DP
+    layout with its microbatch size and count is screened, the best are tuned under the shared
+    `time_budget`; `.rows` best first, `.reference` Megatron-LM's usual layout. `options`:
+    those of `octopipe.layouts.plan_cluster` (finalists, seed, max_chunks, progress)."""
+    from octopipe.cluster import Cluster, parse_gpus
+    from octopipe.layouts import Job, plan_cluster
+
+    cluster = Cluster(parse_gpus(str(gpus), hardware), gpus_per_node)
+    job = Job(str(config), cluster, global_batch, seq_len)
+    return plan_cluster(job, time_budget=time_budget, **options)
 
 
 def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:

@@ -259,6 +259,7 @@ class LayoutSearch:
 
 @dataclass(frozen=True)
 class LayoutReport:
+    job: Job
     rows: tuple[Row, ...]  # every layout screened, best first (the tuned ones as tuned)
     reference: Row | None  # Megatron-LM's usual layout, simulated the same way
     screened: int
@@ -330,7 +331,7 @@ def plan_cluster(
         rows[k] = search.tune(start, left / min(finalists, len(rows) - k), seed, max_chunks)
         tuned += 1
     rows.sort(key=lambda r: r.score)
-    return LayoutReport(tuple(rows), reference, screened, len(layouts), tuned, used())
+    return LayoutReport(job, tuple(rows), reference, screened, len(layouts), tuned, used())
 
 
 def _cheapest_first(layouts: list[Layout]) -> list[Layout]:

@@ -16,14 +16,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from octopipe.cluster import Cluster, parse_gpus
+from octopipe.api import plan_layout
 from octopipe.commands._plan_outputs import pictures_fit, since, write_outputs
 from octopipe.errors import InputError
-from octopipe.layouts import Job, LayoutReport, Row, plan_cluster
+from octopipe.layouts import Job, LayoutReport, Row
 from octopipe.profile import save_profile
 from octopipe.units import GIB
 
 SHOWN_ROWS = 10
+DEFAULT_MODEL = "gemma2-9b"  # as the single-pipeline plan's
 # Options of the single-pipeline `plan` that a cluster layout decides itself.
 DECIDED = ("profile", "devices", "microbatches", "tp", "micro_batch_size", "memory_limit")
 
@@ -53,19 +54,23 @@ def run(args: argparse.Namespace) -> int:
     if args.time_budget <= 0:
         raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
     started = time.perf_counter()
-    cluster = Cluster(parse_gpus(args.gpus, args.hardware), args.gpus_per_node)
-    job = Job(args.model or "gemma2-9b", cluster, args.global_batch, args.seq_len)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once
     show = not args.quiet and sys.stderr.isatty()
     with _progress(show) as report:
-        result = plan_cluster(
-            job,
-            time_budget=args.time_budget,
+        result = plan_layout(
+            args.model or DEFAULT_MODEL,
+            args.gpus,
+            global_batch=args.global_batch,
+            gpus_per_node=args.gpus_per_node,
+            hardware=args.hardware,
+            seq_len=args.seq_len,
+            time_budget=args.time_budget - since(started),
             seed=args.seed,
             max_chunks=args.max_chunks,
             progress=report,
         )
+    job = result.job
     console = Console()
     console.print(layout_table(result, job))
     best = result.best
@@ -79,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     left = args.time_budget - since(started)
     written = write_outputs(plan, best.profile, out, pictures=args.png and pictures_fit(plan, left))
     console.print(
-        f"{cluster.describe()}: screened {result.screened} of {result.candidates} layouts, "
+        f"{job.cluster.describe()}: screened {result.screened} of {result.candidates} layouts, "
         f"tuned {result.tuned}, in {result.seconds:.1f} s; wrote profile.json, "
         + ", ".join(written)
     )
