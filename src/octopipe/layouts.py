@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from octopipe.cluster import Cluster
+from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
 from octopipe.plan import Plan
 from octopipe.profile import Profile
@@ -91,9 +92,9 @@ def divisors(n: int) -> list[int]:
 def candidate_layouts(
     cluster: Cluster, global_batch: int, num_layers: int, tp_fits: Callable[[int], bool]
 ) -> list[Layout]:
-    """Every TP (dividing a node, `tp_fits` the model) x PP (at most one layer per stage... at
-    least one layer per device) x DP = the cluster, with every power-of-two microbatch size up
-    to MAX_MICROBATCH_SIZE that divides the per-replica batch."""
+    """Every TP (dividing a node, `tp_fits` the model) x PP (at most one device per layer) x
+    DP = the cluster, with every power-of-two microbatch size up to MAX_MICROBATCH_SIZE that
+    divides the per-replica batch."""
     N, G = cluster.size, cluster.gpus_per_node
     out = []
     for tp in divisors(min(N, G)):
@@ -197,7 +198,8 @@ class LayoutSearch:
             }
         )
         if layout.zero1:
-            profile = shard_optimizer(profile, layout.dp, state_bytes=12, bytes_per_param=16)
+            s = Settings()  # the bytes per parameter the profiles were built with
+            profile = shard_optimizer(profile, layout.dp, s.optimizer_bytes, s.bytes_per_param)
         replicas = tuple(dict.fromkeys(topo.replica_devices))  # distinct, in order
         return profile, replicas
 

@@ -16,11 +16,27 @@ def compress_path(actions, limit: int = 14) -> str:
     return " -> ".join(text)
 
 
+def _time_line(r: SimResult) -> str:
+    """ "iteration 3.2 s", or for overlapped steps the step time and how it settled."""
+    st = r.steady
+    if st is None:
+        return f"iteration {fmt_time(r.iteration_time)}"
+    settled = (
+        f"settled after {st.steps_simulated} steps"
+        if st.converged
+        else f"[red]not settled in {st.steps_simulated} steps[/red]"
+    )
+    return (
+        f"step {fmt_time(r.iteration_time)} with steps overlapped ({settled}; one step alone "
+        f"{fmt_time(st.first_step_time)})"
+    )
+
+
 def print_simulation(result: SimResult, console: Console | None = None, title: str = "") -> None:
     console = console or Console()
     r = result
     console.print(
-        f"[bold]{title or 'simulated plan'}[/bold]: iteration {fmt_time(r.iteration_time)}, "
+        f"[bold]{title or 'simulated plan'}[/bold]: {_time_line(r)}, "
         f"bubble {r.bubble_ratio:.1%}, efficiency {r.efficiency:.1%} "
         f"(physical limit {fmt_time(r.lower_bound)}), "
         + ("[green]fits memory[/green]" if r.fits else "[red]exceeds memory[/red]")

@@ -28,6 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace JSON")
     p.add_argument("--memory-png", metavar="PATH", help="write each device's memory over time")
     p.add_argument(
+        "--overlap-steps",
+        action="store_true",
+        help="steps back to back with no barrier: report the steady-state time per step "
+        "(step_time) and the peak memory of the repeated run (docs/FORMATS.md)",
+    )
+    p.add_argument(
         "--action-overhead",
         type=float,
         default=0.0,
@@ -44,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(
             "--action-overhead", f"must be a finite number >= 0, got {args.action_overhead}"
         )
-    result = Simulator(profile, args.action_overhead).run(plan, check=False, where=args.plan)
+    if args.overlap_steps and (args.trace or args.png or args.html or args.memory_png):
+        raise InputError("--overlap-steps", "draws no timeline or trace yet; drop those options")
+    result = Simulator(profile, args.action_overhead).run(
+        plan, check=False, where=args.plan, overlap_steps=args.overlap_steps
+    )
     if args.trace:
         from octopipe.trace import write_trace
 

@@ -11,12 +11,14 @@ adds a fixed cost to every action. Exported `predicted` figures never use it.
 
 from __future__ import annotations
 
+from octopipe.actions import Action
 from octopipe.costs import CostTable
 from octopipe.errors import DeadlockError
-from octopipe.plan import Plan
+from octopipe.plan import Plan, check_structure
 from octopipe.profile import Device, Profile
 from octopipe.sim.evaluate import SimResult, evaluate
-from octopipe.sim.graph import build_graph, devices_for
+from octopipe.sim.graph import action_id, build_graph, devices_for
+from octopipe.sim.steps import refuse_data_parallel, steady_state
 
 __all__ = ["SimResult", "Simulator", "lower_bound", "simulate"]
 
@@ -36,12 +38,20 @@ class Simulator:
         self.costs = CostTable(profile, action_overhead)
 
     def run(
-        self, plan: Plan, detail: bool = True, check: bool = True, where: str = "<plan>"
+        self,
+        plan: Plan,
+        detail: bool = True,
+        check: bool = True,
+        where: str = "<plan>",
+        overlap_steps: bool = False,
     ) -> SimResult:
         """Simulate `plan`. `detail=False` skips events and critical path; `check=False` skips the
         structural validation of a plan a generator has just built; `where` names the plan (its
-        file) in error messages."""
+        file) in error messages. `overlap_steps`: the steady state of steps run back to back
+        with no barrier (`sim/steps.py`; no events or critical path)."""
         devices = devices_for(self.profile, plan, where)
+        if overlap_steps:
+            return self._steady_state(plan, devices, check, where)
         graph = build_graph(self.costs, plan, devices, check, where)
         try:
             return evaluate(
@@ -50,6 +60,26 @@ class Simulator:
         except DeadlockError as exc:
             raise DeadlockError(f"{where}: {exc}") from None
 
+    def _steady_state(
+        self, plan: Plan, devices: tuple[Device, ...], check: bool, where: str
+    ) -> SimResult:
+        refuse_data_parallel(self.profile)
+        if check:
+            check_structure(plan, where, self.costs.num_layers)
 
-def simulate(profile: Profile, plan: Plan, detail: bool = True) -> SimResult:
-    return Simulator(profile).run(plan, detail=detail)
+        def run_steps(repeated: Plan, watch: list[Action]) -> SimResult:
+            M = repeated.num_microbatches
+            graph = build_graph(self.costs, repeated, devices, check=False)
+            bound = lower_bound(self.profile, devices, M)
+            try:
+                return evaluate(graph, bound, False, [action_id(a, M) for a in watch])
+            except DeadlockError as exc:
+                raise DeadlockError(f"{where}: {exc}") from None
+
+        return steady_state(run_steps, plan)
+
+
+def simulate(
+    profile: Profile, plan: Plan, detail: bool = True, overlap_steps: bool = False
+) -> SimResult:
+    return Simulator(profile).run(plan, detail=detail, overlap_steps=overlap_steps)

@@ -7,6 +7,7 @@ dependencies allow and repeats until all actions ran; a sweep without progress i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -27,6 +28,20 @@ class Reduction:
 
 
 @dataclass(frozen=True)
+class SteadyState:
+    """How a run of overlapped steps settled: the result's iteration_time is `step_time`."""
+
+    step_time: float  # seconds per step in steady state
+    first_step_time: float  # the first step's end, as one synchronous step would take
+    steps_simulated: int
+    period: int  # steps after which the per-step increments repeat (0: not settled)
+
+    @property
+    def converged(self) -> bool:
+        return self.period > 0
+
+
+@dataclass(frozen=True)
 class SimResult:
     iteration_time: float
     busy: tuple[float, ...]  # per device: seconds computing
@@ -40,6 +55,9 @@ class SimResult:
     _timing: tuple | None = field(default=None, repr=False, compare=False)
     # Data parallelism: each stage's gradient all-reduce (none with one replica).
     reductions: tuple[Reduction, ...] = ()
+    watched_ends: tuple[float, ...] = field(default=(), repr=False, compare=False)
+    # Overlapped steps (sim/steps.py): None for one synchronous step.
+    steady: SteadyState | None = None
 
     @cached_property
     def events(self) -> tuple[Event, ...]:
@@ -95,6 +113,7 @@ class SimResult:
             "bubble_ratio": self.bubble_ratio,
             "efficiency": self.efficiency,
             "fits": self.fits,
+            **({"step_time": self.steady.step_time} if self.steady else {}),
         }
 
     def summary(self) -> dict:
@@ -109,6 +128,17 @@ class SimResult:
             "fits_per_device": list(self.fits_per_device),
             "critical_path": [str(a) for a in self.critical_path],
             **({"reductions": [vars(r) for r in self.reductions]} if self.reductions else {}),
+            **(self._steady_summary() if self.steady else {}),
+        }
+
+    def _steady_summary(self) -> dict:
+        st = self.steady
+        assert st is not None
+        return {
+            "step_time": st.step_time,
+            "first_step_time": st.first_step_time,
+            "steps_simulated": st.steps_simulated,
+            "step_time_converged": st.converged,
         }
 
 
@@ -124,8 +154,11 @@ def plan_rank(iteration_time: float, excess: tuple[float, ...]) -> tuple[int, fl
     return (1, max(excess), iteration_time)
 
 
-def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult:
-    """Time and memory of `graph`. `detail=False` skips events and the critical path (search)."""
+def evaluate(
+    graph: Graph, lower_bound: float, detail: bool = True, watch: Sequence[int] = ()
+) -> SimResult:
+    """Time and memory of `graph`. `detail=False` skips events and the critical path (search);
+    `watch` lists action ids whose end times the result reports (`watched_ends`)."""
     rows = graph.rows
     nd = len(rows)
     end = [-1.0] * graph.num_ids
@@ -203,6 +236,7 @@ def evaluate(graph: Graph, lower_bound: float, detail: bool = True) -> SimResult
         end_memory_bytes=ends,
         _timing=timing,
         reductions=reductions,
+        watched_ends=tuple(end[aid] for aid in watch),
     )
 
 
