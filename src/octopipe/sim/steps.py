@@ -9,8 +9,8 @@ The step time is the limit of T_K / K, T_K the end of step K (the last device to
 For a fixed order the step ends form a max-plus linear recurrence, whose increments
 T_{k+1} - T_k become periodic after a transient; `steady_state` simulates 8, 16, ... steps
 until the last two periods of increments agree (a period of 1 to 4 steps) and takes their mean.
-Peak memory is over the whole repeated run: step k+1's activations in flight beside step k's
-pending W count.
+Peak memory is over the whole repeated run; as a device ends step k (its W included) before
+step k+1's first action, it equals one step's peak.
 """
 
 from __future__ import annotations

@@ -1,0 +1,140 @@
+"""Overlapped steps: the plan's orders repeated with no barrier, and the steady step time.
+
+Checked against closed forms and against the zero-bubble paper's own figures (Qi et al., ICLR
+2024, Tables 5 and 9, `benchmarks/data/zb_paper_bubble_rates.csv`): ZB-H2's published bubble
+rates are those of overlapped steps.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from sim_helpers import one_f_one_b, uniform_profile
+
+from octopipe.api import baseline
+from octopipe.cli import main
+from octopipe.errors import InputError
+from octopipe.plan import check_structure, save_plan
+from octopipe.profile import DataParallel, Device, LayerCost, Link, Profile, save_profile
+from octopipe.sim import Simulator
+from octopipe.sim.steps import repeat_steps, settled_period
+
+PAPER = Path(__file__).parents[1] / "benchmarks" / "data" / "zb_paper_bubble_rates.csv"
+
+
+def paper_rows() -> list[dict[str, str]]:
+    lines = [line for line in PAPER.read_text().splitlines() if not line.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def paper_profile(row: dict[str, str]) -> Profile:
+    """One layer per device with the paper's profiled T_F, T_B, T_W (ms) and T_comm."""
+    p = int(row["p"])
+    f, b, w, comm = (float(row[k]) / 1000 for k in ("T_F", "T_B", "T_W", "T_comm"))
+    layer = dict(f=f, b=b, w=w, act_bytes=2, wact_bytes=1, param_bytes=0, out_bytes=0)
+    return Profile(
+        name=f"zb-{row['model']}",
+        layers=tuple(LayerCost(name=f"layers.{i}", **layer) for i in range(p)),
+        devices=tuple(Device() for _ in range(p)),
+        link=Link(latency=comm),
+    )
+
+
+def test_repeating_steps_renumbers_microbatches_and_keeps_each_devices_order():
+    plan = one_f_one_b(2, 3)
+    twice = repeat_steps(plan, 2)
+    check_structure(twice)
+    assert twice.num_microbatches == 6 and twice.stages == plan.stages
+    for d, acts in plan.schedule.items():
+        again = twice.schedule[d]
+        assert again[: len(acts)] == acts
+        assert [(a.stage, a.kind, a.mb - 3) for a in again[len(acts) :]] == [
+            (a.stage, a.kind, a.mb) for a in acts
+        ]
+
+
+def test_one_device_has_nothing_to_overlap():
+    # A lone device runs its work back to back: every step takes exactly its work.
+    profile = uniform_profile(1, f=1.0, b=2.0, w=0.0, devices=1)
+    result = Simulator(profile).run(one_f_one_b(1, 4), overlap_steps=True)
+    assert result.iteration_time == pytest.approx(12.0)
+    assert result.steady.first_step_time == pytest.approx(12.0)
+    assert result.steady.converged and result.busy == (pytest.approx(12.0),)
+
+
+def test_1f1b_does_not_overlap_its_steps():
+    # Device 0 ends a 1F1B step with the step's last backward, which waits for the whole
+    # pipeline: the next step cannot start any earlier than after a barrier.
+    profile = uniform_profile(4, devices=4, link=Link(latency=0.1))
+    plan = one_f_one_b(4, 8)
+    sim = Simulator(profile)
+    alone, overlapped = sim.run(plan), sim.run(plan, overlap_steps=True)
+    assert overlapped.iteration_time == pytest.approx(alone.iteration_time, rel=1e-12)
+
+
+@pytest.mark.parametrize("row", paper_rows(), ids=lambda r: f"{r['model']}-p{r['p']}-m{r['m']}")
+def test_zbh2_overlapped_reproduces_the_papers_bubble_rate(row):
+    profile = paper_profile(row)
+    plan = baseline(profile, "zbh2", "uniform", num_microbatches=int(row["m"]))
+    overlapped = Simulator(profile).run(plan, overlap_steps=True)
+    assert overlapped.steady.converged
+    assert overlapped.bubble_ratio == pytest.approx(float(row["ZB-H2"]), abs=1e-4)
+    # 1F1B and ZB-H1 are the same with and without overlap, and match the paper too.
+    for schedule, column in (("1f1b", "1F1B"), ("zbh1", "ZB-H1")):
+        plan = baseline(profile, schedule, "uniform", num_microbatches=int(row["m"]))
+        result = Simulator(profile).run(plan, overlap_steps=True)
+        assert result.bubble_ratio == pytest.approx(float(row[column]), abs=1e-4)
+
+
+def test_overlap_shortens_zbh2_steps_at_the_same_peak_memory():
+    # A device finishes step k before step k+1's first action, so its activations are back to
+    # the step's starting level: the repeated run peaks where one step does.
+    row = next(r for r in paper_rows() if r["model"] == "6.2B")
+    profile = paper_profile(row)
+    plan = baseline(profile, "zbh2", "uniform", num_microbatches=int(row["m"]))
+    sim = Simulator(profile)
+    alone, overlapped = sim.run(plan), sim.run(plan, overlap_steps=True)
+    assert overlapped.iteration_time < alone.iteration_time
+    assert overlapped.peak_memory_bytes == alone.peak_memory_bytes
+
+
+def test_a_period_is_found_only_where_the_increments_repeat():
+    assert settled_period([3.0, 2.0, 2.0, 2.0], 2.0) == 1
+    assert settled_period([5.0, 1.0, 3.0, 1.0, 3.0], 2.0) == 2
+    assert settled_period([4.0, 3.0, 2.5, 2.2], 2.0) == 0
+
+
+def test_data_parallel_overlap_is_refused():
+    profile = uniform_profile(2, devices=2)
+    layers = tuple(l.model_copy(update={"grad_bytes": 10}) for l in profile.layers)
+    profile = profile.model_copy(
+        update={"layers": layers, "data_parallel": DataParallel(degree=2, bandwidth=1.0)}
+    )
+    with pytest.raises(InputError, match="not modelled"):
+        Simulator(profile).run(one_f_one_b(2, 2), overlap_steps=True)
+
+
+def test_simulate_overlap_steps_json(tmp_path, capsys):
+    row = next(r for r in paper_rows() if r["model"] == "6.2B")
+    profile = paper_profile(row)
+    plan = baseline(profile, "zbh2", "uniform", num_microbatches=int(row["m"]))
+    save_profile(profile, tmp_path / "p.json")
+    save_plan(plan, tmp_path / "plan.json")
+    argv = [
+        "simulate",
+        "--profile",
+        str(tmp_path / "p.json"),
+        "--plan",
+        str(tmp_path / "plan.json"),
+    ]
+    assert main([*argv, "--overlap-steps", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["step_time"] == out["iteration_time"] < out["first_step_time"]
+    assert out["step_time_converged"] is True
+    assert out["bubble_ratio"] == pytest.approx(float(row["ZB-H2"]), abs=1e-4)
+    assert main(argv) == 0  # without the flag: one synchronous step, no step_time
+    assert "step" not in capsys.readouterr().out.split(":")[1].split(",")[0]
+    assert main([*argv, "--overlap-steps", "--png", str(tmp_path / "t.png")]) == 2
