@@ -10,6 +10,9 @@ action that the rules rank first. The rules are what a tuner turns:
 - `defer_w`: W waits until its device has nothing else ready (filling bubbles) or memory forces it;
 - `backward_first` and `oldest_first`: the ranking of ready backward and forward actions;
 - `memory_budget`: per device, activation bytes that may be held at once;
+- `tail_w`: per device, how many deferred W to keep for the end of the step rather than spend
+  on idle time within it (run earlier only when memory needs them): with steps overlapped,
+  they fill the wait for the next step's first forwards;
 - `reduce_early`: once a stage's last I has run, its deferred W run before anything else of its
   device, so the stage's data-parallel all-reduce can start under the device's remaining work.
 
@@ -45,6 +48,7 @@ class Rules:
     oldest_first: bool = True  # among ready actions of a kind: lowest mb first, else deepest stage
     memory_budget: tuple[float, ...] | None = None  # per device, bytes of activations
     reduce_early: bool = False
+    tail_w: tuple[int, ...] | None = None  # per device
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,10 @@ class _Scheduler:
         self.next_bwd = [0] * S
         self.pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(nd)]
         self.urgent_w = [0] * nd  # reduce_early: leading pending W that go before all else
+        self.tail_w = list(rules.tail_w) if rules.tail_w else [0] * nd
+        # Per device: F and backward actions still to run (its W are all that is left at 0).
+        self.left_fb = [2 * M * len(owned) for owned in self.on_device]
+        self.memory_blocked = False  # the last _ready_forward skipped an F for memory
         self.last_backward = [0.0] * S
         self.level = [0.0] * nd
         self.peak = [0.0] * nd
@@ -161,7 +169,10 @@ class _Scheduler:
             if s is not None:
                 self._run_backward(s, d, now)
                 return
-        if self.pending_w[d]:
+        pending = self.pending_w[d]
+        if pending and (
+            len(pending) > self.tail_w[d] or self.memory_blocked or not self.left_fb[d]
+        ):
             self._run_w(d, now)
 
     def _ready_forward(self, d: int, now: float) -> int | None:
@@ -169,6 +180,7 @@ class _Scheduler:
         cap = self.cap
         oldest_first = self.rules.oldest_first
         best, best_mb = None, M
+        self.memory_blocked = False
         for s in self.on_device[d]:
             m = next_f[s]
             if m >= M or m > best_mb:
@@ -179,6 +191,7 @@ class _Scheduler:
             # Over budget, F waits for deferred W to free memory; with none to run, a stage's
             # first microbatch in flight is admitted anyway, so a tight budget cannot deadlock.
             if (inflight or self.pending_w[d]) and self.level[d] + self.act[s] > self.budget[d]:
+                self.memory_blocked = True
                 continue
             if not oldest_first:
                 return s
@@ -220,6 +233,7 @@ class _Scheduler:
         st = self.stages[s]
         m = self.next_f[s]
         self.next_f[s] = m + 1
+        self.left_fb[d] -= 1
         end = self._start(d, now, (s, F_CODE, m), st.duration[F_CODE], st.memory_change[F_CODE])
         if s + 1 < self.S:
             self.f_ready[(s + 1) * self.M + m] = end + st.lag_next
@@ -231,6 +245,7 @@ class _Scheduler:
         st = self.stages[s]
         m = self.next_bwd[s]
         self.next_bwd[s] = m + 1
+        self.left_fb[d] -= 1
         if self.rules.split_backward:
             end = self._start(d, now, (s, I_CODE, m), st.duration[I_CODE], st.memory_change[I_CODE])
             self.pending_w[d].append((s, m))

@@ -18,7 +18,7 @@ from octopipe.plan import Plan, check_structure
 from octopipe.profile import Device, Profile
 from octopipe.sim.evaluate import SimResult, evaluate
 from octopipe.sim.graph import action_id, build_graph, devices_for
-from octopipe.sim.steps import refuse_data_parallel, steady_state
+from octopipe.sim.steps import FIRST_STEPS, MAX_STEPS, refuse_data_parallel, steady_state
 
 __all__ = ["SimResult", "Simulator", "lower_bound", "simulate"]
 
@@ -44,14 +44,16 @@ class Simulator:
         check: bool = True,
         where: str = "<plan>",
         overlap_steps: bool = False,
+        steps: tuple[int, int] = (FIRST_STEPS, MAX_STEPS),
     ) -> SimResult:
         """Simulate `plan`. `detail=False` skips events and critical path; `check=False` skips the
         structural validation of a plan a generator has just built; `where` names the plan (its
         file) in error messages. `overlap_steps`: the steady state of steps run back to back
-        with no barrier (`sim/steps.py`; no events or critical path)."""
+        with no barrier (`sim/steps.py`; no events or critical path), simulating from
+        `steps[0]` up to `steps[1]` steps until it settles."""
         devices = devices_for(self.profile, plan, where)
         if overlap_steps:
-            return self._steady_state(plan, devices, check, where)
+            return self._steady_state(plan, devices, check, where, steps)
         graph = build_graph(self.costs, plan, devices, check, where)
         try:
             return evaluate(
@@ -61,7 +63,12 @@ class Simulator:
             raise DeadlockError(f"{where}: {exc}") from None
 
     def _steady_state(
-        self, plan: Plan, devices: tuple[Device, ...], check: bool, where: str
+        self,
+        plan: Plan,
+        devices: tuple[Device, ...],
+        check: bool,
+        where: str,
+        steps: tuple[int, int],
     ) -> SimResult:
         refuse_data_parallel(self.profile)
         if check:
@@ -76,7 +83,7 @@ class Simulator:
             except DeadlockError as exc:
                 raise DeadlockError(f"{where}: {exc}") from None
 
-        return steady_state(run_steps, plan)
+        return steady_state(run_steps, plan, *steps)
 
 
 def simulate(

@@ -60,12 +60,15 @@ def settled_period(increments: list[float], scale: float) -> int:
     return 0
 
 
-def steady_state(run_steps, plan: Plan, max_steps: int = MAX_STEPS) -> SimResult:
+def steady_state(
+    run_steps, plan: Plan, first_steps: int = FIRST_STEPS, max_steps: int = MAX_STEPS
+) -> SimResult:
     """The steady state of `plan`'s overlapped steps. `run_steps(repeated_plan, watch)` simulates
     a repeated plan and reports the end times of the actions `watch` lists (`Simulator` passes
     its own). The result describes one step: iteration_time is the steady step time, busy is
-    per step, peak memory is over the whole repeated run."""
-    steps = FIRST_STEPS
+    per step, peak memory is over the whole repeated run. A search may pass small step counts
+    for a quick estimate (`steady.converged` says whether it settled)."""
+    steps = first_steps
     while True:
         repeated = repeat_steps(plan, steps)
         lasts = last_of_each_step(plan, steps)

@@ -24,6 +24,7 @@ from octopipe.placement import Placement
 from octopipe.plan import Plan, make_plan
 from octopipe.profile import Device, Profile
 from octopipe.schedules.list_scheduler import ListSchedule, Rules, list_schedule
+from octopipe.sim import SimResult, Simulator
 from octopipe.sim.evaluate import memory_excess, plan_rank
 from octopipe.tuner.balance import Ranges
 
@@ -42,6 +43,7 @@ class Candidate:
     backward_first: bool = True
     oldest_first: bool = True
     reduce_early: bool = False
+    tail_w: tuple[int, ...] = ()  # overlapped steps: per device, W kept for the step's end
     label: str = field(default="", compare=False)
 
     def but(self, **changes) -> Candidate:
@@ -104,6 +106,29 @@ def inflight_caps(
     return tuple(caps)
 
 
+# Overlapped steps: the search estimates a candidate's step time from 4 steps, then 8 if the
+# increments have not settled (a plan reported is simulated until it settles).
+ESTIMATE_STEPS = (4, 8)
+
+
+def fill_tails(stages: Sequence[StageCost], num_devices: int, M: int) -> tuple[int, ...]:
+    """Per device, the W to keep for the end of a step when steps overlap: as many as cover
+    the wait for the next step's first forward to reach the device (the forwards and transfers
+    of the stages before its first one), at most all of its W."""
+    delay, first_wait = 0.0, [None] * num_devices
+    for st in stages:
+        if first_wait[st.device] is None:
+            first_wait[st.device] = delay
+        delay += st.f + st.lag_next
+    out = []
+    for d in range(num_devices):
+        mine = [st.w for st in stages if st.device == d]
+        w = sum(mine) / len(mine) if mine else 0.0
+        wait = first_wait[d] or 0.0
+        out.append(min(M * len(mine), math.ceil(wait / w - 1e-9)) if w > 0 else 0)
+    return tuple(out)
+
+
 class Evaluator:
     """Schedules and scores candidates for one profile, device set and microbatch count."""
 
@@ -113,8 +138,11 @@ class Evaluator:
         devices: tuple[Device, ...],
         num_microbatches: int,
         costs: CostTable | None = None,
+        overlap_steps: Simulator | None = None,
     ):
         self.profile, self.devices, self.M = profile, devices, num_microbatches
+        # Overlapped steps: the simulator that times each candidate's repeated orders.
+        self.overlap_steps = overlap_steps
         self.costs = costs or CostTable(profile)
         self.capacity = tuple(float(d.memory_bytes) for d in devices)
         self.speeds = tuple(d.speed for d in devices)
@@ -134,6 +162,8 @@ class Evaluator:
     def evaluate(self, cand: Candidate, give_up_after: float = math.inf) -> Outcome | None:
         """The candidate's outcome; None once it is sure to take longer than `give_up_after`."""
         self.evaluations += 1
+        if self.overlap_steps:  # one step's makespan does not bound the steady step time
+            give_up_after = math.inf
         stages = self.stages(cand)
         static = self.static_bytes(cand)
         caps = inflight_caps(
@@ -146,14 +176,27 @@ class Evaluator:
             backward_first=cand.backward_first,
             oldest_first=cand.oldest_first,
             reduce_early=cand.reduce_early,
+            tail_w=cand.tail_w or None,
             memory_budget=tuple(c - s for c, s in zip(self.capacity, static)),
         )
         sched = list_schedule(stages, self.num_devices, self.M, rules, give_up_after)
         if sched is None:
             return None
         peaks = tuple(s + a for s, a in zip(static, sched.peak_activation_bytes))
+        if self.overlap_steps:
+            steady = self.steady_estimate(cand, sched)
+            return Outcome(cand, sched, steady.iteration_time, steady.busy, peaks, self.capacity)
         makespan = max(sched.makespan, self.reductions_end(cand, sched))
         return Outcome(cand, sched, makespan, sched.busy, peaks, self.capacity)
+
+    def steady_estimate(self, cand: Candidate, sched: ListSchedule) -> SimResult:
+        """The step time of the candidate's orders repeated without a barrier, from a short run
+        (the tuner re-simulates the plans it reports until they settle)."""
+        assert self.overlap_steps is not None
+        plan = make_plan(self.num_devices, self.M, cand.ranges, cand.placement, sched.orders)
+        return self.overlap_steps.run(
+            plan, detail=False, check=False, overlap_steps=True, steps=ESTIMATE_STEPS
+        )
 
     def reductions_end(self, cand: Candidate, sched: ListSchedule) -> float:
         """When the last data-parallel all-reduce ends (0 without data parallelism)."""

@@ -58,6 +58,9 @@ def neighbours(outcome: Outcome, focus: int = 2) -> list[Candidate]:
     out += _device_swaps(cand, diag, targets)
     out += _warmup_changes(cand, diag, targets)
     out += _rule_flips(cand)
+    out += _tail_changes(cand, diag, targets)
+    if cand.tail_w:  # overlapped steps: steady-state idle is spread thin, try every device
+        out += _per_device_changes(cand)
     seen, unique = {cand}, []
     for c in out:
         if c not in seen:
@@ -149,6 +152,39 @@ def _warmup_changes(cand: Candidate, diag: Diagnosis, targets: tuple[int, ...]) 
             changed = extra.copy()
             changed[d] += step
             out.append(cand.but(extra=tuple(changed)))
+    return out
+
+
+def _tail_changes(cand: Candidate, diag: Diagnosis, targets: tuple[int, ...]) -> list[Candidate]:
+    """Overlapped steps: one W more or fewer kept for the end of the step, on the idlest and the
+    most binding devices (no move where no tail is kept: one synchronous step)."""
+    if not cand.tail_w:
+        return []
+    out = []
+    for d in dict.fromkeys((diag.starved[0], *targets)):
+        for step in (1, -1):
+            if cand.tail_w[d] + step >= 0:
+                changed = list(cand.tail_w)
+                changed[d] += step
+                out.append(cand.but(tail_w=tuple(changed)))
+    return out
+
+
+def _per_device_changes(cand: Candidate) -> list[Candidate]:
+    """One microbatch more or fewer in flight, and one W more or fewer kept for the step's end,
+    on each device in turn."""
+    nd = len(cand.tail_w)
+    extra = list(cand.extra) if cand.extra else [0] * nd
+    out = []
+    for d in range(nd):
+        for step in (1, -1):
+            changed = extra.copy()
+            changed[d] += step
+            out.append(cand.but(extra=tuple(changed)))
+            if cand.tail_w[d] + step >= 0:
+                tails = list(cand.tail_w)
+                tails[d] += step
+                out.append(cand.but(tail_w=tuple(tails)))
     return out
 
 

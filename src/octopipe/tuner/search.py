@@ -29,8 +29,9 @@ from octopipe.placement import seed_placements, torchtitan_style
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim import SimResult, Simulator
+from octopipe.sim.steps import refuse_data_parallel
 from octopipe.tuner.balance import balanced_ranges
-from octopipe.tuner.candidate import Candidate, Evaluator, Outcome
+from octopipe.tuner.candidate import Candidate, Evaluator, Outcome, fill_tails
 from octopipe.tuner.moves import kick, neighbours
 from octopipe.tuner.reorder import reorder_critical
 
@@ -44,6 +45,7 @@ RULE_VARIANTS = (
     {"oldest_first": False},
     {"warmup": 0.01, "defer_w": False},  # lean: one microbatch in flight per stage
 )
+OVERLAP_WARMUPS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
 SEED_WARMUPS = (1.5, 3.0)  # every seed is scheduled with a moderate and a deep warm-up
 # Devices x microbatches the tuner takes on: each of its evaluations is atomic and grows with
 # this, so beyond it no time budget could be kept (one list schedule of 2^18 pairs in up to
@@ -88,6 +90,7 @@ def tune(
     progress: Progress | None = None,
     torchtitan: bool = False,
     action_overhead: float = 0.0,
+    overlap_steps: bool = False,
 ) -> TuneResult:
     """Search partition, placement and schedule for the fastest plan that fits.
 
@@ -98,6 +101,8 @@ def tune(
     (looped, or V-shaped with two stages per device), baselines included. `action_overhead`
     (seconds) is a fixed cost the search adds to every action when it compares plans (see
     `octopipe.costs.CostTable`); the plan's `predicted` figures keep the default semantics.
+    `overlap_steps=True` ranks every plan, baselines included, by its steady step time with
+    steps back to back (docs/FORMATS.md, "Overlapped steps").
     """
     devices = profile.device_list(num_devices)
     check_plan_size(profile, num_microbatches, len(devices))
@@ -112,13 +117,21 @@ def tune(
             profile.name, f"microbatch count must be at least 1, got {num_microbatches}"
         )
     simulator = Simulator(profile, action_overhead)
-    evaluator = Evaluator(profile, devices, num_microbatches, simulator.costs)
+    if overlap_steps:
+        refuse_data_parallel(profile)
+    evaluator = Evaluator(
+        profile, devices, num_microbatches, simulator.costs, simulator if overlap_steps else None
+    )
+
+    def simulate(plan: Plan, check: bool = False) -> SimResult:
+        return simulator.run(plan, detail=False, check=check, overlap_steps=overlap_steps)
+
     P = len(devices)
     allowed = (lambda p: torchtitan_style(p, P) is not None) if torchtitan else (lambda p: True)
     search = _Search(evaluator, time_budget, random.Random(seed), progress, allowed)
 
     base = tuple(
-        Evaluated(label, plan, simulator.run(plan, detail=False))
+        Evaluated(label, plan, simulate(plan))
         for label, plan in baselines
         if allowed(plan.placement)
     )
@@ -133,22 +146,34 @@ def tune(
         for e in base
         for warmup in SEED_WARMUPS
     ]
+    if overlap_steps:  # keep W for each step's end, where the next step's fill would idle
+        seeds = [with_fill_tails(evaluator, c) for c in seeds]
     search.run([c for c in seeds if allowed(c.placement)])
 
     finalists = []
     for outcome in search.best_outcomes(3):
         plan = evaluator.to_plan(outcome)
         # check=True: a structural fault here would be a tuner bug, not a user's.
-        result = simulator.run(plan, detail=False, check=True)
+        result = simulate(plan, check=True)
         finalists.append(Evaluated(f"tuned ({outcome.candidate.label})", plan, result))
     top = min(finalists, key=lambda e: e.score)
-    plan, result = reorder_critical(simulator, top.plan, top.sim, out_of_time=search.out_of_time)
-    finalists.append(Evaluated(top.label, plan, result))
+    if not overlap_steps:  # the polish follows one step's critical path
+        plan, result = reorder_critical(
+            simulator, top.plan, top.sim, out_of_time=search.out_of_time
+        )
+        finalists.append(Evaluated(top.label, plan, result))
     best = min([*finalists, *base], key=lambda e: e.score)
     label = best.label if best in finalists else f"{best.label} (kept)"
-    exported = best.sim if not action_overhead else Simulator(profile).run(best.plan, detail=False)
+    exported = best.sim
+    if action_overhead:
+        exported = Simulator(profile).run(best.plan, detail=False, overlap_steps=overlap_steps)
     best = Evaluated(label, best.plan.with_predicted(exported.predicted()), best.sim)
     return TuneResult(best, base, evaluator.evaluations, search.elapsed(), search.converged)
+
+
+def with_fill_tails(evaluator: Evaluator, cand: Candidate) -> Candidate:
+    tails = fill_tails(evaluator.stages(cand), evaluator.num_devices, evaluator.M)
+    return cand.but(tail_w=tuple(max(1, t) for t in tails))
 
 
 def check_plan_size(profile: Profile, num_microbatches: int, num_devices: int) -> None:
@@ -215,8 +240,14 @@ class _Search:
         return out
 
     def variants(self, cand: Candidate) -> list[dict]:
-        """The rule changes tried on a seed; with data parallelism also the other W order."""
+        """The rule changes tried on a seed; with data parallelism also the other W order, with
+        overlapped steps a finer scan of warm-up depths (the steady state is sensitive to it:
+        deeper warm-ups fill the next step's fill with this step's work) with and without the
+        W kept for the step's end."""
         extra = [{"reduce_early": not cand.reduce_early}] if self.evaluator.data_parallel else []
+        if self.evaluator.overlap_steps is not None:
+            tails = (cand.tail_w, tuple(0 for _ in cand.tail_w))
+            extra += [{"warmup": w, "tail_w": t} for w in OVERLAP_WARMUPS for t in tails]
         return [*RULE_VARIANTS, *extra]
 
     def best_outcomes(self, k: int) -> list[Outcome]:
@@ -273,9 +304,10 @@ class _Search:
 
 def _distinct_placements(ranked: list[Outcome], k: int) -> list[Outcome]:
     """Up to k diverse starting points: the best outcome of each stage count first (so deep and
-    shallow pipelines both get searched), then of further placements, best first."""
+    shallow pipelines both get searched), then of further placements, best first; where fewer
+    than k placements exist, the best of the other outcomes (other rules on the same map)."""
     out: list[Outcome] = []
-    for key in (lambda o: len(o.candidate.placement), lambda o: o.candidate.placement):
+    for key in (lambda o: len(o.candidate.placement), lambda o: o.candidate.placement, id):
         seen = {key(o) for o in out}
         for o in ranked:
             if len(out) == k:
