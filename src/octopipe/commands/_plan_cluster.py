@@ -49,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in DECIDED if getattr(args, k, None) is not None]
     if given:
         raise InputError(given[0], "the cluster layout decides this itself; drop it or --gpus")
+    if args.overlap_steps:
+        raise InputError(
+            "--overlap-steps",
+            "not with --gpus: overlapped steps with data parallelism are not modelled yet",
+        )
     if args.global_batch < 1:
         raise InputError("--global-batch", f"must be at least 1, got {args.global_batch}")
     if args.time_budget <= 0:

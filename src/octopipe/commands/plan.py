@@ -84,6 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "adds when it compares plans (e.g. the figure `octopipe calibrate` fits to a run); the "
         "plan's predicted figures keep the default semantics",
     )
+    p.add_argument(
+        "--overlap-steps",
+        action="store_true",
+        help="plan for steps run back to back with no barrier: rank plans by their steady "
+        "time per step (docs/FORMATS.md); the timelines show one step",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--no-png",
@@ -135,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             progress=report,
             torchtitan=args.torchtitan,
             action_overhead=args.action_overhead,
+            overlap_steps=args.overlap_steps,
         )
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
@@ -144,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     title = profile.name
     if args.action_overhead:
         title += f", {args.action_overhead * 1e6:.0f} us per action"
+    if args.overlap_steps:
+        title += ", steps overlapped (time: per step, steady state)"
     console.print(comparison_table(result, title))
     if torchtitan_style(result.best.plan.placement, P) is None:
         console.print(
