@@ -22,7 +22,8 @@ from octopipe.plan import check_structure, save_plan
 from octopipe.profile import DataParallel, Device, LayerCost, Link, Profile, save_profile
 from octopipe.schedules.list_scheduler import Rules, list_schedule
 from octopipe.sim import Simulator
-from octopipe.sim.steps import repeat_steps, settled_period
+from octopipe.sim.graph import build_graph
+from octopipe.sim.steps import repeat_graph, repeat_steps, settled_period
 
 PAPER = Path(__file__).parents[1] / "benchmarks" / "data" / "zb_paper_bubble_rates.csv"
 
@@ -177,3 +178,14 @@ def test_plan_overlap_steps_writes_the_step_time(tmp_path, capsys):
     assert "steps overlapped" in capsys.readouterr().out
     predicted = json.loads((tmp_path / "plan.json").read_text())["predicted"]
     assert predicted["step_time"] == predicted["iteration_time"]
+
+
+def test_the_repeated_graph_is_the_repeated_plan_lowered():
+    profile = uniform_profile(3, devices=2, link=Link(latency=0.1))
+    plan = baseline(profile, "zbh1", "uniform", num_microbatches=4)
+    costs = CostTable(profile)
+    devices = profile.device_list()
+    fast = repeat_graph(build_graph(costs, plan, devices), 3)
+    lowered = build_graph(costs, repeat_steps(plan, 3), devices)
+    assert fast.rows == lowered.rows
+    assert fast.mem_delta == lowered.mem_delta and fast.num_ids == lowered.num_ids

@@ -11,13 +11,12 @@ adds a fixed cost to every action. Exported `predicted` figures never use it.
 
 from __future__ import annotations
 
-from octopipe.actions import Action
 from octopipe.costs import CostTable
 from octopipe.errors import DeadlockError
-from octopipe.plan import Plan, check_structure
+from octopipe.plan import Plan
 from octopipe.profile import Device, Profile
 from octopipe.sim.evaluate import SimResult, evaluate
-from octopipe.sim.graph import action_id, build_graph, devices_for
+from octopipe.sim.graph import build_graph, devices_for
 from octopipe.sim.steps import FIRST_STEPS, MAX_STEPS, refuse_data_parallel, steady_state
 
 __all__ = ["SimResult", "Simulator", "lower_bound", "simulate"]
@@ -71,19 +70,12 @@ class Simulator:
         steps: tuple[int, int],
     ) -> SimResult:
         refuse_data_parallel(self.profile)
-        if check:
-            check_structure(plan, where, self.costs.num_layers)
-
-        def run_steps(repeated: Plan, watch: list[Action]) -> SimResult:
-            M = repeated.num_microbatches
-            graph = build_graph(self.costs, repeated, devices, check=False)
-            bound = lower_bound(self.profile, devices, M)
-            try:
-                return evaluate(graph, bound, False, [action_id(a, M) for a in watch])
-            except DeadlockError as exc:
-                raise DeadlockError(f"{where}: {exc}") from None
-
-        return steady_state(run_steps, plan, *steps)
+        graph = build_graph(self.costs, plan, devices, check, where)
+        bound = lower_bound(self.profile, devices, plan.num_microbatches)
+        try:
+            return steady_state(graph, bound, *steps)
+        except DeadlockError as exc:
+            raise DeadlockError(f"{where}: {exc}") from None
 
 
 def simulate(

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from octopipe.actions import Action
+from octopipe.actions import NUM_KINDS, Action
 from octopipe.errors import InputError
 from octopipe.plan import Plan
-from octopipe.sim.evaluate import SimResult, SteadyState
+from octopipe.sim.evaluate import SimResult, SteadyState, evaluate
+from octopipe.sim.graph import NO_DEP, Graph
 
 FIRST_STEPS = 8
 MAX_STEPS = 64
@@ -38,15 +39,37 @@ def repeat_steps(plan: Plan, steps: int) -> Plan:
     return Plan(plan.num_devices, M * steps, plan.stages, schedule)
 
 
-def last_of_each_step(plan: Plan, steps: int) -> list[list[Action]]:
-    """Per device, the last action of each step of `repeat_steps(plan, steps)`."""
-    M = plan.num_microbatches
-    out = []
-    for acts in plan.schedule.values():
-        if acts:
-            a = acts[-1]
-            out.append([Action(a.stage, a.kind, k * M + a.mb) for k in range(steps)])
-    return out
+def step_id(aid: int, step: int, num_microbatches: int, steps: int) -> int:
+    """The id in a `steps`-step graph of one-step action `aid` in step `step`."""
+    per_stage = num_microbatches * NUM_KINDS
+    return (aid // per_stage) * per_stage * steps + step * per_stage + aid % per_stage
+
+
+def repeat_graph(graph: Graph, steps: int) -> Graph:
+    """`build_graph(repeat_steps(plan, steps))` from the one-step graph, by renumbering ids
+    (what the simulator runs; no plan is built or checked again)."""
+    M = graph.plan.num_microbatches
+
+    def shift(aid: int, j: int) -> int:
+        return aid if aid == NO_DEP else step_id(aid, j, M, steps)
+
+    rows = tuple(
+        tuple(
+            (shift(a, j), dur, shift(d1, j), l1, shift(d2, j), l2)
+            for j in range(steps)
+            for a, dur, d1, l1, d2, l2 in row
+        )
+        for row in graph.rows
+    )
+    n = graph.num_ids * steps
+    mem_delta = [0] * n
+    for aid, delta in enumerate(graph.mem_delta):
+        if delta:
+            for j in range(steps):
+                mem_delta[shift(aid, j)] = delta
+    plan = graph.plan
+    repeated = Plan(plan.num_devices, M * steps, plan.stages, {})
+    return replace(graph, plan=repeated, rows=rows, num_ids=n, mem_delta=tuple(mem_delta))
 
 
 def settled_period(increments: list[float], scale: float) -> int:
@@ -61,20 +84,25 @@ def settled_period(increments: list[float], scale: float) -> int:
 
 
 def steady_state(
-    run_steps, plan: Plan, first_steps: int = FIRST_STEPS, max_steps: int = MAX_STEPS
+    graph: Graph, lower_bound: float, first_steps: int = FIRST_STEPS, max_steps: int = MAX_STEPS
 ) -> SimResult:
-    """The steady state of `plan`'s overlapped steps. `run_steps(repeated_plan, watch)` simulates
-    a repeated plan and reports the end times of the actions `watch` lists (`Simulator` passes
-    its own). The result describes one step: iteration_time is the steady step time, busy is
-    per step, peak memory is over the whole repeated run. A search may pass small step counts
-    for a quick estimate (`steady.converged` says whether it settled)."""
+    """The steady state of overlapped steps of the one-step `graph` (`lower_bound`: one step's
+    physical limit). The result describes one step: iteration_time is the steady step time,
+    busy is per step, peak memory is over the whole repeated run. A search may pass small step
+    counts for a quick estimate (`steady.converged` says whether it settled)."""
+    M, K = graph.plan.num_microbatches, NUM_KINDS
+    lasts = [row[-1][0] for row in graph.rows if row]  # each device's last action of a step
     steps = first_steps
     while True:
-        repeated = repeat_steps(plan, steps)
-        lasts = last_of_each_step(plan, steps)
-        result = run_steps(repeated, [a for device in lasts for a in device])
+        repeated = repeat_graph(graph, steps)
+        watch = [
+            (a // (M * K)) * M * K * steps + j * M * K + a % (M * K)
+            for a in lasts
+            for j in range(steps)
+        ]
+        result = evaluate(repeated, lower_bound * steps, False, watch)
         ends = result.watched_ends
-        per_step = [max(ends[d * steps + k] for d in range(len(lasts))) for k in range(steps)]
+        per_step = [max(ends[d * steps + j] for d in range(len(lasts))) for j in range(steps)]
         increments = [b - a for a, b in zip([0.0, *per_step], per_step)]
         period = settled_period(increments[1:], per_step[-1] / steps)
         if period or steps >= max_steps:
@@ -90,9 +118,7 @@ def steady_state(
         result,
         iteration_time=step_time,
         busy=tuple(b / steps for b in result.busy),
-        lower_bound=result.lower_bound / steps,
-        critical_path=(),
-        _timing=None,
+        lower_bound=lower_bound,
         watched_ends=(),
         steady=steady,
     )

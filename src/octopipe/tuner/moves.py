@@ -52,15 +52,15 @@ def neighbours(outcome: Outcome, focus: int = 2) -> list[Candidate]:
         out += _shed_layers(cand, d)
     if not diag.overflowing:
         out += _take_layers(cand, diag.starved[0])
+    if cand.tail_w:  # overlapped steps: steady-state idle is spread thin, try every device
+        out += _tail_changes(cand, diag, targets)
+        out += _per_device_changes(cand, diag.starved)
     spare = diag.roomiest if diag.overflowing else diag.starved[0]
     out += _reassign_stages(cand, targets[0], spare)
     out += _merges(cand)
     out += _device_swaps(cand, diag, targets)
     out += _warmup_changes(cand, diag, targets)
     out += _rule_flips(cand)
-    out += _tail_changes(cand, diag, targets)
-    if cand.tail_w:  # overlapped steps: steady-state idle is spread thin, try every device
-        out += _per_device_changes(cand)
     seen, unique = {cand}, []
     for c in out:
         if c not in seen:
@@ -170,13 +170,12 @@ def _tail_changes(cand: Candidate, diag: Diagnosis, targets: tuple[int, ...]) ->
     return out
 
 
-def _per_device_changes(cand: Candidate) -> list[Candidate]:
+def _per_device_changes(cand: Candidate, devices: tuple[int, ...]) -> list[Candidate]:
     """One microbatch more or fewer in flight, and one W more or fewer kept for the step's end,
-    on each device in turn."""
-    nd = len(cand.tail_w)
-    extra = list(cand.extra) if cand.extra else [0] * nd
+    on each of `devices` in turn (the idlest first)."""
+    extra = list(cand.extra) if cand.extra else [0] * len(cand.tail_w)
     out = []
-    for d in range(nd):
+    for d in devices:
         for step in (1, -1):
             changed = extra.copy()
             changed[d] += step
