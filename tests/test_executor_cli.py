@@ -181,3 +181,16 @@ def test_run_at_the_sizes_the_profile_was_measured_at(tmp_path, capsys):
 
     assert measured == pytest.approx(first_loss(seq_len=16, micro_batch_size=1), rel=1e-5)
     assert measured != pytest.approx(first_loss(), rel=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_run_says_it_runs_one_replica_of_a_data_parallel_plan(tmp_path, capsys):
+    plan = one_f_one_b(2, 2, layer_count("tiny-llama")).with_parallelism(
+        tp=1, dp=4, microbatch_size=1
+    )
+    save_plan(plan, tmp_path / "plan.json")
+    argv = ["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-llama", "--steps", "1"]
+    assert main([*argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "one of 4 data-parallel replicas" in captured.err
+    assert len(json.loads(captured.out)["losses"]) == 1

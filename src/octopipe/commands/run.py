@@ -74,6 +74,14 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.trace import from_records, write_trace
 
     plan = load_plan(args.plan)
+    if plan.parallelism and plan.parallelism["dp"] > 1:
+        # Data parallelism in the executor is not built yet: say so rather than run silently
+        # something other than the plan's job.
+        print(
+            f"octopipe run: note: {args.plan} is one of {plan.parallelism['dp']} data-parallel "
+            "replicas (its parallelism key); this runs one replica",
+            file=sys.stderr,
+        )
     try:
         result = train(
             plan,
