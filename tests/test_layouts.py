@@ -39,7 +39,10 @@ def test_gpu_specs_name_counts_and_presets():
         with pytest.raises(InputError):
             parse_gpus(bad)
     with pytest.raises(InputError, match="does not fill whole nodes"):
-        Cluster(parse_gpus("8xh100,4xa100"), 8)
+        Cluster(parse_gpus("8xh100,8xa100"), 16)
+    with pytest.raises(InputError, match="do not fill whole nodes"):
+        Cluster(parse_gpus("12"), 8)
+    assert Cluster(parse_gpus("6"), 8).size == 6  # one part-filled node is fine
 
 
 def test_replica_topology_numbers_gpus_tp_then_pp_then_dp():
@@ -67,9 +70,20 @@ def test_mixed_clusters_give_devices_their_presets_memory_and_speed():
     assert [d.speed for d in pipeline.devices] == [1.0] * 4 + [0.4] * 4
     assert [d.node for d in pipeline.devices] == [0] * 4 + [1] * 4
     assert pipeline.devices[4].memory_bytes == A100.memory_bytes
-    assert not pipeline.replicas_differ
+    assert len(pipeline.replicas) == 1
+    # The slower preset's links: the profile holds one link of each kind.
+    assert pipeline.links.inter_node.bandwidth == A100.link_bandwidth
+    assert pipeline.links.intra_node.bandwidth == A100.tp_bandwidth
     replicated = cluster.replica_topology(tp=1, pp=4, dp=2, speed={"a100": 0.4})
-    assert replicated.replicas_differ  # replica 0 on the H100 node, replica 1 on the A100s
+    # Replica 0 on the H100 node, replica 1 on the A100s: two distinct replicas.
+    assert [[d.speed for d in r] for r in replicated.replicas] == [[1.0] * 4, [0.4] * 4]
+
+
+def test_replicas_alike_but_for_their_nodes_are_one():
+    # 64 GPUs, TP 1 x PP 4 x DP 16: replica r sits on node r // 2, a replica on one node.
+    topo = Cluster(parse_gpus("64"), 8).replica_topology(tp=1, pp=4, dp=16)
+    assert topo.replicas == (topo.devices,)
+    assert {d.node for d in topo.devices} == {0}
 
 
 def test_candidate_layouts_cover_the_cluster_and_the_global_batch():
@@ -110,6 +124,8 @@ def test_a_replica_on_slower_gpus_sets_the_step_time():
     times = [Simulator(profile.with_devices(r)).run(row.plan).iteration_time for r in replicas]
     assert times[1] > times[0]  # the A100 replica is slower
     assert row.iteration_time == pytest.approx(times[1])
+    # The row's profile is the slow replica's: it reproduces the row's figures.
+    assert Simulator(row.profile).run(row.plan).iteration_time == pytest.approx(times[1])
 
 
 def brute_force(job: Job) -> tuple[Layout, float]:

@@ -106,8 +106,10 @@ def test_overlap_shortens_zbh2_steps_at_the_same_peak_memory():
 
 def test_a_period_is_found_only_where_the_increments_repeat():
     assert settled_period([3.0, 2.0, 2.0, 2.0], 2.0) == 1
-    assert settled_period([5.0, 1.0, 3.0, 1.0, 3.0], 2.0) == 2
+    assert settled_period([5.0, 1.0, 3.0, 1.0, 3.0, 1.0, 3.0], 2.0) == 2
     assert settled_period([4.0, 3.0, 2.5, 2.2], 2.0) == 0
+    # Two equal increments are not yet a period: a period of 3 may end in them.
+    assert settled_period([1.0, 1.0, 4.0, 1.0, 1.0], 2.0) == 0
 
 
 def test_data_parallel_overlap_is_refused():

@@ -47,10 +47,18 @@ class Topology:
     devices: tuple[Device, ...]
     links: Links
     data_parallel: DataParallel
-    replicas_differ: bool
-    """Mixed clusters: whether some replica's devices differ from replica 0's (the plan is
-    tuned on replica 0 and must then be checked on the others)."""
-    replica_devices: tuple[tuple[Device, ...], ...]
+    replicas: tuple[tuple[Device, ...], ...]
+    """The distinct replicas' devices, replica 0's first, each one's nodes numbered from 0 (only
+    which devices share a node matters): more than one on a mixed cluster, where the plan is
+    tuned on replica 0 and then checked on the others."""
+
+
+def _renumbered(devices: tuple[Device, ...]) -> tuple[Device, ...]:
+    """The devices with their nodes numbered 0, 1, ... in order of first appearance."""
+    order: dict[int, int] = {}
+    return tuple(
+        d.model_copy(update={"node": order.setdefault(d.node, len(order))}) for d in devices
+    )
 
 
 class Cluster:
@@ -61,6 +69,12 @@ class Cluster:
             raise InputError("--gpus-per-node", f"must be at least 1, got {gpus_per_node}")
         self.groups, self.gpus_per_node = groups, gpus_per_node
         self.gpus: tuple[Hardware, ...] = tuple(g.hardware for g in groups for _ in range(g.count))
+        if self.size > gpus_per_node and self.size % gpus_per_node:
+            raise InputError(
+                "--gpus",
+                f"{self.size} GPUs do not fill whole nodes of {gpus_per_node} (a part-filled "
+                "node would give some replicas other links than the rest)",
+            )
         if len(groups) > 1:
             for g in groups:
                 if g.count % gpus_per_node:
@@ -98,8 +112,8 @@ class Cluster:
         each preset's speed relative to the reference (1.0 where not given)."""
         if tp * pp * dp != self.size:
             raise ValueError(f"{tp} x {pp} x {dp} != {self.size} GPUs")
-        if self.gpus_per_node % tp and tp % self.gpus_per_node:
-            raise ValueError(f"TP {tp} neither divides nor fills nodes of {self.gpus_per_node}")
+        if min(self.gpus_per_node, self.size) % tp:
+            raise ValueError(f"TP {tp} does not divide a node of {self.gpus_per_node}")
         speed = speed or {}
 
         def device(p: int, r: int) -> Device:
@@ -111,32 +125,30 @@ class Cluster:
                 node=self.node_of(first),
             )
 
-        replicas = tuple(tuple(device(p, r) for p in range(pp)) for r in range(dp))
-        # Replica 0's nodes renumbered from 0: only which devices share one matters.
-        devices = replicas[0]
-        same = [tuple((d.speed, d.memory_bytes) for d in rep) for rep in replicas]
-        ref = self.reference
+        every = (_renumbered(tuple(device(p, r) for p in range(pp))) for r in range(dp))
+        replicas = tuple(dict.fromkeys(every))  # distinct, replica 0's first
+        # NVLink between pipeline neighbours of a node, the NIC between nodes; on a mixed
+        # cluster, the slower preset's of each (one link per kind in the profile format).
         links = Links(
-            # NVLink between pipeline neighbours of a node, the NIC between nodes.
-            intra_node=Link(bandwidth=ref.tp_bandwidth, latency=ref.link_latency),
-            inter_node=Link(bandwidth=ref.link_bandwidth, latency=ref.link_latency),
+            intra_node=Link(bandwidth=self._slowest("tp_bandwidth"), latency=self._latency),
+            inter_node=Link(bandwidth=self._slowest("link_bandwidth"), latency=self._latency),
         )
-        return Topology(
-            devices=devices,
-            links=links,
-            data_parallel=self._ring(tp, pp, dp),
-            replicas_differ=any(s != same[0] for s in same),
-            replica_devices=replicas,
-        )
+        return Topology(replicas[0], links, self._ring(tp, pp, dp), replicas)
+
+    def _slowest(self, field: str) -> float:
+        return min(getattr(g.hardware, field) for g in self.groups)
+
+    @property
+    def _latency(self) -> float:
+        return max(g.hardware.link_latency for g in self.groups)
 
     def _ring(self, tp: int, pp: int, dp: int) -> DataParallel:
         """The DP ring of each TP rank: GPUs `t + tp * (p + pp * r)` for r = 0..dp-1. Inside
         a node it runs over NVLink, else each GPU's NIC carries its own ring (the TP ranks
         reduce their own shards side by side)."""
-        ref = self.reference
         if dp == 1:
             return DataParallel()
-        stride = tp * pp
-        one_node = self.node_of(0) == self.node_of(stride * (dp - 1))
-        bandwidth = ref.tp_bandwidth if one_node else min(g.link_bandwidth for g in self.gpus)
-        return DataParallel(degree=dp, bandwidth=bandwidth, latency=ref.link_latency)
+        # Nodes are whole, so every ring spans the same nodes as GPU 0's.
+        one_node = self.node_of(0) == self.node_of(tp * pp * (dp - 1))
+        field = "tp_bandwidth" if one_node else "link_bandwidth"
+        return DataParallel(degree=dp, bandwidth=self._slowest(field), latency=self._latency)

@@ -122,6 +122,18 @@ def write_torchtitan_toml(plan: Plan, profile: Profile, path: str | Path, csv_pa
             "# The profile does not record its microbatch size, so 1 was assumed; for costs of\n"
             "# b samples, multiply pipeline_parallel_microbatch_size and both batch sizes by b.\n"
         )
+    if plan.parallelism is not None and plan.parallelism.get("zero"):
+        header += (
+            "# NOTE: the plan's memory figures assume the optimizer state sharded across the\n"
+            "# data-parallel replicas (ZeRO-1, Megatron-LM's distributed optimizer), which\n"
+            "# torchtitan does not offer as such; its FSDP (data_parallel_shard_degree) shards\n"
+            "# weights and gradients too, at other communication costs.\n"
+        )
+    if plan.predicted is not None and "step_time" in plan.predicted:
+        header += (
+            "# NOTE: the plan was tuned for overlapped steps (no barrier between steps);\n"
+            "# torchtitan runs synchronous steps, each of which takes longer than step_time.\n"
+        )
     if torchtitan_style(plan.placement, plan.num_devices) is None:
         header += (
             "# WARNING: torchtitan cannot place this plan's stages as planned (it only builds\n"

@@ -11,7 +11,7 @@ degree and microbatch size, with the topology `Cluster.replica_topology` gives (
 devices share a node, the data-parallel ring). ZeRO-1 (optimizer state sharded across DP, as
 Megatron-LM's distributed optimizer) is used where a layout does not fit without it. The
 reference is Megatron-LM's usual choice for the job (`megatron_layout`). The command that
-prints the table is `commands/plan_cluster.py`.
+prints the table is `commands/_plan_cluster.py`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ class Job:
     cluster: Cluster
     global_batch: int
     seq_len: int = 4096
-    recompute: bool = False
 
     @property
     def tokens(self) -> int:
@@ -97,8 +96,8 @@ def candidate_layouts(
     divides the per-replica batch."""
     N, G = cluster.size, cluster.gpus_per_node
     out = []
-    for tp in divisors(min(N, G)):
-        if N % tp or G % tp or not tp_fits(tp):
+    for tp in divisors(min(N, G)):  # nodes are whole (Cluster): tp divides N too
+        if not tp_fits(tp):
             continue
         for pp in divisors(N // tp):
             dp = N // (tp * pp)
@@ -120,7 +119,7 @@ def megatron_layout(
     largest that fits the model's heads), microbatch size 1, then the smallest PP that fits
     memory (the caller tries them in order), DP the rest, with the distributed optimizer."""
     G = min(cluster.gpus_per_node, cluster.size)
-    tp = max(t for t in divisors(G) if cluster.size % t == 0 and tp_fits(t))
+    tp = max(t for t in divisors(G) if tp_fits(t))
     out = []
     for pp in divisors(cluster.size // tp):
         dp = cluster.size // (tp * pp)
@@ -143,10 +142,9 @@ def shard_optimizer(profile: Profile, dp: int, state_bytes: int, bytes_per_param
 class LayoutSearch:
     """Plans layouts of one job; the analytic profiles are built once per (TP, b)."""
 
-    def __init__(self, job: Job, hardware_overrides: dict | None = None):
+    def __init__(self, job: Job):
         self.job = job
         self._profiles: dict[tuple[int, int, str], Profile] = {}
-        self.overrides = hardware_overrides or {}
 
     # --- profiles ------------------------------------------------------------------------
 
@@ -162,7 +160,9 @@ class LayoutSearch:
                 tp=tp,
                 seq_len=self.job.seq_len,
                 micro_batch_size=microbatch_size,
-                recompute=self.job.recompute,
+                # Megatron-LM pairs tensor with sequence parallelism: activations held and
+                # sent between stages are split TP ways too.
+                sequence_parallel=tp > 1,
             )
         return self._profiles[key]
 
@@ -185,13 +185,15 @@ class LayoutSearch:
         return {hw: ref / work(hw) for hw in kinds}
 
     def profile(self, layout: Layout) -> tuple[Profile, tuple[tuple, ...]]:
-        """Replica 0's profile of `layout`, and every distinct replica's devices."""
+        """Replica 0's profile of `layout`, and every distinct replica's devices (one tuple
+        on a cluster of one kind of GPU)."""
         base = self.base_profile(layout.tp, layout.microbatch_size)
         speeds = self.speeds(layout.tp, layout.microbatch_size) if self.job.cluster.mixed else {}
         topo = self.job.cluster.replica_topology(layout.tp, layout.pp, layout.dp, speeds)
+        zero = "-zero1" if layout.zero1 else ""
         profile = base.model_copy(
             update={
-                "name": f"{base.name}-pp{layout.pp}-dp{layout.dp}",
+                "name": f"{base.name}-pp{layout.pp}-dp{layout.dp}{zero}",
                 "devices": topo.devices,
                 "links": topo.links,
                 "data_parallel": topo.data_parallel,
@@ -200,21 +202,19 @@ class LayoutSearch:
         if layout.zero1:
             s = Settings()  # the bytes per parameter the profiles were built with
             profile = shard_optimizer(profile, layout.dp, s.optimizer_bytes, s.bytes_per_param)
-        replicas = tuple(dict.fromkeys(topo.replica_devices))  # distinct, in order
-        return profile, replicas
+        return profile, topo.replicas
 
     # --- evaluating ----------------------------------------------------------------------
 
     def evaluate(self, layout: Layout, label: str, plan: Plan) -> Row:
-        """The plan on every distinct replica; the row holds the slowest replica's result."""
+        """The plan on every distinct replica; the row holds the slowest replica's result and
+        profile (so the profile it is written with reproduces its figures)."""
         profile, replicas = self.profile(layout)
-        worst = None
+        rows = []
         for devices in replicas:
-            sim = Simulator(profile.with_devices(devices)).run(plan, detail=False)
-            if worst is None or sim.rank > worst.rank:
-                worst = sim
-        assert worst is not None
-        return Row(layout, label, plan, profile, worst)
+            on = profile.with_devices(devices)
+            rows.append(Row(layout, label, plan, on, Simulator(on).run(plan, detail=False)))
+        return max(rows, key=lambda r: r.score)
 
     def baselines(self, layout: Layout, names: Iterable[tuple[str, str]]) -> list[Row]:
         from octopipe.baselines import make_baseline
@@ -231,7 +231,10 @@ class LayoutSearch:
 
     def screen(self, layout: Layout) -> Row | None:
         """The best of a few balanced baselines: a quick estimate of the layout, switching
-        to ZeRO-1 when nothing fits without it."""
+        to ZeRO-1 when nothing fits without it (at once where the replicated static bytes
+        alone exceed the devices' memory)."""
+        if layout.dp > 1 and not layout.zero1 and self._static_overflows(layout):
+            return self.screen(replace(layout, zero1=True))
         rows = self.baselines(layout, SCREEN_BASELINES)
         best = min(rows, key=lambda r: r.score, default=None)
         if best is not None and not best.sim.fits and layout.dp > 1 and not layout.zero1:
@@ -239,6 +242,13 @@ class LayoutSearch:
             if sharded is not None and sharded.score < best.score:
                 return sharded
         return best
+
+    def _static_overflows(self, layout: Layout) -> bool:
+        """Whether even an even split of the weights, gradients and optimizer state over the
+        pipeline's devices exceeds their memory."""
+        profile, _ = self.profile(layout)
+        static = sum(layer.param_bytes for layer in profile.layers) / layout.pp
+        return static > min(d.memory_bytes for d in profile.device_list())
 
     def tune(self, start: Row, time_budget: float, seed: int = 0, max_chunks: int = 4) -> Row:
         """The tuner on `start`'s layout, seeded with `start`'s plan (never worse than it)."""

@@ -84,8 +84,10 @@ class Plan:
     def with_predicted(self, predicted: Mapping[str, Any]) -> Plan:
         return replace(self, predicted=predicted)
 
-    def with_parallelism(self, tp: int, dp: int, microbatch_size: int) -> Plan:
+    def with_parallelism(self, tp: int, dp: int, microbatch_size: int, zero: int = 0) -> Plan:
         degrees = {"tp": tp, "pp": self.num_devices, "dp": dp, "microbatch_size": microbatch_size}
+        if zero:
+            degrees["zero"] = zero
         return replace(self, parallelism=degrees)
 
     def entries(self, device: int) -> list[tuple[Action, ...]]:
@@ -239,12 +241,17 @@ PARALLELISM_KEYS = ("tp", "pp", "dp", "microbatch_size")
 
 def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | None:
     """The optional `parallelism` object: positive `tp`, `pp`, `dp`, `microbatch_size`, with
-    `pp` the plan's device count."""
+    `pp` the plan's device count, and an optional ZeRO stage `zero` (0 or 1)."""
     if raw is None:
         return None
     if not isinstance(raw, dict):
         raise InputError(where, "expected an object of tp, pp, dp, microbatch_size", "parallelism")
     out = {key: _positive_int(raw, key, where, "parallelism.") for key in PARALLELISM_KEYS}
+    zero = raw.get("zero", 0)
+    if zero not in (0, 1) or isinstance(zero, bool):
+        raise InputError(where, f"expected 0 or 1, got {zero!r}", "parallelism.zero")
+    if zero:
+        out["zero"] = zero
     if out["pp"] != num_devices:
         raise InputError(
             where, f"pp is {out['pp']} but the plan has {num_devices} devices", "parallelism.pp"

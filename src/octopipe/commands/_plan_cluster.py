@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         console.print("[red]no layout fits the GPUs' memory; the leanest is shown first[/red]")
         return 1
     lay = best.layout
-    plan = best.plan.with_parallelism(lay.tp, lay.dp, lay.microbatch_size)
+    plan = best.plan.with_parallelism(lay.tp, lay.dp, lay.microbatch_size, int(lay.zero1))
     plan = plan.with_predicted(best.sim.predicted())
     save_profile(best.profile, out / "profile.json")
     left = args.time_budget - since(started)
@@ -102,7 +102,7 @@ def layout_table(result: LayoutReport, job: Job) -> Table:
         f"{job.seq_len} tokens: layouts (simulated)",
         caption="DP Z1: optimizer state sharded across DP (ZeRO-1); b x M: samples per "
         "microbatch x microbatches per step; Megatron-LM: its usual layout, interleaved 1F1B "
-        "over a uniform partition",
+        "over a uniform partition (1F1B with one stage)",
     )
     for col in ("TP", "PP", "DP", "b x M"):
         table.add_column(col, justify="right", no_wrap=True)

@@ -5,8 +5,9 @@
     simulate(profile, plan)             # the same in one call
 
 `graph.py` lowers a plan to integer ids, `evaluate.py` times it, under the default cost
-semantics (docs/FORMATS.md); one option goes beyond them: `Simulator(profile, action_overhead=s)`
-adds a fixed cost to every action. Exported `predicted` figures never use it.
+semantics (docs/FORMATS.md). Two options go beyond them: `Simulator(profile, action_overhead=s)`
+adds a fixed cost to every action (exported `predicted` figures never use it), and
+`run(plan, overlap_steps=True)` runs steps back to back with no barrier (`steps.py`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ K copies of its own one after another, so the simulator's rules apply unchanged.
 The step time is the limit of T_K / K, T_K the end of step K (the last device to finish it).
 For a fixed order the step ends form a max-plus linear recurrence, whose increments
 T_{k+1} - T_k become periodic after a transient; `steady_state` simulates 8, 16, ... steps
-until the last two periods of increments agree (a period of 1 to 4 steps) and takes their mean.
+until the last three periods of increments agree (a period of 1 to 4 steps) and takes their mean.
 Peak memory is over the whole repeated run; as a device ends step k (its W included) before
 step k+1's first action, it equals one step's peak.
 """
@@ -73,12 +73,13 @@ def repeat_graph(graph: Graph, steps: int) -> Graph:
 
 
 def settled_period(increments: list[float], scale: float) -> int:
-    """The smallest period p <= MAX_PERIOD over which the last 2p increments repeat, else 0."""
+    """The smallest period p <= MAX_PERIOD over which the last 3p increments repeat, else 0
+    (three periods, not two: a longer period can end in two equal increments)."""
     for p in range(1, MAX_PERIOD + 1):
-        tail = increments[-2 * p :]
-        if len(tail) < 2 * p:
+        tail = increments[-3 * p :]
+        if len(tail) < 3 * p:
             break
-        if all(abs(tail[i] - tail[i + p]) <= TOLERANCE * scale for i in range(p)):
+        if all(abs(tail[i] - tail[i + p]) <= TOLERANCE * scale for i in range(2 * p)):
             return p
     return 0
 

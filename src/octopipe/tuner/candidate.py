@@ -114,7 +114,8 @@ ESTIMATE_STEPS = (4, 8)
 def fill_tails(stages: Sequence[StageCost], num_devices: int, M: int) -> tuple[int, ...]:
     """Per device, the W to keep for the end of a step when steps overlap: as many as cover
     the wait for the next step's first forward to reach the device (the forwards and transfers
-    of the stages before its first one), at most all of its W."""
+    of the stages before its first one), at most all of its W. A first guess: the wait for the
+    last backward to come back is not counted, and the search moves each device's tail."""
     delay, first_wait = 0.0, [None] * num_devices
     for st in stages:
         if first_wait[st.device] is None:

@@ -157,7 +157,8 @@ def _warmup_changes(cand: Candidate, diag: Diagnosis, targets: tuple[int, ...]) 
 
 def _tail_changes(cand: Candidate, diag: Diagnosis, targets: tuple[int, ...]) -> list[Candidate]:
     """Overlapped steps: one W more or fewer kept for the end of the step, on the idlest and the
-    most binding devices (no move where no tail is kept: one synchronous step)."""
+    most binding devices. A candidate of the synchronous search has no tail_w at all (an empty
+    tuple, not zeros) and gets no such move."""
     if not cand.tail_w:
         return []
     out = []

@@ -173,7 +173,7 @@ def tune(
 
 def with_fill_tails(evaluator: Evaluator, cand: Candidate) -> Candidate:
     tails = fill_tails(evaluator.stages(cand), evaluator.num_devices, evaluator.M)
-    return cand.but(tail_w=tuple(max(1, t) for t in tails))
+    return cand.but(tail_w=tails)
 
 
 def check_plan_size(profile: Profile, num_microbatches: int, num_devices: int) -> None:
