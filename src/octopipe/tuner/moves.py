@@ -172,19 +172,23 @@ def _tail_changes(cand: Candidate, diag: Diagnosis, targets: tuple[int, ...]) ->
 
 
 def _per_device_changes(cand: Candidate, devices: tuple[int, ...]) -> list[Candidate]:
-    """One microbatch more or fewer in flight, and one W more or fewer kept for the step's end,
-    on each of `devices` in turn (the idlest first)."""
+    """`device_moves` on each of `devices` in turn (the idlest first)."""
+    return [c for d in devices for c in device_moves(cand, d)]
+
+
+def device_moves(cand: Candidate, d: int) -> list[Candidate]:
+    """Overlapped steps: one microbatch more or fewer in flight on device d, and one W more or
+    fewer kept for the step's end."""
     extra = list(cand.extra) if cand.extra else [0] * len(cand.tail_w)
     out = []
-    for d in devices:
-        for step in (1, -1):
-            changed = extra.copy()
-            changed[d] += step
-            out.append(cand.but(extra=tuple(changed)))
-            if cand.tail_w[d] + step >= 0:
-                tails = list(cand.tail_w)
-                tails[d] += step
-                out.append(cand.but(tail_w=tuple(tails)))
+    for step in (1, -1):
+        changed = extra.copy()
+        changed[d] += step
+        out.append(cand.but(extra=tuple(changed)))
+        if cand.tail_w[d] + step >= 0:
+            tails = list(cand.tail_w)
+            tails[d] += step
+            out.append(cand.but(tail_w=tuple(tails)))
     return out
 
 

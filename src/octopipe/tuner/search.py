@@ -32,7 +32,7 @@ from octopipe.sim import SimResult, Simulator
 from octopipe.sim.steps import refuse_data_parallel
 from octopipe.tuner.balance import balanced_ranges
 from octopipe.tuner.candidate import Candidate, Evaluator, Outcome, fill_tails
-from octopipe.tuner.moves import kick, neighbours
+from octopipe.tuner.moves import device_moves, diagnose, kick, neighbours
 from octopipe.tuner.reorder import reorder_critical
 
 Progress = Callable[[float, float], None]  # (best iteration time so far, seconds elapsed)
@@ -288,7 +288,11 @@ class _Search:
 
     def _descend_step(self, current: Outcome) -> Outcome | None:
         """The first neighbour that improves on `current` (neighbours come most promising
-        first), else None."""
+        first), else None. With steps overlapped, first a sweep over the devices."""
+        if current.candidate.tail_w:
+            swept = self._sweep_devices(current)
+            if swept is not None:
+                return swept
         # A fitting plan is only beaten by a faster one: give up on slower candidates early.
         cutoff = current.makespan if current.fits else math.inf
         for cand in neighbours(current):
@@ -300,6 +304,22 @@ class _Search:
             if out is not None and out.score < current.score:
                 return out
         return None
+
+    def _sweep_devices(self, current: Outcome) -> Outcome | None:
+        """Overlapped steps: each device in turn, idlest first, takes the first of its
+        `device_moves` that improves, building on the moves already taken (steady-state idle
+        is spread over every device, so improving them one at a time, without restarting
+        from the top after each, covers them all sooner). None if no device improved."""
+        start = current
+        for d in diagnose(current).starved:
+            for cand in device_moves(current.candidate, d):
+                if self.out_of_time():
+                    return None if current is start else current
+                out = self.evaluate(cand)
+                if out is not None and out.score < current.score:
+                    current = out
+                    break
+        return None if current is start else current
 
 
 def _distinct_placements(ranked: list[Outcome], k: int) -> list[Outcome]:
