@@ -181,16 +181,7 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
             if not wide:
                 y0 = y1 - 0.14
             outlines.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
-    if boxes:
-        ax.add_collection(
-            PolyCollection(
-                boxes,
-                facecolors=faces,
-                edgecolors="white" if wide else "face",
-                linewidths=0.4 if wide else 0.0,
-                zorder=2,
-            )
-        )
+    _add_boxes(ax, boxes, faces, wide)
     if outlines:
         ax.add_collection(
             PolyCollection(
@@ -236,16 +227,7 @@ def _draw_reductions(ax, reductions, layout, scale, window, fmt, band) -> None:
             ax.add_artist(box)
         else:
             boxes.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
-    if boxes:
-        ax.add_collection(
-            PolyCollection(
-                boxes,
-                facecolors=REDUCE_COLOR,
-                edgecolors="white" if wide else "face",
-                linewidths=0.4 if wide else 0.0,
-                zorder=2,
-            )
-        )
+    _add_boxes(ax, boxes, REDUCE_COLOR, wide)
     for r in reductions:
         text = f"s{r.stage}"
         size = label_font_size(
@@ -339,3 +321,17 @@ def _add_legend(
         handlelength=1.2,
         columnspacing=1.2,
     )
+
+
+def _add_boxes(ax, boxes: list, faces, wide: bool) -> None:
+    """Filled boxes in one collection; thin white edges part them only where they are wide."""
+    if boxes:
+        ax.add_collection(
+            PolyCollection(
+                boxes,
+                facecolors=faces,
+                edgecolors="white" if wide else "face",
+                linewidths=0.4 if wide else 0.0,
+                zorder=2,
+            )
+        )
