@@ -52,29 +52,13 @@ class Simulator:
         with no barrier (`sim/steps.py`; no events or critical path), simulating from
         `steps[0]` up to `steps[1]` steps until it settles."""
         devices = devices_for(self.profile, plan, where)
-        if overlap_steps:
-            return self._steady_state(plan, devices, check, where, steps)
-        graph = build_graph(self.costs, plan, devices, check, where)
-        try:
-            return evaluate(
-                graph, lower_bound(self.profile, devices, plan.num_microbatches), detail
-            )
-        except DeadlockError as exc:
-            raise DeadlockError(f"{where}: {exc}") from None
-
-    def _steady_state(
-        self,
-        plan: Plan,
-        devices: tuple[Device, ...],
-        check: bool,
-        where: str,
-        steps: tuple[int, int],
-    ) -> SimResult:
-        refuse_data_parallel(self.profile)
         graph = build_graph(self.costs, plan, devices, check, where)
         bound = lower_bound(self.profile, devices, plan.num_microbatches)
         try:
-            return steady_state(graph, bound, *steps)
+            if overlap_steps:
+                refuse_data_parallel(self.profile)
+                return steady_state(graph, bound, *steps)
+            return evaluate(graph, bound, detail)
         except DeadlockError as exc:
             raise DeadlockError(f"{where}: {exc}") from None
 

@@ -91,16 +91,12 @@ def steady_state(
     physical limit). The result describes one step: iteration_time is the steady step time,
     busy is per step, peak memory is over the whole repeated run. A search may pass small step
     counts for a quick estimate (`steady.converged` says whether it settled)."""
-    M, K = graph.plan.num_microbatches, NUM_KINDS
+    M = graph.plan.num_microbatches
     lasts = [row[-1][0] for row in graph.rows if row]  # each device's last action of a step
     steps = first_steps
     while True:
         repeated = repeat_graph(graph, steps)
-        watch = [
-            (a // (M * K)) * M * K * steps + j * M * K + a % (M * K)
-            for a in lasts
-            for j in range(steps)
-        ]
+        watch = [step_id(a, j, M, steps) for a in lasts for j in range(steps)]
         result = evaluate(repeated, lower_bound * steps, False, watch)
         ends = result.watched_ends
         per_step = [max(ends[d * steps + j] for d in range(len(lasts))) for j in range(steps)]

@@ -139,11 +139,11 @@ class Evaluator:
         devices: tuple[Device, ...],
         num_microbatches: int,
         costs: CostTable | None = None,
-        overlap_steps: Simulator | None = None,
+        overlap_simulator: Simulator | None = None,
     ):
         self.profile, self.devices, self.M = profile, devices, num_microbatches
         # Overlapped steps: the simulator that times each candidate's repeated orders.
-        self.overlap_steps = overlap_steps
+        self.overlap_simulator = overlap_simulator
         self.costs = costs or CostTable(profile)
         self.capacity = tuple(float(d.memory_bytes) for d in devices)
         self.speeds = tuple(d.speed for d in devices)
@@ -163,7 +163,7 @@ class Evaluator:
     def evaluate(self, cand: Candidate, give_up_after: float = math.inf) -> Outcome | None:
         """The candidate's outcome; None once it is sure to take longer than `give_up_after`."""
         self.evaluations += 1
-        if self.overlap_steps:  # one step's makespan does not bound the steady step time
+        if self.overlap_simulator:  # one step's makespan does not bound the steady step time
             give_up_after = math.inf
         stages = self.stages(cand)
         static = self.static_bytes(cand)
@@ -184,7 +184,7 @@ class Evaluator:
         if sched is None:
             return None
         peaks = tuple(s + a for s, a in zip(static, sched.peak_activation_bytes))
-        if self.overlap_steps:
+        if self.overlap_simulator:
             steady = self.steady_estimate(cand, sched)
             return Outcome(cand, sched, steady.iteration_time, steady.busy, peaks, self.capacity)
         makespan = max(sched.makespan, self.reductions_end(cand, sched))
@@ -193,9 +193,9 @@ class Evaluator:
     def steady_estimate(self, cand: Candidate, sched: ListSchedule) -> SimResult:
         """The step time of the candidate's orders repeated without a barrier, from a short run
         (the tuner re-simulates the plans it reports until they settle)."""
-        assert self.overlap_steps is not None
+        assert self.overlap_simulator is not None
         plan = make_plan(self.num_devices, self.M, cand.ranges, cand.placement, sched.orders)
-        return self.overlap_steps.run(
+        return self.overlap_simulator.run(
             plan, detail=False, check=False, overlap_steps=True, steps=ESTIMATE_STEPS
         )
 

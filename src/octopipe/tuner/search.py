@@ -29,7 +29,6 @@ from octopipe.placement import seed_placements, torchtitan_style
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim import SimResult, Simulator
-from octopipe.sim.steps import refuse_data_parallel
 from octopipe.tuner.balance import balanced_ranges
 from octopipe.tuner.candidate import Candidate, Evaluator, Outcome, fill_tails
 from octopipe.tuner.moves import device_moves, diagnose, kick, neighbours
@@ -116,9 +115,7 @@ def tune(
         raise InputError(
             profile.name, f"microbatch count must be at least 1, got {num_microbatches}"
         )
-    simulator = Simulator(profile, action_overhead)
-    if overlap_steps:
-        refuse_data_parallel(profile)
+    simulator = Simulator(profile, action_overhead)  # refuses overlap with data parallelism
     evaluator = Evaluator(
         profile, devices, num_microbatches, simulator.costs, simulator if overlap_steps else None
     )
@@ -245,7 +242,7 @@ class _Search:
         deeper warm-ups fill the next step's fill with this step's work) with and without the
         W kept for the step's end."""
         extra = [{"reduce_early": not cand.reduce_early}] if self.evaluator.data_parallel else []
-        if self.evaluator.overlap_steps is not None:
+        if self.evaluator.overlap_simulator is not None:
             tails = (cand.tail_w, tuple(0 for _ in cand.tail_w))
             extra += [{"warmup": w, "tail_w": t} for w in OVERLAP_WARMUPS for t in tails]
         return [*RULE_VARIANTS, *extra]
