@@ -7,10 +7,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-from executor_runs import sized_model
+from executor_runs import MODELS
 
-from octopipe.models.base import PipelineModel
+from octopipe.runtime.data import SyntheticData, replica_batch
 from octopipe.runtime.profiler import time_layer
+from octopipe.runtime.recipe import ModelRecipe, load_recipe
 from octopipe.runtime.stage import StageCompute, as_leaves
 
 
@@ -28,14 +29,19 @@ class BackwardCosts:
     profiled_w: float
 
 
-def backward_costs(model: PipelineModel, index: int, rounds: int = 7) -> BackwardCosts:
+def backward_costs(recipe: ModelRecipe, index: int, rounds: int = 7) -> BackwardCosts:
     """Time F, B, I and W of layer `index` as the executor runs them, and b, w as the profiler
     measures them, alternating so that machine load hits all alike."""
-    batch = model.make_batch(1, 0)
+    size = MODELS[recipe.name]
+    data = SyntheticData(recipe.synthetic_sequence, size.seq_len, 0)
+    b = size.micro_batch_size
+    batch = replica_batch(data.global_batch(0, b), 0, 1, b)
+    cpu = torch.device("cpu")
+    layer = recipe.stage([recipe.layers[index]], cpu, 0)
     with torch.no_grad():
-        x = model.forward_layers(0, index, batch.inputs[0])
-        y = model.forward_layers(index, index + 1, x)
-    stage = StageCompute(model, index, index + 1, False, 1.0)
+        x = recipe.stage(recipe.layers[:index], cpu, 0)(*batch.inputs[0])
+        y = layer(*x)
+    stage = StageCompute(layer, False, recipe.loss, 1.0)
     seeds = [torch.randn_like(t) for t in y if t.is_floating_point()]
     samples = []
     for _ in range(rounds + 1):  # the first round warms up
@@ -50,17 +56,18 @@ def backward_costs(model: PipelineModel, index: int, rounds: int = 7) -> Backwar
         t4 = time.perf_counter()
         stage.backward_weight(1)
         t5 = time.perf_counter()
-        prof = time_layer(model.layer(index), x, None, True, torch.device("cpu"), 0, 1)
+        prof = time_layer(layer, x, None, True, cpu, 0, 1)
         samples.append((t1 - t0, t2 - t1, t4 - t3, t5 - t4, prof.b, prof.w))
     stage.close()
     # Other jobs on the machine only ever add time: the fastest round is the least disturbed.
     f, full, i, w, pb, pw = (min(c) * 1e3 for c in zip(*samples[1:]))
-    return BackwardCosts(model.layer_names[index], model.layer_kinds[index], f, full, i, w, pb, pw)
+    name, kind = recipe.layers[index], recipe.layer_kind(index)
+    return BackwardCosts(name, kind, f, full, i, w, pb, pw)
 
 
 def backward_table(model_name: str) -> list[str]:
     """One layer of every kind with weights and an input gradient (not the first nor the last)."""
-    model = sized_model(model_name, 0)
+    recipe = load_recipe(model_name)
     seen: set[str] = set()
     lines = [
         f"Backward of one layer of each kind ({model_name}; ms, fastest of 7, one process):",
@@ -68,12 +75,12 @@ def backward_table(model_name: str) -> list[str]:
         "| layer | kind | F | B (full) | I | W | (I+W) / B | profile b | profile w | (b+w) / B |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for index in range(1, len(model.layer_names) - 1):
-        kind = model.layer_kinds[index]
+    for index in range(1, len(recipe.layers) - 1):
+        kind = recipe.layer_kind(index)
         if kind in seen or kind in ("norm",):
             continue
         seen.add(kind)
-        c = backward_costs(model, index)
+        c = backward_costs(recipe, index)
         lines.append(
             f"| {c.layer} | {c.kind} | {c.f:.2f} | {c.full:.2f} | {c.i:.2f} | {c.w:.2f} | "
             f"{(c.i + c.w) / c.full:.2f} | {c.profiled_b:.2f} | {c.profiled_w:.2f} | "

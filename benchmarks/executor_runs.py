@@ -15,8 +15,6 @@ from executor_trace import in_run_durations
 
 from octopipe.baselines import make_baseline
 from octopipe.calibrate import RunFit, fit_run, scaled
-from octopipe.models import build_model
-from octopipe.models.base import PipelineModel
 from octopipe.plan import Plan, load_plan
 from octopipe.profile import Profile, load_profile, save_profile
 from octopipe.runtime.session import Job, RunConfig, RunResult
@@ -40,21 +38,28 @@ class ModelSize:
 MODELS = {"tiny-hybrid": ModelSize(128, 2), "tiny-moe": ModelSize(256, 2)}
 
 
-def sized_model(name: str, seed: int) -> PipelineModel:
-    size = MODELS[name]
-    return build_model(name, seed, seq_len=size.seq_len, micro_batch_size=size.micro_batch_size)
+def our_job(plan: Plan, model: str, steps: int) -> Job:
+    """Our executor's run of `plan` on the model at its benchmark size."""
+    size = MODELS[model]
+    return Job(
+        plan,
+        RunConfig(model, steps=steps, seq_len=size.seq_len, micro_batch_size=size.micro_batch_size),
+    )
 
 
-def tiny_hybrid(seed: int) -> PipelineModel:
-    return sized_model("tiny-hybrid", seed)
+def their_job(plan: Plan, runner: str, model: str, steps: int, csv: str | None = None) -> TorchJob:
+    """PyTorch's run of `plan` on the model at its benchmark size."""
+    size = MODELS[model]
+    return TorchJob(
+        plan,
+        runner,
+        model,
+        steps,
+        csv=csv,
+        seq_len=size.seq_len,
+        micro_batch_size=size.micro_batch_size,
+    )
 
-
-def tiny_moe(seed: int) -> PipelineModel:
-    return sized_model("tiny-moe", seed)
-
-
-# `module:factory` specs the ranks import (spawned ranks inherit the script's sys.path).
-FACTORIES = {"tiny-hybrid": "executor_runs:tiny_hybrid", "tiny-moe": "executor_runs:tiny_moe"}
 
 # PyTorch's schedule class, and our schedule of the same order and placement.
 TORCH_BASELINES = (
@@ -163,16 +168,15 @@ def measure(
     Rows: tuned (ours, then PyTorch's runtime on our CSV), then per PyTorch schedule class its
     run and ours on the same plan. Within a pair the runners alternate which goes first."""
     sim = Simulator(profile)
-    spec = FACTORIES[model]
     M = tuned.num_microbatches
     pairs: list[tuple[Row, Job, Row, TorchJob]] = []
     simulated = sim.run(tuned).iteration_time
     pairs.append(
         (
             Row("tuned", OURS, simulated, [], tuned),
-            Job(tuned, RunConfig(spec, steps=steps)),
+            our_job(tuned, model, steps),
             Row("tuned", CSV_LABEL, simulated, []),
-            TorchJob(tuned, CSV_RUNTIME, spec, steps, csv=str(csv)),
+            their_job(tuned, CSV_RUNTIME, model, steps, csv=str(csv)),
         )
     )
     for cls, name in TORCH_BASELINES:
@@ -181,9 +185,9 @@ def measure(
         pairs.append(
             (
                 Row(label, OURS, simulated, [], plan),
-                Job(plan, RunConfig(spec, steps=steps)),
+                our_job(plan, model, steps),
                 Row(label, f"PyTorch {cls}", simulated, []),
-                TorchJob(plan, cls, spec, steps),
+                their_job(plan, cls, model, steps),
             )
         )
     for k in range(repeats):
@@ -246,11 +250,11 @@ def second_pass(
     label = "tuned on the calibrated profile"
     ours = Row(label, OURS, Simulator(calibrated).run(plan).iteration_time, [], plan)
     theirs = Row(best.plan_label, best.runner, best.simulated, [])
-    spec, cls = FACTORIES[model], best.runner.removeprefix("PyTorch ")
+    cls = best.runner.removeprefix("PyTorch ")
     for k in range(repeats):
         jobs: list[Job | TorchJob] = [
-            Job(plan, RunConfig(spec, steps=steps)),
-            TorchJob(same_plan, cls, spec, steps),
+            our_job(plan, model, steps),
+            their_job(same_plan, cls, model, steps),
         ]
         for result in launch_torch(jobs if k % 2 == 0 else jobs[::-1], DEVICES):
             if isinstance(result, RunResult):

@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from octopipe.actions import Action, B, F, I, W
-from octopipe.models.base import Batch, PipelineModel
+from octopipe.models.base import PipelineModel
 from octopipe.plan import Plan, dependencies, make_plan
-from octopipe.runtime.model_source import build_pipeline_model
+from octopipe.runtime.data import SyntheticData, replica_batch
+from octopipe.runtime.recipe import load_recipe
 
 TOY = "executor_helpers:toy_model"
 TOY_LAYERS = 8
@@ -42,7 +43,11 @@ class _Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.mix = nn.Linear(WIDTH, WIDTH)
-        self.gate = nn.Parameter(torch.ones(WIDTH))
+        self.gate = nn.Parameter(torch.empty(WIDTH))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:  # its own tensor; `mix` resets itself
+        nn.init.uniform_(self.gate, 0.5, 1.5)
 
     def forward(
         self, h: torch.Tensor, skip: torch.Tensor, ids: torch.Tensor
@@ -80,19 +85,15 @@ class ToyModel(PipelineModel):
     def loss(self, output, target):
         return nn.functional.mse_loss(output[0], target)
 
-    def make_batch(self, num_microbatches: int, seed: int, step: int = 0) -> Batch:
-        gen = torch.Generator().manual_seed(seed * 7919 + step)
-        inputs, targets = [], []
-        for _ in range(num_microbatches):
-            x = torch.randn(MB_ROWS, WIDTH, generator=gen)
-            ids = torch.randint(0, MB_ROWS, (MB_ROWS,), generator=gen)
-            inputs.append((x, ids))
-            targets.append(torch.randn(MB_ROWS, 2, generator=gen))
-        return Batch(inputs, targets)
+    def synthetic_sequence(self, gen: torch.Generator, _seq_len: int):
+        """One row: features and an id in, two numbers out (a function of the features, so
+        the model can learn it)."""
+        x = torch.randn(WIDTH, generator=gen)
+        ids = torch.randint(0, MB_ROWS, (), generator=gen)
+        return (x, ids), torch.stack([x[: WIDTH // 2].mean(), x[WIDTH // 2 :].mean()])
 
 
-def toy_model(seed: int) -> ToyModel:
-    torch.manual_seed(seed)
+def toy_model() -> ToyModel:
     return ToyModel()
 
 
@@ -103,8 +104,8 @@ class _Boom(nn.Module):
         return h, skip, ids
 
 
-def failing_model(seed: int) -> ToyModel:
-    model = toy_model(seed)
+def failing_model() -> ToyModel:
+    model = toy_model()
     model.layers.add_module("3", _Boom())  # replaces the block in place: same FQN, same order
     return model
 
@@ -113,7 +114,7 @@ def failing_model(seed: int) -> ToyModel:
 
 
 def layer_count(model: str) -> int:
-    return len(build_pipeline_model(model, 0).layer_names)
+    return len(load_recipe(model).layers)
 
 
 def even_ranges(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
@@ -191,3 +192,17 @@ def greedy(
         done.update(chosen)
         todo = [a for a in todo if a not in done]
     return make_plan(num_devices, num_mb, ranges, placement, orders)
+
+
+# --- stages in one process ----------------------------------------------------------------
+
+
+def batch_of(recipe, num_mb: int, seed: int, step: int = 0, rows: int = MB_ROWS):
+    """One replica's step of `recipe`'s synthetic data: `num_mb` microbatches of `rows`."""
+    data = SyntheticData(recipe.synthetic_sequence, 16, seed)
+    return replica_batch(data.global_batch(step, num_mb * rows), 0, num_mb, rows)
+
+
+def stage_of(recipe, start: int, end: int, seed: int):
+    """Layers [start, end) of the recipe's model, built as a rank builds them."""
+    return recipe.stage(recipe.layers[start:end], torch.device("cpu"), seed)

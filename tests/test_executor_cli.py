@@ -159,11 +159,8 @@ def test_run_as_ranks_of_an_existing_job(tmp_path):
 def test_run_at_the_sizes_the_profile_was_measured_at(tmp_path, capsys):
     """--seq-len and --micro-batch-size size the data: the first step's loss is that of the
     model at those sizes (the default sizes give another)."""
-    import statistics
-
-    import torch
-
-    from octopipe.models import build_model
+    from octopipe.runtime.reference import train_reference
+    from octopipe.runtime.session import RunConfig
 
     layers, M = layer_count("tiny-llama"), 3
     save_plan(one_f_one_b(2, M, num_layers=layers), tmp_path / "plan.json")
@@ -172,19 +169,14 @@ def test_run_at_the_sizes_the_profile_was_measured_at(tmp_path, capsys):
     measured = json.loads(capsys.readouterr().out)["losses"][0]
 
     def first_loss(**sizes):
-        model = build_model("tiny-llama", 0, **sizes)
-        batch = model.make_batch(M, 0, 0)
-        with torch.no_grad():
-            return statistics.fmean(
-                float(model.loss(model(*x), t)) for x, t in zip(batch.inputs, batch.targets)
-            )
+        return train_reference(RunConfig("tiny-llama", **sizes), M).losses[0]
 
     assert measured == pytest.approx(first_loss(seq_len=16, micro_batch_size=1), rel=1e-5)
     assert measured != pytest.approx(first_loss(), rel=1e-5)
 
 
 @pytest.mark.timeout(120)
-def test_run_says_it_runs_one_replica_of_a_data_parallel_plan(tmp_path, capsys):
+def test_run_says_when_it_runs_other_replicas_than_planned(tmp_path, capsys):
     plan = one_f_one_b(2, 2, layer_count("tiny-llama")).with_parallelism(
         tp=1, dp=4, microbatch_size=1
     )
@@ -192,5 +184,5 @@ def test_run_says_it_runs_one_replica_of_a_data_parallel_plan(tmp_path, capsys):
     argv = ["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-llama", "--steps", "1"]
     assert main([*argv, "--json"]) == 0
     captured = capsys.readouterr()
-    assert "one of 4 data-parallel replicas" in captured.err
+    assert "planned as 4 data-parallel replicas" in captured.err and "runs 1" in captured.err
     assert len(json.loads(captured.out)["losses"]) == 1

@@ -85,7 +85,7 @@ def run_all(jobs, nproc):
 
 def check(job, result):
     plan, cfg = job.plan, job.config
-    ref = train_reference(cfg.model, cfg.seed, plan.num_microbatches, cfg.steps, cfg.optimizer)
+    ref = train_reference(cfg, plan.num_microbatches)
     assert len(result.losses) == STEPS
     assert result.params.keys() == ref.params.keys()
     assert mismatches(result, ref, tol=1e-5) == []

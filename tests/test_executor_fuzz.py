@@ -34,7 +34,7 @@ def test_random_plans_match_single_process(nproc, count, seed):
     for plan, result in zip(plans, results):
         m = plan.num_microbatches
         if m not in references:
-            references[m] = train_reference(TOY, seed, m, 2, ADAM)
+            references[m] = train_reference(cfg, m)
         assert mismatches(result, references[m]) == [], plan.to_dict()
 
 
@@ -47,5 +47,5 @@ def test_transfers_matched_by_order_alone_as_on_nccl():
     cfg = RunConfig(TOY, seed=5, steps=2, optimizer=ADAM, collect_state=True, order_matched=True)
     results = launch([Job(p, cfg) for p in plans], 3, "gloo", timeout_s=60)
     for plan, result in zip(plans, results):
-        reference = train_reference(TOY, 5, plan.num_microbatches, 2, ADAM)
+        reference = train_reference(cfg, plan.num_microbatches)
         assert mismatches(result, reference) == [], plan.to_dict()

@@ -9,6 +9,8 @@ from octopipe.costmodel.arch import layer_specs
 from octopipe.costmodel.hf_config import load_architecture
 from octopipe.models import build_model, bundled_models
 from octopipe.models.mamba import ssd_scan
+from octopipe.runtime.data import SyntheticData, replica_batch
+from octopipe.runtime.recipe import load_recipe
 
 # The fast subset runs each per-model test on tiny-llama; the other families in the full suite.
 MODELS = [
@@ -16,6 +18,12 @@ MODELS = [
     for name in bundled_models()
 ]
 REQUIRED = {"tiny-llama", "tiny-gemma", "tiny-moe", "tiny-hybrid", "tiny-vlm"}
+
+
+def make_batch(name, num_mb=1, seed=0, step=0, seq_len=32, rows=2):
+    """`num_mb` microbatches of `rows` sequences of the model's synthetic data."""
+    data = SyntheticData(load_recipe(name).synthetic_sequence, seq_len, seed)
+    return replica_batch(data.global_batch(step, num_mb * rows), 0, num_mb, rows)
 
 
 def test_required_families_are_bundled():
@@ -26,31 +34,31 @@ def test_required_families_are_bundled():
 def test_layers_match_layer_specs(name):
     model = build_model(name)
     specs = layer_specs(load_architecture(name))
-    assert model.layer_names == [s.name for s in specs]
+    assert model.pipeline_layers == [s.name for s in specs]
     assert model.layer_kinds == [s.kind for s in specs]
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_forward_backward_gives_finite_loss_and_gradients(name):
     model = build_model(name)
-    batch = model.make_batch(1, seed=0)
+    batch = make_batch(name)
     loss = model.loss(model(*batch.inputs[0]), batch.targets[0])
     loss.backward()
     assert torch.isfinite(loss)
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     # Every layer learns something: no part of the model is cut off from the loss.
-    for i in range(len(model.layer_names)):
+    for i in range(len(model.pipeline_layers)):
         layer_grads = [p.grad.abs().sum() for p in model.layer(i).parameters()]
-        assert sum(layer_grads) > 0, model.layer_names[i]
+        assert sum(layer_grads) > 0, model.pipeline_layers[i]
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_forward_over_a_split_equals_the_whole_forward(name):
     model = build_model(name)
-    x = model.make_batch(1, seed=3).inputs[0]
+    x = make_batch(name, seed=3).inputs[0]
     whole = model(*x)
-    n = len(model.layer_names)
+    n = len(model.pipeline_layers)
     for cut in (1, n // 2, n - 1):
         split = model.forward_layers(cut, n, model.forward_layers(0, cut, x))
         assert len(split) == len(whole)
@@ -59,20 +67,19 @@ def test_forward_over_a_split_equals_the_whole_forward(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_a_subset_of_layers_has_the_full_models_weights(name):
+    recipe = load_recipe(name)
     full = build_model(name, seed=7)
-    n = len(full.layer_names)
-    subset = [0, n // 2, n - 1]
-    part = build_model(name, seed=7, layers=subset)
-    assert part.layer_names == full.layer_names
-    for i in range(n):
-        if i in subset:
-            got = part.layer(i).state_dict()
-            want = full.layer(i).state_dict()
-            assert got.keys() == want.keys()
-            for key in want:
-                assert torch.equal(got[key], want[key]), (i, key)
-        else:
-            assert not part.has_layer(i)
+    n = len(recipe.layers)
+    subset = [recipe.layers[i] for i in (0, n // 2, n - 1)]
+    part = recipe.stage(subset, torch.device("cpu"), 7).part
+    want = full.state_dict()
+    got = part.state_dict()
+    assert got and set(got) <= set(want)
+    assert {k.rsplit(".", 2)[0] for k in got} != {k.rsplit(".", 2)[0] for k in want}
+    for key, value in got.items():
+        assert torch.equal(value, want[key]), key
+    for i, fqn in enumerate(recipe.layers):
+        if fqn not in subset:
             with pytest.raises(LookupError):
                 part.layer(i)
     assert sum(p.numel() for p in part.parameters()) < sum(p.numel() for p in full.parameters())
@@ -99,10 +106,11 @@ def test_layers_of_one_model_get_different_weights():
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-vlm"])
-def test_make_batch_is_deterministic_in_seed_and_step(name):
-    model = build_model(name, seq_len=16, micro_batch_size=3)
-    first, again = model.make_batch(2, seed=5, step=1), model.make_batch(2, seed=5, step=1)
-    other = model.make_batch(2, seed=5, step=2)
+def test_synthetic_batches_are_deterministic_in_seed_and_step(name):
+    def batch(step):
+        return make_batch(name, 2, seed=5, step=step, seq_len=16, rows=3)
+
+    first, again, other = batch(1), batch(1), batch(2)
     assert len(first.inputs) == 2 and len(first.targets) == 2
     for x, y in zip(first.inputs, again.inputs):
         assert all(torch.equal(a, b) for a, b in zip(x, y))
@@ -114,13 +122,13 @@ def test_make_batch_is_deterministic_in_seed_and_step(name):
 
 def test_vlm_activations_carry_image_features_to_the_text_stack():
     model = build_model("tiny-vlm")
-    x = model.make_batch(1, seed=0).inputs[0]
+    x = make_batch("tiny-vlm").inputs[0]
     assert len(x) == 2 and x[1].dim() == 5  # token ids and pixels [batch, tiles, C, H, W]
-    embed = model.layer_names.index("tok_embeddings")
+    embed = model.pipeline_layers.index("tok_embeddings")
     streams = model.forward_layers(0, embed + 1, x)
     assert [t.shape[-1] for t in streams] == [64, 64]  # hidden states, image features
     assert streams[1].shape[1] == model.arch.vision.num_tokens  # as the cost model counts them
-    last_cross = model.layer_names.index(f"layers.{max(model.arch.cross_attention_layers)}")
+    last_cross = model.pipeline_layers.index(f"layers.{max(model.arch.cross_attention_layers)}")
     assert len(model.forward_layers(0, last_cross, x)) == 2
     assert len(model.forward_layers(0, last_cross + 1, x)) == 1  # no one reads the image after
     # The image changes the text's output through the cross-attention layers.
@@ -179,16 +187,16 @@ def test_mamba_mixer_is_causal():
     torch.testing.assert_close(mixer(h)[:, :6], mixer(changed)[:, :6])
 
 
-def test_unknown_layer_index_is_refused():
-    with pytest.raises(ValueError, match="no layer 99"):
-        build_model("tiny-llama", layers=[0, 99])
+def test_unknown_layer_name_is_refused():
+    with pytest.raises(ValueError, match="not layers of the model"):
+        load_recipe("tiny-llama").stage(["tok_embeddings", "layers.99"], torch.device("cpu"), 0)
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_a_few_adam_steps_lower_the_loss(name):
-    model = build_model(name, seq_len=16)
+    model = build_model(name)
     # Tokens the model saw: tiny-gemma's 8192-word vocabulary is mostly unseen after 15 steps.
-    seen = model.make_batch(1, seed=0, step=0)
+    seen = make_batch(name, seq_len=16)
 
     def loss() -> float:
         with torch.no_grad():
@@ -197,7 +205,7 @@ def test_a_few_adam_steps_lower_the_loss(name):
     before = loss()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for step in range(15):
-        batch = model.make_batch(1, seed=0, step=step)
+        batch = make_batch(name, seq_len=16, step=step)
         opt.zero_grad()
         model.loss(model(*batch.inputs[0]), batch.targets[0]).backward()
         opt.step()
@@ -211,10 +219,10 @@ def test_parameters_and_boundaries_agree_with_the_cost_model(name):
     from octopipe.costmodel.layercost import boundary_bytes, layer_work
     from octopipe.costmodel.settings import Settings
 
-    model = build_model(name, seq_len=16, micro_batch_size=2)
+    model = build_model(name)
     arch, specs = model.arch, layer_specs(model.arch)
     settings = Settings(seq_len=16, micro_batch_size=2, activation_bytes=4)
-    x = model.make_batch(1, seed=0).inputs[0]
+    x = make_batch(name, seq_len=16).inputs[0]
     for i, spec in enumerate(specs):
         n_params = sum(p.numel() for p in model.layer(i).parameters())
         assert n_params == layer_work(arch, spec, settings).params, spec.name

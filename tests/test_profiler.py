@@ -9,6 +9,7 @@ from torch import nn
 from octopipe.cli import main
 from octopipe.models import build_model
 from octopipe.profile import LayerCost, Profile, load_profile, save_profile
+from octopipe.runtime.data import SyntheticData, replica_batch
 from octopipe.runtime.profiler import (
     as_layer_inputs,
     measure_memory,
@@ -16,17 +17,25 @@ from octopipe.runtime.profiler import (
     profile_model,
     run_layer,
 )
+from octopipe.runtime.recipe import load_recipe
 from octopipe.runtime.weightgrad import WeightGradTape, backward_input
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 
 
+def sample(name, seed=0, seq_len=16, rows=2):
+    """One microbatch of the model's synthetic data, as the profiler draws it."""
+    data = SyntheticData(load_recipe(name).synthetic_sequence, seq_len, seed)
+    batch = replica_batch(data.global_batch(0, rows), 0, 1, rows)
+    return batch.inputs[0], batch.targets[0]
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-vlm", "tiny-moe", "tiny-hybrid"])
 def test_profile_has_every_layer_with_positive_times(name, tmp_path):
-    model = build_model(name, seq_len=16)
-    profile = profile_model(model, warmup=0, repeats=1)
-    assert [layer.name for layer in profile.layers] == model.layer_names
-    assert [layer.kind for layer in profile.layers] == model.layer_kinds
+    recipe = load_recipe(name)
+    profile = profile_model(recipe, warmup=0, repeats=1, seq_len=16)
+    assert [layer.name for layer in profile.layers] == list(recipe.layers)
+    assert [layer.kind for layer in profile.layers] == list(recipe.kinds)
     for layer in profile.layers:
         assert layer.f > 0 and layer.b > 0 and layer.w > 0, layer.name
         assert 0 <= layer.wact_bytes <= layer.act_bytes
@@ -37,9 +46,11 @@ def test_profile_has_every_layer_with_positive_times(name, tmp_path):
 
 
 def test_sizes_match_the_tensors():
-    model = build_model("tiny-vlm", seq_len=16, micro_batch_size=3)
-    profile = profile_model(model, warmup=0, repeats=1)
-    x = model.make_batch(1, seed=0).inputs[0]
+    model = build_model("tiny-vlm")
+    profile = profile_model(
+        load_recipe("tiny-vlm"), warmup=0, repeats=1, seq_len=16, micro_batch_size=3
+    )
+    x, _ = sample("tiny-vlm", rows=3)
     for i, layer in enumerate(profile.layers):
         n_params = sum(p.numel() for p in model.layer(i).parameters())
         assert layer.param_bytes == 4 * 4 * n_params  # fp32 weight, grad and two Adam moments
@@ -104,7 +115,7 @@ def _split_backward_grads(model, x, target):
     """Per layer: forward on cut inputs, then I from the last layer to the first, then every W;
     the layers' gradients as the profiler's split leaves them."""
     model.zero_grad(set_to_none=True)
-    n = len(model.layer_names)
+    n = len(model.pipeline_layers)
     tapes = [WeightGradTape([model.layer(i)]) for i in range(n)]
     records = []
     for i in range(n):
@@ -138,9 +149,8 @@ def _split_backward_grads(model, x, target):
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-vlm", "tiny-moe", "tiny-hybrid"])
 def test_i_and_w_give_the_full_backwards_gradients(name):
-    model = build_model(name, seed=3, seq_len=16)
-    batch = model.make_batch(1, seed=1)
-    x, target = batch.inputs[0], batch.targets[0]
+    model = build_model(name, seed=3)
+    x, target = sample(name, seed=1)
     model.loss(model(*x), target).backward()
     full = {n: p.grad for n, p in model.named_parameters()}
     split = _split_backward_grads(model, x, target)
@@ -158,7 +168,7 @@ def test_profile_command_writes_a_loadable_profile(tmp_path, capsys):
     argv = ["profile", "--model", "tiny-llama", "--seq-len", "8", "--micro-batch-size", "1"]
     assert main(argv + ["--repeats", "1", "--warmup", "0", "-o", str(out)]) == 0
     profile = load_profile(out)
-    assert profile.num_layers == len(build_model("tiny-llama").layer_names)
+    assert profile.num_layers == len(load_recipe("tiny-llama").layers)
     assert profile.name == "tiny-llama-cpu-s8-mb1"
 
 
@@ -168,7 +178,7 @@ def test_profile_on_two_processes_measures_the_link(tmp_path, capsys):
     assert main(argv + ["--repeats", "1", "--warmup", "0", "--nproc", "2", "-o", str(out)]) == 0
     profile = load_profile(out)
     assert profile.name == "tiny-llama-cpu-s8-mb1-x2"
-    assert profile.num_layers == len(build_model("tiny-llama").layer_names)
+    assert profile.num_layers == len(load_recipe("tiny-llama").layers)
     assert 0 < profile.link.latency < 1.0  # a loopback round trip, not the default of 0
     assert "link" in capsys.readouterr().out
 

@@ -3,26 +3,37 @@ with W doing only the deferred layers' weight gradients, and tied weights left t
 
 import pytest
 import torch
-from executor_helpers import TOY_LAYERS, layer_count, toy_model
+from executor_helpers import TOY, TOY_LAYERS, batch_of, stage_of, toy_model
 
-from octopipe.models import build_model, bundled_models
+from octopipe.models import bundled_models
+from octopipe.runtime.recipe import load_recipe
 from octopipe.runtime.stage import StageCompute, as_leaves
 
 
-def full_model_grads(seed, batch, num_mb):
-    model = toy_model(seed)
+def stage_compute(recipe, start, end, seed, num_mb):
+    module = stage_of(recipe, start, end, seed)
+    return StageCompute(module, end == len(recipe.layers), recipe.loss, num_mb)
+
+
+def whole_model_grads(recipe, seed, batch, num_mb):
+    """Plain autograd over the whole model, built in one piece."""
+    model = recipe.whole(torch.device("cpu"), seed)
     for m in range(num_mb):
-        (model.loss(model(*batch.inputs[m]), batch.targets[m]) / num_mb).backward()
-    return {k: p.grad.clone() for k, p in model.named_parameters()}
+        (recipe.loss(model(*batch.inputs[m]), batch.targets[m]) / num_mb).backward()
+    return {k: p.grad for k, p in model.part.named_parameters()}
+
+
+def stage_grads(stages):
+    return {k: p.grad for st in stages for k, p in st.module.part.named_parameters()}
 
 
 @pytest.mark.parametrize("kinds", [("B", "B"), ("IW", "IW"), ("IW", "B"), ("B", "IW")])
 def test_two_stages_in_one_process_match_plain_autograd(kinds):
     num_mb, seed = 3, 5
-    model = toy_model(seed)
-    batch = model.make_batch(num_mb, seed)
-    first = StageCompute(model, 0, 4, is_last=False, loss_scale=num_mb)
-    last = StageCompute(model, 4, len(model.layer_names), is_last=True, loss_scale=num_mb)
+    recipe = load_recipe(TOY)
+    batch = batch_of(recipe, num_mb, seed)
+    first = stage_compute(recipe, 0, 4, seed, num_mb)
+    last = stage_compute(recipe, 4, TOY_LAYERS, seed, num_mb)
     for m in range(num_mb):
         out, _ = first.forward(m, batch.inputs[m], None)
         last.forward(m, as_leaves(out), batch.targets[m])
@@ -36,16 +47,18 @@ def test_two_stages_in_one_process_match_plain_autograd(kinds):
         if kinds[0] == "IW":
             first.backward_weight(m)
     assert first.in_flight() == last.in_flight() == 0
-    want = full_model_grads(seed, batch, num_mb)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, want[name], rtol=1e-5, atol=1e-7, msg=name)
+    want = whole_model_grads(recipe, seed, batch, num_mb)
+    got = stage_grads([first, last])
+    assert set(got) == set(want)
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, want[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_input_gradients_cover_every_float_stream_and_skip_integers():
-    model = toy_model(0)
-    batch = model.make_batch(1, 0)
-    first = StageCompute(model, 0, 3, is_last=False, loss_scale=1)
-    mid = StageCompute(model, 3, 5, is_last=False, loss_scale=1)
+    recipe = load_recipe(TOY)
+    batch = batch_of(recipe, 1, 0)
+    first = stage_compute(recipe, 0, 3, 0, 1)
+    mid = stage_compute(recipe, 3, 5, 0, 1)
     out, _ = first.forward(0, batch.inputs[0], None)
     leaves = as_leaves(out)
     assert [t.requires_grad for t in leaves] == [True, True, False]  # h, skip, ids
@@ -66,14 +79,10 @@ class _Shared(torch.nn.Module):
         return torch.tanh(self.lin(torch.tanh(self.lin(h)))), skip, ids
 
 
-def split_matches_full(model_factory, spans, num_mb=2, seed=3):
+def split_matches_full(recipe, spans, num_mb=2, seed=3):
     """Run the stages with split backward (W after every I) and compare with plain autograd."""
-    model = model_factory(seed)
-    batch = model.make_batch(num_mb, seed)
-    stages = [
-        StageCompute(model, a, b, is_last=(b == len(model.layer_names)), loss_scale=num_mb)
-        for a, b in spans
-    ]
+    batch = batch_of(recipe, num_mb, seed, rows=2)
+    stages = [stage_compute(recipe, a, b, seed, num_mb) for a, b in spans]
     for m in range(num_mb):
         x = batch.inputs[m]
         for st in stages:
@@ -86,14 +95,13 @@ def split_matches_full(model_factory, spans, num_mb=2, seed=3):
     for m in range(num_mb):
         for st in stages:
             st.backward_weight(m)
-    reference = model_factory(seed)
-    for m in range(num_mb):
-        (reference.loss(reference(*batch.inputs[m]), batch.targets[m]) / num_mb).backward()
-    want = dict(reference.named_parameters())
-    for name, p in model.named_parameters():
-        assert (p.grad is None) == (want[name].grad is None), name
-        if p.grad is not None:
-            torch.testing.assert_close(p.grad, want[name].grad, rtol=1e-5, atol=1e-6, msg=name)
+    want = whole_model_grads(recipe, seed, batch, num_mb)
+    got = stage_grads(stages)
+    assert set(got) == set(want)
+    for name, grad in got.items():
+        assert (grad is None) == (want[name] is None), name
+        if grad is not None:
+            torch.testing.assert_close(grad, want[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize(
@@ -101,18 +109,19 @@ def split_matches_full(model_factory, spans, num_mb=2, seed=3):
     [m if m == "tiny-llama" else pytest.param(m, marks=pytest.mark.slow) for m in bundled_models()],
 )
 def test_split_backward_matches_plain_autograd_on_every_bundled_model(name):
-    layers = layer_count(name)
+    recipe = load_recipe(name)
+    layers = len(recipe.layers)
     cut = layers // 2
-    split_matches_full(lambda seed: build_model(name, seed), [(0, cut), (cut, layers)])
+    split_matches_full(recipe, [(0, cut), (cut, layers)])
 
 
 def test_input_backward_leaves_exactly_the_linear_and_embedding_weights_to_w():
-    model = build_model("tiny-llama", 0)
-    last = len(model.layer_names)
-    stage = StageCompute(model, 0, last, is_last=True, loss_scale=1)
-    batch = model.make_batch(1, 0)
+    recipe = load_recipe("tiny-llama")
+    stage = stage_compute(recipe, 0, len(recipe.layers), 0, 1)
+    batch = batch_of(recipe, 1, 0, rows=2)
     stage.forward(0, batch.inputs[0], batch.targets[0])
     stage.backward_input(0, None)
+    model = stage.module.part
     deferred = {
         id(p)
         for m in model.modules()
@@ -139,25 +148,28 @@ class _Tied(torch.nn.Module):
         return torch.tanh(self.lin(h)) + self.table(ids % 6), skip, ids
 
 
+def with_layer_1(module):
+    def factory():
+        model = toy_model()
+        model.layers.add_module("1", module())
+        return model
+
+    return factory
+
+
 def test_weights_used_twice_or_tied_stay_exact():
     for module in (_Shared, _Tied):
-
-        def with_module(seed, module=module):
-            model = toy_model(seed)
-            model.layers.add_module("1", module())
-            return model
-
-        split_matches_full(with_module, [(0, 1), (1, 4), (4, TOY_LAYERS)])
+        recipe = load_recipe(with_layer_1(module))
+        split_matches_full(recipe, [(0, 1), (1, 4), (4, TOY_LAYERS)])
 
 
 def test_a_tied_weight_is_computed_in_i():
-    model = toy_model(0)
-    model.layers.add_module("1", _Tied())
-    assert model.layer_names[2] == "layers.1"
-    stage = StageCompute(model, 2, 3, is_last=False, loss_scale=1)
-    batch = model.make_batch(1, 0)
-    x = as_leaves(model.forward_layers(0, 2, batch.inputs[0]))
+    recipe = load_recipe(with_layer_1(_Tied))
+    assert recipe.layers[2] == "layers.1"
+    batch = batch_of(recipe, 1, 0)
+    x = as_leaves(stage_of(recipe, 0, 2, 0)(*batch.inputs[0]))
+    stage = stage_compute(recipe, 2, 3, 0, 1)
     out, _ = stage.forward(0, x, None)
     stage.backward_input(0, [torch.ones_like(t) for t in out if t.is_floating_point()])
-    tied = model.layers.get_submodule("1")
+    tied = stage.module.part.layers.get_submodule("1")
     assert tied.lin.weight.grad is not None and tied.lin.bias.grad is not None

@@ -14,8 +14,8 @@ from itertools import pairwise
 import pytest
 import torch
 
-from octopipe.models import build_model
 from octopipe.plan import make_plan
+from octopipe.runtime.recipe import load_recipe
 from octopipe.runtime.session import Job, RunConfig, RunResult
 from octopipe.runtime.torch_pipelining import (
     CSV_RUNTIME,
@@ -35,7 +35,7 @@ STEPS = 2
 
 def _plan(schedule: str):
     spec = generate(schedule, 2, MICROBATCHES)
-    num_layers = len(build_model(MODEL, 0).layer_names)
+    num_layers = len(load_recipe(MODEL).layers)
     cuts = [0, 2, 4, 5, num_layers]
     ranges = list(pairwise(cuts))
     return make_plan(2, MICROBATCHES, ranges, spec.placement, spec.orders)

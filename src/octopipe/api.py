@@ -48,10 +48,13 @@ def profile_from_config(
     memory_bytes: float | None = None,
     link_bandwidth: float | None = None,
     link_latency: float | None = None,
+    layer_names: str = "torchtitan",
 ) -> Profile:
     """An analytic profile of an architecture (a shipped model name or a Hugging Face style
     `config.json`) on a hardware preset, listing `devices` devices when given
-    (docs/COSTMODEL.md). Bandwidth in bytes/s, latency in seconds, memory in bytes."""
+    (docs/COSTMODEL.md). Bandwidth in bytes/s, latency in seconds, memory in bytes.
+    `layer_names="hf"` names the layers as transformers' causal LMs do (`model.layers.3`), so
+    the plan runs on `--model hf:PATH`; the default is torchtitan's (`layers.3`)."""
     from octopipe.costmodel import load_architecture
     from octopipe.costmodel.build import build_profile
     from octopipe.costmodel.hardware import hardware_preset
@@ -71,7 +74,23 @@ def profile_from_config(
         recompute=recompute,
         optimizer_bytes=optimizer_bytes,
     )
-    return build_profile(load_architecture(str(config)), preset, settings, devices)
+    profile = build_profile(load_architecture(str(config)), preset, settings, devices)
+    return _renamed(profile, layer_names) if layer_names != "torchtitan" else profile
+
+
+def _renamed(profile: Profile, naming: str) -> Profile:
+    from octopipe.costmodel.arch import LAYER_NAMINGS, hf_layer_name
+    from octopipe.errors import InputError
+
+    if naming not in LAYER_NAMINGS:
+        raise InputError("--layer-names", f"expected one of {LAYER_NAMINGS}, got {naming!r}")
+    try:
+        layers = tuple(
+            layer.model_copy(update={"name": hf_layer_name(layer.name)}) for layer in profile.layers
+        )
+    except ValueError as exc:
+        raise InputError("--layer-names", str(exc)) from None
+    return profile.model_copy(update={"layers": layers})
 
 
 def baseline(
@@ -174,13 +193,19 @@ def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
 
 def run(
     plan: Plan,
-    model: str,
+    model,
     *,
     steps: int = 3,
     seed: int = 0,
     optimizer: str = "sgd",
     lr: float = 0.01,
     momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    dp: int = 1,
+    zero: int = 0,
+    data=None,
+    data_dtype: str = "uint16",
+    loss=None,
     nproc: int | None = None,
     backend: str = "auto",
     timeout: float = DEFAULT_TIMEOUT_S,
@@ -190,29 +215,54 @@ def run(
     init_method: str = "env://",
     where: str = "<plan>",
 ) -> RunResult | None:
-    """Train `model` (a bundled name or `module:factory`) with `plan` for `steps` steps on
-    spawned processes, one per device (gloo on CPU, NCCL with a GPU per rank), and return what
-    was measured: losses, per-action records, iteration time, peak memory. Inside a torchrun
-    job this process is one rank instead (ranks meet by `init_method`) and only rank 0 gets
-    the result (the others None). A failing rank raises `octopipe.runtime.RankFailure`."""
+    """Train `model` with `plan` for `steps` steps on spawned processes, `dp` replicas of one
+    process per device (gloo on CPU, NCCL with a GPU per rank), and return what was measured:
+    losses, per-action records, iteration time, peak memory.
+
+    `model`: a bundled name, a config.json, `hf:PATH`, `module:factory`, or a factory (a
+    picklable function returning an `nn.Module`; docs in the README). `data`: None (the model's
+    synthetic sequences), a token file's path (little-endian `data_dtype` ids), a
+    `octopipe.runtime.data.DataSource`, or the global batches themselves (a list, or any
+    iterable, of `(inputs, targets)` holding dp x M x b sequences each). `loss(outputs,
+    target)`: None for the model's own (next-token cross-entropy by default).
+
+    Inside a torchrun job this process is one rank instead (ranks meet by `init_method`) and only
+    rank 0 gets the result (the others None). A failing rank raises
+    `octopipe.runtime.RankFailure`."""
     from octopipe.runtime.launcher import execute
+    from octopipe.runtime.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
     from octopipe.runtime.session import Job, RunConfig
     from octopipe.runtime.worker import OptimizerConfig
 
+    seq_len = seq_len or DEFAULT_SEQ_LEN
     config = RunConfig(
         model,
         seed,
         steps,
-        OptimizerConfig(optimizer, lr, momentum if optimizer == "sgd" else 0.0),
+        OptimizerConfig(optimizer, lr, momentum if optimizer == "sgd" else 0.0, weight_decay),
         lookahead,
         seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
+        micro_batch_size=micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
+        dp=dp,
+        zero=zero,
+        data=_data_source(data, seq_len, seed, data_dtype),
+        loss=loss,
     )
     results = execute(
         [Job(plan, config, where)],
-        nproc or plan.num_devices,
+        nproc or plan.num_devices * dp,
         backend,
         timeout,
         init_method,
     )
     return None if results is None else results[0]
+
+
+def _data_source(data, seq_len: int, seed: int, dtype: str):
+    from octopipe.runtime.data import DataSource, GivenBatches, TokenFile
+
+    if data is None or isinstance(data, DataSource):
+        return data
+    if isinstance(data, str | Path):
+        return TokenFile(data, seq_len, seed, dtype)
+    return GivenBatches(data)

@@ -39,7 +39,7 @@ def make_baseline(
     ranges = split_layers(profile, spec.num_stages, partition, spec.placement)
     plan = make_plan(num_devices, num_microbatches, ranges, spec.placement, spec.orders)
     result = (simulator or Simulator(profile)).run(plan, detail=False)
-    return plan.with_predicted(result.predicted())
+    return plan.with_predicted(result.predicted()).with_layer_names(profile.layer_names)
 
 
 def all_baselines(

@@ -56,6 +56,9 @@ class Plan:
     # How the plan sits in the whole job (docs/FORMATS.md): {"tp", "pp", "dp",
     # "microbatch_size"}, pp being num_devices. None: a pipeline on its own.
     parallelism: Mapping[str, int] | None = field(default=None, compare=False)
+    # The profile's layer names, in order (docs/FORMATS.md): the executor checks them against
+    # the model's before it starts. None: not recorded (then only the count is checked).
+    layer_names: tuple[str, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # Tuples of Actions with one kind type (Kind), whatever the caller built them with.
@@ -90,6 +93,9 @@ class Plan:
             degrees["zero"] = zero
         return replace(self, parallelism=degrees)
 
+    def with_layer_names(self, names: Sequence[str]) -> Plan:
+        return replace(self, layer_names=tuple(names))
+
     def entries(self, device: int) -> list[tuple[Action, ...]]:
         """The device's schedule entries: one action each, or a composite's parts."""
         acts = self.schedule.get(device, ())
@@ -119,6 +125,8 @@ class Plan:
             data["predicted"] = dict(self.predicted)
         if self.parallelism is not None:
             data["parallelism"] = dict(self.parallelism)
+        if self.layer_names is not None:
+            data["layer_names"] = list(self.layer_names)
         return data
 
     def csv_rows(self) -> list[list[str]]:
@@ -231,9 +239,22 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
     predicted = data.get("predicted")
     predicted = predicted if isinstance(predicted, dict) else None
     parallelism = _parallelism(data.get("parallelism"), nd, where)
-    plan = Plan(nd, nm, tuple(stages), schedule, predicted, composites, parallelism)
+    names = _layer_names(data.get("layer_names"), stages[-1].end, where)
+    plan = Plan(nd, nm, tuple(stages), schedule, predicted, composites, parallelism, names)
     check_structure(plan, where, num_layers)
     return plan
+
+
+def _layer_names(raw: Any, num_layers: int, where: str) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    if not (isinstance(raw, list) and all(isinstance(n, str) for n in raw)):
+        raise InputError(where, "expected a list of layer names", "layer_names")
+    if len(raw) != num_layers:
+        raise InputError(
+            where, f"{len(raw)} names for the stages' {num_layers} layers", "layer_names"
+        )
+    return tuple(raw)
 
 
 PARALLELISM_KEYS = ("tp", "pp", "dp", "microbatch_size")

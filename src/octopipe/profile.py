@@ -109,6 +109,10 @@ class Profile(_Frozen):
         return layers
 
     @property
+    def layer_names(self) -> tuple[str, ...]:
+        return tuple(layer.name for layer in self.layers)
+
+    @property
     def num_layers(self) -> int:
         return len(self.layers)
 

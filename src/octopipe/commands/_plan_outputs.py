@@ -38,6 +38,7 @@ def since(started: float) -> float:
 
 
 def write_outputs(plan: Plan, profile: Profile, out: Path, pictures: bool = True) -> list[str]:
+    plan = plan.with_layer_names(profile.layer_names)
     save_plan(plan, out / "plan.json")
     save_schedule_csv(plan, out / "schedule.csv")
     write_torchtitan_toml(plan, profile, out / "torchtitan.toml", "schedule.csv")

@@ -7,11 +7,15 @@ from __future__ import annotations
 import argparse
 
 NAME = "profile"
-HELP = "Measure a bundled (or config.json) model's per-layer costs on this device; write a profile."
+HELP = "Measure a model's per-layer costs (every layer by FQN) on this device; write a profile."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="bundled model name or config.json path")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="bundled model name, config.json, hf:PATH (a transformers config) or module:factory",
+    )
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where to run the layers"
     )

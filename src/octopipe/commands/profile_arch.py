@@ -47,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--link-bandwidth", type=float, help="override inter-stage link bandwidth (GB/s)"
     )
     parser.add_argument("--link-latency", type=float, help="override link latency (seconds)")
+    parser.add_argument(
+        "--layer-names",
+        choices=("torchtitan", "hf"),
+        default="torchtitan",
+        help="torchtitan's FQNs (layers.3, default) or transformers' (model.layers.3), so that "
+        "plans run on `octopipe run --model hf:PATH` of the same config.json",
+    )
     parser.add_argument("-o", "--output", required=True, help="profile JSON to write")
 
 
@@ -71,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         memory_bytes=args.memory_gb * GB if args.memory_gb is not None else None,
         link_bandwidth=args.link_bandwidth * GB if args.link_bandwidth is not None else None,
         link_latency=args.link_latency,
+        layer_names=args.layer_names,
     )
     save_profile(profile, args.output)
     _print_summary(profile, parameter_count(load_architecture(args.config)), args.output)

@@ -17,20 +17,44 @@ HELP = "Run a plan on torch.distributed (spawned processes or inside torchrun) a
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, help="plan.json (octopipe.plan/1)")
     parser.add_argument(
-        "--model", required=True, help="bundled model name, or module:factory taking a seed"
+        "--model",
+        required=True,
+        help="bundled model name, config.json, hf:PATH (a transformers config), or "
+        "module:factory (a function returning an nn.Module)",
     )
     parser.add_argument(
         "--nproc",
         type=int,
-        help="processes to spawn (default: the plan's devices; ignored under torchrun)",
+        help="processes to spawn (default: the plan's devices x --dp; ignored under torchrun)",
+    )
+    parser.add_argument(
+        "--dp", type=_positive, default=1, help="data-parallel replicas of the plan (default 1)"
+    )
+    parser.add_argument(
+        "--zero",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="1: shard the optimizer state across the replicas (ZeRO-1)",
+    )
+    parser.add_argument(
+        "--data",
+        help="flat file of little-endian token ids (nanoGPT style); default: synthetic data",
+    )
+    parser.add_argument(
+        "--data-dtype", choices=("uint16", "uint32"), default="uint16", help="--data's id type"
     )
     parser.add_argument("--steps", type=_positive, default=3, help="training steps")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
     parser.add_argument(
-        "--optimizer", choices=("sgd", "adam"), default="sgd", help="optimizer of every stage"
+        "--optimizer",
+        choices=("sgd", "adam", "adamw"),
+        default="sgd",
+        help="optimizer of every stage",
     )
     parser.add_argument("--lr", type=float, default=0.01, help="learning rate")
     parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
+    parser.add_argument("--weight-decay", type=float, default=0.0, help="weight decay")
     parser.add_argument(
         "--backend",
         choices=("auto", "gloo", "nccl"),
@@ -74,12 +98,11 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.trace import from_records, write_trace
 
     plan = load_plan(args.plan)
-    if plan.parallelism and plan.parallelism["dp"] > 1:
-        # Data parallelism in the executor is not built yet: say so rather than run silently
-        # something other than the plan's job.
+    planned_dp = plan.parallelism["dp"] if plan.parallelism else 1
+    if planned_dp != args.dp:
         print(
-            f"octopipe run: note: {args.plan} is one of {plan.parallelism['dp']} data-parallel "
-            "replicas (its parallelism key); this runs one replica",
+            f"octopipe run: note: {args.plan} was planned as {planned_dp} data-parallel "
+            f"replicas (its parallelism key); this runs {args.dp} (--dp)",
             file=sys.stderr,
         )
     try:
@@ -91,6 +114,11 @@ def run(args: argparse.Namespace) -> int:
             optimizer=args.optimizer,
             lr=args.lr,
             momentum=args.momentum,
+            weight_decay=args.weight_decay,
+            dp=args.dp,
+            zero=args.zero,
+            data=args.data,
+            data_dtype=args.data_dtype,
             nproc=args.nproc,
             backend=args.backend,
             timeout=args.timeout,

@@ -244,3 +244,19 @@ def _text_layer_spec(arch: Architecture, i: int) -> LayerSpec:
         return LayerSpec(name, kind, i, "cross", "dense")
     ffn = "moe" if kind == MOE else "dense"
     return LayerSpec(name, kind, i, self_attn, ffn, window)
+
+
+# Layer names in Hugging Face `transformers` causal LMs (`--layer-names hf`): same layers, same
+# order, the FQNs `AutoModelForCausalLM` gives them, so a plan runs on `--model hf:PATH`.
+HF_SINGLETONS = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head"}
+LAYER_NAMINGS = ("torchtitan", "hf")
+
+
+def hf_layer_name(name: str) -> str:
+    """`tok_embeddings` -> `model.embed_tokens`, `layers.3` -> `model.layers.3`, `norm` ->
+    `model.norm`, `output` -> `lm_head`; a vision tower has no such name (ValueError)."""
+    if name in HF_SINGLETONS:
+        return HF_SINGLETONS[name]
+    if name.startswith("layers."):
+        return f"model.{name}"
+    raise ValueError(f"{name} has no transformers causal-LM name (text models only)")

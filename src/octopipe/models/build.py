@@ -2,29 +2,25 @@
 
 The config is the single source of shapes, and `layer_specs` the single source of names and
 order, so the cost model's profile and the real model of one config list the same layers.
-Each layer's initial weights are drawn from a generator seeded by (seed, layer name): a
-pipeline rank that builds only some layers gets exactly the weights the full model has.
+The model is built on the meta device and split like any other (`octopipe.runtime.split`);
+every module with tensors of its own has a `reset_parameters()` for the initialization after.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octopipe.costmodel.arch import Architecture, LayerSpec, layer_specs
+from octopipe.costmodel.arch import Architecture, layer_specs
 from octopipe.costmodel.hf_config import load_architecture, shipped_models
 from octopipe.models import synthetic
-from octopipe.models.base import Activation, Batch, PipelineModel
+from octopipe.models.base import Activation, PipelineModel
 from octopipe.models.layers import build_layer
 
 BUNDLED_PREFIX = "tiny-"
-DEFAULT_SEQ_LEN = 32
-DEFAULT_MICRO_BATCH_SIZE = 2
 
 
 def bundled_models() -> list[str]:
@@ -42,84 +38,44 @@ def parameter_count(arch: Architecture) -> int:
     return sum(layer_work(arch, spec, settings).params for spec in layer_specs(arch))
 
 
-def layer_seed(seed: int, name: str) -> int:
-    """A per-layer seed that depends only on the model seed and the layer's name."""
-    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def build_seeded_layer(arch: Architecture, spec: LayerSpec, seed: int) -> nn.Module:
-    # fork_rng keeps the caller's global generator untouched; devices=[] leaves CUDA alone.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(layer_seed(seed, spec.name))
-        return build_layer(arch, spec)
-
-
 class ArchModel(PipelineModel):
     """A pipeline model of any supported architecture, trained on synthetic token chains."""
 
-    def __init__(
-        self,
-        arch: Architecture,
-        seed: int = 0,
-        layers: Iterable[int] | None = None,
-        seq_len: int = DEFAULT_SEQ_LEN,
-        micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE,
-    ):
+    def __init__(self, arch: Architecture):
         super().__init__()
-        self.arch, self.seq_len, self.micro_batch_size = arch, seq_len, micro_batch_size
+        self.arch = arch
         specs = layer_specs(arch)
-        wanted = set(range(len(specs))) if layers is None else set(layers)
-        unknown = sorted(i for i in wanted if not 0 <= i < len(specs))
-        if unknown:
-            raise ValueError(f"{arch.name} has {len(specs)} layers; no layer {unknown[0]}")
-        for i, spec in enumerate(specs):
-            if i in wanted:
-                self.add_layer(spec.name, build_seeded_layer(arch, spec, seed))
-            else:
-                self.skip_layer(spec.name)
+        for spec in specs:
+            self.add_layer(spec.name, build_layer(arch, spec))
         self.layer_kinds = [spec.kind for spec in specs]
 
     def loss(self, output: Activation, target: torch.Tensor) -> torch.Tensor:
         logits = output[0]
         return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
-    def make_batch(self, num_microbatches: int, seed: int, step: int = 0) -> Batch:
-        gen = synthetic.batch_generator(seed, step)
-        inputs: list[Activation] = []
-        targets: list[torch.Tensor] = []
-        for _ in range(num_microbatches):
-            tokens = synthetic.chain_tokens(
-                gen, self.micro_batch_size, self.seq_len + 1, self.arch.vocab_size
-            )
-            if self.arch.vision is None:
-                inputs.append((tokens[:, :-1],))
-            else:
-                v = self.arch.vision
-                image = synthetic.pixels(
-                    gen, self.micro_batch_size, v.max_num_tiles, v.num_channels, v.image_size
-                )
-                inputs.append((tokens[:, :-1], image))
-            targets.append(tokens[:, 1:])
-        return Batch(inputs, targets)
+    def synthetic_sequence(
+        self, gen: torch.Generator, seq_len: int
+    ) -> tuple[Activation, torch.Tensor]:
+        """One sequence of `seq_len` tokens and its next tokens (and an image, for a VLM)."""
+        tokens = synthetic.chain_tokens(gen, 1, seq_len + 1, self.arch.vocab_size)[0]
+        inputs: Activation = (tokens[:-1],)
+        if self.arch.vision is not None:
+            v = self.arch.vision
+            image = synthetic.pixels(gen, 1, v.max_num_tiles, v.num_channels, v.image_size)[0]
+            inputs = (tokens[:-1], image)
+        return inputs, tokens[1:]
 
 
-def build_model(
-    name_or_config: str | Path | Architecture,
-    seed: int = 0,
-    *,
-    layers: Iterable[int] | None = None,
-    seq_len: int = DEFAULT_SEQ_LEN,
-    micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE,
-) -> ArchModel:
-    """The model of a shipped config name, a config.json path, or an Architecture.
+def build_model(name_or_config: str | Path | Architecture, seed: int = 0) -> nn.Module:
+    """The whole model of a shipped config name, a config.json path, or an Architecture, on the
+    CPU, initialized as every pipeline rank initializes its share (per module FQN and seed)."""
+    from octopipe.runtime.recipe import ModelRecipe
+    from octopipe.runtime.split import reset_parameters
 
-    `layers` (indices into the flat layer list) builds only those layers, with the same weights
-    the full model has; the others keep their names but have no module.
-    """
     arch = (
         name_or_config
         if isinstance(name_or_config, Architecture)
         else load_architecture(name_or_config)
     )
-    return ArchModel(arch, seed, layers, seq_len, micro_batch_size)
+    recipe = ModelRecipe(arch.name, lambda: ArchModel(arch), reset_parameters)
+    return recipe.whole(torch.device("cpu"), seed).part

@@ -68,10 +68,15 @@ class CrossAttentionLayer(nn.Module):
         self.ffn = feed_forward(arch, spec)
         # Mllama opens its gates from 0; a fresh model here starts half open so that the image
         # path gets gradients from the first step.
-        self.attn_gate = nn.Parameter(torch.full((1,), 0.5))
-        self.ffn_gate = nn.Parameter(torch.full((1,), 0.5))
+        self.attn_gate = nn.Parameter(torch.empty(1))
+        self.ffn_gate = nn.Parameter(torch.empty(1))
         # After the last cross-attention layer nothing reads the image features: stop sending.
         self.passes_image_on = spec.index != max(arch.cross_attention_layers)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.attn_gate, 0.5)
+        nn.init.constant_(self.ffn_gate, 0.5)
 
     def forward(self, h: torch.Tensor, image: torch.Tensor) -> Streams:
         h = h + torch.tanh(self.attn_gate) * self.attn(self.attn_norm(h), image)

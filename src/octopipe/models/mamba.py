@@ -57,14 +57,25 @@ class Mamba2Mixer(nn.Module):
         self.conv = nn.Conv1d(
             conv_dim, conv_dim, conv_kernel, groups=conv_dim, padding=conv_kernel - 1
         )
-        # Decay rates spread over [1, n_heads] and time steps over [1e-3, 1e-1], as Mamba does.
-        self.a_log = nn.Parameter(torch.log(torch.arange(1, n_heads + 1, dtype=torch.float32)))
-        dt = torch.exp(torch.rand(n_heads) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
-        self.d = nn.Parameter(torch.ones(n_heads))
+        self.a_log = nn.Parameter(torch.empty(n_heads))
+        self.dt_bias = nn.Parameter(torch.empty(n_heads))
+        self.d = nn.Parameter(torch.empty(n_heads))
         self.eps = eps
-        self.norm_weight = nn.Parameter(torch.ones(self.inner))
+        self.norm_weight = nn.Parameter(torch.empty(self.inner))
         self.out_proj = nn.Linear(self.inner, dim, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Decay rates spread over [1, n_heads] and time steps over [1e-3, 1e-1], as Mamba does
+        (this module's own tensors; the projections and the convolution reset themselves)."""
+        n_heads = self.n_heads
+        with torch.no_grad():
+            self.a_log.copy_(torch.log(torch.arange(1, n_heads + 1, dtype=torch.float32)))
+            low, high = math.log(1e-3), math.log(0.1)
+            dt = torch.exp(torch.rand(n_heads) * (high - low) + low)
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        nn.init.ones_(self.d)
+        nn.init.ones_(self.norm_weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = hidden.shape

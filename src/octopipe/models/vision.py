@@ -33,12 +33,18 @@ class PatchEmbed(nn.Module):
         ratios = aspect_ratio_count(tiles) + 1
         self.aspect_ratio = ratios - 1
         self.proj = nn.Conv2d(channels, dim, patch_size, stride=patch_size, bias=False)
-        self.class_token = nn.Parameter(torch.randn(dim) * dim**-0.5)
-        self.positions = nn.Parameter(torch.randn(positions, dim) * dim**-0.5)
-        self.tile_positions = nn.Parameter(torch.randn(ratios, tiles, positions, dim) * dim**-0.5)
-        self.pre_tile = nn.Parameter(torch.randn(ratios, tiles, dim) * dim**-0.5)
-        self.post_tile = nn.Parameter(torch.randn(ratios, tiles, dim) * dim**-0.5)
+        self.class_token = nn.Parameter(torch.empty(dim))
+        self.positions = nn.Parameter(torch.empty(positions, dim))
+        self.tile_positions = nn.Parameter(torch.empty(ratios, tiles, positions, dim))
+        self.pre_tile = nn.Parameter(torch.empty(ratios, tiles, dim))
+        self.post_tile = nn.Parameter(torch.empty(ratios, tiles, dim))
         self.norm = nn.LayerNorm(dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        embeddings = (self.class_token, self.positions, self.tile_positions, self.pre_tile)
+        for p in (*embeddings, self.post_tile):
+            nn.init.normal_(p, std=p.shape[-1] ** -0.5)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         batch, tiles = pixels.shape[:2]
@@ -63,7 +69,12 @@ class ViTBlock(nn.Module):
         )
         self.mlp_norm = nn.LayerNorm(dim, eps=eps)
         self.mlp = MLP(dim, hidden, "gelu")
-        self.gates = nn.Parameter(torch.full((2,), math.pi / 4)) if gated else None
+        self.gates = nn.Parameter(torch.empty(2)) if gated else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.gates is not None:
+            nn.init.constant_(self.gates, math.pi / 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         attn_gate, mlp_gate = torch.tanh(self.gates) if self.gates is not None else (1.0, 1.0)

@@ -60,7 +60,10 @@ def sender_order(plan: Plan, key: ChannelKey) -> list[int]:
 
 
 class P2P:
-    """The channels touching one rank; `specs[b]` is the activation entering stage b."""
+    """The channels touching one rank; `specs[b]` is the activation entering stage b.
+
+    Ranks are the plan's devices, `replica * num_devices + device` globally when the plan runs
+    as several data-parallel replicas (each replica's channels are its own)."""
 
     def __init__(
         self,
@@ -69,28 +72,48 @@ class P2P:
         specs: dict[int, BoundarySpec],
         device: torch.device,
         per_channel_groups: bool,
+        replica: int = 0,
+        replicas: int = 1,
     ) -> None:
-        """`per_channel_groups`: one group per channel, transfers matched by order, no tags
-        (what NCCL needs; on gloo it is how tests check the ordering NCCL relies on)."""
+        """`rank` is the plan's device index. `per_channel_groups`: one group per channel,
+        transfers matched by order, no tags (what NCCL needs; on gloo it is how tests check the
+        ordering NCCL relies on)."""
         self.rank, self.device = rank, device
+        self._base = replica * plan.num_devices  # global rank of this replica's device 0
         self._tagged = not per_channel_groups
         self._num_mb = plan.num_microbatches
         self._max_entries = max((len(s) for s in specs.values()), default=1)
         self._channels: dict[ChannelKey, _Channel] = {}
         self._pending_sends: list[tuple[dist.Work, torch.Tensor]] = []
         self._plan = plan
-        for key in channel_keys(plan):
-            before, after = plan.stages[key.boundary - 1].device, plan.stages[key.boundary].device
-            src, dst = (after, before) if key.backward else (before, after)
-            # new_group is collective: every rank creates every channel's group, in one order.
-            group = dist.new_group([min(src, dst), max(src, dst)]) if per_channel_groups else None
+        keys = channel_keys(plan)
+        groups = {}
+        if per_channel_groups:
+            # new_group is collective: every rank creates every channel's group of every
+            # replica, in one order.
+            for r in range(replicas):
+                base = r * plan.num_devices
+                for key in keys:
+                    pair = sorted(self._ends(key))
+                    group = dist.new_group([base + pair[0], base + pair[1]])
+                    if r == replica:
+                        groups[key] = group
+        for key in keys:
+            src, dst = self._ends(key)
             if rank not in (src, dst):
                 continue
+            group = groups.get(key)
             if group is not None:
                 self._handshake(src, dst, group)
             spec = grad_specs(specs[key.boundary]) if key.backward else specs[key.boundary]
             self._channels[key] = _Channel(key, src, dst, spec, deque(), group, {})
         self.reset()
+
+    def _ends(self, key: ChannelKey) -> tuple[int, int]:
+        """The channel's (sending, receiving) devices."""
+        plan = self._plan
+        before, after = plan.stages[key.boundary - 1].device, plan.stages[key.boundary].device
+        return (after, before) if key.backward else (before, after)
 
     def reset(self) -> None:
         """Start a step: every channel expects its microbatches again, in the sender's order."""
@@ -131,9 +154,9 @@ class P2P:
         peer's first real send, which may itself wait on this rank."""
         probe = torch.zeros(1, device=self.device)
         if self.rank == src:
-            dist.send(probe, dst, group=group)
+            dist.send(probe, self._base + dst, group=group)
         else:
-            dist.recv(probe, src, group=group)
+            dist.recv(probe, self._base + src, group=group)
 
     def _tag(self, key: ChannelKey, mb: int, entry: int) -> int:
         if not self._tagged:
@@ -156,7 +179,7 @@ class P2P:
         self._pending_sends = [(w, t) for w, t in self._pending_sends if not w.is_completed()]
         for i, t in enumerate(tensors):
             t = t.detach().contiguous()
-            work = dist.isend(t, ch.dst, group=ch.group, tag=self._tag(key, mb, i))
+            work = dist.isend(t, self._base + ch.dst, group=ch.group, tag=self._tag(key, mb, i))
             self._pending_sends.append((work, t))
 
     def _post(self, key: ChannelKey, mb: int) -> None:
@@ -170,7 +193,7 @@ class P2P:
             nxt = ch.order.popleft()
             bufs = [s.empty(self.device) for s in ch.specs]
             works = [
-                dist.irecv(buf, ch.src, group=ch.group, tag=self._tag(key, nxt, i))
+                dist.irecv(buf, self._base + ch.src, group=ch.group, tag=self._tag(key, nxt, i))
                 for i, buf in enumerate(bufs)
             ]
             ch.posted[nxt] = (works, bufs)

@@ -23,7 +23,7 @@ import time
 from octopipe.plan import Plan
 from octopipe.random_plans import random_plan as random_valid_plan
 from octopipe.runtime.launcher import launch
-from octopipe.runtime.model_source import build_pipeline_model
+from octopipe.runtime.recipe import load_recipe
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.session import Job, RunConfig
 from octopipe.runtime.worker import OptimizerConfig
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
-    num_layers = len(build_pipeline_model(args.model, args.seed).layer_names)
+    num_layers = len(load_recipe(args.model).layers)
     optimizer = (
         OptimizerConfig("adam", lr=0.01)
         if args.optimizer == "adam"
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         for plan, result in zip(plans, results):
             m = plan.num_microbatches
             if m not in references:
-                references[m] = train_reference(args.model, args.seed, m, args.steps, optimizer)
+                references[m] = train_reference(cfg, m)
             problems = mismatches(result, references[m], args.tol)
             if problems:
                 failures += 1

@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from octopipe.errors import InputError
 from octopipe.runtime import DEFAULT_TIMEOUT_S
 from octopipe.runtime.deps import check_runnable
-from octopipe.runtime.model_source import build_pipeline_model
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
+from octopipe.runtime.split import check_plan_layer_names
 
 _GRACE_S = 2.0  # how long a failed run's other ranks get before they are killed
 
@@ -65,8 +66,12 @@ def choose_backend(requested: str, local_world_size: int) -> str:
 def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
     """Refuse, before any rank starts, a plan that does not fit its model or the world size."""
     for job in jobs:
-        model = build_pipeline_model(job.config.model, job.config.seed)
-        check_runnable(job.plan, len(model.layer_names), world_size, job.source)
+        layers = job.config.recipe().layers
+        dp = job.config.dp
+        if dp < 1 or world_size % dp:
+            raise InputError("--dp", f"{dp} replicas do not divide the {world_size} processes")
+        check_runnable(job.plan, len(layers), world_size // dp, job.source)
+        check_plan_layer_names(job.plan.layer_names, layers)
 
 
 def execute(

@@ -1,4 +1,5 @@
-"""A measured profile of a bundled (or config.json) model, in processes that start as a run's.
+"""A measured profile of any model `--model` names (bundled, config.json, `hf:PATH`,
+`module:factory`), in processes that start as a run's.
 
     measure_profile("tiny-hybrid", seq_len=128, nproc=2)   # -> Profile, with the link measured
 
@@ -30,7 +31,7 @@ DEADLINE_S = 24 * 3600.0  # profiling a large config takes long; a failure still
 class MeasureOptions:
     """How to measure: the model, its sizes, the device and the timing repeats."""
 
-    model: str  # bundled model name or config.json path
+    model: str  # bundled model name, config.json, hf:PATH or module:factory
     device: str = "cpu"  # "cpu" or "cuda"
     seq_len: int = 32  # tokens per sequence
     micro_batch_size: int = 2  # sequences per microbatch
@@ -76,11 +77,12 @@ def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
 
 
 def check_fits(name: str, device: str) -> None:
-    """Refuse, in one line, a model whose fp32 weights alone would crowd out the device."""
-    from octopipe.costmodel.hf_config import load_architecture
-    from octopipe.models.build import parameter_count
+    """Refuse, in one line, a model whose fp32 weights alone would crowd out the device (counted
+    on the meta device: nothing is allocated)."""
+    from octopipe.runtime.recipe import load_recipe
 
-    weights = FP32_BYTES * parameter_count(load_architecture(name))
+    meta = load_recipe(name).meta_model
+    weights = FP32_BYTES * sum(p.numel() for p in meta.parameters())
     memory = _device_memory(device)
     if weights > WEIGHT_SHARE * memory:
         raise InputError(
@@ -105,15 +107,16 @@ def _measure_in_child(rank: int, world: int, store: str, options: dict) -> Profi
     import torch
     import torch.distributed as dist
 
-    from octopipe.models import build_model
     from octopipe.runtime.launcher import join_process_group
     from octopipe.runtime.linkprobe import measure_link
     from octopipe.runtime.profiler import median_profile
 
     o = MeasureOptions(**options)
     torch.set_num_threads(o.threads)
-    model = build_model(o.model, o.seed, seq_len=o.seq_len, micro_batch_size=o.micro_batch_size)
-    name = f"{model.arch.name}-{o.device}-s{o.seq_len}-mb{o.micro_batch_size}"
+    from octopipe.runtime.recipe import load_recipe
+
+    model = load_recipe(o.model)
+    name = f"{model.name}-{o.device}-s{o.seq_len}-mb{o.micro_batch_size}"
     if world == 1:
         return _time_layers(model, o, torch.device(o.device), name, lambda: None, o.progress)
     backend = "nccl" if o.device == "cuda" else "gloo"
@@ -144,16 +147,18 @@ def _time_layers(
             warmup=o.warmup,
             repeats=o.repeats,
             seed=o.seed,
+            seq_len=o.seq_len,
+            micro_batch_size=o.micro_batch_size,
             name=name,
             on_layer=on_layer,
         )
 
     if not show:
-        return _with_batch(measure(lambda _i, _n: after_layer()), o)
+        return measure(lambda _i, _n: after_layer())
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    names = model.layer_names
+    names = model.layers
     with Progress(
         TextColumn("[bold]profiling[/] {task.description}"),
         BarColumn(),
@@ -168,8 +173,4 @@ def _time_layers(
             following = names[index + 1] if index + 1 < len(names) else "done"
             progress.update(task, advance=1, description=following)
 
-        return _with_batch(measure(advance), o)
-
-
-def _with_batch(profile: Profile, o: MeasureOptions) -> Profile:
-    return profile.model_copy(update={"microbatch_size": o.micro_batch_size})
+        return measure(advance)

@@ -26,8 +26,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from octopipe.models.base import Activation, PipelineModel
 from octopipe.profile import LayerCost, Profile
+from octopipe.runtime.data import SyntheticData, replica_batch
+from octopipe.runtime.recipe import (
+    DEFAULT_MICRO_BATCH_SIZE,
+    DEFAULT_SEQ_LEN,
+    Activation,
+    ModelRecipe,
+)
 from octopipe.runtime.weightgrad import WeightGradTape, backward_input
 
 # Fp32 weights, their gradients, and Adam's two moments: four copies of every parameter.
@@ -200,37 +206,40 @@ def measure_memory(
 
 
 def profile_model(
-    model: PipelineModel,
+    recipe: ModelRecipe,
     *,
     device: str | torch.device = "cpu",
     warmup: int = 2,
     repeats: int = 5,
     seed: int = 0,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE,
     name: str | None = None,
     on_layer: Callable[[int, str], None] | None = None,
 ) -> Profile:
-    """Time and size every layer of `model` on one microbatch (the model's own sequence length
-    and microbatch size) on `device`, to which the model is moved. The times are those of a
-    device of speed 1.0 in the profile. `on_layer(index, name)` is called after each layer."""
+    """Time and size every layer of the model on one microbatch of its synthetic data on
+    `device`, building one layer at a time (a layer is the stage of that layer alone, so it runs
+    as the executor runs it). The times are those of a device of speed 1.0 in the profile.
+    `on_layer(index, name)` is called after each layer."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
     device = torch.device(device)
-    model.to(device)
-    batch = model.make_batch(1, seed)
+    data = SyntheticData(recipe.synthetic_sequence, seq_len, seed)
+    batch = replica_batch(data.global_batch(0, micro_batch_size), 0, 1, micro_batch_size)
     x = tuple(t.to(device) for t in batch.inputs[0])
     target = batch.targets[0].to(device)
-    last = len(model.layer_names) - 1
+    last = len(recipe.layers) - 1
     costs = []
-    for i, layer_name in enumerate(model.layer_names):
-        layer = model.layer(i)
-        loss_fn = (lambda out: model.loss(out, target)) if i == last else None
+    for i, layer_name in enumerate(recipe.layers):
+        layer = recipe.stage([layer_name], device, seed)
+        loss_fn = (lambda out: recipe.loss(out, target)) if i == last else None
         needs_input_grad = i > 0  # the first layer's inputs are data
         times = time_layer(layer, x, loss_fn, needs_input_grad, device, warmup, repeats)
         memory = measure_memory(layer, x, loss_fn, needs_input_grad)
         costs.append(
             LayerCost(
                 name=layer_name,
-                kind=_kind(model, i),
+                kind=recipe.layer_kind(i),
                 f=times.f,
                 b=times.b,
                 w=times.w,
@@ -242,20 +251,14 @@ def profile_model(
         )
         with torch.no_grad():
             x = run_layer(layer, x, None)
+        del layer  # one layer's weights at a time
         if on_layer is not None:
             on_layer(i, layer_name)
-    return Profile(name=name or _default_name(model, device), layers=tuple(costs))
-
-
-def _kind(model: PipelineModel, index: int) -> str:
-    kinds = getattr(model, "layer_kinds", None)
-    return kinds[index] if kinds else "layer"
-
-
-def _default_name(model: PipelineModel, device: torch.device) -> str:
-    arch = getattr(model, "arch", None)
-    base = arch.name if arch is not None else type(model).__name__
-    return f"{base}-{device.type}-measured"
+    return Profile(
+        name=name or f"{recipe.name}-{device.type}-measured",
+        layers=tuple(costs),
+        microbatch_size=micro_batch_size,
+    )
 
 
 def median_profile(profiles: Sequence[Profile]) -> Profile:

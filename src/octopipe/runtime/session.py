@@ -1,9 +1,10 @@
 """What every rank does for one training job, and the result rank 0 assembles from all ranks.
 
-A job is a plan, a model and a few settings. Each rank builds its layers of the model from the
-seed (the same weights the whole model has), learns the boundary shapes, trains `steps` steps,
-and sends a report to rank 0, which turns the reports into one
-`RunResult`. Process creation is the launcher's business, not this module's.
+A job is a plan, a model and a few settings. Each rank builds its stages of the model from the
+seed (the same weights the whole model has), learns the boundary shapes from the stages'
+owners, trains `steps` steps on its replica's share of every global batch, and sends a report
+to rank 0, which turns the reports into one `RunResult`. Process creation is the launcher's
+business, not this module's.
 """
 
 from __future__ import annotations
@@ -16,10 +17,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from octopipe.models.base import PipelineModel
 from octopipe.plan import Plan
-from octopipe.runtime.model_source import build_pipeline_model
-from octopipe.runtime.shapes import discover_boundary_specs
+from octopipe.runtime.data import Batch, DataSource, SyntheticData, replica_batch
+from octopipe.runtime.recipe import (
+    DEFAULT_MICRO_BATCH_SIZE,
+    DEFAULT_SEQ_LEN,
+    Loss,
+    ModelRecipe,
+    ModelSpec,
+    load_recipe,
+)
+from octopipe.runtime.shapes import exchange_boundary_specs
+from octopipe.runtime.split import parameter_bytes
 from octopipe.runtime.worker import ActionRecord, OptimizerConfig, StepRecord, Worker
 
 
@@ -27,7 +36,7 @@ from octopipe.runtime.worker import ActionRecord, OptimizerConfig, StepRecord, W
 class RunConfig:
     """How to train a plan; identical on every rank."""
 
-    model: str  # a bundled model's name, or `module:factory`
+    model: ModelSpec  # a bundled name, config.json, `hf:PATH`, `module:factory`, or a factory
     seed: int = 0  # weights and data
     steps: int = 1
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -36,18 +45,24 @@ class RunConfig:
     order_matched: bool = (
         False  # gloo: match transfers by order on a group per channel, as NCCL must
     )
-    seq_len: int | None = None  # a bundled model's sizes (None: its default), as profiled
-    micro_batch_size: int | None = None
+    seq_len: int = DEFAULT_SEQ_LEN  # tokens per sequence of the synthetic data or --data
+    micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE  # sequences per microbatch
+    dp: int = 1  # data-parallel replicas of the plan
+    zero: int = 0  # 1: optimizer state sharded across the replicas (ZeRO-1)
+    data: DataSource | None = None  # None: the model's synthetic sequences
+    loss: Loss | None = None  # None: the model's loss (next-token cross-entropy by default)
 
-    def build_model(self, layers: list[int] | None = None) -> PipelineModel:
-        """The model this job trains (only `layers`, when given), at the configured sizes."""
-        return build_pipeline_model(
-            self.model,
-            self.seed,
-            layers,
-            seq_len=self.seq_len,
-            micro_batch_size=self.micro_batch_size,
-        )
+    def recipe(self) -> ModelRecipe:
+        return load_recipe(self.model)
+
+    def data_source(self, recipe: ModelRecipe) -> DataSource:
+        if self.data is not None:
+            return self.data
+        return SyntheticData(recipe.synthetic_sequence, self.seq_len, self.seed)
+
+    def global_sequences(self, plan: Plan) -> int:
+        """Sequences per step, over all replicas: D x M x b."""
+        return self.dp * plan.num_microbatches * self.micro_batch_size
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,7 @@ class RankReport:
     peak_memory_source: str
     params: dict[str, torch.Tensor]
     grads: dict[str, torch.Tensor]
+    parameter_bytes: int  # of the rank's stages: what it allocated of the model
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,7 @@ class RunResult:
     records: tuple[tuple[ActionRecord, ...], ...]  # per rank
     params: dict[str, torch.Tensor]  # FQN -> value after training (collect_state only)
     grads: dict[str, torch.Tensor]  # FQN -> gradient of the last step (collect_state only)
+    parameter_bytes: tuple[int, ...] = ()  # per rank: the weights of its stages
 
     @property
     def iteration_time(self) -> float:
@@ -95,46 +112,98 @@ class RunResult:
             "step_times": list(self.step_times),
             "peak_memory_bytes": list(self.peak_memory_bytes),
             "peak_memory_source": self.peak_memory_source,
+            "parameter_bytes": list(self.parameter_bytes),
         }
 
 
 def run_job_on_rank(
     job: Job, rank: int, world_size: int, device: torch.device, nccl: bool
 ) -> RunResult | None:
-    """Train the job on this rank; rank 0 returns the assembled result, the others None."""
+    """Train the job on this rank; rank 0 returns the assembled result, the others None.
+
+    Global rank `replica * P + d` runs device d of the plan (P devices) in that replica; ranks
+    past the last replica (jobs of several sizes share one process group) only take part in the
+    collectives."""
     plan, cfg = job.plan, job.config
-    per_channel_groups = nccl or cfg.order_matched
-    mine = [i for st in plan.stages if st.device == rank for i in range(st.start, st.end)]
-    model = cfg.build_model(mine)
-    batches = [model.make_batch(plan.num_microbatches, cfg.seed, k) for k in range(cfg.steps)]
-    specs = discover_boundary_specs(
-        cfg.build_model,
-        batches[0].inputs[0],
-        [st.start for st in plan.stages[1:]],
-    )
+    replica, d = divmod(rank, plan.num_devices)
+    if replica >= cfg.dp:
+        d = -1
+    recipe = cfg.recipe()
+    data = cfg.data_source(recipe)
+    mine = plan.stages_on(d)
+    modules = {
+        s: recipe.stage(recipe.layers[plan.stages[s].start : plan.stages[s].end], device, cfg.seed)
+        for s in mine
+    }
+    b = cfg.micro_batch_size
+    first = data.global_batch(0, cfg.global_sequences(plan))
+    sample = replica_batch(first, 0, 1, b).inputs[0]
+    owners = [st.device for st in plan.stages]  # replica 0's ranks are the plan's devices
+    specs = exchange_boundary_specs(owners, modules if replica == 0 else {}, sample, device)
+    dp_group = _data_parallel_group(plan.num_devices, cfg.dp, d)
     worker = Worker(
-        plan, model, rank, device, specs, cfg.optimizer, per_channel_groups, cfg.lookahead
+        plan,
+        modules,
+        cfg.loss or recipe.loss,
+        d,
+        device,
+        {s: specs[s] for s in range(1, plan.num_stages)},
+        cfg.optimizer,
+        nccl or cfg.order_matched,
+        cfg.lookahead,
+        replica,
+        cfg.dp,
+        dp_group,
+        cfg.zero,
     )
+    needs_data = 0 in mine or plan.num_stages - 1 in mine
     dist.barrier()
     origin = time.perf_counter()
-    steps = tuple(worker.train_step(k, batch, origin) for k, batch in enumerate(batches))
+    steps = []
+    for k in range(cfg.steps):
+        batch = (
+            replica_batch(
+                data.global_batch(k, cfg.global_sequences(plan)),
+                replica,
+                plan.num_microbatches,
+                b,
+            )
+            if needs_data
+            else Batch([], [])
+        )
+        steps.append(worker.train_step(k, batch, origin))
     report = RankReport(
         rank,
-        steps,
+        tuple(steps),
         tuple(worker.records),
         *worker.peak_memory(),
-        *_state(worker, model) if cfg.collect_state else ({}, {}),
+        *_state(worker) if cfg.collect_state and replica == 0 else ({}, {}),
+        sum(parameter_bytes(m) for m in modules.values()),
     )
     reports: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(report, reports, dst=0)
-    return assemble(plan, reports) if reports is not None else None
+    return assemble(plan, reports, cfg.dp) if reports is not None else None
 
 
-def assemble(plan: Plan, reports: list[RankReport]) -> RunResult:
+def _data_parallel_group(num_devices: int, replicas: int, device: int) -> dist.ProcessGroup | None:
+    """The ranks holding device `device` of the plan in every replica. new_group is collective:
+    every rank creates every device's group, in one order."""
+    if replicas == 1:
+        return None
+    groups = [
+        dist.new_group([r * num_devices + d for r in range(replicas)]) for d in range(num_devices)
+    ]
+    return groups[device] if device >= 0 else None
+
+
+def assemble(plan: Plan, reports: list[RankReport], replicas: int = 1) -> RunResult:
     reports = sorted(reports, key=lambda r: r.rank)
-    last = plan.stages[-1].device
-    num_steps = len(reports[last].steps)
-    losses = tuple(statistics.fmean(reports[last].steps[k].losses) for k in range(num_steps))
+    last = [r * plan.num_devices + plan.stages[-1].device for r in range(replicas)]
+    num_steps = len(reports[last[0]].steps)
+    losses = tuple(
+        statistics.fmean(x for rank in last for x in reports[rank].steps[k].losses)
+        for k in range(num_steps)
+    )
     step_times = tuple(max(r.steps[k].duration for r in reports) for k in range(num_steps))
     predicted = (plan.predicted or {}).get("iteration_time")
     params = {k: v for r in reports for k, v in r.params.items()}
@@ -148,16 +217,15 @@ def assemble(plan: Plan, reports: list[RankReport]) -> RunResult:
         tuple(r.records for r in reports),
         params,
         grads,
+        tuple(r.parameter_bytes for r in reports),
     )
 
 
-def _state(
-    worker: Worker, model: torch.nn.Module
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    mine = {id(p) for p in worker.params}
+def _state(worker: Worker) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Every parameter of the rank's stages by its FQN in the whole model, and its gradient."""
     params, grads = {}, {}
-    for name, p in model.named_parameters():
-        if id(p) in mine:
+    for module in worker.modules.values():
+        for name, p in module.part.named_parameters():
             params[name] = p.detach().cpu().clone()
             if p.grad is not None:
                 grads[name] = p.grad.detach().cpu().clone()

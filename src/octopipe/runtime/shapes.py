@@ -1,19 +1,20 @@
 """What crosses each stage boundary: the shape and dtype of every tensor of an activation tuple.
 
-Every rank derives these once, before training, by running the whole model on one sample
-microbatch, on the meta device where every op allows (no memory, no arithmetic), else for real
-without autograd; so the hot path posts receives into buffers of a known size and never exchanges
-shapes. A stage's input gradients mirror the floating-point entries of its input activation.
+Ranks learn these once, before training, stage by stage from the stages' owners (each runs
+its stage once on the input's spec), so the hot path posts receives into buffers of a known
+size and never exchanges shapes. A stage's input gradients mirror the floating-point entries of
+its input activation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-from octopipe.models.base import Activation, PipelineModel
+from octopipe.runtime.recipe import Activation
 
 
 @dataclass(frozen=True)
@@ -44,33 +45,36 @@ def grad_specs(boundary: BoundarySpec) -> BoundarySpec:
     return tuple(s for s in boundary if s.carries_grad)
 
 
-def boundary_specs(
-    model: PipelineModel, sample: Activation, starts: Iterable[int]
-) -> dict[int, BoundarySpec]:
-    """The spec of the activation entering layer `b`, for every `b` in `starts`.
+def stand_in(specs: BoundarySpec, device: torch.device) -> Activation:
+    """Tensors of the given specs: fixed random floats, zero integers (valid token ids)."""
+    gen = torch.Generator().manual_seed(0)
+    return tuple(
+        torch.randn(s.shape, generator=gen).to(device, s.dtype)
+        if s.dtype.is_floating_point
+        else torch.zeros(s.shape, dtype=s.dtype, device=device)
+        for s in specs
+    )
 
-    One forward pass without autograd over the layers before the last requested boundary.
+
+def exchange_boundary_specs(
+    owners: Sequence[int],
+    stages: dict[int, Callable[..., Activation]],
+    sample: Activation,
+    device: torch.device,
+) -> list[BoundarySpec]:
+    """What enters every stage (index s) and what leaves the last (index S), on every rank.
+
+    Stage by stage, its owner (global rank `owners[s]`, which holds it in `stages`) runs it once
+    without autograd on the spec of its input (the sample microbatch for stage 0) and
+    broadcasts what came out. Nobody builds more than its own stages.
     """
-    wanted = sorted(set(starts))
-    specs: dict[int, BoundarySpec] = {}
-    x = sample
-    done = 0
-    with torch.no_grad():
-        for b in wanted:
-            x = model.forward_layers(done, b, x)
-            done = b
-            specs[b] = spec_of(x)
+    specs = [spec_of(sample)]
+    for s, owner in enumerate(owners):
+        found: list[BoundarySpec | None] = [None]
+        if s in stages:
+            inputs = tuple(t.to(device) for t in sample) if s == 0 else stand_in(specs[s], device)
+            with torch.no_grad():
+                found = [spec_of(stages[s](*inputs))]
+        dist.broadcast_object_list(found, src=owner)
+        specs.append(found[0])
     return specs
-
-
-def discover_boundary_specs(
-    build_full: Callable[[], PipelineModel], sample: Activation, starts: Iterable[int]
-) -> dict[int, BoundarySpec]:
-    """`boundary_specs` of a freshly built full model: on meta if it can, else on the CPU."""
-    starts = list(starts)
-    try:
-        with torch.device("meta"):
-            model = build_full()
-        return boundary_specs(model, tuple(t.to("meta") for t in sample), starts)
-    except Exception:  # noqa: BLE001 - data-dependent ops (MoE routing) have no meta kernel
-        return boundary_specs(build_full(), sample, starts)

@@ -1,6 +1,7 @@
 """One pipeline stage's compute: forward, full backward, and split backward (I then W).
 
-A stage keeps, per microbatch in flight, the autograd graph from its inputs to its outputs (or
+A stage is a `StageModule` (its layers of the model, `octopipe.runtime.recipe`) and keeps, per
+microbatch in flight, the autograd graph from its inputs to its outputs (or
 to the loss on the last stage). Full backward (B) runs the graph once. Split backward: I runs it
 once too, for everything but the linear and embedding weights, and frees it; W computes those
 weights' gradients from the layers' inputs and output gradients that I left (`weightgrad`).
@@ -13,9 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
-from octopipe.models.base import Activation, PipelineModel
+from octopipe.runtime.recipe import Activation, Loss, StageModule
 from octopipe.runtime.weightgrad import (
     LayerCall,
     PendingWeightGrad,
@@ -41,33 +41,24 @@ def as_leaves(tensors: Sequence[torch.Tensor]) -> Activation:
 
 
 class StageCompute:
-    """Layers `[start, end)` of `model`; `loss_scale` divides the last stage's loss."""
+    """One stage's layers (`module`); `loss_scale` divides the last stage's loss."""
 
-    def __init__(
-        self, model: PipelineModel, start: int, end: int, is_last: bool, loss_scale: float
-    ) -> None:
-        self.model, self.start, self.end = model, start, end
-        self.is_last, self.loss_scale = is_last, loss_scale
-        self.params = [
-            p for i in range(start, end) for p in model.layer(i).parameters() if p.requires_grad
-        ]
-        self._tape = WeightGradTape(self.modules)
+    def __init__(self, module: StageModule, is_last: bool, loss: Loss, loss_scale: float) -> None:
+        self.module, self.is_last = module, is_last
+        self.loss_fn, self.loss_scale = loss, loss_scale
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self._tape = WeightGradTape([module])
         self._params_in_i = [p for p in self.params if not self._tape.defers(p)]
         self._flight: dict[int, _InFlight] = {}
-
-    @property
-    def modules(self) -> list[nn.Module]:
-        """The stage's layers, in order."""
-        return [self.model.layer(i) for i in range(self.start, self.end)]
 
     def forward(
         self, mb: int, inputs: Activation, target: torch.Tensor | None
     ) -> tuple[Activation, float | None]:
         """Run the layers; return the outputs (graph attached) and, on the last stage, the loss."""
         with self._tape.recording() as calls:
-            outputs = self.model.forward_layers(self.start, self.end, inputs)
+            outputs = self.module(*inputs)
         if self.is_last:
-            loss = self.model.loss(outputs, target)
+            loss = self.loss_fn(outputs, target)
             self._flight[mb] = _InFlight(inputs, [loss / self.loss_scale], calls=calls)
             return outputs, float(loss.detach())
         floats = [t for t in outputs if t.is_floating_point()]

@@ -29,14 +29,21 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as tps
 
-from octopipe.models.base import Activation, PipelineModel
 from octopipe.placement import interleaved, v_shape
 from octopipe.plan import Plan, save_schedule_csv
 from octopipe.runtime import DEFAULT_TIMEOUT_S
+from octopipe.runtime.data import SyntheticData, replica_batch
 from octopipe.runtime.launcher import spawn_ranks, validate_jobs
-from octopipe.runtime.model_source import build_pipeline_model
+from octopipe.runtime.recipe import (
+    DEFAULT_MICRO_BATCH_SIZE,
+    DEFAULT_SEQ_LEN,
+    Activation,
+    ModelRecipe,
+    StageModule,
+    load_recipe,
+)
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
-from octopipe.runtime.shapes import BoundarySpec, discover_boundary_specs
+from octopipe.runtime.shapes import BoundarySpec, exchange_boundary_specs
 
 CSV_RUNTIME = "csv"  # `_PipelineScheduleRuntime` loading the plan's schedule.csv
 
@@ -63,6 +70,8 @@ class TorchJob:
     lr: float = 0.01  # plain SGD, as our executor's default
     collect_grads: bool = False
     csv: str | None = None  # CSV_RUNTIME: the schedule.csv to load (default: written from the plan)
+    seq_len: int = DEFAULT_SEQ_LEN  # the synthetic data's sizes, as our executor's RunConfig
+    micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE
 
 
 @dataclass(frozen=True)
@@ -77,20 +86,17 @@ class TorchResult:
         return statistics.median(self.step_times[1:] or self.step_times)
 
 
-class StageModule(nn.Module):
-    """Layers `[start, end)` of a pipeline model as one module, as `PipelineStage` wants.
+class TorchStage(nn.Module):
+    """One of our stage modules as `PipelineStage` wants it: PyTorch treats a lone tensor and a
+    1-tuple alike, so a single output is returned bare."""
 
-    The layers are shared with the model, not copied, so their FQNs are recovered from it."""
-
-    def __init__(self, model: PipelineModel, start: int, end: int) -> None:
+    def __init__(self, stage: StageModule) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(model.layer(i) for i in range(start, end))
+        self.stage = stage
 
     def forward(self, *x: torch.Tensor) -> torch.Tensor | Activation:
-        for block in self.blocks:
-            out = block(*x)
-            x = out if isinstance(out, tuple) else (out,)
-        return x[0] if len(x) == 1 else x  # PyTorch treats a lone tensor and a 1-tuple alike
+        out = self.stage(*x)
+        return out[0] if len(out) == 1 else out
 
 
 def check_placement(job: TorchJob) -> None:
@@ -108,13 +114,13 @@ def check_placement(job: TorchJob) -> None:
         raise ValueError(f"{job.runner} places stages {expected}, the plan {job.plan.placement}")
 
 
-def stage_boundaries(job: TorchJob, sample: Activation) -> dict[int, BoundarySpec]:
-    """What enters every stage but the first, and what leaves the last: PipelineStage is given
-    these shapes up front. Left to infer them, it runs the later stages' first forward on
-    uninitialized buffers, which breaks integer streams (token ids index an embedding)."""
-    plan = job.plan
-    ends = [st.start for st in plan.stages[1:]] + [plan.stages[-1].end]
-    return discover_boundary_specs(lambda: build_pipeline_model(job.model, job.seed), sample, ends)
+def stage_boundaries(
+    plan: Plan, stages: dict[int, StageModule], sample: Activation, device: torch.device
+) -> list[BoundarySpec]:
+    """What enters every stage, and what leaves the last: PipelineStage is given these shapes
+    up front. Left to infer them, it runs the later stages' first forward on uninitialized
+    buffers, which breaks integer streams (token ids index an embedding)."""
+    return exchange_boundary_specs([st.device for st in plan.stages], stages, sample, device)
 
 
 def _examples(specs: BoundarySpec, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -125,7 +131,8 @@ def _examples(specs: BoundarySpec, device: torch.device) -> tuple[torch.Tensor, 
 
 def build_schedule(
     job: TorchJob,
-    model: PipelineModel,
+    recipe: ModelRecipe,
+    stages: dict[int, StageModule],
     rank: int,
     device: torch.device,
     sample: Activation,
@@ -133,17 +140,14 @@ def build_schedule(
 ) -> tuple[tps._PipelineSchedule, list[PipelineStage]]:
     """This rank's PipelineStages (static shapes) and the schedule that drives them."""
     plan = job.plan
-    boundary = stage_boundaries(job, sample)
-    stages = []
+    boundary = stage_boundaries(plan, stages, sample, device)
+    torch_stages = []
     for s in plan.stages_on(rank):
-        st = plan.stages[s]
-        inputs = (
-            tuple(t.to(device) for t in sample) if s == 0 else _examples(boundary[st.start], device)
-        )
-        outputs = _examples(boundary[st.end], device)
-        stages.append(
+        inputs = tuple(t.to(device) for t in sample) if s == 0 else _examples(boundary[s], device)
+        outputs = _examples(boundary[s + 1], device)
+        torch_stages.append(
             PipelineStage(
-                StageModule(model, st.start, st.end),
+                TorchStage(stages[s]),
                 s,
                 plan.num_stages,
                 device,
@@ -151,24 +155,24 @@ def build_schedule(
                 output_args=outputs,
             )
         )
-    loss_fn = _loss_fn(model)
+    loss_fn = _loss_fn(recipe)
     M = plan.num_microbatches
     if job.runner == CSV_RUNTIME:
         path = Path(job.csv) if job.csv else csv_dir / f"schedule-rank{rank}.csv"
         if not job.csv:
             save_schedule_csv(plan, path)
-        schedule = tps._PipelineScheduleRuntime(stages, M, loss_fn=loss_fn)
+        schedule = tps._PipelineScheduleRuntime(torch_stages, M, loss_fn=loss_fn)
         schedule._load_csv(str(path))
-        return schedule, stages
+        return schedule, torch_stages
     cls, _ = TORCH_SCHEDULES[job.runner]
     if issubclass(cls, tps.PipelineScheduleSingle):
-        return cls(stages[0], M, loss_fn=loss_fn), stages
-    return cls(stages, M, loss_fn=loss_fn), stages
+        return cls(torch_stages[0], M, loss_fn=loss_fn), torch_stages
+    return cls(torch_stages, M, loss_fn=loss_fn), torch_stages
 
 
-def _loss_fn(model: PipelineModel):
+def _loss_fn(recipe: ModelRecipe):
     def loss(output: torch.Tensor | Activation, target: torch.Tensor) -> torch.Tensor:
-        return model.loss(output if isinstance(output, tuple) else (output,), target)
+        return recipe.loss(output if isinstance(output, tuple) else (output,), target)
 
     return loss
 
@@ -179,12 +183,15 @@ def run_torch_job_on_rank(
     """Train `job.steps` steps on this rank; rank 0 returns the assembled result."""
     plan = job.plan
     device = torch.device("cpu")
-    held = [
-        i for s in plan.stages_on(rank) for i in range(plan.stages[s].start, plan.stages[s].end)
-    ]
-    model = build_pipeline_model(job.model, job.seed, layers=held)
-    sample = model.make_batch(1, job.seed).inputs[0]
-    schedule, stages = build_schedule(job, model, rank, device, sample, csv_dir)
+    recipe = load_recipe(job.model)
+    modules = {
+        s: recipe.stage(recipe.layers[plan.stages[s].start : plan.stages[s].end], device, job.seed)
+        for s in plan.stages_on(rank)
+    }
+    b = job.micro_batch_size
+    data = SyntheticData(recipe.synthetic_sequence, job.seq_len, job.seed)
+    sample = replica_batch(data.global_batch(0, b), 0, 1, b).inputs[0]
+    schedule, stages = build_schedule(job, recipe, modules, rank, device, sample, csv_dir)
     params = [p for st in stages for p in st.submod.parameters()]
     optimizer = torch.optim.SGD(params, lr=job.lr) if params else None
     first = any(st.is_first for st in stages)
@@ -192,7 +199,8 @@ def run_torch_job_on_rank(
     durations, losses = [], []
     grads: dict[str, torch.Tensor] = {}
     for step in range(job.steps):
-        batch = model.make_batch(plan.num_microbatches, job.seed, step)
+        M = plan.num_microbatches
+        batch = replica_batch(data.global_batch(step, M * b), 0, M, b)
         inputs = [torch.cat(parts) for parts in zip(*batch.inputs)] if first else []
         target = torch.cat(batch.targets) if last else None
         for p in params:
@@ -202,7 +210,7 @@ def run_torch_job_on_rank(
         began = time.perf_counter()
         schedule.step(*inputs, target=target, losses=mb_losses if last else None)
         if job.collect_grads and step == job.steps - 1:
-            grads = _grads(model, params)  # before the update: what the step computed
+            grads = _grads(modules)  # before the update: what the step computed
         if optimizer is not None:
             optimizer.step()
         durations.append(time.perf_counter() - began)
@@ -218,12 +226,12 @@ def run_torch_job_on_rank(
     return TorchResult(step_losses, step_times, all_grads)
 
 
-def _grads(model: PipelineModel, params: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-    mine = {id(p) for p in params}
+def _grads(modules: dict[int, StageModule]) -> dict[str, torch.Tensor]:
     return {
         n: p.grad.detach().clone()
-        for n, p in model.named_parameters()
-        if id(p) in mine and p.grad is not None
+        for module in modules.values()
+        for n, p in module.part.named_parameters()
+        if p.grad is not None
     }
 
 

@@ -3,8 +3,10 @@
 For every action the worker gathers the inputs (from the batch, from a stage on the same rank,
 or from the P2P layer), runs the stage's compute, and hands the result on the same three ways.
 Receives are posted `lookahead` actions ahead so transfers overlap compute, and sends never
-wait, so any plan whose dependency graph is acyclic runs to the end whatever its order. After
-the last action: the optimizer step. Every action's wait/start/end times are recorded.
+wait, so any plan whose dependency graph is acyclic runs to the end whatever its order. With
+data parallelism a stage's gradient all-reduce starts after its last backward action
+(`reduce`). After the last action: the optimizer step. Every action's wait/start/end times
+are recorded.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import torch
 import torch.distributed as dist
 
 from octopipe.actions import Action, B, F, I
-from octopipe.models.base import Activation, Batch, PipelineModel
 from octopipe.plan import Plan
 from octopipe.runtime.comm import P2P
+from octopipe.runtime.data import Batch
+from octopipe.runtime.recipe import Activation, Loss, StageModule
+from octopipe.runtime.reduce import GradientReducer
 from octopipe.runtime.shapes import BoundarySpec
 from octopipe.runtime.stage import StageCompute, as_leaves
 
@@ -28,19 +32,30 @@ from octopipe.runtime.stage import StageCompute, as_leaves
 class OptimizerConfig:
     """The update applied after each step; the same on every rank."""
 
-    name: str = "sgd"  # "sgd" or "adam"
+    name: str = "sgd"  # "sgd", "adam" or "adamw"
     lr: float = 0.01
     momentum: float = 0.0  # SGD only
     weight_decay: float = 0.0
 
-    def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    def build(
+        self, params: list[torch.nn.Parameter], shard_group: dist.ProcessGroup | None = None
+    ) -> torch.optim.Optimizer:
+        """The optimizer of `params`; with `shard_group`, its state sharded across that group
+        (ZeRO-1, torch's `ZeroRedundancyOptimizer`: each rank updates its share, then every
+        rank gets the new weights)."""
+        classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+        if self.name not in classes:
+            raise ValueError(f"unknown optimizer {self.name!r}, expected one of {sorted(classes)}")
+        options = {"lr": self.lr, "weight_decay": self.weight_decay}
         if self.name == "sgd":
-            return torch.optim.SGD(
-                params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
-            )
-        if self.name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        raise ValueError(f"unknown optimizer {self.name!r}, expected 'sgd' or 'adam'")
+            options["momentum"] = self.momentum
+        if shard_group is None:
+            return classes[self.name](params, **options)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(
+            params, optimizer_class=classes[self.name], process_group=shard_group, **options
+        )
 
 
 @dataclass(frozen=True)
@@ -63,35 +78,47 @@ class StepRecord:
 
 
 class Worker:
-    """The stages of `plan` placed on `rank`, and how to train them one step at a time."""
+    """The stages of `plan` placed on device `rank` of the plan, and how to train them one step
+    at a time; with data parallelism, as replica `replica` of `replicas`."""
 
     def __init__(
         self,
         plan: Plan,
-        model: PipelineModel,
+        stages: dict[int, StageModule],
+        loss: Loss,
         rank: int,
         device: torch.device,
         specs: dict[int, BoundarySpec],
         optimizer: OptimizerConfig,
         per_channel_groups: bool,
         lookahead: int = 8,
+        replica: int = 0,
+        replicas: int = 1,
+        dp_group: dist.ProcessGroup | None = None,
+        zero: int = 0,
     ) -> None:
-        """`model` must have this rank's layers (it may lack others); `specs[layer]` is the
-        activation entering `layer`, for the first layer of every stage but the first."""
-        self.plan, self.model, self.rank, self.device = plan, model, rank, device
+        """`stages[s]` holds stage s's layers, for every stage placed on `rank`; `specs[b]` is
+        the activation entering stage b, for every stage but the first. `dp_group` holds this
+        device's ranks of every replica (needed when `replicas > 1`)."""
+        self.plan, self.rank, self.device = plan, rank, device
         self.lookahead = lookahead
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
-        self._keep_only_my_layers()
         last = plan.num_stages - 1
         self.stages = {
-            s: StageCompute(model, st.start, st.end, s == last, plan.num_microbatches)
-            for s, st in enumerate(plan.stages)
-            if st.device == rank
+            s: StageCompute(module, s == last, loss, plan.num_microbatches)
+            for s, module in stages.items()
         }
-        stage_specs = {b: specs[plan.stages[b].start] for b in range(1, plan.num_stages)}
-        self.comm = P2P(plan, rank, stage_specs, device, per_channel_groups)
+        self.modules = stages
+        self.comm = P2P(plan, rank, specs, device, per_channel_groups, replica, replicas)
         self.params = [p for st in self.stages.values() for p in st.params]
-        self.optimizer = optimizer.build(self.params) if self.params else None
+        self.reducer = (
+            GradientReducer({s: st.params for s, st in self.stages.items()}, dp_group, replicas)
+            if replicas > 1
+            else None
+        )
+        self._reduce_after = _last_backwards(self.actions) if self.reducer else {}
+        shard = dp_group if zero and replicas > 1 else None
+        self.optimizer = optimizer.build(self.params, shard) if self.params else None
         self.records: list[ActionRecord] = []
         self._batch: Batch | None = None  # the step in progress: its data, index, losses
         self._step, self._origin = 0, 0.0
@@ -113,7 +140,11 @@ class Worker:
         for i, act in enumerate(self.actions):
             self._prefetch(self.actions[i + 1 : i + 1 + self.lookahead])
             self._run(act)
+            if i in self._reduce_after:
+                self.reducer.launch(self._reduce_after[i])
         self.comm.wait_sends()
+        if self.reducer is not None:
+            self.reducer.finish()
         if self.optimizer is not None:
             self.optimizer.step()
         if self.device.type == "cuda":
@@ -211,13 +242,12 @@ class Worker:
     def _on_this_rank(self, stage: int) -> bool:
         return self.plan.stages[stage].device == self.rank
 
-    def _keep_only_my_layers(self) -> None:
-        """Free the weights of layers other ranks hold; move ours to the device."""
-        mine = {
-            i for st in self.plan.stages if st.device == self.rank for i in range(st.start, st.end)
-        }
-        for i in range(len(self.model.layer_names)):
-            if i in mine:
-                self.model.layer(i).to(self.device)
-            elif self.model.has_layer(i):
-                self.model.layer(i).to(torch.device("meta"))
+
+def _last_backwards(actions: tuple[Action, ...]) -> dict[int, int]:
+    """Index in the order of each stage's last backward action (B, I or W) -> the stage: after
+    it the stage's gradients of the step are final."""
+    last: dict[int, int] = {}
+    for i, act in enumerate(actions):
+        if act.kind != F:
+            last[act.stage] = i
+    return {i: stage for stage, i in last.items()}

@@ -164,7 +164,8 @@ def tune(
     exported = best.sim
     if action_overhead:
         exported = Simulator(profile).run(best.plan, detail=False, overlap_steps=overlap_steps)
-    best = Evaluated(label, best.plan.with_predicted(exported.predicted()), best.sim)
+    plan = best.plan.with_predicted(exported.predicted()).with_layer_names(profile.layer_names)
+    best = Evaluated(label, plan, best.sim)
     return TuneResult(best, base, evaluator.evaluations, search.elapsed(), search.converged)
 
 

@@ -1,0 +1,165 @@
+"""Training data: global batches, and one replica's share of one, split into microbatches.
+
+A global batch holds `D * M * b` sequences (D replicas, M microbatches of b sequences); replica
+r takes sequences `[r*M*b, (r+1)*M*b)` and cuts them into M microbatches. Sequence i of step t
+is drawn from (seed, t, i) alone, by the synthetic source and by a token file alike, so one seed
+and one global batch give the same data, hence the same losses, whatever the plan and D.
+
+Sources: `SyntheticData` (the model's own `synthetic_sequence`), `TokenFile` (a flat file of
+little-endian token ids, memory-mapped, nanoGPT style: targets are the inputs shifted by one)
+and `GivenBatches` (global batches a caller hands in from Python).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from octopipe.errors import InputError
+
+Activation = tuple[torch.Tensor, ...]
+TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """One step's data for every replica: dimension 0 of every tensor counts sequences."""
+
+    inputs: Activation
+    targets: torch.Tensor
+
+    @property
+    def sequences(self) -> int:
+        return int(self.targets.shape[0])
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One replica's step, split into microbatches."""
+
+    inputs: list[Activation]
+    targets: list[torch.Tensor]
+
+
+class DataSource:
+    """Random access by step: resuming at step t needs no replay of the steps before it."""
+
+    def global_batch(self, step: int, sequences: int) -> GlobalBatch:
+        raise NotImplementedError
+
+
+def sequence_generator(seed: int, step: int, index: int) -> torch.Generator:
+    # Python's hash of a tuple of ints is stable across processes (no string hashing).
+    return torch.Generator().manual_seed(hash((seed, step, index)) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def stack(sequences: Sequence[tuple[Activation, torch.Tensor]]) -> GlobalBatch:
+    inputs = tuple(torch.stack(parts) for parts in zip(*(x for x, _ in sequences)))
+    return GlobalBatch(inputs, torch.stack([t for _, t in sequences]))
+
+
+class SyntheticData(DataSource):
+    def __init__(
+        self,
+        sequence: Callable[[torch.Generator, int], tuple[Activation, torch.Tensor]],
+        seq_len: int,
+        seed: int,
+    ) -> None:
+        self.sequence, self.seq_len, self.seed = sequence, seq_len, seed
+
+    def global_batch(self, step: int, sequences: int) -> GlobalBatch:
+        return stack(
+            [
+                self.sequence(sequence_generator(self.seed, step, i), self.seq_len)
+                for i in range(sequences)
+            ]
+        )
+
+
+class TokenFile(DataSource):
+    """Windows of `seq_len + 1` tokens at offsets drawn from (seed, step, index)."""
+
+    def __init__(self, path: str | Path, seq_len: int, seed: int, dtype: str = "uint16") -> None:
+        if dtype not in TOKEN_DTYPES:
+            raise InputError("--data-dtype", f"expected one of {sorted(TOKEN_DTYPES)}, got {dtype}")
+        path = Path(path)
+        if not path.is_file():
+            raise InputError("--data", f"no such file: {path}")
+        width = np.dtype(TOKEN_DTYPES[dtype]).itemsize
+        size = path.stat().st_size
+        if size % width:
+            raise InputError("--data", f"{path} is {size} bytes, not a whole number of {dtype}")
+        if size // width < seq_len + 1:
+            raise InputError(
+                "--data", f"{path} holds {size // width} tokens, fewer than --seq-len + 1"
+            )
+        self.path, self.dtype, self.seq_len, self.seed = path, dtype, seq_len, seed
+        self._tokens: np.memmap | None = None
+
+    @property
+    def tokens(self) -> np.memmap:
+        if self._tokens is None:  # opened in the process that reads, not pickled across
+            self._tokens = np.memmap(self.path, dtype=TOKEN_DTYPES[self.dtype], mode="r")
+        return self._tokens
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None}
+
+    def max_token(self) -> int:
+        return int(self.tokens.max())
+
+    def global_batch(self, step: int, sequences: int) -> GlobalBatch:
+        starts = len(self.tokens) - self.seq_len
+        rows = []
+        for i in range(sequences):
+            gen = sequence_generator(self.seed, step, i)
+            at = int(torch.randint(0, starts, (1,), generator=gen))
+            window = torch.from_numpy(self.tokens[at : at + self.seq_len + 1].astype(np.int64))
+            rows.append(((window[:-1],), window[1:]))
+        return stack(rows)
+
+
+class GivenBatches(DataSource):
+    """Global batches from Python: a sequence (indexed by step) or any iterable (read in order;
+    a resumed run skips the steps before its first)."""
+
+    def __init__(self, batches: Sequence[GlobalBatch] | Iterable[GlobalBatch]) -> None:
+        self.batches = batches
+        self._iterator: Iterable[GlobalBatch] | None = None
+        self._next = 0
+
+    def global_batch(self, step: int, sequences: int) -> GlobalBatch:
+        if isinstance(self.batches, Sequence):
+            batch = self.batches[step]
+        else:
+            if self._iterator is None or step < self._next:
+                self._iterator, self._next = iter(self.batches), 0
+            batch = next(itertools.islice(self._iterator, step - self._next, None))
+            self._next = step + 1
+        batch = batch if isinstance(batch, GlobalBatch) else GlobalBatch(*batch)
+        if batch.sequences != sequences:
+            raise InputError(
+                "data", f"step {step}'s batch holds {batch.sequences} sequences, not {sequences}"
+            )
+        return batch
+
+
+def replica_batch(
+    batch: GlobalBatch, replica: int, num_microbatches: int, micro_batch_size: int
+) -> Batch:
+    """Replica `replica`'s sequences of the global batch, in microbatches of `micro_batch_size`."""
+    share = num_microbatches * micro_batch_size
+    lo = replica * share
+
+    def cut(t: torch.Tensor, m: int) -> torch.Tensor:
+        return t[lo + m * micro_batch_size : lo + (m + 1) * micro_batch_size]
+
+    return Batch(
+        [tuple(cut(t, m) for t in batch.inputs) for m in range(num_microbatches)],
+        [cut(batch.targets, m) for m in range(num_microbatches)],
+    )

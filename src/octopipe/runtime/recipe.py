@@ -1,0 +1,193 @@
+"""What the executor and the profiler know of a model: the one contract every model meets.
+
+A `ModelRecipe` says how to build the model (on the meta device), which FQNs are its layers,
+how to initialize a module, how a pruned copy runs on an activation tuple, the loss, and
+(optionally) one synthetic training sequence. Three sources give one:
+
+- a bundled model's name or an architecture `config.json` (our `ArchModel`);
+- `module:factory`, a function returning any `nn.Module` whose `forward` skips removed or
+  None submodules (torchtitan style), optionally with `pipeline_layers`, `loss(outputs,
+  target)` and `synthetic_sequence(generator, seq_len)`;
+- `hf:PATH`, a Hugging Face causal LM built from its config (`octopipe.runtime.hf`).
+
+`recipe.stage(layers, device, seed)` is then all a rank needs: the layers, materialized, as
+one module whose `forward(*inputs)` returns the stage's output tuple.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octopipe.errors import InputError
+from octopipe.runtime.split import (
+    InitModule,
+    check_layers,
+    layer_names_of,
+    materialize,
+    prune,
+    reset_parameters,
+)
+
+Activation = tuple[torch.Tensor, ...]
+Forward = Callable[[nn.Module, Activation], Activation]
+Loss = Callable[[Activation, torch.Tensor], torch.Tensor]
+# One training sequence, without the batch dimension: (inputs, target).
+Synthetic = Callable[[torch.Generator, int], tuple[Activation, torch.Tensor]]
+
+ModelSpec = str | Callable[[], nn.Module]  # what `--model` names, or the factory itself
+HF_PREFIX = "hf:"
+# The data's sizes when a run does not give them.
+DEFAULT_SEQ_LEN = 32
+DEFAULT_MICRO_BATCH_SIZE = 2
+
+
+def as_activation(out) -> Activation:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def call_forward(part: nn.Module, inputs: Activation) -> Activation:
+    """A torchtitan-style model runs its stage by its own forward."""
+    return as_activation(part(*inputs))
+
+
+def next_token_loss(outputs: Activation, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the logits (the first output) against the target token ids."""
+    logits = outputs[0]
+    return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
+
+
+class StageModule(nn.Module):
+    """Some layers of a model, materialized: `forward(*inputs)` runs them, returns a tuple.
+    `part` is the pruned model, so its parameters keep their FQNs in the whole model."""
+
+    def __init__(self, part: nn.Module, run: Forward) -> None:
+        super().__init__()
+        self.part = part
+        self._run = run
+
+    def forward(self, *inputs: torch.Tensor) -> Activation:
+        return self._run(self.part, inputs)
+
+
+@dataclass
+class ModelRecipe:
+    name: str
+    build: Callable[[], nn.Module]  # called under `torch.device("meta")`
+    init: InitModule = reset_parameters
+    forward: Forward = call_forward
+    loss: Loss = next_token_loss
+    synthetic: Synthetic | None = None
+    kinds: Sequence[str] | None = None  # per layer, for profiles ("layer" when unknown)
+    listed_layers: Sequence[str] | None = field(default=None, repr=False)
+
+    @cached_property
+    def meta_model(self) -> nn.Module:
+        with torch.device("meta"):
+            model = self.build()
+        if not isinstance(model, nn.Module):
+            raise InputError("--model", f"{self.name} built a {type(model).__name__}, no nn.Module")
+        return model
+
+    @cached_property
+    def layers(self) -> tuple[str, ...]:
+        names = tuple(self.listed_layers or layer_names_of(self.meta_model))
+        if not names:
+            raise InputError("--model", f"{self.name} has no layers holding parameters")
+        check_layers(self.meta_model, names)
+        return names
+
+    def layer_kind(self, index: int) -> str:
+        return self.kinds[index] if self.kinds else "layer"
+
+    def stage(self, keep: Sequence[str], device: torch.device, seed: int) -> StageModule:
+        """The layers `keep`, built and initialized on `device`."""
+        part = prune(self.meta_model, self.layers, keep)
+        return StageModule(materialize(part, device, seed, self.init), self.forward)
+
+    def whole(self, device: torch.device, seed: int) -> StageModule:
+        return self.stage(self.layers, device, seed)
+
+    def synthetic_sequence(
+        self, gen: torch.Generator, seq_len: int
+    ) -> tuple[Activation, torch.Tensor]:
+        if self.synthetic is None:
+            raise InputError(
+                "--data", f"{self.name} has no synthetic data (synthetic_sequence); give --data"
+            )
+        return self.synthetic(gen, seq_len)
+
+
+def load_recipe(spec: ModelSpec) -> ModelRecipe:
+    """The recipe of a `--model` value: a bundled name or config.json, `hf:PATH`,
+    `module:factory`, or (from Python) the factory itself."""
+    if callable(spec):
+        return _from_module(getattr(spec, "__name__", "model"), spec)
+    if spec.startswith(HF_PREFIX):
+        from octopipe.runtime.hf import hf_recipe
+
+        return hf_recipe(spec[len(HF_PREFIX) :])
+    if ":" in spec:
+        return _from_module(spec, _factory(spec))
+    return _bundled(spec)
+
+
+def _from_module(name: str, factory: Callable[[], nn.Module]) -> ModelRecipe:
+    """A torchtitan-style model: its own forward, and its own loss and data when it has them."""
+    recipe = ModelRecipe(name, factory)
+    model = recipe.meta_model
+    recipe.loss = getattr(model, "loss", next_token_loss)
+    recipe.synthetic = getattr(model, "synthetic_sequence", None) or token_chains(recipe)
+    recipe.kinds = getattr(model, "layer_kinds", None)
+    return recipe
+
+
+def token_chains(recipe: ModelRecipe) -> Synthetic | None:
+    """Synthetic data for a model whose first layer is a token embedding: chains of its
+    vocabulary that a model learns (`octopipe.models.synthetic`). None for other models."""
+    first = recipe.meta_model.get_submodule(recipe.layers[0])
+    embedding = next((m for m in first.modules() if isinstance(m, nn.Embedding)), None)
+    if embedding is None:
+        return None
+    vocab = embedding.num_embeddings
+
+    def sequence(gen: torch.Generator, seq_len: int) -> tuple[Activation, torch.Tensor]:
+        from octopipe.models import synthetic
+
+        tokens = synthetic.chain_tokens(gen, 1, seq_len + 1, vocab)[0]
+        return (tokens[:-1],), tokens[1:]
+
+    return sequence
+
+
+def _factory(spec: str) -> Callable[[], nn.Module]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InputError("--model", f"cannot load factory {spec!r}: {exc}") from None
+    if not callable(factory):
+        raise InputError("--model", f"{spec!r} is not callable: expected a factory()")
+    return factory
+
+
+def _bundled(name: str) -> ModelRecipe:
+    from octopipe.costmodel.hf_config import load_architecture, shipped_models
+    from octopipe.models import ArchModel, bundled_models
+
+    if name not in shipped_models() and not Path(name).is_file():
+        raise InputError(
+            "--model",
+            f"unknown model {name!r}; bundled: {', '.join(sorted(bundled_models()))} (or a "
+            "shipped config's name, a config.json, hf:PATH, module:factory)",
+        )
+    arch = load_architecture(name)
+    recipe = _from_module(arch.name, lambda: ArchModel(arch))
+    return recipe
