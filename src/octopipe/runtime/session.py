@@ -51,6 +51,7 @@ class RunConfig:
     zero: int = 0  # 1: optimizer state sharded across the replicas (ZeRO-1)
     data: DataSource | None = None  # None: the model's synthetic sequences
     loss: Loss | None = None  # None: the model's loss (next-token cross-entropy by default)
+    reduce_at_end: bool = False  # all-reduces after the last action, not each stage's last B/W
 
     def recipe(self) -> ModelRecipe:
         return load_recipe(self.model)
@@ -155,6 +156,7 @@ def run_job_on_rank(
         cfg.dp,
         dp_group,
         cfg.zero,
+        cfg.reduce_at_end,
     )
     needs_data = 0 in mine or plan.num_stages - 1 in mine
     dist.barrier()

@@ -96,10 +96,12 @@ class Worker:
         replicas: int = 1,
         dp_group: dist.ProcessGroup | None = None,
         zero: int = 0,
+        reduce_at_end: bool = False,
     ) -> None:
         """`stages[s]` holds stage s's layers, for every stage placed on `rank`; `specs[b]` is
         the activation entering stage b, for every stage but the first. `dp_group` holds this
-        device's ranks of every replica (needed when `replicas > 1`)."""
+        device's ranks of every replica (needed when `replicas > 1`). `reduce_at_end` holds every
+        all-reduce back until the last action (to measure what the overlap gains)."""
         self.plan, self.rank, self.device = plan, rank, device
         self.lookahead = lookahead
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
@@ -116,7 +118,11 @@ class Worker:
             if replicas > 1
             else None
         )
+        # Action index -> the stages whose gradients are final once it has run.
         self._reduce_after = _last_backwards(self.actions) if self.reducer else {}
+        if reduce_at_end and self._reduce_after:
+            every = [s for stages in self._reduce_after.values() for s in stages]
+            self._reduce_after = {len(self.actions) - 1: every}
         shard = dp_group if zero and replicas > 1 else None
         self.optimizer = optimizer.build(self.params, shard) if self.params else None
         self.records: list[ActionRecord] = []
@@ -140,8 +146,8 @@ class Worker:
         for i, act in enumerate(self.actions):
             self._prefetch(self.actions[i + 1 : i + 1 + self.lookahead])
             self._run(act)
-            if i in self._reduce_after:
-                self.reducer.launch(self._reduce_after[i])
+            for stage in self._reduce_after.get(i, ()):
+                self.reducer.launch(stage)
         self.comm.wait_sends()
         if self.reducer is not None:
             self.reducer.finish()
@@ -243,11 +249,11 @@ class Worker:
         return self.plan.stages[stage].device == self.rank
 
 
-def _last_backwards(actions: tuple[Action, ...]) -> dict[int, int]:
-    """Index in the order of each stage's last backward action (B, I or W) -> the stage: after
+def _last_backwards(actions: tuple[Action, ...]) -> dict[int, list[int]]:
+    """Index in the order of each stage's last backward action (B, I or W) -> that stage: after
     it the stage's gradients of the step are final."""
     last: dict[int, int] = {}
     for i, act in enumerate(actions):
         if act.kind != F:
             last[act.stage] = i
-    return {i: stage for stage, i in last.items()}
+    return {i: [stage] for stage, i in last.items()}
