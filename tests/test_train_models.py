@@ -21,11 +21,11 @@ from octopipe.errors import InputError
 from octopipe.plan import save_plan
 from octopipe.runtime.data import GivenBatches, TokenFile, replica_batch
 from octopipe.runtime.launcher import launch
+from octopipe.runtime.optim import OptimizerConfig
 from octopipe.runtime.recipe import load_recipe
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.session import Job, RunConfig
 from octopipe.runtime.split import parameter_bytes
-from octopipe.runtime.worker import OptimizerConfig
 
 pytest.importorskip("transformers")
 
@@ -200,3 +200,63 @@ def test_run_command_trains_an_hf_model_on_a_token_file_with_two_replicas(
     )
     assert summary["losses"] == pytest.approx(reference.losses, rel=1e-5)
     assert len(summary["peak_memory_bytes"]) == 4
+
+
+ADAMW = OptimizerConfig(
+    "adamw",
+    lr=0.01,
+    weight_decay=0.1,
+    warmup_steps=2,
+    decay="cosine",
+    min_lr=0.001,
+    total_steps=6,
+    clip_norm=0.5,  # below the gradients' norm on these steps: clipping acts
+)
+
+
+def adamw_config(model, dp, **options) -> RunConfig:
+    return RunConfig(
+        model,
+        optimizer=ADAMW,
+        seq_len=SEQ,
+        micro_batch_size=MBS,
+        dp=dp,
+        collect_state=True,
+        **options,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_checkpoint_resumes_under_another_plan_and_another_d_with_identical_losses(tmp_path):
+    """AdamW with weight decay, warm-up and cosine decay, clipping, ZeRO-1: 4 steps on 2 devices
+    x 2 replicas, then on from the checkpoint at step 4 on 3 devices, 1 replica, to step 6."""
+    layers = len(load_recipe(titan_style).layers)
+    first = one_f_one_b(2, 2, num_layers=layers)  # 3 | 4 layers, 2 microbatches x 2 replicas
+    second = one_f_one_b(3, 4, num_layers=layers)  # 2 | 3 | 2 layers, 4 microbatches
+    ckpt = str(tmp_path / "ckpt")
+    before = adamw_config(titan_style, 2, steps=4, zero=1, checkpoint_dir=ckpt, checkpoint_every=2)
+    after = adamw_config(titan_style, 1, steps=6, checkpoint_dir=ckpt, resume=True)
+    (ran,) = launch([Job(first, before)], 4, "gloo", timeout_s=120)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-2", "step-4"]
+    (resumed,) = launch([Job(second, after)], 3, "gloo", timeout_s=120)
+    straight = train_reference(adamw_config(titan_style, 1, steps=6), 4)
+    assert resumed.first_step == 4 and len(resumed.losses) == 2
+    assert ran.losses == pytest.approx(straight.losses[:4], rel=1e-5)
+    assert resumed.losses == pytest.approx(straight.losses[4:], rel=1e-5)
+    assert mismatches(resumed, straight) == []  # weights and last gradients after step 6
+
+
+def test_checkpoints_of_another_model_or_unfinished_are_refused_or_skipped(tmp_path):
+    from octopipe.runtime.checkpoint import MARKER, check_compatible, latest
+
+    assert latest(tmp_path) is None
+    (tmp_path / "step-3").mkdir()  # a save that never finished: no marker
+    assert latest(tmp_path) is None
+    done = tmp_path / "step-2"
+    done.mkdir()
+    (done / MARKER).write_text(json.dumps({"format": "octopipe.checkpoint/1", "layers": ["a"]}))
+    assert latest(tmp_path) == (done, 2)
+    recipe = load_recipe(titan_style)
+    with pytest.raises(InputError, match="another model"):
+        check_compatible(done, recipe.layers, recipe.meta_model)

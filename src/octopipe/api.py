@@ -230,9 +230,9 @@ def run(
     rank 0 gets the result (the others None). A failing rank raises
     `octopipe.runtime.RankFailure`."""
     from octopipe.runtime.launcher import execute
+    from octopipe.runtime.optim import OptimizerConfig
     from octopipe.runtime.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
     from octopipe.runtime.session import Job, RunConfig
-    from octopipe.runtime.worker import OptimizerConfig
 
     seq_len = seq_len or DEFAULT_SEQ_LEN
     config = RunConfig(

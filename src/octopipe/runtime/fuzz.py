@@ -23,10 +23,10 @@ import time
 from octopipe.plan import Plan
 from octopipe.random_plans import random_plan as random_valid_plan
 from octopipe.runtime.launcher import launch
+from octopipe.runtime.optim import OptimizerConfig
 from octopipe.runtime.recipe import load_recipe
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.session import Job, RunConfig
-from octopipe.runtime.worker import OptimizerConfig
 
 
 def random_plan(

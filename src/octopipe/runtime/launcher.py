@@ -27,7 +27,8 @@ import torch.distributed as dist
 from octopipe.errors import InputError
 from octopipe.runtime import DEFAULT_TIMEOUT_S
 from octopipe.runtime.deps import check_runnable
-from octopipe.runtime.session import Job, RunResult, run_job_on_rank
+from octopipe.runtime.recipe import ModelRecipe
+from octopipe.runtime.session import Job, RunConfig, RunResult, run_job_on_rank
 from octopipe.runtime.split import check_plan_layer_names
 
 _GRACE_S = 2.0  # how long a failed run's other ranks get before they are killed
@@ -66,12 +67,27 @@ def choose_backend(requested: str, local_world_size: int) -> str:
 def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
     """Refuse, before any rank starts, a plan that does not fit its model or the world size."""
     for job in jobs:
-        layers = job.config.recipe().layers
+        recipe = job.config.recipe()
+        layers = recipe.layers
         dp = job.config.dp
         if dp < 1 or world_size % dp:
             raise InputError("--dp", f"{dp} replicas do not divide the {world_size} processes")
         check_runnable(job.plan, len(layers), world_size // dp, job.source)
         check_plan_layer_names(job.plan.layer_names, layers)
+        check_resumable(job.config, recipe)
+
+
+def check_resumable(config: RunConfig, recipe: ModelRecipe) -> None:
+    """A checkpoint to resume must be of this model and before the run's last step."""
+    found = config.resume_from()
+    if found is None:
+        return
+    from octopipe.runtime.checkpoint import check_compatible
+
+    path, step = found
+    check_compatible(path, recipe.layers, recipe.meta_model)
+    if step >= config.steps:
+        raise InputError("--steps", f"{path} is at step {step}; --steps {config.steps} is done")
 
 
 def execute(

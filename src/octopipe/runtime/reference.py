@@ -6,6 +6,7 @@ optimizer as a pipelined run, with none of the pipeline: tests and the fuzzer co
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from octopipe.runtime.data import replica_batch
+from octopipe.runtime.optim import clip_factor, scale_grads, set_lr, squared_norm
 
 if TYPE_CHECKING:
     from octopipe.runtime.session import RunConfig, RunResult
@@ -59,9 +61,14 @@ def _train(config: RunConfig, num_microbatches: int) -> ReferenceResult:
             p.grad = None
         step_losses = []
         for inputs, target in zip(batch.inputs, batch.targets, strict=True):
-            loss = loss_fn(model(*inputs), target)
+            with torch.autocast("cpu", config.autocast_dtype, enabled=config.autocast is not None):
+                loss = loss_fn(model(*inputs), target)
             (loss / count).backward()
             step_losses.append(float(loss.detach()))
+        if config.optimizer.clip_norm is not None:
+            norm = math.sqrt(float(squared_norm(params)))
+            scale_grads(params, clip_factor(norm, config.optimizer.clip_norm))
+        set_lr(opt, config.optimizer.lr_at(step))
         opt.step()
         losses.append(statistics.fmean(step_losses))
     named = dict(model.part.named_parameters())
@@ -78,9 +85,11 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def mismatches(result: RunResult, reference: ReferenceResult, tol: float = 1e-5) -> list[str]:
-    """Where a pipelined run (a `RunResult` collected with state) differs from the reference."""
+    """Where a pipelined run (a `RunResult` collected with state) differs from the reference
+    (from the run's first step: a resumed run has the reference's last losses)."""
     problems = []
-    for k, (got, want) in enumerate(zip(result.losses, reference.losses, strict=True)):
+    wanted = reference.losses[result.first_step :]
+    for k, (got, want) in enumerate(zip(result.losses, wanted, strict=True), result.first_step):
         if abs(got - want) > tol * max(abs(want), 1e-30):
             problems.append(f"step {k} loss {got!r} != {want!r}")
     for kind, got_map, want_map in (

@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from octopipe.plan import Plan
 from octopipe.runtime.data import Batch, DataSource, SyntheticData, replica_batch
+from octopipe.runtime.optim import OptimizerConfig
 from octopipe.runtime.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
     DEFAULT_SEQ_LEN,
@@ -29,7 +31,7 @@ from octopipe.runtime.recipe import (
 )
 from octopipe.runtime.shapes import exchange_boundary_specs
 from octopipe.runtime.split import parameter_bytes
-from octopipe.runtime.worker import ActionRecord, OptimizerConfig, StepRecord, Worker
+from octopipe.runtime.worker import ActionRecord, StepRecord, Worker
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,14 @@ class RunConfig:
     data: DataSource | None = None  # None: the model's synthetic sequences
     loss: Loss | None = None  # None: the model's loss (next-token cross-entropy by default)
     reduce_at_end: bool = False  # all-reduces after the last action, not each stage's last B/W
+    autocast: str | None = None  # "bf16": forwards under torch.autocast to bfloat16
+    checkpoint_dir: str | None = None  # where DIR/step-N checkpoints go
+    checkpoint_every: int = 0  # save after every this many steps (0: never)
+    resume: bool = False  # start from the latest checkpoint in checkpoint_dir, if any
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return {None: None, "bf16": torch.bfloat16}[self.autocast]
 
     def recipe(self) -> ModelRecipe:
         return load_recipe(self.model)
@@ -60,6 +70,14 @@ class RunConfig:
         if self.data is not None:
             return self.data
         return SyntheticData(recipe.synthetic_sequence, self.seq_len, self.seed)
+
+    def resume_from(self) -> tuple[Path, int] | None:
+        """The checkpoint this run starts from, and its step."""
+        if not (self.resume and self.checkpoint_dir):
+            return None
+        from octopipe.runtime.checkpoint import latest
+
+        return latest(self.checkpoint_dir)
 
     def global_sequences(self, plan: Plan) -> int:
         """Sequences per step, over all replicas: D x M x b."""
@@ -98,6 +116,7 @@ class RunResult:
     params: dict[str, torch.Tensor]  # FQN -> value after training (collect_state only)
     grads: dict[str, torch.Tensor]  # FQN -> gradient of the last step (collect_state only)
     parameter_bytes: tuple[int, ...] = ()  # per rank: the weights of its stages
+    first_step: int = 0  # the step the run started at (a resumed run's checkpoint step)
 
     @property
     def iteration_time(self) -> float:
@@ -108,6 +127,7 @@ class RunResult:
     def summary(self) -> dict[str, Any]:
         return {
             "losses": list(self.losses),
+            "first_step": self.first_step,
             "iteration_time": self.iteration_time,
             "predicted_iteration_time": self.predicted_iteration_time,
             "step_times": list(self.step_times),
@@ -157,12 +177,14 @@ def run_job_on_rank(
         dp_group,
         cfg.zero,
         cfg.reduce_at_end,
+        cfg.autocast_dtype,
     )
+    first_step = _resume(cfg, modules, worker)
     needs_data = 0 in mine or plan.num_stages - 1 in mine
     dist.barrier()
     origin = time.perf_counter()
     steps = []
-    for k in range(cfg.steps):
+    for k in range(first_step, cfg.steps):
         batch = (
             replica_batch(
                 data.global_batch(k, cfg.global_sequences(plan)),
@@ -174,6 +196,8 @@ def run_job_on_rank(
             else Batch([], [])
         )
         steps.append(worker.train_step(k, batch, origin))
+        if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
+            _save(cfg, recipe, k + 1, modules, worker)
     report = RankReport(
         rank,
         tuple(steps),
@@ -184,7 +208,29 @@ def run_job_on_rank(
     )
     reports: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(report, reports, dst=0)
-    return assemble(plan, reports, cfg.dp) if reports is not None else None
+    return assemble(plan, reports, cfg.dp, first_step) if reports is not None else None
+
+
+def _resume(cfg: RunConfig, modules: dict, worker: Worker) -> int:
+    """Load the latest checkpoint when resuming; the step to start at. Rank 0 picks the
+    checkpoint, so every rank loads the same one."""
+    chosen = [cfg.resume_from() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(chosen, src=0)
+    if chosen[0] is None:
+        return 0
+    from octopipe.runtime.checkpoint import load
+
+    path, _ = chosen[0]
+    step = load(path, modules, worker.optimizer)
+    dist.barrier()
+    return step
+
+
+def _save(cfg: RunConfig, recipe: ModelRecipe, step: int, modules: dict, worker: Worker) -> None:
+    from octopipe.runtime.checkpoint import save
+
+    about = {"model": str(cfg.model), "layers": list(recipe.layers), "seed": cfg.seed}
+    save(cfg.checkpoint_dir, step, modules, worker.optimizer, about)
 
 
 def _data_parallel_group(num_devices: int, replicas: int, device: int) -> dist.ProcessGroup | None:
@@ -198,7 +244,9 @@ def _data_parallel_group(num_devices: int, replicas: int, device: int) -> dist.P
     return groups[device] if device >= 0 else None
 
 
-def assemble(plan: Plan, reports: list[RankReport], replicas: int = 1) -> RunResult:
+def assemble(
+    plan: Plan, reports: list[RankReport], replicas: int = 1, first_step: int = 0
+) -> RunResult:
     reports = sorted(reports, key=lambda r: r.rank)
     last = [r * plan.num_devices + plan.stages[-1].device for r in range(replicas)]
     num_steps = len(reports[last[0]].steps)
@@ -220,6 +268,7 @@ def assemble(plan: Plan, reports: list[RankReport], replicas: int = 1) -> RunRes
         params,
         grads,
         tuple(r.parameter_bytes for r in reports),
+        first_step,
     )
 
 

@@ -43,8 +43,16 @@ def as_leaves(tensors: Sequence[torch.Tensor]) -> Activation:
 class StageCompute:
     """One stage's layers (`module`); `loss_scale` divides the last stage's loss."""
 
-    def __init__(self, module: StageModule, is_last: bool, loss: Loss, loss_scale: float) -> None:
-        self.module, self.is_last = module, is_last
+    def __init__(
+        self,
+        module: StageModule,
+        is_last: bool,
+        loss: Loss,
+        loss_scale: float,
+        autocast: torch.dtype | None = None,
+    ) -> None:
+        """`autocast`: run the forward (and the loss) under `torch.autocast` to this dtype."""
+        self.module, self.is_last, self.autocast = module, is_last, autocast
         self.loss_fn, self.loss_scale = loss, loss_scale
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._tape = WeightGradTape([module])
@@ -55,10 +63,10 @@ class StageCompute:
         self, mb: int, inputs: Activation, target: torch.Tensor | None
     ) -> tuple[Activation, float | None]:
         """Run the layers; return the outputs (graph attached) and, on the last stage, the loss."""
-        with self._tape.recording() as calls:
+        with self._tape.recording() as calls, self._autocast(inputs):
             outputs = self.module(*inputs)
-        if self.is_last:
-            loss = self.loss_fn(outputs, target)
+            loss = self.loss_fn(outputs, target) if self.is_last else None
+        if loss is not None:
             self._flight[mb] = _InFlight(inputs, [loss / self.loss_scale], calls=calls)
             return outputs, float(loss.detach())
         floats = [t for t in outputs if t.is_floating_point()]
@@ -97,6 +105,10 @@ class StageCompute:
         pending = self._flight.pop(mb).pending
         assert pending is not None, f"W of microbatch {mb} before its I"
         pending.run()
+
+    def _autocast(self, inputs: Activation):
+        device = inputs[0].device.type if inputs else "cpu"
+        return torch.autocast(device, dtype=self.autocast, enabled=self.autocast is not None)
 
     def in_flight(self) -> int:
         return len(self._flight)

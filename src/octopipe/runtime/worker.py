@@ -22,40 +22,17 @@ from octopipe.actions import Action, B, F, I
 from octopipe.plan import Plan
 from octopipe.runtime.comm import P2P
 from octopipe.runtime.data import Batch
+from octopipe.runtime.optim import (
+    OptimizerConfig,
+    clip_factor,
+    global_grad_norm,
+    scale_grads,
+    set_lr,
+)
 from octopipe.runtime.recipe import Activation, Loss, StageModule
 from octopipe.runtime.reduce import GradientReducer
 from octopipe.runtime.shapes import BoundarySpec
 from octopipe.runtime.stage import StageCompute, as_leaves
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """The update applied after each step; the same on every rank."""
-
-    name: str = "sgd"  # "sgd", "adam" or "adamw"
-    lr: float = 0.01
-    momentum: float = 0.0  # SGD only
-    weight_decay: float = 0.0
-
-    def build(
-        self, params: list[torch.nn.Parameter], shard_group: dist.ProcessGroup | None = None
-    ) -> torch.optim.Optimizer:
-        """The optimizer of `params`; with `shard_group`, its state sharded across that group
-        (ZeRO-1, torch's `ZeroRedundancyOptimizer`: each rank updates its share, then every
-        rank gets the new weights)."""
-        classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-        if self.name not in classes:
-            raise ValueError(f"unknown optimizer {self.name!r}, expected one of {sorted(classes)}")
-        options = {"lr": self.lr, "weight_decay": self.weight_decay}
-        if self.name == "sgd":
-            options["momentum"] = self.momentum
-        if shard_group is None:
-            return classes[self.name](params, **options)
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return ZeroRedundancyOptimizer(
-            params, optimizer_class=classes[self.name], process_group=shard_group, **options
-        )
 
 
 @dataclass(frozen=True)
@@ -97,6 +74,7 @@ class Worker:
         dp_group: dist.ProcessGroup | None = None,
         zero: int = 0,
         reduce_at_end: bool = False,
+        autocast: torch.dtype | None = None,
     ) -> None:
         """`stages[s]` holds stage s's layers, for every stage placed on `rank`; `specs[b]` is
         the activation entering stage b, for every stage but the first. `dp_group` holds this
@@ -107,7 +85,7 @@ class Worker:
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
         last = plan.num_stages - 1
         self.stages = {
-            s: StageCompute(module, s == last, loss, plan.num_microbatches)
+            s: StageCompute(module, s == last, loss, plan.num_microbatches, autocast)
             for s, module in stages.items()
         }
         self.modules = stages
@@ -124,7 +102,9 @@ class Worker:
             every = [s for stages in self._reduce_after.values() for s in stages]
             self._reduce_after = {len(self.actions) - 1: every}
         shard = dp_group if zero and replicas > 1 else None
+        self.optimizer_config, self.replicas = optimizer, replicas
         self.optimizer = optimizer.build(self.params, shard) if self.params else None
+        self.grad_norm: float | None = None  # the last step's, when clipping
         self.records: list[ActionRecord] = []
         self._batch: Batch | None = None  # the step in progress: its data, index, losses
         self._step, self._origin = 0, 0.0
@@ -151,7 +131,9 @@ class Worker:
         self.comm.wait_sends()
         if self.reducer is not None:
             self.reducer.finish()
+        self.grad_norm = self._clip()
         if self.optimizer is not None:
+            set_lr(self.optimizer, self.optimizer_config.lr_at(step))
             self.optimizer.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -161,6 +143,15 @@ class Worker:
             f"state left after the step: {leftover}"
         )
         return StepRecord(tuple(self._losses[m] for m in sorted(self._losses)), duration)
+
+    def _clip(self) -> float | None:
+        """Clip by the global norm (a collective: every rank takes part, stages or not)."""
+        max_norm = self.optimizer_config.clip_norm
+        if max_norm is None:
+            return None
+        norm = global_grad_norm(self.params, self.replicas)
+        scale_grads(self.params, clip_factor(norm, max_norm))
+        return norm
 
     def peak_memory(self) -> tuple[int, str]:
         """Peak bytes, and what was measured: the CUDA allocator's peak, or the process's RSS."""

@@ -1,0 +1,101 @@
+"""The update after each step: the optimizer, its learning-rate schedule and gradient clipping.
+
+The same on every rank and in the single-process reference. The learning rate is a function of
+the step alone (linear warm-up, then constant or cosine decay), so a resumed run needs only the
+step to continue the schedule. Clipping is by the global norm over every stage of every replica:
+each rank adds its stages' squared norms, one all-reduce over the world sums them (replicas hold
+the same averaged gradients, so the sum is divided by their number), and every rank scales its
+gradients by the same factor, as `torch.nn.utils.clip_grad_norm_` does in one process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+DECAYS = ("constant", "cosine")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The update applied after each step; the same on every rank."""
+
+    name: str = "sgd"  # one of OPTIMIZERS
+    lr: float = 0.01  # the peak learning rate
+    momentum: float = 0.0  # SGD only
+    weight_decay: float = 0.0
+    warmup_steps: int = 0  # linear warm-up from lr / (warmup_steps + 1) to lr
+    decay: str = "constant"  # after warm-up: "constant", or "cosine" down to min_lr
+    min_lr: float = 0.0
+    total_steps: int = 1  # where the cosine reaches min_lr (the run's last step)
+    clip_norm: float | None = None  # clip gradients to this global norm
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.name!r}, expected one of {OPTIMIZERS}")
+        if self.decay not in DECAYS:
+            raise ValueError(f"unknown decay {self.decay!r}, expected one of {DECAYS}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of step `step` (0-based)."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / (self.warmup_steps + 1)
+        if self.decay == "constant":
+            return self.lr
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * progress))
+
+    def build(
+        self, params: list[torch.nn.Parameter], shard_group: dist.ProcessGroup | None = None
+    ) -> torch.optim.Optimizer:
+        """The optimizer of `params`; with `shard_group`, its state sharded across that group
+        (ZeRO-1, torch's `ZeroRedundancyOptimizer`: each rank updates its share, then every
+        rank gets the new weights)."""
+        classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+        options = {"lr": self.lr, "weight_decay": self.weight_decay}
+        if self.name == "sgd":
+            options["momentum"] = self.momentum
+        if shard_group is None:
+            return classes[self.name](params, **options)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(
+            params, optimizer_class=classes[self.name], process_group=shard_group, **options
+        )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_factor(total_norm: float, max_norm: float) -> float:
+    """What `clip_grad_norm_` multiplies the gradients by."""
+    return min(1.0, max_norm / (total_norm + 1e-6))
+
+
+def squared_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    grads = [p.grad.detach().double() for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    return sum(g.pow(2).sum() for g in grads)
+
+
+def global_grad_norm(params: Sequence[torch.Tensor], replicas: int) -> float:
+    """The norm of all gradients of the model: this rank's share, summed over the world."""
+    total = squared_norm(params).reshape(1)
+    dist.all_reduce(total)
+    return math.sqrt(float(total) / replicas)
+
+
+def scale_grads(params: Sequence[torch.Tensor], factor: float) -> None:
+    if factor < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(factor)
