@@ -260,3 +260,30 @@ def test_checkpoints_of_another_model_or_unfinished_are_refused_or_skipped(tmp_p
     recipe = load_recipe(titan_style)
     with pytest.raises(InputError, match="another model"):
         check_compatible(done, recipe.layers, recipe.meta_model)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bf16_autocast_runs_split_backwards_as_one_process_does():
+    from executor_helpers import greedy
+
+    from octopipe.actions import B, I
+
+    plan = greedy([0, 1, 0, 1], 4, 2, backward=lambda s, m: I if (s + m) % 2 else B, num_layers=7)
+    bf16 = config(titan_style, 1, autocast="bf16")
+    (result,) = launch([Job(plan, bf16)], 2, "gloo", timeout_s=120)
+    reference = train_reference(bf16, 4)
+    assert mismatches(result, reference) == []
+    assert reference.losses != train_reference(config(titan_style, 1), 4).losses  # it is on
+
+
+@pytest.mark.slow
+def test_profile_of_an_hf_model_names_its_layers_as_profile_arch_does(hf_models, tmp_path):
+    path = hf_models["qwen2_moe"]
+    out = tmp_path / "measured.json"
+    argv = ["profile", "--model", path, "--seq-len", "8", "--micro-batch-size", "1"]
+    assert main([*argv, "--repeats", "1", "--warmup", "0", "-o", str(out)]) == 0
+    measured = op.load_profile(out)
+    analytic = op.profile_from_config(path.removeprefix("hf:"), layer_names="hf")
+    assert measured.layer_names == analytic.layer_names
+    assert all(layer.f > 0 and layer.param_bytes > 0 for layer in measured.layers)

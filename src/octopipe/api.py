@@ -201,6 +201,14 @@ def run(
     lr: float = 0.01,
     momentum: float = 0.0,
     weight_decay: float = 0.0,
+    warmup_steps: int = 0,
+    decay: str = "constant",
+    min_lr: float = 0.0,
+    clip_norm: float | None = None,
+    bf16: bool = False,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
     dp: int = 1,
     zero: int = 0,
     data=None,
@@ -224,7 +232,11 @@ def run(
     synthetic sequences), a token file's path (little-endian `data_dtype` ids), a
     `octopipe.runtime.data.DataSource`, or the global batches themselves (a list, or any
     iterable, of `(inputs, targets)` holding dp x M x b sequences each). `loss(outputs,
-    target)`: None for the model's own (next-token cross-entropy by default).
+    target)`: None for the model's own (next-token cross-entropy by default). The learning
+    rate warms up over `warmup_steps`, then stays or follows a cosine to `min_lr` at `steps`;
+    `clip_norm` clips by the global norm; `bf16` runs forwards under autocast. With
+    `checkpoint_dir`, `checkpoint_every` steps write `DIR/step-N`; `resume` continues from the
+    latest one (under any plan and `dp`) up to step `steps`.
 
     Inside a torchrun job this process is one rank instead (ranks meet by `init_method`) and only
     rank 0 gets the result (the others None). A failing rank raises
@@ -239,7 +251,17 @@ def run(
         model,
         seed,
         steps,
-        OptimizerConfig(optimizer, lr, momentum if optimizer == "sgd" else 0.0, weight_decay),
+        OptimizerConfig(
+            optimizer,
+            lr,
+            momentum if optimizer == "sgd" else 0.0,
+            weight_decay,
+            warmup_steps,
+            decay,
+            min_lr,
+            steps,
+            clip_norm,
+        ),
         lookahead,
         seq_len=seq_len,
         micro_batch_size=micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
@@ -247,6 +269,10 @@ def run(
         zero=zero,
         data=_data_source(data, seq_len, seed, data_dtype),
         loss=loss,
+        autocast="bf16" if bf16 else None,
+        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+        checkpoint_every=checkpoint_every,
+        resume=resume,
     )
     results = execute(
         [Job(plan, config, where)],

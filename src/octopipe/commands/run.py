@@ -44,7 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dtype", choices=("uint16", "uint32"), default="uint16", help="--data's id type"
     )
-    parser.add_argument("--steps", type=_positive, default=3, help="training steps")
+    parser.add_argument(
+        "--steps",
+        type=_positive,
+        default=3,
+        help="the run's last step: training steps, or where a resumed run stops",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
     parser.add_argument(
         "--optimizer",
@@ -55,6 +60,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=0.01, help="learning rate")
     parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
     parser.add_argument("--weight-decay", type=float, default=0.0, help="weight decay")
+    parser.add_argument(
+        "--lr-warmup", type=int, default=0, help="steps of linear learning-rate warm-up"
+    )
+    parser.add_argument(
+        "--lr-decay",
+        choices=("constant", "cosine"),
+        default="constant",
+        help="after warm-up: constant, or cosine down to --min-lr at --steps",
+    )
+    parser.add_argument("--min-lr", type=float, default=0.0, help="where the cosine ends")
+    parser.add_argument(
+        "--clip-norm", type=float, help="clip gradients to this global norm (all stages, replicas)"
+    )
+    parser.add_argument(
+        "--bf16", action="store_true", help="forwards under torch.autocast to bfloat16"
+    )
+    parser.add_argument("--checkpoint-dir", help="write checkpoints here (DIR/step-N)")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="save after every N steps (0: never)"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in --checkpoint-dir (any plan, any --dp)",
+    )
     parser.add_argument(
         "--backend",
         choices=("auto", "gloo", "nccl"),
@@ -115,6 +145,14 @@ def run(args: argparse.Namespace) -> int:
             lr=args.lr,
             momentum=args.momentum,
             weight_decay=args.weight_decay,
+            warmup_steps=args.lr_warmup,
+            decay=args.lr_decay,
+            min_lr=args.min_lr,
+            clip_norm=args.clip_norm,
+            bf16=args.bf16,
+            checkpoint_dir=args.checkpoint_dir,
+            checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
             dp=args.dp,
             zero=args.zero,
             data=args.data,
