@@ -128,13 +128,14 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.trace import from_records, write_trace
 
     plan = load_plan(args.plan)
-    planned_dp = plan.parallelism["dp"] if plan.parallelism else 1
+    planned_dp = plan.parallelism["dp"] if plan.parallelism else args.dp
     if planned_dp != args.dp:
         print(
             f"octopipe run: note: {args.plan} was planned as {planned_dp} data-parallel "
             f"replicas (its parallelism key); this runs {args.dp} (--dp)",
             file=sys.stderr,
         )
+    _say_layout(plan, args.dp)
     try:
         result = train(
             plan,
@@ -190,6 +191,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_layout(plan, replicas: int) -> None:
+    if replicas > 1:
+        print(f"octopipe run: {rank_layout(plan.num_devices, replicas)}", file=sys.stderr)
+
+
 def _leave_rank() -> None:
     """End a torchrun rank without interpreter teardown, as spawned ranks do: at exit, torch's
     C++ threads of a finished process group can abort the process ("terminate called without
@@ -207,6 +213,14 @@ def _draw_last_step(result, path: str) -> None:
     last = len(result.losses) - 1
     events = [t.event for t in from_records(result.records) if t.step == last]
     save_timeline(events, path, title=f"measured: last of {len(result.losses)} steps")
+
+
+def rank_layout(num_devices: int, replicas: int) -> str:
+    """The line that says which global rank runs what (docs/FORMATS.md, the same rule)."""
+    return (
+        f"ranks: rank = replica x {num_devices} + device "
+        f"({replicas} replicas of {num_devices} devices)"
+    )
 
 
 def _print_human(summary: dict) -> None:
