@@ -209,6 +209,7 @@ def run(
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int = 0,
     resume: bool = False,
+    overlap_steps: bool = False,
     dp: int = 1,
     zero: int = 0,
     data=None,
@@ -236,7 +237,8 @@ def run(
     rate warms up over `warmup_steps`, then stays or follows a cosine to `min_lr` at `steps`;
     `clip_norm` clips by the global norm; `bf16` runs forwards under autocast. With
     `checkpoint_dir`, `checkpoint_every` steps write `DIR/step-N`; `resume` continues from the
-    latest one (under any plan and `dp`) up to step `steps`.
+    latest one (under any plan and `dp`) up to step `steps`. `overlap_steps` runs steps back
+    to back (no barrier; per-stage updates, post-validated clipping; docs/FORMATS.md).
 
     Inside a torchrun job this process is one rank instead (ranks meet by `init_method`) and only
     rank 0 gets the result (the others None). A failing rank raises
@@ -273,6 +275,7 @@ def run(
         checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
         checkpoint_every=checkpoint_every,
         resume=resume,
+        overlap_steps=overlap_steps,
     )
     results = execute(
         [Job(plan, config, where)],

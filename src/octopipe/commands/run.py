@@ -76,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bf16", action="store_true", help="forwards under torch.autocast to bfloat16"
     )
+    parser.add_argument(
+        "--overlap-steps",
+        action="store_true",
+        help="no barrier between steps: each stage updates right after its last backward, "
+        "clipping and the non-finite check validated afterwards (a failed step is redone)",
+    )
     parser.add_argument("--checkpoint-dir", help="write checkpoints here (DIR/step-N)")
     parser.add_argument(
         "--checkpoint-every", type=int, default=0, help="save after every N steps (0: never)"
@@ -154,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
             checkpoint_dir=args.checkpoint_dir,
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
+            overlap_steps=args.overlap_steps,
             dp=args.dp,
             zero=args.zero,
             data=args.data,

@@ -75,6 +75,21 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
         check_runnable(job.plan, len(layers), world_size // dp, job.source)
         check_plan_layer_names(job.plan.layer_names, layers)
         check_resumable(job.config, recipe)
+        check_overlap(job.config)
+
+
+def check_overlap(config: RunConfig) -> None:
+    """What overlapped steps do not combine with yet, refused in one line."""
+    if not config.overlap_steps:
+        return
+    for flag, used in (
+        ("--dp", config.dp > 1),
+        ("--zero", config.zero),
+        ("--checkpoint-every", config.checkpoint_every),
+        ("--resume", config.resume),
+    ):
+        if used:
+            raise InputError(flag, "not supported with --overlap-steps yet")
 
 
 def check_resumable(config: RunConfig, recipe: ModelRecipe) -> None:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from octopipe.plan import Plan
 from octopipe.runtime.data import Batch, DataSource, SyntheticData, replica_batch
 from octopipe.runtime.optim import OptimizerConfig
+from octopipe.runtime.overlap import OverlappedSteps
 from octopipe.runtime.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
     DEFAULT_SEQ_LEN,
@@ -58,6 +59,7 @@ class RunConfig:
     checkpoint_dir: str | None = None  # where DIR/step-N checkpoints go
     checkpoint_every: int = 0  # save after every this many steps (0: never)
     resume: bool = False  # start from the latest checkpoint in checkpoint_dir, if any
+    overlap_steps: bool = False  # no barrier between steps; post-validated per-stage updates
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -101,6 +103,7 @@ class RankReport:
     params: dict[str, torch.Tensor]
     grads: dict[str, torch.Tensor]
     parameter_bytes: int  # of the rank's stages: what it allocated of the model
+    redone_steps: int = 0  # overlapped steps run again after a failed post-validation
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ class RunResult:
     grads: dict[str, torch.Tensor]  # FQN -> gradient of the last step (collect_state only)
     parameter_bytes: tuple[int, ...] = ()  # per rank: the weights of its stages
     first_step: int = 0  # the step the run started at (a resumed run's checkpoint step)
+    redone_steps: int = 0  # overlapped steps: how many were rolled back and run again
 
     @property
     def iteration_time(self) -> float:
@@ -134,6 +138,7 @@ class RunResult:
             "peak_memory_bytes": list(self.peak_memory_bytes),
             "peak_memory_source": self.peak_memory_source,
             "parameter_bytes": list(self.parameter_bytes),
+            "redone_steps": self.redone_steps,
         }
 
 
@@ -181,23 +186,26 @@ def run_job_on_rank(
     )
     first_step = _resume(cfg, modules, worker)
     needs_data = 0 in mine or plan.num_stages - 1 in mine
+
+    def batch_of(k: int) -> Batch:
+        if not needs_data:
+            return Batch([], [])
+        sequences = data.global_batch(k, cfg.global_sequences(plan))
+        return replica_batch(sequences, replica, plan.num_microbatches, b)
+
     dist.barrier()
     origin = time.perf_counter()
-    steps = []
-    for k in range(first_step, cfg.steps):
-        batch = (
-            replica_batch(
-                data.global_batch(k, cfg.global_sequences(plan)),
-                replica,
-                plan.num_microbatches,
-                b,
-            )
-            if needs_data
-            else Batch([], [])
-        )
-        steps.append(worker.train_step(k, batch, origin))
-        if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
-            _save(cfg, recipe, k + 1, modules, worker)
+    redone = 0
+    if cfg.overlap_steps:
+        overlapped = OverlappedSteps(worker)
+        steps = overlapped.run(batch_of, first_step, cfg.steps, origin)
+        redone = overlapped.redone
+    else:
+        steps = []
+        for k in range(first_step, cfg.steps):
+            steps.append(worker.train_step(k, batch_of(k), origin))
+            if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
+                _save(cfg, recipe, k + 1, modules, worker)
     report = RankReport(
         rank,
         tuple(steps),
@@ -205,6 +213,7 @@ def run_job_on_rank(
         *worker.peak_memory(),
         *_state(worker) if cfg.collect_state and replica == 0 else ({}, {}),
         sum(parameter_bytes(m) for m in modules.values()),
+        redone,
     )
     reports: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(report, reports, dst=0)
@@ -269,6 +278,7 @@ def assemble(
         grads,
         tuple(r.parameter_bytes for r in reports),
         first_step,
+        max(r.redone_steps for r in reports),
     )
 
 

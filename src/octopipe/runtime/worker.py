@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -97,10 +98,10 @@ class Worker:
             else None
         )
         # Action index -> the stages whose gradients are final once it has run.
-        self._reduce_after = _last_backwards(self.actions) if self.reducer else {}
-        if reduce_at_end and self._reduce_after:
-            every = [s for stages in self._reduce_after.values() for s in stages]
-            self._reduce_after = {len(self.actions) - 1: every}
+        self._stage_done_after = _last_backwards(self.actions)
+        if reduce_at_end and self._stage_done_after:
+            every = [s for stages in self._stage_done_after.values() for s in stages]
+            self._stage_done_after = {len(self.actions) - 1: every}
         shard = dp_group if zero and replicas > 1 else None
         self.optimizer_config, self.replicas = optimizer, replicas
         self.optimizer = optimizer.build(self.params, shard) if self.params else None
@@ -116,18 +117,12 @@ class Worker:
 
     def train_step(self, step: int, batch: Batch, origin: float) -> StepRecord:
         """Run this rank's actions for one batch, then the optimizer step."""
-        self._batch, self._step, self._origin = batch, step, origin
-        self._losses = {}
-        self.comm.reset()
         for p in self.params:
             p.grad = None
         dist.barrier()
         began = time.perf_counter()
-        for i, act in enumerate(self.actions):
-            self._prefetch(self.actions[i + 1 : i + 1 + self.lookahead])
-            self._run(act)
-            for stage in self._reduce_after.get(i, ()):
-                self.reducer.launch(stage)
+        on_stage_done = self.reducer.launch if self.reducer is not None else None
+        losses = self.run_actions(step, batch, origin, on_stage_done)
         self.comm.wait_sends()
         if self.reducer is not None:
             self.reducer.finish()
@@ -137,12 +132,32 @@ class Worker:
             self.optimizer.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        duration = time.perf_counter() - began
+        return StepRecord(losses, time.perf_counter() - began)
+
+    def run_actions(
+        self,
+        step: int,
+        batch: Batch,
+        origin: float,
+        on_stage_done: Callable[[int], None] | None = None,
+    ) -> tuple[float, ...]:
+        """This rank's actions of one step, in order; `on_stage_done(stage)` runs as soon as a
+        stage's gradients of the step are final. The losses of the microbatches, on the rank
+        holding the last stage."""
+        self._batch, self._step, self._origin = batch, step, origin
+        self._losses = {}
+        self.comm.reset()
+        for i, act in enumerate(self.actions):
+            self._prefetch(self.actions[i + 1 : i + 1 + self.lookahead])
+            self._run(act)
+            if on_stage_done is not None:
+                for stage in self._stage_done_after.get(i, ()):
+                    on_stage_done(stage)
         leftover = {s: st.in_flight() for s, st in self.stages.items() if st.in_flight()}
         assert not leftover and not self._local_acts and not self._local_grads, (
             f"state left after the step: {leftover}"
         )
-        return StepRecord(tuple(self._losses[m] for m in sorted(self._losses)), duration)
+        return tuple(self._losses[m] for m in sorted(self._losses))
 
     def _clip(self) -> float | None:
         """Clip by the global norm (a collective: every rank takes part, stages or not)."""
