@@ -141,7 +141,6 @@ def run(args: argparse.Namespace) -> int:
             f"replicas (its parallelism key); this runs {args.dp} (--dp)",
             file=sys.stderr,
         )
-    _say_layout(plan, args.dp)
     try:
         result = train(
             plan,
@@ -188,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         _print_human(summary)
+        if args.dp > 1:
+            print(rank_layout(plan.num_devices, args.dp))
         if args.trace and summary["predicted_iteration_time"] is not None:
             print(
                 "to fit the profile to this run: octopipe calibrate --profile PROFILE "
@@ -197,10 +198,6 @@ def run(args: argparse.Namespace) -> int:
         _leave_rank()
     return 0
 
-
-def _say_layout(plan, replicas: int) -> None:
-    if replicas > 1:
-        print(f"octopipe run: {rank_layout(plan.num_devices, replicas)}", file=sys.stderr)
 
 
 def _leave_rank() -> None:
