@@ -132,15 +132,19 @@ class GivenBatches(DataSource):
         self.batches = batches
         self._iterator: Iterable[GlobalBatch] | None = None
         self._next = 0
+        self._last: tuple[int, GlobalBatch] | None = None  # a step read twice reads once
 
     def global_batch(self, step: int, sequences: int) -> GlobalBatch:
         if isinstance(self.batches, Sequence):
             batch = self.batches[step]
+        elif self._last is not None and self._last[0] == step:
+            batch = self._last[1]
         else:
             if self._iterator is None or step < self._next:
                 self._iterator, self._next = iter(self.batches), 0
             batch = next(itertools.islice(self._iterator, step - self._next, None))
             self._next = step + 1
+            self._last = (step, batch)
         batch = batch if isinstance(batch, GlobalBatch) else GlobalBatch(*batch)
         if batch.sequences != sequences:
             raise InputError(
