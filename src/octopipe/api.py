@@ -269,7 +269,7 @@ def run(
         micro_batch_size=micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
         dp=dp,
         zero=zero,
-        data=_data_source(data, seq_len, seed, data_dtype),
+        data=_data_source(data, seq_len, seed, data_dtype, steps),
         loss=loss,
         autocast="bf16" if bf16 else None,
         checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
@@ -287,11 +287,15 @@ def run(
     return None if results is None else results[0]
 
 
-def _data_source(data, seq_len: int, seed: int, dtype: str):
+def _data_source(data, seq_len: int, seed: int, dtype: str, steps: int):
+    import itertools
+
     from octopipe.runtime.data import DataSource, GivenBatches, TokenFile
 
     if data is None or isinstance(data, DataSource):
         return data
     if isinstance(data, str | Path):
         return TokenFile(data, seq_len, seed, dtype)
+    if not isinstance(data, Sequence):  # a generator cannot travel to spawned ranks: read it
+        data = list(itertools.islice(iter(data), steps))
     return GivenBatches(data)
