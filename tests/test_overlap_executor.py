@@ -13,7 +13,7 @@ from executor_helpers import TOY, TOY_LAYERS, ToyModel, _Swap, greedy, one_f_one
 
 from octopipe.actions import B, I
 from octopipe.random_plans import random_plan
-from octopipe.runtime.launcher import launch
+from octopipe.runtime.launcher import RankFailure, launch
 from octopipe.runtime.optim import OptimizerConfig
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.session import Job, RunConfig
@@ -94,3 +94,27 @@ def test_random_plans_never_deadlock_with_steps_overlapping():
     ]
     for job, result in zip(jobs, launch(jobs, 3, "gloo", timeout_s=60)):
         assert mismatches(result, train_reference(job.config, job.plan.num_microbatches)) == []
+
+
+class _PoisonAlways(_PoisonOnce):
+    """NaN gradients from the 6th forward on: a rerun does not help."""
+
+    def forward(self, h, skip, ids):
+        self.calls += 1
+        if self.calls >= 6 and torch.is_grad_enabled():
+            h = h + 0.0
+            h.register_hook(lambda g: torch.full_like(g, float("nan")))
+        return _Swap.forward(self, h, skip, ids)
+
+
+def always_poisoned_toy() -> ToyModel:
+    model = ToyModel()
+    model.layers.add_module("2", _PoisonAlways())
+    return model
+
+
+@pytest.mark.timeout(300)
+def test_gradients_non_finite_again_after_a_rerun_stop_the_run_naming_the_step():
+    config = overlapped(model="test_overlap_executor:always_poisoned_toy")
+    with pytest.raises(RankFailure, match="step 1: the gradients are not finite, again"):
+        launch([Job(one_f_one_b(3, 4), config)], 3, "gloo", timeout_s=60)

@@ -199,7 +199,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _leave_rank() -> None:
     """End a torchrun rank without interpreter teardown, as spawned ranks do: at exit, torch's
     C++ threads of a finished process group can abort the process ("terminate called without

@@ -80,16 +80,23 @@ def clip_factor(total_norm: float, max_norm: float) -> float:
     return min(1.0, max_norm / (total_norm + 1e-6))
 
 
-def squared_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    grads = [p.grad.detach().double() for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros((), dtype=torch.float64)
-    return sum(g.pow(2).sum() for g in grads)
+def squared_norm(
+    params: Sequence[torch.Tensor], device: torch.device | None = None
+) -> torch.Tensor:
+    """The sum of the gradients' squares, in float64, on `device` (default: the CPU)."""
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for p in params:
+        if p.grad is not None:
+            total = total + p.grad.detach().double().pow(2).sum().to(total.device)
+    return total
 
 
-def global_grad_norm(params: Sequence[torch.Tensor], replicas: int) -> float:
-    """The norm of all gradients of the model: this rank's share, summed over the world."""
-    total = squared_norm(params).reshape(1)
+def global_grad_norm(
+    params: Sequence[torch.Tensor], replicas: int, device: torch.device | None = None
+) -> float:
+    """The norm of all gradients of the model: this rank's share, summed over the world (on
+    `device`, the one the backend reduces on: the GPU for NCCL)."""
+    total = squared_norm(params, device).reshape(1)
     dist.all_reduce(total)
     return math.sqrt(float(total) / replicas)
 

@@ -48,7 +48,7 @@ class _Step:
     index: int
     batch: Batch
     saved: dict[int, _Saved] = field(default_factory=dict)
-    squares: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.float64))
+    squares: torch.Tensor | None = None  # the rank's sum of squared gradients, on its device
     norm_work: dist.Work | None = None
     norm: float | None = None  # once known
 
@@ -66,6 +66,7 @@ class OverlappedSteps:
         self._origin = 0.0
         self._losses: tuple[float, ...] = ()
         self._applied: dict[int, list[torch.Tensor | None]] = {}  # the last update's gradients
+        self._rerun: int | None = None  # the step last run again for non-finite gradients
 
     def run(
         self, batches: Callable[[int], Batch], first: int, last: int, origin: float
@@ -126,7 +127,7 @@ class OverlappedSteps:
             return
         optimizer = self.optimizers[stage]
         grads = [p.grad for p in params]
-        step.squares += squared_norm(params)
+        step.squares = self._squares(step) + squared_norm(params, self.worker.device)
         step.saved[stage] = _Saved(
             [p.detach().clone() for p in params], copy.deepcopy(optimizer.state_dict()), grads
         )
@@ -136,9 +137,14 @@ class OverlappedSteps:
         for p in params:
             p.grad = None  # the next step's gradients start from zero
 
+    def _squares(self, step: _Step) -> torch.Tensor:
+        if step.squares is None:
+            step.squares = torch.zeros(1, dtype=torch.float64, device=self.worker.device)
+        return step.squares
+
     def _launch_norm(self, step: _Step) -> None:
         if step.norm_work is None:
-            step.norm_work = dist.all_reduce(step.squares, async_op=True)
+            step.norm_work = dist.all_reduce(self._squares(step), async_op=True)
 
     def _validate(self, step: _Step | None) -> bool:
         """Whether the step's optimistic updates stand: its gradients' global norm is finite
@@ -167,6 +173,12 @@ class OverlappedSteps:
                     p.copy_(before)
             self.optimizers[stage].load_state_dict(saved.state)
         if not math.isfinite(invalid.norm):
+            if self._rerun == invalid.index:  # not a passing fault: the step itself is bad
+                raise FloatingPointError(
+                    f"step {invalid.index}: the gradients are not finite, again after the step "
+                    "was run a second time; stopping"
+                )
+            self._rerun = invalid.index
             return invalid.index  # its gradients were bad: compute them again
         factor = clip_factor(invalid.norm, self.config.clip_norm)
         for stage, saved in invalid.saved.items():

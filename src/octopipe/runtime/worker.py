@@ -164,7 +164,7 @@ class Worker:
         max_norm = self.optimizer_config.clip_norm
         if max_norm is None:
             return None
-        norm = global_grad_norm(self.params, self.replicas)
+        norm = global_grad_norm(self.params, self.replicas, self.device)
         scale_grads(self.params, clip_factor(norm, max_norm))
         return norm
 
