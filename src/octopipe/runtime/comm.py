@@ -95,7 +95,7 @@ class P2P:
                 base = r * plan.num_devices
                 for key in keys:
                     pair = sorted(self._ends(key))
-                    group = dist.new_group([base + pair[0], base + pair[1]])
+                    group = groups.new_group([base + pair[0], base + pair[1]])
                     if r == replica:
                         groups[key] = group
         for key in keys:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,9 @@ import torch
 import torch.distributed as dist
 
 from octopipe.plan import Plan
+from octopipe.runtime import groups
 from octopipe.runtime.data import Batch, DataSource, SyntheticData, replica_batch
+from octopipe.runtime.progress import StepProgress, StepReport
 from octopipe.runtime.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
     DEFAULT_SEQ_LEN,
@@ -98,6 +101,7 @@ class RunResult:
     params: dict[str, torch.Tensor]  # FQN -> value after training (collect_state only)
     grads: dict[str, torch.Tensor]  # FQN -> gradient of the last step (collect_state only)
     parameter_bytes: tuple[int, ...] = ()  # per rank: the weights of its stages
+    first_step: int = 0  # the first step this run trained (later than 0 once runs resume)
 
     @property
     def iteration_time(self) -> float:
@@ -108,6 +112,7 @@ class RunResult:
     def summary(self) -> dict[str, Any]:
         return {
             "losses": list(self.losses),
+            "first_step": self.first_step,
             "iteration_time": self.iteration_time,
             "predicted_iteration_time": self.predicted_iteration_time,
             "step_times": list(self.step_times),
@@ -118,9 +123,15 @@ class RunResult:
 
 
 def run_job_on_rank(
-    job: Job, rank: int, world_size: int, device: torch.device, nccl: bool
+    job: Job,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    nccl: bool,
+    on_step: Callable[[StepReport], None] | None = None,
 ) -> RunResult | None:
-    """Train the job on this rank; rank 0 returns the assembled result, the others None.
+    """Train the job on this rank; rank 0 returns the assembled result, the others None. After
+    every step all ranks check the loss together (`progress`); `on_step` gets the step's report.
 
     Global rank `replica * P + d` runs device d of the plan (P devices) in that replica; ranks
     past the last replica (jobs of several sizes share one process group) only take part in the
@@ -162,6 +173,7 @@ def run_job_on_rank(
     dist.barrier()
     origin = time.perf_counter()
     steps = []
+    progress = StepProgress(plan, cfg, rank, world_size, device, on_step)
     for k in range(cfg.steps):
         batch = (
             replica_batch(
@@ -174,6 +186,7 @@ def run_job_on_rank(
             else Batch([], [])
         )
         steps.append(worker.train_step(k, batch, origin))
+        progress.after_step(k, steps[-1])
     report = RankReport(
         rank,
         tuple(steps),
@@ -192,10 +205,10 @@ def _data_parallel_group(num_devices: int, replicas: int, device: int) -> dist.P
     every rank creates every device's group, in one order."""
     if replicas == 1:
         return None
-    groups = [
-        dist.new_group([r * num_devices + d for r in range(replicas)]) for d in range(num_devices)
+    per_device = [
+        groups.new_group([r * num_devices + d for r in range(replicas)]) for d in range(num_devices)
     ]
-    return groups[device] if device >= 0 else None
+    return per_device[device] if device >= 0 else None
 
 
 def assemble(plan: Plan, reports: list[RankReport], replicas: int = 1) -> RunResult:
