@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from octopipe.plan import Plan
-from octopipe.runtime import groups
 from octopipe.runtime.data import Batch, DataSource, SyntheticData, replica_batch
+from octopipe.runtime.groups import new_group
 from octopipe.runtime.progress import StepProgress, StepReport
 from octopipe.runtime.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
@@ -205,10 +205,8 @@ def _data_parallel_group(num_devices: int, replicas: int, device: int) -> dist.P
     every rank creates every device's group, in one order."""
     if replicas == 1:
         return None
-    per_device = [
-        groups.new_group([r * num_devices + d for r in range(replicas)]) for d in range(num_devices)
-    ]
-    return per_device[device] if device >= 0 else None
+    groups = [new_group([r * num_devices + d for r in range(replicas)]) for d in range(num_devices)]
+    return groups[device] if device >= 0 else None
 
 
 def assemble(plan: Plan, reports: list[RankReport], replicas: int = 1) -> RunResult:
