@@ -72,7 +72,9 @@ import json
 import sys
 
 model, ranks, gpu_path, cpu_path, second_path = sys.argv[1:]
-gpu, cpu, second = (json.load(open(p)) for p in (gpu_path, cpu_path, second_path))
+gpu, cpu, second = (  # `run --json`: a line per step, the summary last
+    json.loads(open(p).read().splitlines()[-1]) for p in (gpu_path, cpu_path, second_path)
+)
 diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(gpu["losses"], cpu["losses"]))
 cells = []
 for run in (gpu, second):

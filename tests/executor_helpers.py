@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -206,3 +207,39 @@ def batch_of(recipe, num_mb: int, seed: int, step: int = 0, rows: int = MB_ROWS)
 def stage_of(recipe, start: int, end: int, seed: int):
     """Layers [start, end) of the recipe's model, built as a rank builds them."""
     return recipe.stage(recipe.layers[start:end], torch.device("cpu"), seed)
+
+
+# --- models that take their time ------------------------------------------------------------
+
+NAP_S = 0.2  # per training forward of sleepy_model's layers.1 (stage 0 of a two-stage split)
+STALL_S = 10.0  # stalling_model's one stall, far longer than the timeouts its tests give
+
+
+class _Nap(nn.Module):
+    """Sleeps in every training forward (shape discovery runs without grad and does not)."""
+
+    def __init__(self, seconds: float, once: bool = False) -> None:
+        super().__init__()
+        self.seconds, self.once = seconds, once
+
+    def forward(self, h, skip, ids):
+        if torch.is_grad_enabled() and self.seconds:
+            time.sleep(self.seconds)
+            if self.once:
+                self.seconds = 0.0
+        return h, skip, ids
+
+
+def sleepy_model() -> ToyModel:
+    """A healthy run that takes wall-clock time without keeping the cores busy."""
+    model = toy_model()
+    model.layers.add_module("1", _Nap(NAP_S))
+    return model
+
+
+def stalling_model() -> ToyModel:
+    """layers.4 (stage 1 of a two-stage split) stalls once, in its first training forward:
+    its peer's wait for it outlasts any short timeout."""
+    model = toy_model()
+    model.layers.add_module("4", _Nap(STALL_S, once=True))
+    return model

@@ -15,6 +15,12 @@ from octopipe.plan import save_plan
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 
 
+def json_lines(out: str) -> tuple[list[dict], dict]:
+    """`run --json`'s stdout: the per-step lines, and the summary (the last line)."""
+    *steps, summary = [json.loads(line) for line in out.strip().splitlines()]
+    return steps, summary
+
+
 @pytest.mark.timeout(120)
 def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
     plan = greedy(
@@ -47,8 +53,13 @@ def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
         ]
     )
     assert code == 0
-    report = json.loads(capsys.readouterr().out)
+    steps, report = json_lines(capsys.readouterr().out)
     assert len(report["losses"]) == 3 and all(x > 0 for x in report["losses"])
+    # One line per step as it finished, then the summary: the same losses and times.
+    assert [s["step"] for s in steps] == [0, 1, 2] and report["first_step"] == 0
+    assert [s["loss"] for s in steps] == report["losses"]
+    assert [s["step_time"] for s in steps] == report["step_times"]
+    assert all(s["tokens_per_second"] > 0 for s in steps)
     assert report["iteration_time"] > 0
     assert report["predicted_iteration_time"] == 0.123
     assert len(report["peak_memory_bytes"]) == 2 and min(report["peak_memory_bytes"]) > 0
@@ -150,7 +161,7 @@ def test_run_as_ranks_of_an_existing_job(tmp_path):
     ]
     outs = [p.communicate(timeout=100) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(err[-2000:] for _, err in outs)
-    report = json.loads(outs[0][0])
+    _, report = json_lines(outs[0][0])
     assert len(report["losses"]) == 2 and len(report["peak_memory_bytes"]) == 2
     assert outs[1][0] == ""
 
@@ -166,7 +177,7 @@ def test_run_at_the_sizes_the_profile_was_measured_at(tmp_path, capsys):
     save_plan(one_f_one_b(2, M, num_layers=layers), tmp_path / "plan.json")
     args = ["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-llama", "--json"]
     assert main([*args, "--steps", "1", "--seq-len", "16", "--micro-batch-size", "1"]) == 0
-    measured = json.loads(capsys.readouterr().out)["losses"][0]
+    measured = json_lines(capsys.readouterr().out)[1]["losses"][0]
 
     def first_loss(**sizes):
         return train_reference(RunConfig("tiny-llama", **sizes), M).losses[0]
@@ -184,5 +195,5 @@ def test_run_says_when_it_runs_other_replicas_than_planned(tmp_path, capsys):
     argv = ["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-llama", "--steps", "1"]
     assert main([*argv, "--json"]) == 0
     captured = capsys.readouterr()
-    assert "planned as 4 data-parallel replicas" in captured.err and "runs 1" in captured.err
-    assert len(json.loads(captured.out)["losses"]) == 1
+    assert "planned as 4 data-parallel replicas" in captured.err and "ran 1" in captured.err
+    assert len(json_lines(captured.out)[1]["losses"]) == 1

@@ -20,16 +20,16 @@ def fail(rank, world, store):
 @pytest.mark.timeout(120)
 def test_children_get_the_shared_environment_unless_the_user_set_it(monkeypatch):
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    env, rank, world = spawn_ranks(report_environment, (), 2, 60)
+    env, rank, world = spawn_ranks(report_environment, (), 2)
     assert env == CHILD_ENVIRONMENT and (rank, world) == (0, 2)  # rank 0 answers
     assert "GLIBC_TUNABLES" not in os.environ  # the parent's own environment is left as it was
 
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1")
-    env, _, _ = spawn_ranks(report_environment, (), 1, 60)
+    env, _, _ = spawn_ranks(report_environment, (), 1)
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.trim_threshold=1"
 
 
 @pytest.mark.timeout(120)
 def test_a_failing_body_is_raised_with_its_traceback():
     with pytest.raises(RankFailure, match="boom in the body"):
-        spawn_ranks(fail, (), 2, 60)
+        spawn_ranks(fail, (), 2)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from octopipe.layouts import LayoutReport
     from octopipe.plan import Plan
     from octopipe.profile import Profile
+    from octopipe.runtime.progress import StepReport
     from octopipe.runtime.session import RunResult
     from octopipe.sim import SimResult
     from octopipe.tuner import TuneResult
@@ -223,6 +224,7 @@ def run(
     micro_batch_size: int | None = None,
     init_method: str = "env://",
     where: str = "<plan>",
+    on_step: Callable[[StepReport], None] | None = None,
 ) -> RunResult | None:
     """Train `model` with `plan` for `steps` steps on spawned processes, `dp` replicas of one
     process per device (gloo on CPU, NCCL with a GPU per rank), and return what was measured:
@@ -240,14 +242,34 @@ def run(
     latest one (under any plan and `dp`) up to step `steps`. `overlap_steps` runs steps back
     to back (no barrier; per-stage updates, post-validated clipping; docs/FORMATS.md).
 
+    `timeout` (seconds) bounds each wait of a rank (a transfer, a collective), not the whole
+    run. `on_step(report)` is called with every step's `StepReport` (loss, step time, tokens)
+    as the steps finish, where the result comes back.
+
     Inside a torchrun job this process is one rank instead (ranks meet by `init_method`) and only
     rank 0 gets the result (the others None). A failing rank raises
-    `octopipe.runtime.RankFailure`."""
+    `octopipe.runtime.RankFailure` (a loss turned nan or inf: its `NonFiniteLoss`); SIGTERM or
+    Ctrl-C stops every spawned rank and raises `Stopped` (a KeyboardInterrupt)."""
     from octopipe.runtime.launcher import execute
     from octopipe.runtime.optim import OptimizerConfig
+    from octopipe.runtime.preflight import check_run_settings
     from octopipe.runtime.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
     from octopipe.runtime.session import Job, RunConfig
 
+    check_run_settings(
+        nproc=nproc,
+        steps=steps,
+        timeout=timeout,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        min_lr=min_lr,
+        warmup_steps=warmup_steps,
+        clip_norm=clip_norm,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+    )
     seq_len = seq_len or DEFAULT_SEQ_LEN
     config = RunConfig(
         model,
@@ -283,6 +305,7 @@ def run(
         backend,
         timeout,
         init_method,
+        on_step,
     )
     return None if results is None else results[0]
 

@@ -112,7 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
-        help="seconds before a stuck transfer fails",
+        help="seconds one wait of a rank (a transfer, a collective) may take before the run "
+        "fails; the whole run has no deadline",
     )
     parser.add_argument(
         "--trace", help="write a Chrome/Perfetto trace of every rank's actions here"
@@ -124,60 +125,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--micro-batch-size", type=_positive, help="sequences per microbatch (default: the model's)"
     )
     parser.add_argument("--png", help="draw the last step's measured timeline here (.png or .svg)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON line per step as it finishes, then the summary object (last line)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from octopipe.api import run as train
+    from octopipe.commands._output_paths import check_output_file
+    from octopipe.commands._run_progress import RunProgress
     from octopipe.plan import load_plan
-    from octopipe.runtime.launcher import RankFailure, under_torchrun
+    from octopipe.runtime.launcher import RankFailure, Stopped, under_torchrun
     from octopipe.trace import from_records, write_trace
 
+    check_output_file("--trace", args.trace)
+    check_output_file("--png", args.png)
     plan = load_plan(args.plan)
+    try:
+        with RunProgress(args.steps, args.json) as progress:
+            result = train(
+                plan,
+                args.model,
+                steps=args.steps,
+                seed=args.seed,
+                optimizer=args.optimizer,
+                lr=args.lr,
+                momentum=args.momentum,
+                weight_decay=args.weight_decay,
+                warmup_steps=args.lr_warmup,
+                decay=args.lr_decay,
+                min_lr=args.min_lr,
+                clip_norm=args.clip_norm,
+                bf16=args.bf16,
+                checkpoint_dir=args.checkpoint_dir,
+                checkpoint_every=args.checkpoint_every,
+                resume=args.resume,
+                overlap_steps=args.overlap_steps,
+                dp=args.dp,
+                zero=args.zero,
+                data=args.data,
+                data_dtype=args.data_dtype,
+                nproc=args.nproc,
+                backend=args.backend,
+                timeout=args.timeout,
+                lookahead=args.lookahead,
+                seq_len=args.seq_len,
+                micro_batch_size=args.micro_batch_size,
+                init_method=args.init_method,
+                where=args.plan,
+                on_step=progress,
+            )
+    except RankFailure as exc:  # a non-finite loss too; under torchrun every rank raises it
+        if under_torchrun():
+            _leave_rank(1, f"octopipe run: {exc}" if os.environ["RANK"] == "0" else None)
+        print(f"octopipe run: {exc}", file=sys.stderr)
+        return 1
+    except Stopped as exc:
+        print(f"octopipe run: {exc}", file=sys.stderr)
+        return 128 + exc.signum
+    if result is None:  # a rank other than 0 under torchrun: rank 0 reports
+        _leave_rank()
+    # After the run, so that a refused run's error stays its only line.
     planned_dp = plan.parallelism["dp"] if plan.parallelism else args.dp
     if planned_dp != args.dp:
         print(
             f"octopipe run: note: {args.plan} was planned as {planned_dp} data-parallel "
-            f"replicas (its parallelism key); this runs {args.dp} (--dp)",
+            f"replicas (its parallelism key); this ran {args.dp} (--dp)",
             file=sys.stderr,
         )
-    try:
-        result = train(
-            plan,
-            args.model,
-            steps=args.steps,
-            seed=args.seed,
-            optimizer=args.optimizer,
-            lr=args.lr,
-            momentum=args.momentum,
-            weight_decay=args.weight_decay,
-            warmup_steps=args.lr_warmup,
-            decay=args.lr_decay,
-            min_lr=args.min_lr,
-            clip_norm=args.clip_norm,
-            bf16=args.bf16,
-            checkpoint_dir=args.checkpoint_dir,
-            checkpoint_every=args.checkpoint_every,
-            resume=args.resume,
-            overlap_steps=args.overlap_steps,
-            dp=args.dp,
-            zero=args.zero,
-            data=args.data,
-            data_dtype=args.data_dtype,
-            nproc=args.nproc,
-            backend=args.backend,
-            timeout=args.timeout,
-            lookahead=args.lookahead,
-            seq_len=args.seq_len,
-            micro_batch_size=args.micro_batch_size,
-            init_method=args.init_method,
-            where=args.plan,
-        )
-    except RankFailure as exc:
-        print(f"octopipe run: {exc}", file=sys.stderr)
-        return 1
-    if result is None:  # a rank other than 0 under torchrun: rank 0 reports
-        _leave_rank()
     if args.trace:
         write_trace(args.trace, from_records(result.records), "measured")
     if args.png:
@@ -199,13 +216,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _leave_rank() -> None:
+def _leave_rank(code: int = 0, message: str | None = None) -> None:
     """End a torchrun rank without interpreter teardown, as spawned ranks do: at exit, torch's
     C++ threads of a finished process group can abort the process ("terminate called without
-    an active exception"), turning a good run into a failed rank."""
+    an active exception"), turning a good run into a failed rank. A failed rank's peers may be
+    gone, so teardown could also wait on them."""
+    if message is not None:
+        print(message, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _draw_last_step(result, path: str) -> None:

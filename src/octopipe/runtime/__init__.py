@@ -8,6 +8,9 @@
 - `worker`: one rank running its action list, then the optimizer step;
 - `session`: one rank's whole job, and the result assembled from every rank;
 - `launcher`: spawned processes or torchrun; failures propagate, nothing is left running;
+- `spawn`: one process per rank, watched; `lifeline`: a rank exits with its launcher;
+- `progress`: each step's loss and time on every rank (streamed; a non-finite loss stops all);
+- `groups`: subgroups with the run's timeout; `preflight`: settings refused before any rank;
 - `profiler`, `linkprobe`: measured profiles (every layer's F, I, W and sizes; the link);
 - `measure`: a profile measured in processes that start as a run's ranks (`octopipe profile`);
 - `reference`: single-process ground truth; `fuzz`: random plans. Traces of a run: `octopipe.trace`.

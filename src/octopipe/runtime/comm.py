@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from octopipe.actions import B, F, I
 from octopipe.plan import Plan
+from octopipe.runtime.groups import new_group
 from octopipe.runtime.shapes import BoundarySpec, grad_specs
 
 
@@ -95,7 +96,7 @@ class P2P:
                 base = r * plan.num_devices
                 for key in keys:
                     pair = sorted(self._ends(key))
-                    group = dist.new_group([base + pair[0], base + pair[1]])
+                    group = new_group([base + pair[0], base + pair[1]])
                     if r == replica:
                         groups[key] = group
         for key in keys:

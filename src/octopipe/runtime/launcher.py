@@ -1,55 +1,36 @@
 """Start the ranks of a run and bring back its results, or its first error.
 
 Two ways in: `launch` spawns one process per rank on this host (gloo on loopback for CPU,
-NCCL when there is a GPU per rank) and watches them: if one fails, the rest are killed and its
-traceback is raised here; nothing is left running. `run_under_torchrun` runs this process as one
-rank of an existing `torchrun` job (RANK/WORLD_SIZE in the environment). Both run a list of jobs
-in one process group, so tests pay for process start-up once.
+NCCL when there is a GPU per rank) and watches them (`spawn`): if one fails, the rest are killed
+and the cause is raised here; nothing is left running. `run_under_torchrun` runs this process
+as one rank of an existing `torchrun` job (RANK/WORLD_SIZE in the environment). Both run a list
+of jobs in one process group, so tests pay for process start-up once.
 """
 
 from __future__ import annotations
 
-import io
-import multiprocessing as mp
 import os
-import queue as queue_mod
-import tempfile
-import time
-import traceback
-from collections.abc import Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from octopipe.errors import InputError
-from octopipe.runtime import DEFAULT_TIMEOUT_S
+from octopipe.runtime import DEFAULT_TIMEOUT_S, groups
 from octopipe.runtime.deps import check_runnable
+from octopipe.runtime.progress import StepReport
 from octopipe.runtime.recipe import ModelRecipe
 from octopipe.runtime.session import Job, RunConfig, RunResult, run_job_on_rank
+from octopipe.runtime.spawn import (  # noqa: F401 - RankFailure, Stopped: raised through here
+    CHILD_ENVIRONMENT,
+    RankFailure,
+    Stopped,
+    spawn_ranks,
+    tell_parent,
+)
 from octopipe.runtime.split import check_plan_layer_names
-
-_GRACE_S = 2.0  # how long a failed run's other ranks get before they are killed
-
-# Every process that times or trains (ranks, and the profiler's) starts with these unless the
-# user set them. glibc hands large freed blocks back to the OS at once, so a split backward's
-# retained graph faults in fresh pages on every microbatch: keeping freed memory made CPU op
-# times steadier and the profile's times match the run's (BENCHMARKS.md, executor diagnosis 2).
-CHILD_ENVIRONMENT = {
-    "GLIBC_TUNABLES": ":".join(
-        f"glibc.malloc.{knob}=4294967296" for knob in ("mmap_threshold", "trim_threshold")
-    ),
-    "GLOO_SOCKET_IFNAME": "lo",  # one host: gloo's and NCCL's sockets stay on loopback
-    "NCCL_SOCKET_IFNAME": "lo",
-}
-
-
-class RankFailure(RuntimeError):
-    """A rank raised (or died); the message carries its original traceback."""
-
-    exit_codes: tuple[int | None, ...] = ()  # every spawned rank's, once all are stopped
 
 
 def under_torchrun() -> bool:
@@ -57,11 +38,18 @@ def under_torchrun() -> bool:
 
 
 def choose_backend(requested: str, local_world_size: int) -> str:
-    """`auto`: NCCL when every local rank can have a GPU of its own, else gloo on CPU."""
+    """`auto`: NCCL when every local rank can have a GPU of its own, else gloo on CPU. NCCL asked
+    for without a GPU per local rank is refused before any rank starts."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "nccl" and gpus < local_world_size:
+        raise InputError(
+            "--backend",
+            f"nccl needs a CUDA GPU per rank ({local_world_size} on this host); "
+            f"this torch sees {gpus}",
+        )
     if requested != "auto":
         return requested
-    usable = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
-    return "nccl" if usable else "gloo"
+    return "nccl" if gpus >= local_world_size else "gloo"
 
 
 def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
@@ -111,15 +99,17 @@ def execute(
     backend: str = "auto",
     timeout_s: float = DEFAULT_TIMEOUT_S,
     init_method: str = "env://",
+    on_step: Callable[[StepReport], None] | None = None,
 ) -> list[RunResult] | None:
     """Run the jobs on `nproc` fresh processes, or on the torchrun job this process belongs to
     (then `init_method` is how its ranks meet: torchrun's `env://`, or e.g. a shared `file://`).
 
-    Returns the results on the process that speaks for the run (the parent, or rank 0), else None.
+    Returns the results on the process that speaks for the run (the parent, or rank 0), else None;
+    `on_step` is called there with every step's report as the steps finish.
     """
     if under_torchrun():
-        return run_under_torchrun(jobs, backend, timeout_s, init_method)
-    return launch(jobs, nproc, backend, timeout_s)
+        return run_under_torchrun(jobs, backend, timeout_s, init_method, on_step)
+    return launch(jobs, nproc, backend, timeout_s, on_step)
 
 
 # --- inside torchrun --------------------------------------------------------------------------
@@ -130,13 +120,14 @@ def run_under_torchrun(
     backend: str = "auto",
     timeout_s: float = DEFAULT_TIMEOUT_S,
     init_method: str = "env://",
+    on_step: Callable[[StepReport], None] | None = None,
 ) -> list[RunResult] | None:
     """Be one rank of a job started by torchrun (or anything that sets RANK and WORLD_SIZE)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     validate_jobs(jobs, world)
     backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
-    return train_as_rank(jobs, rank, world, local_rank, init_method, backend, timeout_s)
+    return train_as_rank(jobs, rank, world, local_rank, init_method, backend, timeout_s, on_step)
 
 
 def train_as_rank(
@@ -147,15 +138,27 @@ def train_as_rank(
     init_method: str,
     backend: str,
     timeout_s: float,
+    on_step: Callable[[StepReport], None] | None = None,
 ) -> list[RunResult] | None:
-    """Join the process group, train every job, leave; rank 0 returns the results."""
+    """Join the process group, train every job, leave; rank 0 returns the results and hands
+    every step's report to `on_step`."""
     device = join_process_group(backend, rank, world, local_rank, init_method, timeout_s)
-    results = [run_job_on_rank(job, rank, world, device, backend == "nccl") for job in jobs]
+    results = [
+        run_job_on_rank(job, rank, world, device, backend == "nccl", _of_job(on_step, j, rank))
+        for j, job in enumerate(jobs)
+    ]
     # Only on success: after a failure, tearing down may wait on dead peers; the error goes first.
     # The barrier keeps a fast rank from closing its sockets under a peer still finishing.
     dist.barrier()
     dist.destroy_process_group()
     return results if rank == 0 else None
+
+
+def _of_job(on_step, job: int, rank: int) -> Callable[[StepReport], None] | None:
+    """Rank 0's reports of job `job`, labelled with it."""
+    if on_step is None or rank != 0:
+        return None
+    return lambda report: on_step(replace(report, job=job))
 
 
 def join_process_group(
@@ -171,6 +174,7 @@ def join_process_group(
         timeout=timedelta(seconds=timeout_s),
         device_id=_bound_device(device),
     )
+    groups.use_timeout(timeout_s)
     return device
 
 
@@ -178,130 +182,32 @@ def join_process_group(
 
 
 def launch(
-    jobs: Sequence[Job], nproc: int, backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S
+    jobs: Sequence[Job],
+    nproc: int,
+    backend: str = "auto",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    on_step: Callable[[StepReport], None] | None = None,
 ) -> list[RunResult]:
+    """Run the jobs on `nproc` spawned ranks; `on_step` gets every step's report here, as the
+    steps finish. No deadline on the whole run: `timeout_s` bounds each wait inside it."""
     validate_jobs(jobs, nproc)
     backend = choose_backend(backend, nproc)
     return spawn_ranks(
-        _train_jobs, (backend, list(jobs), timeout_s), nproc, timeout_s * (1 + len(jobs))
+        _train_jobs, (backend, list(jobs), timeout_s, on_step is not None), nproc, on_note=on_step
     )
 
 
-def spawn_ranks(body, args: tuple, nproc: int, deadline_s: float, name: str = "octopipe"):
-    """Run `body(rank, world, store, *args)` on `nproc` fresh processes and return what rank 0's
-    body returns. `store` is a file for `init_method="file://..."` (rendezvous without opening a
-    port). The first rank to fail stops all of them and its traceback is raised as RankFailure;
-    nothing is left running."""
-    ctx = mp.get_context("spawn")
-    messages = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
-        store = str(Path(tmp) / "store")
-        procs = [
-            ctx.Process(
-                target=_rank_main,
-                args=(body, rank, nproc, store, args, messages),
-                name=f"{name}-rank{rank}",
-                daemon=True,
-            )
-            for rank in range(nproc)
-        ]
-        with _environment(CHILD_ENVIRONMENT):  # spawned children read it as they start
-            for p in procs:
-                p.start()
-        try:
-            payload = _watch(procs, messages, deadline_s)
-        except RankFailure as failure:
-            _stop(procs)
-            failure.exit_codes = tuple(p.exitcode for p in procs)
-            raise
-        finally:
-            _stop(procs)
-    return torch.load(io.BytesIO(payload), weights_only=False)
-
-
-@contextmanager
-def _environment(defaults: dict[str, str]):
-    """`defaults` in os.environ for the duration (values already set win), then as before."""
-    added = [k for k in defaults if k not in os.environ]
-    os.environ.update({k: defaults[k] for k in added})
-    try:
-        yield
-    finally:
-        for k in added:
-            os.environ.pop(k, None)
-
-
 def _train_jobs(
-    rank: int, world: int, store: str, backend: str, jobs: list[Job], timeout_s: float
+    rank: int,
+    world: int,
+    store: str,
+    backend: str,
+    jobs: list[Job],
+    timeout_s: float,
+    report_steps: bool,
 ) -> list[RunResult] | None:
-    return train_as_rank(jobs, rank, world, rank, f"file://{store}", backend, timeout_s)
-
-
-def _watch(procs: list[mp.process.BaseProcess], messages: mp.Queue, deadline_s: float) -> bytes:
-    """Wait for rank 0's results and every rank's clean exit; raise on the first failure."""
-    deadline = time.monotonic() + deadline_s
-    payload: bytes | None = None
-    while True:
-        msg = _next_message(messages, 0.05)
-        if msg is not None and msg[0] == "error":
-            raise RankFailure(f"rank {msg[1]} failed:\n{msg[2]}")
-        if msg is not None:
-            payload = msg[1]
-        codes = [p.exitcode for p in procs]
-        bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-        if bad:
-            msg = _next_message(
-                messages, _GRACE_S
-            )  # the failed rank's traceback may still be in flight
-            if msg is not None and msg[0] == "error":
-                raise RankFailure(f"rank {msg[1]} failed:\n{msg[2]}")
-            raise RankFailure(f"rank {bad[0][0]} died with exit code {bad[0][1]}")
-        if payload is not None and all(c == 0 for c in codes):
-            return payload
-        if all(c == 0 for c in codes):
-            msg = _next_message(messages, _GRACE_S)
-            if msg is None or msg[0] != "ok":
-                raise RankFailure("every rank exited but rank 0 sent no result")
-            return msg[1]
-        if time.monotonic() > deadline:
-            raise RankFailure(f"the run did not finish within {deadline_s:.0f} s")
-
-
-def _next_message(messages: mp.Queue, timeout: float) -> tuple | None:
-    try:
-        return messages.get(timeout=timeout)
-    except queue_mod.Empty:
-        return None
-
-
-def _stop(procs: list[mp.process.BaseProcess]) -> None:
-    """Leave nothing running: ask, then force."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(_GRACE_S)
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
-def _rank_main(body, rank: int, world: int, store: str, args: tuple, messages: mp.Queue) -> None:
-    """One spawned rank: run the body; rank 0 sends its results; any error is reported."""
-    code = 0
-    try:
-        torch.set_num_threads(1)  # ranks share the host's cores; oversubscription only slows them
-        results = body(rank, world, store, *args)
-        if rank == 0:
-            buf = io.BytesIO()
-            torch.save(results, buf)
-            messages.put(("ok", buf.getvalue()))
-    except BaseException:  # noqa: BLE001 - whatever it was, the parent must hear of it
-        messages.put(("error", rank, traceback.format_exc()))
-        code = 1
-    messages.close()
-    messages.join_thread()
-    os._exit(code)  # skip interpreter teardown: a peer may be gone, and its sockets with it
+    on_step = tell_parent if report_steps else None
+    return train_as_rank(jobs, rank, world, rank, f"file://{store}", backend, timeout_s, on_step)
 
 
 def _device_for(backend: str, local_rank: int) -> torch.device:

@@ -24,7 +24,7 @@ FP32_BYTES = 4
 # The weights may take this share of the device's memory; gradients, activations and the
 # allocator need the rest.
 WEIGHT_SHARE = 0.4
-DEADLINE_S = 24 * 3600.0  # profiling a large config takes long; a failure still ends it at once
+DEADLINE_S = 24 * 3600.0  # one wait while profiling (a large config takes long); failures end it
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
     """Measure `model` layer by layer in `nproc` processes; see `MeasureOptions` for options."""
     import torch
 
-    from octopipe.runtime.launcher import spawn_ranks
+    from octopipe.runtime.spawn import spawn_ranks
 
     o = MeasureOptions(model, **options)
     for name, value, least in (
@@ -71,9 +71,7 @@ def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
     check_fits(o.model, o.device)
     # Measured in fresh processes that start as the executor's ranks do (same allocator
     # settings, one process per device), so the profile's times are the run's.
-    return spawn_ranks(
-        _measure_in_child, (asdict(o),), nproc, deadline_s=DEADLINE_S, name="octopipe-profile"
-    )
+    return spawn_ranks(_measure_in_child, (asdict(o),), nproc, name="octopipe-profile")
 
 
 def check_fits(name: str, device: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ import torch.distributed as dist
 
 from octopipe.plan import Plan
 from octopipe.runtime.data import Batch, DataSource, SyntheticData, replica_batch
+from octopipe.runtime.groups import new_group
 from octopipe.runtime.optim import OptimizerConfig
 from octopipe.runtime.overlap import OverlappedSteps
+from octopipe.runtime.progress import StepProgress, StepReport
 from octopipe.runtime.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
     DEFAULT_SEQ_LEN,
@@ -143,9 +146,15 @@ class RunResult:
 
 
 def run_job_on_rank(
-    job: Job, rank: int, world_size: int, device: torch.device, nccl: bool
+    job: Job,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    nccl: bool,
+    on_step: Callable[[StepReport], None] | None = None,
 ) -> RunResult | None:
-    """Train the job on this rank; rank 0 returns the assembled result, the others None.
+    """Train the job on this rank; rank 0 returns the assembled result, the others None. After
+    every step all ranks check the loss together (`progress`); `on_step` gets the step's report.
 
     Global rank `replica * P + d` runs device d of the plan (P devices) in that replica; ranks
     past the last replica (jobs of several sizes share one process group) only take part in the
@@ -196,14 +205,19 @@ def run_job_on_rank(
     dist.barrier()
     origin = time.perf_counter()
     redone = 0
+    progress = StepProgress(plan, cfg, rank, world_size, device, on_step)
     if cfg.overlap_steps:
         overlapped = OverlappedSteps(worker)
         steps = overlapped.run(batch_of, first_step, cfg.steps, origin)
         redone = overlapped.redone
+        # Reported once the run is done: a collective after every step would be a barrier.
+        for k, record in enumerate(steps, first_step):
+            progress.after_step(k, record)
     else:
         steps = []
         for k in range(first_step, cfg.steps):
             steps.append(worker.train_step(k, batch_of(k), origin))
+            progress.after_step(k, steps[-1])  # a non-finite loss stops every rank here
             if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
                 _save(cfg, recipe, k + 1, modules, worker)
     report = RankReport(
@@ -247,9 +261,7 @@ def _data_parallel_group(num_devices: int, replicas: int, device: int) -> dist.P
     every rank creates every device's group, in one order."""
     if replicas == 1:
         return None
-    groups = [
-        dist.new_group([r * num_devices + d for r in range(replicas)]) for d in range(num_devices)
-    ]
+    groups = [new_group([r * num_devices + d for r in range(replicas)]) for d in range(num_devices)]
     return groups[device] if device >= 0 else None
 
 

@@ -31,9 +31,9 @@ from torch.distributed.pipelining import schedules as tps
 
 from octopipe.placement import interleaved, v_shape
 from octopipe.plan import Plan, save_schedule_csv
-from octopipe.runtime import DEFAULT_TIMEOUT_S
+from octopipe.runtime import DEFAULT_TIMEOUT_S, groups
 from octopipe.runtime.data import SyntheticData, replica_batch
-from octopipe.runtime.launcher import spawn_ranks, validate_jobs
+from octopipe.runtime.launcher import validate_jobs
 from octopipe.runtime.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
     DEFAULT_SEQ_LEN,
@@ -44,6 +44,7 @@ from octopipe.runtime.recipe import (
 )
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.shapes import BoundarySpec, exchange_boundary_specs
+from octopipe.runtime.spawn import spawn_ranks
 
 CSV_RUNTIME = "csv"  # `_PipelineScheduleRuntime` loading the plan's schedule.csv
 
@@ -251,9 +252,7 @@ def launch_torch(
         check_placement(job)
         if job.plan.num_devices != nproc:
             raise ValueError(f"the plan needs {job.plan.num_devices} ranks, {nproc} were asked for")
-    return spawn_ranks(
-        _run_jobs, (list(jobs), timeout_s), nproc, timeout_s * (1 + len(jobs)), "octopipe-torchpp"
-    )
+    return spawn_ranks(_run_jobs, (list(jobs), timeout_s), nproc, "octopipe-torchpp")
 
 
 def _run_jobs(
@@ -267,6 +266,7 @@ def _run_jobs(
         world_size=world,
         timeout=timedelta(seconds=timeout_s),
     )
+    groups.use_timeout(timeout_s)
     cpu = torch.device("cpu")
     results = [
         run_torch_job_on_rank(job, rank, world, Path(store).parent)

@@ -1,0 +1,273 @@
+"""Run a function on fresh processes, one per rank, and bring back rank 0's result or the cause
+of the first failure; nothing is left running, whatever happens to the launching process.
+
+When the parent stops the ranks: only when one of them fails or dies, or when the parent is told
+to stop (SIGTERM, SIGINT, SIGHUP; it then raises `Stopped`). A healthy run of any length
+finishes: a wait stuck inside a rank (a transfer, a collective) is bounded by the process
+group's timeout, which turns it into that rank's error. If the parent is killed outright, every
+rank notices and exits by itself (`lifeline`).
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import signal
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from octopipe.runtime import lifeline
+
+_GRACE_S = 2.0  # how long a failed run's other ranks get to report or exit before they are killed
+_POLL_S = 0.05
+
+# Every process that times or trains (ranks, and the profiler's) starts with these unless the
+# user set them. glibc hands large freed blocks back to the OS at once, so a split backward's
+# retained graph faults in fresh pages on every microbatch: keeping freed memory made CPU op
+# times steadier and the profile's times match the run's (BENCHMARKS.md, executor diagnosis 2).
+CHILD_ENVIRONMENT = {
+    "GLIBC_TUNABLES": ":".join(
+        f"glibc.malloc.{knob}=4294967296" for knob in ("mmap_threshold", "trim_threshold")
+    ),
+    "GLOO_SOCKET_IFNAME": "lo",  # one host: gloo's and NCCL's sockets stay on loopback
+    "NCCL_SOCKET_IFNAME": "lo",
+}
+
+
+class RankFailure(RuntimeError):
+    """A rank raised (or died); the message names the rank and carries its original traceback,
+    or is the whole story for a failure that needs none (a non-finite loss)."""
+
+    exit_codes: tuple[int | None, ...] = ()  # every spawned rank's, once all are stopped
+
+
+class Stopped(KeyboardInterrupt):
+    """The launching process got SIGTERM, SIGINT or SIGHUP; every rank has been stopped."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}; every rank was stopped")
+
+
+def spawn_ranks(
+    body: Callable[..., Any],
+    args: tuple,
+    nproc: int,
+    name: str = "octopipe",
+    on_note: Callable[[Any], None] | None = None,
+):
+    """Run `body(rank, world, store, *args)` on `nproc` fresh processes and return what rank 0's
+    body returns. `store` is a file for `init_method="file://..."` (rendezvous without opening a
+    port) in a temporary folder the body may use too. What a rank passes to `tell_parent` while
+    it runs is handed to `on_note` here, in order. The first rank to fail stops all of them and
+    the cause is raised as RankFailure."""
+    ctx = mp.get_context("spawn")
+    messages = ctx.Queue()
+    started: list[mp.process.BaseProcess] = []
+    with _stop_on_signals(), tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        store = str(Path(tmp) / "store")
+        try:
+            with _environment(CHILD_ENVIRONMENT), _children_ignore_sigint():
+                for rank in range(nproc):
+                    p = ctx.Process(
+                        target=_rank_main,
+                        args=(body, rank, nproc, store, args, messages, os.getpid(), name),
+                        name=f"{name}-rank{rank}",
+                        daemon=True,
+                    )
+                    p.start()
+                    started.append(p)
+            payload = _watch(started, messages, on_note)
+        except RankFailure as failure:
+            _stop(started)
+            failure.exit_codes = tuple(p.exitcode for p in started)
+            raise
+        finally:
+            _stop(started)
+    return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+# --- inside a rank -----------------------------------------------------------------------------
+
+_to_parent: tuple[Any, int] | None = None  # (the message queue, this rank), set in a rank
+
+
+def tell_parent(note: Any) -> None:
+    """In a spawned rank: hand `note` (picklable) to the parent's `on_note`."""
+    assert _to_parent is not None, "tell_parent is for spawned ranks"
+    messages, rank = _to_parent
+    messages.put(("note", rank, note))
+
+
+def _rank_main(
+    body, rank: int, world: int, store: str, args: tuple, messages, parent_pid: int, name: str
+) -> None:
+    """One spawned rank: run the body; rank 0 sends its results; any error is reported."""
+    global _to_parent
+    lifeline.hold_on(parent_pid, Path(store).parent, f"{name}-rank{rank}")
+    _to_parent = (messages, rank)
+    code = 0
+    try:
+        torch.set_num_threads(1)  # ranks share the host's cores; oversubscription only slows them
+        results = body(rank, world, store, *args)
+        if rank == 0:
+            buf = io.BytesIO()
+            torch.save(results, buf)
+            messages.put(("ok", buf.getvalue()))
+    except RankFailure as exc:  # says it all: no traceback
+        messages.put(("error", rank, str(exc), True))
+        code = 1
+    except BaseException:  # noqa: BLE001 - whatever it was, the parent must hear of it
+        messages.put(("error", rank, traceback.format_exc(), False))
+        code = 1
+    messages.close()
+    messages.join_thread()
+    os._exit(code)  # skip interpreter teardown: a peer may be gone, and its sockets with it
+
+
+# --- in the parent -----------------------------------------------------------------------------
+
+
+def _watch(procs: list[mp.process.BaseProcess], messages, on_note) -> bytes:
+    """Wait for rank 0's results and every rank's clean exit, passing notes on; raise the cause
+    of the first failure. No deadline: a healthy run may take as long as it takes."""
+    payload: bytes | None = None
+    while True:
+        msg = _next_message(messages, _POLL_S)
+        if msg is not None:
+            if msg[0] == "note":
+                if on_note is not None:
+                    on_note(msg[2])
+                continue
+            if msg[0] == "error":
+                raise _failure(procs, messages, [msg])
+            payload = msg[1]
+        codes = [p.exitcode for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            raise _failure(procs, messages, [])
+        if all(c == 0 for c in codes):
+            return payload if payload is not None else _last_result(messages, on_note)
+
+
+def _last_result(messages, on_note) -> bytes:
+    """Every rank exited cleanly: rank 0's result is still in the queue, behind its notes."""
+    deadline = time.monotonic() + _GRACE_S
+    while time.monotonic() < deadline:
+        msg = _next_message(messages, _POLL_S)
+        if msg is not None and msg[0] == "note" and on_note is not None:
+            on_note(msg[2])
+        elif msg is not None and msg[0] == "ok":
+            return msg[1]
+    raise RankFailure("every rank exited but rank 0 sent no result")
+
+
+def _failure(procs: list[mp.process.BaseProcess], messages, errors: list[tuple]) -> RankFailure:
+    """The cause of a failed run. The ranks get a moment to report or exit, since one failure
+    brings down its peers with errors of their own: a rank killed by a signal is the cause
+    (its peers then fail on broken connections), else the first error reported, else the first
+    rank that died."""
+    deadline = time.monotonic() + _GRACE_S
+    while time.monotonic() < deadline and any(p.exitcode is None for p in procs):
+        msg = _next_message(messages, _POLL_S)
+        if msg is not None and msg[0] == "error":
+            errors.append(msg)
+    while (msg := _next_message(messages, 0)) is not None:
+        if msg[0] == "error":
+            errors.append(msg)
+    reported = {msg[1] for msg in errors}
+    codes = [p.exitcode for p in procs]
+    for rank, code in enumerate(codes):
+        if code is not None and code < 0 and rank not in reported:
+            return RankFailure(f"rank {rank} was killed by {signal.Signals(-code).name}")
+    if errors:
+        _, rank, text, whole = errors[0]
+        return RankFailure(text if whole else f"rank {rank} failed:\n{text}")
+    rank, code = next((r, c) for r, c in enumerate(codes) if c not in (None, 0))
+    return RankFailure(f"rank {rank} died with exit code {code}")
+
+
+def _next_message(messages, timeout: float) -> tuple | None:
+    try:
+        return messages.get(timeout=timeout) if timeout > 0 else messages.get_nowait()
+    except queue_mod.Empty:
+        return None
+
+
+def _stop(procs: list[mp.process.BaseProcess]) -> None:
+    """Leave nothing running: ask, then force."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(_GRACE_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+@contextmanager
+def _environment(defaults: dict[str, str]):
+    """`defaults` in os.environ for the duration (values already set win), then as before."""
+    added = [k for k in defaults if k not in os.environ]
+    os.environ.update({k: defaults[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextmanager
+def _stop_on_signals():
+    """SIGTERM, SIGINT and SIGHUP raise `Stopped` here for the duration, so the ranks are
+    stopped and the temporary folder removed on the way out. Only signals left at their default
+    are taken over (a `nohup` run keeps ignoring SIGHUP), and only the first one raises: a second
+    Ctrl-C must not cut the clean-up short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = False
+
+    def stop(signum, _frame):
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Stopped(signum)
+
+    previous = {}
+    for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
+            previous[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def _children_ignore_sigint():
+    """Children started meanwhile begin with SIGINT ignored (an ignored signal survives exec),
+    so a Ctrl-C while they import torch does not kill them half-started; `lifeline` keeps it
+    ignored. A Ctrl-C in this short window is lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
