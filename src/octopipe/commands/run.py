@@ -118,11 +118,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace", help="write a Chrome/Perfetto trace of every rank's actions here"
     )
+    parser.add_argument("--seq-len", type=_positive, help="tokens per sequence (default 32)")
     parser.add_argument(
-        "--seq-len", type=_positive, help="tokens per sequence (default: the model's, as profiled)"
-    )
-    parser.add_argument(
-        "--micro-batch-size", type=_positive, help="sequences per microbatch (default: the model's)"
+        "--micro-batch-size",
+        type=_positive,
+        help="sequences per microbatch (default: the plan's parallelism key, else 2)",
     )
     parser.add_argument("--png", help="draw the last step's measured timeline here (.png or .svg)")
     parser.add_argument(
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
                 timeout=args.timeout,
                 lookahead=args.lookahead,
                 seq_len=args.seq_len,
-                micro_batch_size=args.micro_batch_size,
+                micro_batch_size=args.micro_batch_size or _planned_micro_batch_size(plan),
                 init_method=args.init_method,
                 where=args.plan,
                 on_step=progress,
@@ -236,6 +236,11 @@ def _draw_last_step(result, path: str) -> None:
     last = len(result.losses) - 1
     events = [t.event for t in from_records(result.records) if t.step == last]
     save_timeline(events, path, title=f"measured: last of {len(result.losses)} steps")
+
+
+def _planned_micro_batch_size(plan) -> int | None:
+    """The microbatch size a cluster plan was made for (its `parallelism`), if any."""
+    return plan.parallelism.get("microbatch_size") if plan.parallelism else None
 
 
 def rank_layout(num_devices: int, replicas: int) -> str:
