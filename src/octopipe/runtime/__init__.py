@@ -1,11 +1,18 @@
-"""The executor: runs any valid plan on real devices through torch.distributed.
+"""The executor: trains any model with any valid plan on real devices through torch.distributed.
 
+- `recipe`: what the executor knows of a model (build, layers, init, stage forward, loss, data);
+- `split`: a model split by module FQNs: meta build, pruning to stages, init per (seed, FQN);
+- `hf`: Hugging Face causal LMs (`hf:PATH`) through an adapter; `data`: global batches, token
+  files, each replica's share;
 - `deps`: the plan's dependency graph and the checks before a run (acyclic, fits model and world);
 - `shapes`: what crosses each stage boundary, learned once before training;
 - `comm`: non-blocking point-to-point transfers of activations and gradients;
 - `stage`: one stage's forward, full backward and split backward (I, W);
 - `weightgrad`: split backward: I leaves linear/embedding weight gradients to W's matmuls;
-- `worker`: one rank running its action list, then the optimizer step;
+- `worker`: one rank running its action list, then the optimizer step; `reduce`: data-parallel
+  gradient all-reduces; `optim`: optimizer, learning-rate schedule, global-norm clipping;
+- `overlap`: steps back to back with post-validated per-stage updates (`--overlap-steps`);
+- `checkpoint`: DCP checkpoints keyed by FQN, resumable under any plan and data parallelism;
 - `session`: one rank's whole job, and the result assembled from every rank;
 - `launcher`: spawned processes or torchrun; failures propagate, nothing is left running;
 - `spawn`: one process per rank, watched; `lifeline`: a rank exits with its launcher;
@@ -13,7 +20,8 @@
 - `groups`: subgroups with the run's timeout; `preflight`: settings refused before any rank;
 - `profiler`, `linkprobe`: measured profiles (every layer's F, I, W and sizes; the link);
 - `measure`: a profile measured in processes that start as a run's ranks (`octopipe profile`);
-- `reference`: single-process ground truth; `fuzz`: random plans. Traces of a run: `octopipe.trace`.
+- `reference`: single-process ground truth; `fuzz`: random plans; `torch_pipelining`: the same
+  stages under PyTorch's own runtime, for comparison. Traces of a run: `octopipe.trace`.
 
 Use: `octopipe run --plan plan.json --model tiny-llama --nproc 2 --json --trace trace.json`
 spawns the ranks itself (gloo on loopback, or NCCL with a GPU per rank);
