@@ -245,6 +245,10 @@ def test_a_checkpoint_resumes_under_another_plan_and_another_d_with_identical_lo
     assert ran.losses == pytest.approx(straight.losses[:4], rel=1e-5)
     assert resumed.losses == pytest.approx(straight.losses[4:], rel=1e-5)
     assert mismatches(resumed, straight) == []  # weights and last gradients after step 6
+    # The same checkpoint into a ZeRO-1 run again: each rank loads the state of its shard.
+    sharded = adamw_config(titan_style, 2, steps=6, zero=1, checkpoint_dir=ckpt, resume=True)
+    (again,) = launch([Job(one_f_one_b(2, 2, num_layers=layers), sharded)], 4, "gloo")
+    assert mismatches(again, straight) == []
 
 
 def test_checkpoints_of_another_model_or_unfinished_are_refused_or_skipped(tmp_path):
