@@ -119,3 +119,14 @@ def test_gradients_non_finite_again_after_a_rerun_stop_the_run_naming_the_step()
     config = overlapped(model="test_overlap_executor:always_poisoned_toy")
     with pytest.raises(RankFailure, match="step 1: the gradients are not finite, again"):
         launch([Job(one_f_one_b(3, 4), config)], 3, "gloo", timeout_s=60)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("clip_norm", [1e6, 0.05], ids=["clipping never acts", "clipping acts"])
+def test_overlapped_steps_with_data_parallel_replicas_give_the_synchronous_results(clip_norm):
+    """Each stage is averaged over the replicas, then updated."""
+    config = dataclasses.replace(overlapped(dataclasses.replace(ADAM, clip_norm=clip_norm)), dp=2)
+    plan = greedy([0, 1, 0, 1], 2, 2, backward=lambda s, m: I if (s + m) % 2 else B)
+    (result,) = launch([Job(plan, config)], 4, "gloo", timeout_s=60)
+    assert (result.redone_steps > 0) == (clip_norm < 1)
+    assert mismatches(result, train_reference(config, plan.num_microbatches)) == []

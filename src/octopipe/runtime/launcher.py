@@ -71,7 +71,6 @@ def check_overlap(config: RunConfig) -> None:
     if not config.overlap_steps:
         return
     for flag, used in (
-        ("--dp", config.dp > 1),
         ("--zero", config.zero),
         ("--checkpoint-every", config.checkpoint_every),
         ("--resume", config.resume),

@@ -110,14 +110,20 @@ class OverlappedSteps:
                 checked, poisoned = True, not self._validate(previous)
             if poisoned:
                 return
-            self._update(stage, step)
-            if len(step.saved) == len(self.optimizers):
-                self._launch_norm(step)
+            if reducer is None:
+                self._update(stage, step)
+                return
+            reducer.launch(stage)  # averaged over the replicas first, then updated
+            for ready in reducer.finish_ready(block=False):
+                self._update(ready, step)
 
+        reducer = self.worker.reducer
         self._losses = self.worker.run_actions(step.index, step.batch, self._origin, stage_done)
         if not checked:  # a rank without stages still takes part in the collectives
             poisoned = not self._validate(previous)
         if not poisoned:
+            for ready in reducer.finish_ready(block=True) if reducer is not None else ():
+                self._update(ready, step)
             self._launch_norm(step)  # a no-op where the last stage's update launched it
         return poisoned
 
@@ -136,6 +142,8 @@ class OverlappedSteps:
         self._applied[stage] = grads
         for p in params:
             p.grad = None  # the next step's gradients start from zero
+        if len(step.saved) == len(self.optimizers):  # the rank's last stage of the step
+            self._launch_norm(step)
 
     def _squares(self, step: _Step) -> torch.Tensor:
         if step.squares is None:
@@ -154,7 +162,8 @@ class OverlappedSteps:
         if step.norm is None:
             self._launch_norm(step)
             step.norm_work.wait()
-            step.norm = math.sqrt(float(step.squares))
+            # Replicas hold the same averaged gradients: the world's sum counts each D times.
+            step.norm = math.sqrt(float(step.squares) / self.worker.replicas)
         if not math.isfinite(step.norm):
             return False
         clip = self.config.clip_norm

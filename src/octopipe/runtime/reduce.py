@@ -38,7 +38,16 @@ class GradientReducer:
 
     def finish(self) -> None:
         """Wait for every launched reduction and write the averages back into `.grad`."""
+        self.finish_ready(block=True)
+
+    def finish_ready(self, block: bool) -> list[int]:
+        """Write back the reductions that are done (with `block`, all of them, waiting): the
+        stages whose gradients are now averaged."""
+        done, left = [], []
         for stage, work, flat in self._pending:
+            if not (block or work.is_completed()):
+                left.append((stage, work, flat))
+                continue
             work.wait()
             flat.div_(self.degree)
             offset = 0
@@ -46,7 +55,9 @@ class GradientReducer:
                 n = p.numel()
                 p.grad = flat[offset : offset + n].view_as(p)
                 offset += n
-        self._pending.clear()
+            done.append(stage)
+        self._pending = left
+        return done
 
     @property
     def busy(self) -> bool:
