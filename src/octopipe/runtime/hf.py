@@ -56,9 +56,8 @@ def hf_recipe(path: str) -> ModelRecipe:
     def build() -> nn.Module:
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
-    name = getattr(config, "name_or_path", "") or f"hf-{config.model_type}"
     recipe = ModelRecipe(
-        name=name if name else f"hf-{config.model_type}",
+        name=getattr(config, "name_or_path", "") or f"hf-{config.model_type}",
         build=build,
         init=_init_module,
         forward=run_causal_lm_stage,
