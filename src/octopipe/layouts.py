@@ -250,7 +250,9 @@ class LayoutSearch:
         static = sum(layer.param_bytes for layer in profile.layers) / layout.pp
         return static > min(d.memory_bytes for d in profile.device_list())
 
-    def tune(self, start: Row, time_budget: float, seed: int = 0, max_chunks: int = 4) -> Row:
+    def tune(
+        self, start: Row, time_budget: float, seed: int = 0, max_chunks: int | None = 4
+    ) -> Row:
         """The tuner on `start`'s layout, seeded with `start`'s plan (never worse than it)."""
         from octopipe.tuner import tune as search
 
@@ -293,7 +295,7 @@ def plan_cluster(
     time_budget: float = 60.0,
     finalists: int = 4,
     seed: int = 0,
-    max_chunks: int = 4,
+    max_chunks: int | None = 4,
     progress: Progress | None = None,
 ) -> LayoutReport:
     """Screen every layout with a few baselines, then tune them best first under what is left

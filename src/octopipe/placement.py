@@ -57,14 +57,15 @@ def device_orders(devices: Sequence[Device]) -> list[tuple[int, ...]]:
 
 
 def seed_placements(
-    devices: Sequence[Device], max_chunks: int, num_layers: int
+    devices: Sequence[Device], max_chunks: int, num_layers: int, min_chunks: int = 1
 ) -> list[tuple[str, Placement]]:
-    """Labelled placements for every chunk count 1..max_chunks that the layer count allows."""
+    """Labelled placements for every chunk count min_chunks..max_chunks that the layer count
+    allows."""
     P = len(devices)
     out: list[tuple[str, Placement]] = []
     for k, order in enumerate(device_orders(devices)):
         tag = "" if k == 0 else f"/order{k}"
-        for chunks in range(1, max_chunks + 1):
+        for chunks in range(min_chunks, max_chunks + 1):
             if P * chunks > num_layers:
                 break
             if chunks == 1:

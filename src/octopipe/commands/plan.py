@@ -62,7 +62,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--memory-limit",
         help="capacity of every device, e.g. 40GiB or 80e9 (default: the profile's or preset's)",
     )
-    p.add_argument("--max-chunks", type=int, default=4, help="most stages per device to try")
+    p.add_argument(
+        "--max-chunks",
+        type=_chunks,
+        default=4,
+        help="most stages per device to try (default 4), or `auto`: 4, then deeper while the "
+        "best plan is among the deepest (slower; BENCHMARKS.md)",
+    )
     p.add_argument(
         "--time-budget",
         type=float,
@@ -115,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     M = args.microbatches if args.microbatches is not None else 4 * P
     if M < 1:
         raise InputError("--microbatches", f"must be at least 1, got {M}")
-    if args.max_chunks < 1:
+    if args.max_chunks is not None and args.max_chunks < 1:
         raise InputError("--max-chunks", f"must be at least 1, got {args.max_chunks}")
     if args.time_budget <= 0:
         raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
@@ -247,3 +253,13 @@ class _progress:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _chunks(text: str) -> int | None:
+    """`--max-chunks`: a count, or `auto` (None: as deep as it pays)."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count or 'auto', got {text!r}") from None

@@ -1,9 +1,10 @@
 """The bubble-aware tuner: seeds, then iterated local search guided by where devices idle.
 
 1. Seeds: balanced partitions under sequential, interleaved and V-shaped placements for every
-   chunk count up to `max_chunks` (and device orders by memory and speed), plus the partition
-   and placement of every baseline given; each scheduled by the list scheduler at a moderate
-   and a deep warm-up.
+   chunk count up to `max_chunks` (4 by default; None: 4, then deeper while the best plan found
+   is among the deepest) and device orders by memory and speed, plus the partition and
+   placement of every baseline given; each scheduled by the list scheduler at a moderate and a
+   deep warm-up.
 2. The best seeds get their scheduling rules varied (warm-up depth, split backward, W deferral,
    a lean memory-first setting).
 3. Local search from the best few distinct placements: `moves.neighbours` proposes changes
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +37,9 @@ from octopipe.tuner.moves import device_moves, diagnose, kick, neighbours
 from octopipe.tuner.reorder import reorder_critical
 
 Progress = Callable[[float, float], None]  # (best iteration time so far, seconds elapsed)
+
+SEED_DEPTH = 4  # chunk counts seeded first; deeper ones only while they pay (`_deepen`)
+DEEPER_STARTS = 2  # a deeper chunk count's local search: from its two best placements, no kicks
 
 RULE_VARIANTS = (
     {"warmup": 1.0},
@@ -82,7 +87,7 @@ def tune(
     num_microbatches: int,
     num_devices: int | None = None,
     *,
-    max_chunks: int = 4,
+    max_chunks: int | None = 4,
     time_budget: float = 30.0,
     seed: int = 0,
     baselines: Sequence[tuple[str, Plan]] = (),
@@ -92,6 +97,11 @@ def tune(
     overlap_steps: bool = False,
 ) -> TuneResult:
     """Search partition, placement and schedule for the fastest plan that fits.
+
+    `max_chunks` caps the stages per device. None: seed up to SEED_DEPTH, then deeper one
+    chunk count at a time while the best plan is among the deepest tried (a lighter search
+    each); the shallower search and its result are kept as they were, so deepening never
+    loses, but it costs time (BENCHMARKS.md, deeper interleaving).
 
     `baselines` are evaluated as they are and also seed the search with their partition and
     placement; the result is never worse than the best of them. When no plan fits, `best` is the
@@ -132,7 +142,8 @@ def tune(
         for label, plan in baselines
         if allowed(plan.placement)
     )
-    seeds = _seed_candidates(evaluator, max_chunks) + [
+    depth = max_chunks or SEED_DEPTH
+    seeds = _seed_candidates(evaluator, depth) + [
         Candidate(
             tuple((s.start, s.end) for s in e.plan.stages),
             e.plan.placement,
@@ -147,18 +158,30 @@ def tune(
         seeds = [with_fill_tails(evaluator, c) for c in seeds]
     search.run([c for c in seeds if allowed(c.placement)])
 
-    finalists = []
-    for outcome in search.best_outcomes(3):
-        plan = evaluator.to_plan(outcome)
-        # check=True: a structural fault here would be a tuner bug, not a user's.
-        result = simulate(plan, check=True)
-        finalists.append(Evaluated(f"tuned ({outcome.candidate.label})", plan, result))
-    top = min(finalists, key=lambda e: e.score)
-    if not overlap_steps:  # the polish follows one step's critical path
-        plan, result = reorder_critical(
-            simulator, top.plan, top.sim, out_of_time=search.out_of_time
-        )
-        finalists.append(Evaluated(top.label, plan, result))
+    def finish(outcomes: list[Outcome]) -> list[Evaluated]:
+        """The best outcomes as plans, the very best also polished."""
+        done = []
+        for outcome in outcomes:
+            plan = evaluator.to_plan(outcome)
+            # check=True: a structural fault here would be a tuner bug, not a user's.
+            result = simulate(plan, check=True)
+            done.append(Evaluated(f"tuned ({outcome.candidate.label})", plan, result))
+        top = min(done, key=lambda e: e.score)
+        if not overlap_steps:  # the polish follows one step's critical path
+            plan, result = reorder_critical(
+                simulator, top.plan, top.sim, out_of_time=search.out_of_time
+            )
+            done.append(Evaluated(top.label, plan, result))
+        return done
+
+    shallow = search.best_outcomes(3)
+    finalists = finish(shallow)
+    converged = search.converged
+    if max_chunks is None:  # deeper interleaving, as long as it pays
+        converged = _deepen(search, evaluator, depth, allowed, overlap_steps) and converged
+        deeper = [o for o in search.best_outcomes(3) if o not in shallow]
+        if deeper:
+            finalists += finish(deeper)
     best = min([*finalists, *base], key=lambda e: e.score)
     label = best.label if best in finalists else f"{best.label} (kept)"
     exported = best.sim
@@ -166,7 +189,36 @@ def tune(
         exported = Simulator(profile).run(best.plan, detail=False, overlap_steps=overlap_steps)
     plan = best.plan.with_predicted(exported.predicted()).with_layer_names(profile.layer_names)
     best = Evaluated(label, plan, best.sim)
-    return TuneResult(best, base, evaluator.evaluations, search.elapsed(), search.converged)
+    return TuneResult(best, base, evaluator.evaluations, search.elapsed(), converged)
+
+
+def _deepen(
+    search: _Search,
+    evaluator: Evaluator,
+    depth: int,
+    allowed: Callable[[tuple[int, ...]], bool],
+    overlap_steps: bool,
+) -> bool:
+    """While the best plan found has the deepest chunk count tried (stages per device) and the
+    layers allow one more, search the placements of that one more. Whether every search ran
+    to its end."""
+    P, L = evaluator.num_devices, evaluator.costs.num_layers
+    converged = True
+    while search.best is not None and not search.out_of_time() and P * (depth + 1) <= L:
+        if chunk_count(search.best.candidate.placement) < depth:
+            break  # shallower plans win: deeper would not pay
+        depth += 1
+        seeds = [c for c in _seed_candidates(evaluator, depth, depth) if allowed(c.placement)]
+        if overlap_steps:
+            seeds = [with_fill_tails(evaluator, c) for c in seeds]
+        search.run(seeds, DEEPER_STARTS, kicks=0)
+        converged = converged and search.converged
+    return converged
+
+
+def chunk_count(placement: Sequence[int]) -> int:
+    """The most stages any device holds."""
+    return max(Counter(placement).values())
 
 
 def with_fill_tails(evaluator: Evaluator, cand: Candidate) -> Candidate:
@@ -186,14 +238,16 @@ def check_plan_size(profile: Profile, num_microbatches: int, num_devices: int) -
         )
 
 
-def _seed_candidates(evaluator: Evaluator, max_chunks: int) -> list[Candidate]:
+def _seed_candidates(evaluator: Evaluator, max_chunks: int, min_chunks: int = 1) -> list[Candidate]:
     costs, speeds = evaluator.costs, evaluator.speeds
     # With data parallelism, finishing a stage's W early lets its all-reduce hide under the
     # device's remaining backward work; the seeds' variants try the other way too.
     early = evaluator.data_parallel
     return [
         Candidate(ranges, placement, warmup=warmup, reduce_early=early, label=label + tag)
-        for label, placement in seed_placements(evaluator.devices, max_chunks, costs.num_layers)
+        for label, placement in seed_placements(
+            evaluator.devices, max_chunks, costs.num_layers, min_chunks
+        )
         for tag, ranges in balanced_ranges(costs, placement, speeds)
         for warmup in SEED_WARMUPS
     ]
@@ -251,15 +305,16 @@ class _Search:
     def best_outcomes(self, k: int) -> list[Outcome]:
         return sorted(self.seen.values(), key=lambda o: o.score)[:k]
 
-    def run(self, seeds: list[Candidate]) -> None:
+    def run(self, seeds: list[Candidate], starts: int = STARTS, kicks: int = KICKS) -> None:
+        """Seeds, their rule variants, then local search from `starts` distinct placements,
+        each kicked up to `kicks` times at its local optima."""
         ranked = self._evaluate_all(seeds)
         varied = []
         for o in ranked[:SEEDS_TO_VARY]:
             varied += [o.candidate.but(**v) for v in self.variants(o.candidate)]
         ranked = sorted([*ranked, *self._evaluate_all(varied)], key=lambda o: o.score)
-        starts = _distinct_placements(ranked, STARTS)
-        active = {i: o for i, o in enumerate(starts)}
-        kicks = dict.fromkeys(active, 0)
+        active = dict(enumerate(_distinct_placements(ranked, starts)))
+        kicked = dict.fromkeys(active, 0)
         anchors = dict(active)  # each start's best so far, to kick from
         while active and not self.out_of_time():
             for i in list(active):
@@ -269,10 +324,10 @@ class _Search:
                     if improved.score < anchors[i].score:
                         anchors[i] = improved
                     continue
-                if kicks[i] >= KICKS:
+                if kicked[i] >= kicks:
                     del active[i]
                     continue
-                kicks[i] += 1
+                kicked[i] += 1
                 active[i] = self.evaluate(kick(anchors[i].candidate, self.rng))
         self.converged = not active and not self.out_of_time()
 
