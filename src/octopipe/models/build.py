@@ -69,13 +69,11 @@ class ArchModel(PipelineModel):
 def build_model(name_or_config: str | Path | Architecture, seed: int = 0) -> nn.Module:
     """The whole model of a shipped config name, a config.json path, or an Architecture, on the
     CPU, initialized as every pipeline rank initializes its share (per module FQN and seed)."""
-    from octopipe.runtime.recipe import ModelRecipe
-    from octopipe.runtime.split import reset_parameters
+    from octopipe.runtime.recipe import arch_recipe
 
     arch = (
         name_or_config
         if isinstance(name_or_config, Architecture)
         else load_architecture(name_or_config)
     )
-    recipe = ModelRecipe(arch.name, lambda: ArchModel(arch), reset_parameters)
-    return recipe.whole(torch.device("cpu"), seed).part
+    return arch_recipe(arch).whole(torch.device("cpu"), seed).part

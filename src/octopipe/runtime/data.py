@@ -110,9 +110,6 @@ class TokenFile(DataSource):
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_tokens": None}
 
-    def max_token(self) -> int:
-        return int(self.tokens.max())
-
     def global_batch(self, step: int, sequences: int) -> GlobalBatch:
         starts = len(self.tokens) - self.seq_len
         rows = []

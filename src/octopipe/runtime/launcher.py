@@ -20,9 +20,9 @@ import torch.distributed as dist
 from octopipe.errors import InputError
 from octopipe.runtime import DEFAULT_TIMEOUT_S, groups
 from octopipe.runtime.deps import check_runnable
+from octopipe.runtime.preflight import check_overlap, check_resumable
 from octopipe.runtime.progress import StepReport
-from octopipe.runtime.recipe import ModelRecipe
-from octopipe.runtime.session import Job, RunConfig, RunResult, run_job_on_rank
+from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.spawn import (  # noqa: F401 - RankFailure, Stopped: raised through here
     CHILD_ENVIRONMENT,
     RankFailure,
@@ -64,32 +64,6 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
         check_plan_layer_names(job.plan.layer_names, layers)
         check_resumable(job.config, recipe)
         check_overlap(job.config)
-
-
-def check_overlap(config: RunConfig) -> None:
-    """What overlapped steps do not combine with yet, refused in one line."""
-    if not config.overlap_steps:
-        return
-    for flag, used in (
-        ("--zero", config.zero),
-        ("--checkpoint-every", config.checkpoint_every),
-        ("--resume", config.resume),
-    ):
-        if used:
-            raise InputError(flag, "not supported with --overlap-steps yet")
-
-
-def check_resumable(config: RunConfig, recipe: ModelRecipe) -> None:
-    """A checkpoint to resume must be of this model and before the run's last step."""
-    found = config.resume_from()
-    if found is None:
-        return
-    from octopipe.runtime.checkpoint import check_compatible
-
-    path, step = found
-    check_compatible(path, recipe.layers, recipe.meta_model)
-    if step >= config.steps:
-        raise InputError("--steps", f"{path} is at step {step}; --steps {config.steps} is done")
 
 
 def execute(

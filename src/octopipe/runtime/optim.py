@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
+_CLASSES = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+OPTIMIZERS = tuple(_CLASSES)
 DECAYS = ("constant", "cosine")
 
 
@@ -57,16 +58,15 @@ class OptimizerConfig:
         """The optimizer of `params`; with `shard_group`, its state sharded across that group
         (ZeRO-1, torch's `ZeroRedundancyOptimizer`: each rank updates its share, then every
         rank gets the new weights)."""
-        classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
         options = {"lr": self.lr, "weight_decay": self.weight_decay}
         if self.name == "sgd":
             options["momentum"] = self.momentum
         if shard_group is None:
-            return classes[self.name](params, **options)
+            return _CLASSES[self.name](params, **options)
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(
-            params, optimizer_class=classes[self.name], process_group=shard_group, **options
+            params, optimizer_class=_CLASSES[self.name], process_group=shard_group, **options
         )
 
 

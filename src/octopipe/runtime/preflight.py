@@ -1,4 +1,5 @@
-"""The settings of a run that are refused before any rank starts, one line each.
+"""The settings of a run that are refused before any rank starts, one line each: numbers out
+of range, combinations not built yet, a checkpoint that cannot be resumed.
 
 Each would otherwise fail late, inside every rank at once (a timeout of 0 or inf, an optimizer
 refusing its learning rate), or not at all: a nan learning rate trains nan weights.
@@ -7,8 +8,13 @@ refusing its learning rate), or not at all: a nan learning rate trains nan weigh
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from octopipe.errors import InputError
+
+if TYPE_CHECKING:
+    from octopipe.runtime.recipe import ModelRecipe
+    from octopipe.runtime.session import RunConfig
 
 
 def check_run_settings(
@@ -48,3 +54,29 @@ def check_run_settings(
     if (checkpoint_every or resume) and checkpoint_dir is None:
         flag = "--resume" if resume else "--checkpoint-every"
         raise InputError(flag, "needs --checkpoint-dir")
+
+
+def check_overlap(config: RunConfig) -> None:
+    """What overlapped steps do not combine with yet, refused in one line."""
+    if not config.overlap_steps:
+        return
+    for flag, used in (
+        ("--zero", config.zero),
+        ("--checkpoint-every", config.checkpoint_every),
+        ("--resume", config.resume),
+    ):
+        if used:
+            raise InputError(flag, "not supported with --overlap-steps yet")
+
+
+def check_resumable(config: RunConfig, recipe: ModelRecipe) -> None:
+    """A checkpoint to resume must be of this model and before the run's last step."""
+    found = config.resume_from()
+    if found is None:
+        return
+    from octopipe.runtime.checkpoint import check_compatible
+
+    path, step = found
+    check_compatible(path, recipe.layers, recipe.meta_model)
+    if step >= config.steps:
+        raise InputError("--steps", f"{path} is at step {step}; --steps {config.steps} is done")

@@ -180,7 +180,7 @@ def _factory(spec: str) -> Callable[[], nn.Module]:
 
 def _bundled(name: str) -> ModelRecipe:
     from octopipe.costmodel.hf_config import load_architecture, shipped_models
-    from octopipe.models import ArchModel, bundled_models
+    from octopipe.models import bundled_models
 
     if name not in shipped_models() and not Path(name).is_file():
         raise InputError(
@@ -188,6 +188,11 @@ def _bundled(name: str) -> ModelRecipe:
             f"unknown model {name!r}; bundled: {', '.join(sorted(bundled_models()))} (or a "
             "shipped config's name, a config.json, hf:PATH, module:factory)",
         )
-    arch = load_architecture(name)
-    recipe = _from_module(arch.name, lambda: ArchModel(arch))
-    return recipe
+    return arch_recipe(load_architecture(name))
+
+
+def arch_recipe(arch) -> ModelRecipe:
+    """The recipe of our own model of an architecture config (`octopipe.models.ArchModel`)."""
+    from octopipe.models import ArchModel
+
+    return _from_module(arch.name, lambda: ArchModel(arch))

@@ -58,7 +58,3 @@ class GradientReducer:
             done.append(stage)
         self._pending = left
         return done
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._pending)
