@@ -50,6 +50,7 @@ RULE_VARIANTS = (
     {"warmup": 0.01, "defer_w": False},  # lean: one microbatch in flight per stage
 )
 OVERLAP_WARMUPS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
+REFINE_STEPS = (0.25, 0.015)  # overlapped steps: the warm-up's first and smallest refinement
 SEED_WARMUPS = (1.5, 3.0)  # every seed is scheduled with a moderate and a deep warm-up
 # Devices x microbatches the tuner takes on: each of its evaluations is atomic and grows with
 # this, so beyond it no time budget could be kept (one list schedule of 2^18 pairs in up to
@@ -313,6 +314,9 @@ class _Search:
         for o in ranked[:SEEDS_TO_VARY]:
             varied += [o.candidate.but(**v) for v in self.variants(o.candidate)]
         ranked = sorted([*ranked, *self._evaluate_all(varied)], key=lambda o: o.score)
+        if self.evaluator.overlap_simulator is not None:
+            refined = [self._refine_warmup(o) for o in ranked[:SEEDS_TO_VARY]]
+            ranked = sorted({id(o): o for o in [*refined, *ranked]}.values(), key=lambda o: o.score)
         active = dict(enumerate(_distinct_placements(ranked, starts)))
         kicked = dict.fromkeys(active, 0)
         anchors = dict(active)  # each start's best so far, to kick from
@@ -330,6 +334,24 @@ class _Search:
                 kicked[i] += 1
                 active[i] = self.evaluate(kick(anchors[i].candidate, self.rng))
         self.converged = not active and not self.out_of_time()
+
+    def _refine_warmup(self, start: Outcome) -> Outcome:
+        """Overlapped steps: a pattern search on the warm-up depth alone, in steps halving
+        from half the scan's spacing (the steady state can move by a point between warm-ups
+        0.04 apart, as the in-flight caps round to other integers)."""
+        best, step = start, REFINE_STEPS[0]
+        while step >= REFINE_STEPS[1] and not self.out_of_time():
+            tried = [
+                self.evaluate(best.candidate.but(warmup=best.candidate.warmup + sign * step))
+                for sign in (-1, 1)
+                if best.candidate.warmup + sign * step > 0
+            ]
+            better = min(tried, key=lambda o: o.score, default=best)
+            if better.score < best.score:
+                best = better
+            else:
+                step /= 2
+        return best
 
     def _evaluate_all(self, cands: list[Candidate]) -> list[Outcome]:
         out = []
