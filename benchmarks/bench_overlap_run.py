@@ -1,34 +1,37 @@
 """Overlapped steps in the executor: `run --overlap-steps` against synchronous steps, measured
 beside the simulator's figures for the same plans.
 
-    .venv/bin/python benchmarks/bench_overlap_run.py                 # 1.5-2.5 minutes
-    .venv/bin/python benchmarks/bench_overlap_run.py --repeats 3 --steps 8
+    .venv/bin/python benchmarks/bench_overlap_run.py                 # about 5 minutes
+    .venv/bin/python benchmarks/bench_overlap_run.py --repeats 4 --steps 10
 
 On this machine, 2 processes with one thread each (gloo on loopback):
 
 1. profile each model with `measure_profile(..., nproc=2, threads=1)` at its benchmark size
-   (both processes time each layer at once, and the link is measured);
+   (both processes time each layer at once, and the link is measured). The default model,
+   `benchmarks/data/uniform-llama.json`, is 8 equal Llama blocks with a small vocabulary, so
+   the blocks, not a heavy head, set the bubbles;
 2. the plans: per model, `tune(profile, M, 2, overlap_steps=True)` (ranked by its steady step
-   time with steps back to back), and on the first model a control, 1F1B over the balanced
-   partition, where the simulator predicts that overlapping steps gains nothing;
+   time with steps back to back) for each of CHUNKS, the one with the largest predicted gain,
+   and on the first model a control, 1F1B over the balanced partition, where the simulator
+   predicts that overlapping steps gains nothing;
 3. the simulator's figures for each plan: one synchronous step (`iteration_time`) and the
    steady step time with steps overlapped (`Simulator.run(plan, overlap_steps=True)`);
 4. every plan with and without `overlap_steps`, all in one process group (one `launch`): per
    repeat every plan once each way, the two variants taking turns at going first.
 
-A run's time: the median of its step times after the first `--skip` steps, each step the
-slowest rank's (`RunResult.step_times`). A synchronous step runs from its start barrier to the
-rank's optimizer step end; an overlapped step from the end of the rank's previous step (there is
-no barrier), so in steady state it is the period between step ends. As a check that the two
-definitions do not favour either variant, the benchmark also reports the span of the action
-trace: (the last action's end in the last step - in step `skip - 1`) / (steps - skip), the latest
-rank's end per step, which includes the barriers and optimizer steps of a synchronous run.
+A run's time is the span of its action trace per step: (the latest action end over all ranks
+in the last step - in step `skip - 1`) / (steps - skip). It times both variants the same way,
+barriers and optimizer steps of a synchronous run included. Beside it, the runs' own step
+times (`RunResult.step_times`, the slowest rank's, median after `skip`): a synchronous step
+runs from its start barrier to the rank's optimizer step end, so it leaves out the wait at the
+barrier, and an overlapped step runs from the end of the rank's previous step.
 
-Other jobs on a shared machine only ever add time, so the figure compared is the fastest run of
-each variant (the least disturbed), as in bench_executor.py; the medians are shown beside it,
-and so are the gains of the runs paired in launch order (their spread is the noise). The losses
-of the two variants of a plan are printed side by side: overlapped steps must give the
-synchronous results. Prints Markdown on stdout.
+The gain compared is the median over repeats of each pair's ratio (the two variants of a
+repeat ran one after the other, so they saw about the same load), with the middle half and the
+whole range of those ratios beside it, and the ratio of each variant's fastest run (the least
+disturbed). The control's ratios show the noise. The losses of the two variants of a plan are
+printed side by side: overlapped steps must give the synchronous results. Prints Markdown on
+stdout.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import octopipe as op
 from octopipe.baselines import make_baseline
@@ -50,6 +54,7 @@ from octopipe.runtime.session import Job, RunConfig, RunResult
 from octopipe.sim import Simulator
 
 DEVICES = 2
+UNIFORM = Path(__file__).parent / "data" / "uniform-llama.json"
 
 
 @dataclass(frozen=True)
@@ -65,10 +70,11 @@ class Case:
 # Few microbatches: with two devices the tuned synchronous plans of more microbatches are already
 # within 1-3% of the physical limit, so steps back to back have little left to gain.
 CASES = {
+    "uniform-llama": Case(str(UNIFORM), 128, 2, 3),
     "tiny-llama": Case("tiny-llama", 128, 2, 4),
     "tiny-moe": Case("tiny-moe", 256, 2, 3),
 }
-CHUNKS = (1, 4)  # the tuner's max_chunks tried; the plan with the larger predicted gain is run
+CHUNKS = (1, 2, 4)  # the tuner's max_chunks tried; the plan with the largest predicted gain runs
 
 
 @dataclass
@@ -177,25 +183,26 @@ def spread(values: list[float]) -> str:
 def report(rows: list[Row], steps: int, repeats: int, skip: int) -> list[str]:
     lines = [
         f"2 ranks x 1 thread, gloo; {steps} steps per run, {repeats} runs of each variant per "
-        f"plan, the variants taking turns; a run's time: its median step after the first {skip} "
-        "(slowest rank). *gain*: synchronous time / overlapped time.",
+        f"plan, the variants taking turns; a run's time: its trace span per step after the first "
+        f"{skip} steps. *gain*: synchronous time / overlapped time.",
         "",
         "| plan | simulated ms: synchronous | overlapped | predicted gain | measured ms: "
         "synchronous, fastest run (median) | overlapped, fastest run (median) | measured gain: "
-        "fastest runs | per-run gains: median (middle half; all) | gain, trace spans: fastest "
-        "runs | fastest / simulated: sync | overlapped |",
+        "median of pairs (middle half; all) | fastest runs | gain by the runs' step times: "
+        "median of pairs | measured / simulated, medians: sync | overlapped |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        gains = row.ratios(row.sync, row.overlap)
-        sync, overlap = min(row.sync), min(row.overlap)
+        gains = row.ratios(row.span_sync, row.span_overlap)
+        sync, overlap = statistics.median(row.span_sync), statistics.median(row.span_overlap)
         lines.append(
             f"| {row.label} | {ms(row.sim_sync)} | {ms(row.sim_overlap)} | "
             f"{row.sim_sync / row.sim_overlap:.3f}x | "
-            f"{ms(sync)} ({ms(statistics.median(row.sync))}) | "
-            f"{ms(overlap)} ({ms(statistics.median(row.overlap))}) | {sync / overlap:.3f}x | "
+            f"{ms(min(row.span_sync))} ({ms(sync)}) | "
+            f"{ms(min(row.span_overlap))} ({ms(overlap)}) | "
             f"{statistics.median(gains):.3f}x ({spread(gains)}) | "
             f"{min(row.span_sync) / min(row.span_overlap):.3f}x | "
+            f"{statistics.median(row.ratios(row.sync, row.overlap)):.3f}x | "
             f"{sync / row.sim_sync:.3f} | {overlap / row.sim_overlap:.3f} |"
         )
     lines += ["", "Losses per step (first run of each variant), and steps redone:", ""]
@@ -208,18 +215,18 @@ def report(rows: list[Row], steps: int, repeats: int, skip: int) -> list[str]:
             f"- {row.label}: synchronous {[round(x, 6) for x in sync]}; overlapped "
             f"{[round(x, 6) for x in overlap]} ({same}); overlapped steps redone: {row.redone}"
         )
-    lines += ["", "Per-run times (ms), synchronous / overlapped, in launch order:", ""]
+    lines += ["", "Per-run trace spans (ms per step), synchronous / overlapped, launch order:", ""]
     for row in rows:
-        pairs = ", ".join(f"{ms(s)}/{ms(o)}" for s, o in zip(row.sync, row.overlap))
+        pairs = ", ".join(f"{ms(s)}/{ms(o)}" for s, o in zip(row.span_sync, row.span_overlap))
         lines.append(f"- {row.label}: {pairs}")
     return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--steps", type=int, default=6, help="training steps per run")
-    parser.add_argument("--skip", type=int, default=2, help="first steps left out of a run")
+    parser.add_argument("--models", nargs="+", default=["uniform-llama"], choices=list(CASES))
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run")
+    parser.add_argument("--skip", type=int, default=4, help="first steps left out of a run")
     parser.add_argument("--repeats", type=int, default=15, help="runs of each variant per plan")
     parser.add_argument(
         "--profile-repeats", type=int, default=10, help="timed runs per layer when profiling"
