@@ -189,6 +189,22 @@ def test_plan_gpus_writes_the_best_layout_with_its_profile(tmp_path, capsys):
     assert toml["pipeline_parallel_microbatch_size"] == par["microbatch_size"]
 
 
+def test_plan_gpus_with_overlapped_steps_ranks_by_the_steady_step(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
+    argv += ["--global-batch", "16", "--seq-len", "128", "--time-budget", "20", "--no-png"]
+    assert main([*argv, "--overlap-steps", "-o", str(out), "--quiet"]) == 0
+    assert "Megatron-LM" in capsys.readouterr().out
+    profile = load_profile(out / "profile.json")
+    plan = load_plan(out / "plan.json", profile.num_layers)
+    predicted = json.loads((out / "plan.json").read_text())["predicted"]
+    steady = Simulator(profile).run(plan, overlap_steps=True)
+    assert predicted["step_time"] == pytest.approx(steady.iteration_time)
+    synchronous = Simulator(profile).run(plan)
+    assert steady.steady.first_step_time == pytest.approx(synchronous.iteration_time)
+    assert steady.iteration_time <= synchronous.iteration_time + 1e-12
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -19,7 +19,6 @@ from sim_helpers import one_f_one_b, uniform_profile
 from octopipe.api import baseline, tune
 from octopipe.cli import main
 from octopipe.costs import CostTable, stage_costs
-from octopipe.errors import InputError
 from octopipe.plan import check_structure, save_plan
 from octopipe.profile import DataParallel, Device, LayerCost, Link, Profile, save_profile
 from octopipe.schedules.list_scheduler import Rules, list_schedule
@@ -116,14 +115,55 @@ def test_a_period_is_found_only_where_the_increments_repeat():
     assert settled_period([1.0, 1.0, 4.0, 1.0, 1.0], 2.0) == 0
 
 
-def test_data_parallel_overlap_is_refused():
-    profile = uniform_profile(2, devices=2)
-    layers = tuple(l.model_copy(update={"grad_bytes": 10}) for l in profile.layers)
-    profile = profile.model_copy(
-        update={"layers": layers, "data_parallel": DataParallel(degree=2, bandwidth=1.0)}
-    )
-    with pytest.raises(InputError, match="not modelled"):
-        Simulator(profile).run(one_f_one_b(2, 2), overlap_steps=True)
+def data_parallel(profile: Profile, grad_bytes: float, bandwidth: float) -> Profile:
+    """`profile` with two replicas: every layer all-reduces `grad_bytes` of gradients."""
+    layers = tuple(l.model_copy(update={"grad_bytes": grad_bytes}) for l in profile.layers)
+    dp = DataParallel(degree=2, bandwidth=bandwidth)
+    return profile.model_copy(update={"layers": layers, "data_parallel": dp})
+
+
+def test_with_one_device_a_step_is_its_work_then_its_all_reduce():
+    # Nothing overlaps the all-reduce: F + B of 3 microbatches (9 s), then 10 s of all-reduce
+    # (2 (D-1)/D * 10 bytes at 1 byte/s), and only then the next step.
+    profile = data_parallel(uniform_profile(1, devices=1), grad_bytes=10, bandwidth=1.0)
+    plan = one_f_one_b(1, 3)
+    overlapped = Simulator(profile).run(plan, overlap_steps=True)
+    assert overlapped.iteration_time == pytest.approx(19.0)
+    assert overlapped.steady.first_step_time == pytest.approx(19.0)
+    assert Simulator(profile).run(plan).iteration_time == pytest.approx(19.0)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zbh2", "zbv", "i1f1b"])
+def test_all_reduces_hold_back_each_devices_next_step(schedule):
+    no_dp = uniform_profile(4, devices=2)
+    plan = baseline(no_dp, schedule, "uniform", num_microbatches=4)
+    free = Simulator(no_dp).run(plan, overlap_steps=True)
+    times = []
+    for bandwidth in (1e12, 20.0, 5.0, 1.0):
+        profile = data_parallel(no_dp, grad_bytes=10, bandwidth=bandwidth)
+        sync = Simulator(profile).run(plan)
+        overlapped = Simulator(profile).run(plan, overlap_steps=True)
+        assert overlapped.steady.converged
+        # Step 0 alone is the synchronous step, its all-reduces included.
+        assert overlapped.steady.first_step_time == pytest.approx(sync.iteration_time)
+        assert free.iteration_time - 1e-9 <= overlapped.iteration_time
+        assert overlapped.iteration_time <= sync.iteration_time + 1e-9
+        assert overlapped.peak_memory_bytes == free.peak_memory_bytes
+        assert overlapped.busy == free.busy
+        times.append(overlapped.iteration_time)
+    assert times[0] == pytest.approx(free.iteration_time)  # all-reduces that take no time
+    assert times == sorted(times) and times[-1] > times[0]
+
+
+def test_the_tuner_ranks_data_parallel_plans_by_the_overlapped_step():
+    profile = data_parallel(uniform_profile(8, devices=2), grad_bytes=10, bandwidth=5.0)
+    result = tune(profile, 4, 2, time_budget=20, overlap_steps=True)
+    best = result.best.sim
+    assert best.fits and best.steady is not None and best.steady.converged
+    again = Simulator(profile).run(result.best.plan, overlap_steps=True)
+    assert again.iteration_time == pytest.approx(best.iteration_time)
+    for e in result.baselines:
+        assert e.sim.steady is not None and best.iteration_time <= e.sim.iteration_time + 1e-9
 
 
 def test_simulate_overlap_steps_json(tmp_path, capsys):

@@ -174,7 +174,8 @@ def plan_layout(
     `gpus` a count of `hardware` GPUs or a spec such as "4xh100,4xa100"; every TP x PP x DP
     layout with its microbatch size and count is screened, the best are tuned under the shared
     `time_budget`; `.rows` best first, `.reference` Megatron-LM's usual layout. `options`:
-    those of `octopipe.layouts.plan_cluster` (finalists, seed, max_chunks, progress)."""
+    those of `octopipe.layouts.plan_cluster` (finalists, seed, max_chunks, progress,
+    overlap_steps)."""
     from octopipe.cluster import Cluster, parse_gpus
     from octopipe.layouts import Job, plan_cluster
 

@@ -142,8 +142,9 @@ def shard_optimizer(profile: Profile, dp: int, state_bytes: int, bytes_per_param
 class LayoutSearch:
     """Plans layouts of one job; the analytic profiles are built once per (TP, b)."""
 
-    def __init__(self, job: Job):
+    def __init__(self, job: Job, overlap_steps: bool = False):
         self.job = job
+        self.overlap_steps = overlap_steps  # rank plans by their steady step time
         self._profiles: dict[tuple[int, int, str], Profile] = {}
 
     # --- profiles ------------------------------------------------------------------------
@@ -213,7 +214,8 @@ class LayoutSearch:
         rows = []
         for devices in replicas:
             on = profile.with_devices(devices)
-            rows.append(Row(layout, label, plan, on, Simulator(on).run(plan, detail=False)))
+            result = Simulator(on).run(plan, detail=False, overlap_steps=self.overlap_steps)
+            rows.append(Row(layout, label, plan, on, result))
         return max(rows, key=lambda r: r.score)
 
     def baselines(self, layout: Layout, names: Iterable[tuple[str, str]]) -> list[Row]:
@@ -266,6 +268,7 @@ class LayoutSearch:
             time_budget=time_budget,
             seed=seed,
             baselines=[(start.label, start.plan)],
+            overlap_steps=self.overlap_steps,
         )
         row = self.evaluate(layout, "tuned", result.best.plan)
         return row if row.score <= start.score else start
@@ -297,10 +300,13 @@ def plan_cluster(
     seed: int = 0,
     max_chunks: int | None = 4,
     progress: Progress | None = None,
+    overlap_steps: bool = False,
 ) -> LayoutReport:
     """Screen every layout with a few baselines, then tune them best first under what is left
     of `time_budget` (seconds, shared by the whole search), each with a `finalists`-th of the
-    time left; the Megatron-LM reference row beside them."""
+    time left; the Megatron-LM reference row beside them. `overlap_steps`: every plan ranked
+    by its steady step time with steps back to back, all-reduces included (docs/FORMATS.md);
+    the reference stays synchronous, as Megatron-LM runs it."""
     import time
 
     started = time.perf_counter()
@@ -312,7 +318,7 @@ def plan_cluster(
         if progress is not None:
             progress(what, min(1.0, used() / time_budget))
 
-    search = LayoutSearch(job)
+    search = LayoutSearch(job, overlap_steps)
     L = search.base_profile(1, 1).num_layers
     layouts = candidate_layouts(job.cluster, job.global_batch, L, search.tp_fits)
     if not layouts:
@@ -332,7 +338,7 @@ def plan_cluster(
             rows.append(row)
     screened = len(rows)
     rows.sort(key=lambda r: r.score)
-    reference = _reference(search, job, L)
+    reference = _reference(LayoutSearch(job) if overlap_steps else search, job, L)
     # Tune in screened order: each layout gets its share of what is left as if only
     # `finalists` remained, and the search goes on down the list while time is left (small
     # problems converge in a fraction of their share).

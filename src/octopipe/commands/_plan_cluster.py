@@ -49,11 +49,6 @@ def run(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in DECIDED if getattr(args, k, None) is not None]
     if given:
         raise InputError(given[0], "the cluster layout decides this itself; drop it or --gpus")
-    if args.overlap_steps:
-        raise InputError(
-            "--overlap-steps",
-            "not with --gpus: overlapped steps with data parallelism are not modelled yet",
-        )
     if args.global_batch < 1:
         raise InputError("--global-batch", f"must be at least 1, got {args.global_batch}")
     if args.time_budget <= 0:
@@ -74,10 +69,11 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             max_chunks=args.max_chunks,
             progress=report,
+            overlap_steps=args.overlap_steps,
         )
     job = result.job
     console = Console()
-    console.print(layout_table(result, job))
+    console.print(layout_table(result, job, args.overlap_steps))
     best = result.best
     if not best.sim.fits:
         console.print("[red]no layout fits the GPUs' memory; the leanest is shown first[/red]")
@@ -96,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def layout_table(result: LayoutReport, job: Job) -> Table:
+def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) -> Table:
+    overlapped = ", steps overlapped (step s: steady state; Megatron-LM synchronous)"
     table = Table(
         title=f"{job.config} on {job.cluster.describe()}, global batch {job.global_batch} x "
-        f"{job.seq_len} tokens: layouts (simulated)",
+        f"{job.seq_len} tokens: layouts (simulated){overlapped if overlap_steps else ''}",
         caption="DP Z1: optimizer state sharded across DP (ZeRO-1); b x M: samples per "
         "microbatch x microbatches per step; Megatron-LM: its usual layout, interleaved 1F1B "
         "over a uniform partition (1F1B with one stage)",

@@ -18,7 +18,7 @@ from octopipe.plan import Plan
 from octopipe.profile import Device, Profile
 from octopipe.sim.evaluate import SimResult, evaluate
 from octopipe.sim.graph import build_graph, devices_for
-from octopipe.sim.steps import FIRST_STEPS, MAX_STEPS, refuse_data_parallel, steady_state
+from octopipe.sim.steps import FIRST_STEPS, MAX_STEPS, steady_state
 
 __all__ = ["SimResult", "Simulator", "lower_bound", "simulate"]
 
@@ -56,7 +56,6 @@ class Simulator:
         bound = lower_bound(self.profile, devices, plan.num_microbatches)
         try:
             if overlap_steps:
-                refuse_data_parallel(self.profile)
                 return steady_state(graph, bound, *steps)
             return evaluate(graph, bound, detail)
         except DeadlockError as exc:

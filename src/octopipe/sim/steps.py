@@ -11,14 +11,20 @@ T_{k+1} - T_k become periodic after a transient; `steady_state` simulates 8, 16,
 until the last three periods of increments agree (a period of 1 to 4 steps) and takes their mean.
 Peak memory is over the whole repeated run; as a device ends step k (its W included) before
 step k+1's first action, it equals one step's peak.
+
+With data parallelism each stage's gradient all-reduce of step k runs on its device's
+communication channel after the stage's last backward of the step, one at a time in the order
+the device's order makes them ready (the synchronous rule), and the device starts step k+1 only
+once its all-reduces of step k have ended, as the executor does (it updates a stage once the
+stage's all-reduce is done, and finishes them all before the next step). In the graph: one row
+per device of all-reduce nodes, and a zero-time wait heading each later step of the device.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from octopipe.actions import NUM_KINDS, Action
-from octopipe.errors import InputError
+from octopipe.actions import B_CODE, NUM_KINDS, W_CODE, Action
 from octopipe.plan import Plan
 from octopipe.sim.evaluate import SimResult, SteadyState, evaluate
 from octopipe.sim.graph import NO_DEP, Graph
@@ -47,7 +53,8 @@ def step_id(aid: int, step: int, num_microbatches: int, steps: int) -> int:
 
 def repeat_graph(graph: Graph, steps: int) -> Graph:
     """`build_graph(repeat_steps(plan, steps))` from the one-step graph, by renumbering ids
-    (what the simulator runs; no plan is built or checked again)."""
+    (what the simulator runs; no plan is built or checked again). With data-parallel
+    all-reduces, also their rows and the waits for them (`_with_reductions`)."""
     M = graph.plan.num_microbatches
 
     def shift(aid: int, j: int) -> int:
@@ -69,7 +76,62 @@ def repeat_graph(graph: Graph, steps: int) -> Graph:
                 mem_delta[shift(aid, j)] = delta
     plan = graph.plan
     repeated = Plan(plan.num_devices, M * steps, plan.stages, {})
-    return replace(graph, plan=repeated, rows=rows, num_ids=n, mem_delta=tuple(mem_delta))
+    out = replace(graph, plan=repeated, rows=rows, num_ids=n, mem_delta=tuple(mem_delta))
+    return _with_reductions(graph, out, steps) if any(graph.reduce_time) else out
+
+
+def reduction_order(graph: Graph) -> list[list[tuple[int, int]]]:
+    """Per device, (stage, id of its last backward action) of each stage with an all-reduce,
+    in the order the device runs those last backward actions: the order they become ready."""
+    M = graph.plan.num_microbatches
+    out = []
+    for row in graph.rows:
+        last: dict[int, tuple[int, int]] = {}
+        for pos, r in enumerate(row):
+            if r[0] % NUM_KINDS in (B_CODE, W_CODE):
+                last[r[0] // (M * NUM_KINDS)] = (pos, r[0])
+        ready = sorted((pos, s, aid) for s, (pos, aid) in last.items() if graph.reduce_time[s])
+        out.append([(s, aid) for _, s, aid in ready])
+    return out
+
+
+def _with_reductions(one: Graph, repeated: Graph, steps: int) -> Graph:
+    """`repeated` with a row of all-reduce nodes per device (ids from `repeated.num_ids` on),
+    each after its stage's last backward of the step, and each device's step k+1 headed by a
+    zero-time wait for the end of its last all-reduce of step k."""
+    M = one.plan.num_microbatches
+    next_id = repeated.num_ids
+    nd = len(one.rows)
+    device_rows: list[list] = []
+    reduce_rows: list[list] = []
+    for d, order in enumerate(reduction_order(one)):
+        per_step = len(one.rows[d])
+        row = list(repeated.rows[d])
+        reduce_row: list = []
+        for j in range(steps):
+            for s, aid in order:
+                ready = step_id(aid, j, M, steps)
+                reduce_row.append((next_id, one.reduce_time[s], ready, 0.0, NO_DEP, 0.0))
+                next_id += 1
+        device_rows.append(row)
+        reduce_rows.append(reduce_row)
+        if not order:
+            continue
+        for j in range(steps - 1, 0, -1):  # from the back: inserting shifts what follows
+            last_reduce = reduce_row[j * len(order) - 1][0]
+            row.insert(j * per_step, (next_id, 0.0, last_reduce, 0.0, NO_DEP, 0.0))
+            next_id += 1
+    rows = tuple(tuple(r) for r in [*device_rows, *reduce_rows])
+    mem_delta = repeated.mem_delta + (0,) * (next_id - repeated.num_ids)
+    static = tuple(repeated.static_bytes) + (0,) * nd
+    return replace(
+        repeated,
+        rows=rows,
+        num_ids=next_id,
+        mem_delta=mem_delta,
+        static_bytes=static,
+        reduce_time=(),
+    )
 
 
 def settled_period(increments: list[float], scale: float) -> int:
@@ -91,15 +153,21 @@ def steady_state(
     physical limit). The result describes one step: iteration_time is the steady step time,
     busy is per step, peak memory is over the whole repeated run. A search may pass small step
     counts for a quick estimate (`steady.converged` says whether it settled)."""
-    M = graph.plan.num_microbatches
+    M, nd = graph.plan.num_microbatches, len(graph.rows)
     lasts = [row[-1][0] for row in graph.rows if row]  # each device's last action of a step
+    orders = reduction_order(graph) if any(graph.reduce_time) else []
+    reducing = [(d, len(order)) for d, order in enumerate(orders) if order]
     steps = first_steps
     while True:
         repeated = repeat_graph(graph, steps)
         watch = [step_id(a, j, M, steps) for a in lasts for j in range(steps)]
+        for d, count in reducing:  # a step ends with its last all-reduce, too
+            row = repeated.rows[nd + d]
+            watch += [row[(j + 1) * count - 1][0] for j in range(steps)]
         result = evaluate(repeated, lower_bound * steps, False, watch)
         ends = result.watched_ends
-        per_step = [max(ends[d * steps + j] for d in range(len(lasts))) for j in range(steps)]
+        enders = len(lasts) + len(reducing)
+        per_step = [max(ends[e * steps + j] for e in range(enders)) for j in range(steps)]
         increments = [b - a for a, b in zip([0.0, *per_step], per_step)]
         period = settled_period(increments[1:], per_step[-1] / steps)
         if period or steps >= max_steps:
@@ -114,18 +182,11 @@ def steady_state(
     return replace(
         result,
         iteration_time=step_time,
-        busy=tuple(b / steps for b in result.busy),
+        busy=tuple(b / steps for b in result.busy[:nd]),  # the all-reduce rows are not devices
+        peak_memory_bytes=result.peak_memory_bytes[:nd],
+        static_memory_bytes=result.static_memory_bytes[:nd],
+        end_memory_bytes=result.end_memory_bytes[:nd],
         lower_bound=lower_bound,
         watched_ends=(),
         steady=steady,
     )
-
-
-def refuse_data_parallel(profile) -> None:
-    if profile.data_parallel.degree > 1 and any(l.grad_bytes for l in profile.layers):
-        raise InputError(
-            profile.name,
-            "overlapped steps with data-parallel all-reduces are not modelled: each step's "
-            "all-reduce would gate the next step's update",
-            "data_parallel",
-        )
