@@ -147,6 +147,14 @@ class LayoutSearch:
         self.overlap_steps = overlap_steps  # rank plans by their steady step time
         self._profiles: dict[tuple[int, int, str], Profile] = {}
 
+    def synchronous(self) -> LayoutSearch:
+        """This search ranking by one synchronous step, sharing the profiles built so far."""
+        if not self.overlap_steps:
+            return self
+        twin = LayoutSearch(self.job)
+        twin._profiles = self._profiles
+        return twin
+
     # --- profiles ------------------------------------------------------------------------
 
     def base_profile(self, tp: int, microbatch_size: int, hardware: str | None = None) -> Profile:
@@ -338,7 +346,7 @@ def plan_cluster(
             rows.append(row)
     screened = len(rows)
     rows.sort(key=lambda r: r.score)
-    reference = _reference(LayoutSearch(job) if overlap_steps else search, job, L)
+    reference = _reference(search.synchronous(), job, L)  # Megatron-LM synchronizes
     # Tune in screened order: each layout gets its share of what is left as if only
     # `finalists` remained, and the search goes on down the list while time is left (small
     # problems converge in a fraction of their share).

@@ -55,6 +55,11 @@ def repeat_graph(graph: Graph, steps: int) -> Graph:
     """`build_graph(repeat_steps(plan, steps))` from the one-step graph, by renumbering ids
     (what the simulator runs; no plan is built or checked again). With data-parallel
     all-reduces, also their rows and the waits for them (`_with_reductions`)."""
+    return _repeat(graph, steps)[0]
+
+
+def _repeat(graph: Graph, steps: int) -> tuple[Graph, list[list[int]]]:
+    """`repeat_graph`, and per device with all-reduces the id of its last one in each step."""
     M = graph.plan.num_microbatches
 
     def shift(aid: int, j: int) -> int:
@@ -77,7 +82,7 @@ def repeat_graph(graph: Graph, steps: int) -> Graph:
     plan = graph.plan
     repeated = Plan(plan.num_devices, M * steps, plan.stages, {})
     out = replace(graph, plan=repeated, rows=rows, num_ids=n, mem_delta=tuple(mem_delta))
-    return _with_reductions(graph, out, steps) if any(graph.reduce_time) else out
+    return _with_reductions(graph, out, steps) if any(graph.reduce_time) else (out, [])
 
 
 def reduction_order(graph: Graph) -> list[list[tuple[int, int]]]:
@@ -95,15 +100,17 @@ def reduction_order(graph: Graph) -> list[list[tuple[int, int]]]:
     return out
 
 
-def _with_reductions(one: Graph, repeated: Graph, steps: int) -> Graph:
+def _with_reductions(one: Graph, repeated: Graph, steps: int) -> tuple[Graph, list[list[int]]]:
     """`repeated` with a row of all-reduce nodes per device (ids from `repeated.num_ids` on),
     each after its stage's last backward of the step, and each device's step k+1 headed by a
-    zero-time wait for the end of its last all-reduce of step k."""
+    zero-time wait for the end of its last all-reduce of step k. Also, per device that has
+    all-reduces, the id of its last one in each step (where the step ends for it)."""
     M = one.plan.num_microbatches
     next_id = repeated.num_ids
     nd = len(one.rows)
     device_rows: list[list] = []
     reduce_rows: list[list] = []
+    last_of_step: list[list[int]] = []
     for d, order in enumerate(reduction_order(one)):
         per_step = len(one.rows[d])
         row = list(repeated.rows[d])
@@ -117,21 +124,22 @@ def _with_reductions(one: Graph, repeated: Graph, steps: int) -> Graph:
         reduce_rows.append(reduce_row)
         if not order:
             continue
+        last_of_step.append([reduce_row[(j + 1) * len(order) - 1][0] for j in range(steps)])
         for j in range(steps - 1, 0, -1):  # from the back: inserting shifts what follows
-            last_reduce = reduce_row[j * len(order) - 1][0]
-            row.insert(j * per_step, (next_id, 0.0, last_reduce, 0.0, NO_DEP, 0.0))
+            row.insert(j * per_step, (next_id, 0.0, last_of_step[-1][j - 1], 0.0, NO_DEP, 0.0))
             next_id += 1
     rows = tuple(tuple(r) for r in [*device_rows, *reduce_rows])
     mem_delta = repeated.mem_delta + (0,) * (next_id - repeated.num_ids)
     static = tuple(repeated.static_bytes) + (0,) * nd
-    return replace(
+    out = replace(
         repeated,
         rows=rows,
         num_ids=next_id,
         mem_delta=mem_delta,
         static_bytes=static,
-        reduce_time=(),
+        reduce_time=(),  # the all-reduces are in the rows now: evaluate must not add them again
     )
+    return out, last_of_step
 
 
 def settled_period(increments: list[float], scale: float) -> int:
@@ -155,18 +163,15 @@ def steady_state(
     counts for a quick estimate (`steady.converged` says whether it settled)."""
     M, nd = graph.plan.num_microbatches, len(graph.rows)
     lasts = [row[-1][0] for row in graph.rows if row]  # each device's last action of a step
-    orders = reduction_order(graph) if any(graph.reduce_time) else []
-    reducing = [(d, len(order)) for d, order in enumerate(orders) if order]
     steps = first_steps
     while True:
-        repeated = repeat_graph(graph, steps)
+        repeated, reduce_ends = _repeat(graph, steps)
         watch = [step_id(a, j, M, steps) for a in lasts for j in range(steps)]
-        for d, count in reducing:  # a step ends with its last all-reduce, too
-            row = repeated.rows[nd + d]
-            watch += [row[(j + 1) * count - 1][0] for j in range(steps)]
+        # A step ends with its last all-reduce, too.
+        watch += [aid for ends_of_device in reduce_ends for aid in ends_of_device]
         result = evaluate(repeated, lower_bound * steps, False, watch)
         ends = result.watched_ends
-        enders = len(lasts) + len(reducing)
+        enders = len(lasts) + len(reduce_ends)
         per_step = [max(ends[e * steps + j] for e in range(enders)) for j in range(steps)]
         increments = [b - a for a, b in zip([0.0, *per_step], per_step)]
         period = settled_period(increments[1:], per_step[-1] / steps)
