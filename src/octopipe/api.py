@@ -167,21 +167,26 @@ def plan_layout(
     gpus_per_node: int = 8,
     hardware: str = "h100",
     seq_len: int = 4096,
-    time_budget: float = 60.0,
+    stack=None,
+    memory_headroom: float | None = None,
     **options,
 ) -> LayoutReport:
     """The parallel layout of a model on a cluster, as `octopipe plan --gpus` chooses it:
-    `gpus` a count of `hardware` GPUs or a spec such as "4xh100,4xa100"; every TP x PP x DP
-    layout with its microbatch size and count is screened, the best are tuned under the shared
-    `time_budget`; `.rows` best first, `.reference` Megatron-LM's usual layout. `options`:
-    those of `octopipe.layouts.plan_cluster` (finalists, seed, max_chunks, progress,
-    overlap_steps)."""
-    from octopipe.layouts import Job, plan_cluster
-    from octopipe.layouts.cluster import Cluster, parse_gpus
+    `gpus` a count of `hardware` GPUs or a spec such as "4xh100,4xa100"; `stack` the
+    training framework's settings (`octopipe.layouts.stack.Stack`, default OctoPipe's);
+    `memory_headroom` the fraction of each GPU's memory a plan leaves free (default 5%).
+    Megatron-LM's usual layout is planned and tuned first, every layout screened best bound
+    first and the best tuned; `.rows` best first, `.reference` Megatron-LM's layout. `options`:
+    those of `octopipe.layouts.plan_cluster` (time_budget, finalists, tune_evaluations,
+    max_screened, seed, max_chunks, progress, overlap_steps, from_layout, torchtitan)."""
+    from octopipe.layouts import Cluster, Job, parse_gpus, plan_cluster
+    from octopipe.layouts.layout import DEFAULT_HEADROOM
+    from octopipe.layouts.stack import Stack
 
     cluster = Cluster(parse_gpus(str(gpus), hardware), gpus_per_node)
-    job = Job(str(config), cluster, global_batch, seq_len)
-    return plan_cluster(job, time_budget=time_budget, **options)
+    headroom = DEFAULT_HEADROOM if memory_headroom is None else memory_headroom
+    job = Job(str(config), cluster, global_batch, seq_len, stack or Stack(), headroom)
+    return plan_cluster(job, **options)
 
 
 def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:

@@ -17,7 +17,7 @@ from octopipe.partition import METHODS
 from octopipe.partition import partition as split_layers
 from octopipe.plan import Plan, make_plan
 from octopipe.profile import Profile
-from octopipe.schedules import SCHEDULES, generate
+from octopipe.schedules import SCHEDULES, ScheduleSpec, generate
 from octopipe.sim import Simulator
 
 
@@ -36,10 +36,19 @@ def make_baseline(
     """
     profile.device_list(num_devices)  # a device count the profile cannot serve is an input error
     spec = generate(schedule, num_devices, num_microbatches, chunks)
+    plan = baseline_plan(profile, spec, partition, num_microbatches)
+    result = (simulator or Simulator(profile)).run(plan, detail=False, check=False)
+    return plan.with_predicted(result.predicted())
+
+
+def baseline_plan(
+    profile: Profile, spec: ScheduleSpec, partition: str, num_microbatches: int
+) -> Plan:
+    """A generated schedule's plan over the stages the `partition` method cuts, not simulated
+    (for callers that simulate it their own way; `spec` from `schedules.generate`)."""
     ranges = split_layers(profile, spec.num_stages, partition, spec.placement)
-    plan = make_plan(num_devices, num_microbatches, ranges, spec.placement, spec.orders)
-    result = (simulator or Simulator(profile)).run(plan, detail=False)
-    return plan.with_predicted(result.predicted()).with_layer_names(profile.layer_names)
+    plan = make_plan(spec.num_devices, num_microbatches, ranges, spec.placement, spec.orders)
+    return plan.with_layer_names(profile.layer_names)
 
 
 def all_baselines(

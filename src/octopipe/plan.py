@@ -55,7 +55,7 @@ class Plan:
     composites: Composites = field(default=frozenset(), compare=False)
     # How the plan sits in the whole job (docs/FORMATS.md): {"tp", "pp", "dp",
     # "microbatch_size"}, pp being num_devices. None: a pipeline on its own.
-    parallelism: Mapping[str, int] | None = field(default=None, compare=False)
+    parallelism: Mapping[str, Any] | None = field(default=None, compare=False)
     # The profile's layer names, in order (docs/FORMATS.md): the executor checks them against
     # the model's before it starts. None: not recorded (then only the count is checked).
     layer_names: tuple[str, ...] | None = field(default=None, compare=False)
@@ -87,10 +87,32 @@ class Plan:
     def with_predicted(self, predicted: Mapping[str, Any]) -> Plan:
         return replace(self, predicted=predicted)
 
-    def with_parallelism(self, tp: int, dp: int, microbatch_size: int, zero: int = 0) -> Plan:
-        degrees = {"tp": tp, "pp": self.num_devices, "dp": dp, "microbatch_size": microbatch_size}
-        if zero:
-            degrees["zero"] = zero
+    def with_parallelism(
+        self,
+        tp: int,
+        dp: int,
+        microbatch_size: int,
+        zero: int = 0,
+        cp: int = 1,
+        ep: int = 1,
+        recompute: str = "none",
+    ) -> Plan:
+        """The plan as one part of a job (docs/FORMATS.md, `parallelism`); the optional keys
+        are written only where they differ from their defaults."""
+        degrees: dict[str, Any] = {
+            "tp": tp,
+            "pp": self.num_devices,
+            "dp": dp,
+            "microbatch_size": microbatch_size,
+        }
+        for key, value, default in (
+            ("zero", zero, 0),
+            ("cp", cp, 1),
+            ("ep", ep, 1),
+            ("recompute", recompute, "none"),
+        ):
+            if value != default:
+                degrees[key] = value
         return replace(self, parallelism=degrees)
 
     def with_layer_names(self, names: Sequence[str]) -> Plan:
@@ -258,6 +280,7 @@ def _layer_names(raw: Any, num_layers: int, where: str) -> tuple[str, ...] | Non
 
 
 PARALLELISM_KEYS = ("tp", "pp", "dp", "microbatch_size")
+RECOMPUTE_KINDS = ("none", "selective", "full")  # as the cost model's settings name them
 
 
 def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | None:
@@ -273,6 +296,17 @@ def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | Non
         raise InputError(where, f"expected 0 or 1, got {zero!r}", "parallelism.zero")
     if zero:
         out["zero"] = zero
+    for key in ("cp", "ep"):  # optional degrees, 1 when absent
+        if key in raw and _positive_int(raw, key, where, "parallelism.") != 1:
+            out[key] = raw[key]
+    recompute = raw.get("recompute", "none")
+    if recompute not in RECOMPUTE_KINDS:
+        kinds = ", ".join(RECOMPUTE_KINDS)
+        raise InputError(
+            where, f"expected one of {kinds}, got {recompute!r}", "parallelism.recompute"
+        )
+    if recompute != "none":
+        out["recompute"] = recompute
     if out["pp"] != num_devices:
         raise InputError(
             where, f"pp is {out['pp']} but the plan has {num_devices} devices", "parallelism.pp"

@@ -1,13 +1,18 @@
-"""`octopipe plan --gpus N`: lay a model out on a cluster (TP x PP x DP, microbatches).
+"""`octopipe plan --gpus N`: lay a model out on a cluster (TP x CP x PP x DP x EP, microbatches,
+recomputation, optimizer sharding).
 
-Screens every layout, tunes the best few under the shared `--time-budget`, prints them best
-first beside Megatron-LM's usual layout, and writes the best plan (with its `parallelism`) and
-the profile it was planned on to the output folder. The search lives in `octopipe.layouts.search`.
+Plans Megatron-LM's usual layout (and the user's `--from-layout`) first, screens every layout
+best bound first, tunes the best few, prints them best first beside the references, writes the
+best plan (with its `parallelism`) and the profile it was planned on, and prints how to launch
+it. The search lives in `octopipe.layouts.search`; its work is counted in layouts and
+evaluations, so the answer is the same on any machine unless `--time-budget` cuts it (the
+output then says so).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -16,21 +21,25 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from octopipe.api import plan_layout
 from octopipe.commands._plan_outputs import pictures_fit, since, write_outputs
+from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
 from octopipe.errors import InputError
 from octopipe.layouts import Job, LayoutReport, Row
-from octopipe.profile import save_profile
-from octopipe.units import GIB
+from octopipe.layouts.layout import DEFAULT_HEADROOM
+from octopipe.layouts.search import TUNE_EVALUATIONS
+from octopipe.units import GIB, fmt_bytes
 
 SHOWN_ROWS = 10
 DEFAULT_MODEL = "gemma2-9b"  # as the single-pipeline plan's
+DEFAULT_TIME_CAP = 600.0  # seconds: a safety cap, not what decides the answer
 # Options of the single-pipeline `plan` that a cluster layout decides itself.
 DECIDED = ("profile", "devices", "microbatches", "tp", "micro_batch_size", "memory_limit")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("cluster layout (with --gpus: choose TP, PP, DP and microbatches)")
+    g = p.add_argument_group(
+        "cluster layout (with --gpus: choose TP, CP, PP, DP, EP, microbatches, recomputation)"
+    )
     g.add_argument(
         "--gpus",
         help="GPUs of the cluster: a count of --hardware GPUs (16) or counts of presets "
@@ -43,16 +52,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=512,
         help="samples (of --seq-len tokens) per step: DP x microbatches x microbatch size",
     )
+    g.add_argument(
+        "--from-layout",
+        metavar="LAYOUT",
+        help="your own layout to beat, e.g. tp8,pp16,dp24,b1,v2 (cpN, epN, z1, selective or "
+        "full also): planned as `octopipe estimate` plans it, tuned, shown beside the answer",
+    )
+    g.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=DEFAULT_HEADROOM,
+        help="fraction of each GPU's memory a plan leaves free (fragmentation, workspaces)",
+    )
+    g.add_argument(
+        "--tune-evaluations",
+        type=int,
+        default=TUNE_EVALUATIONS,
+        help="the tuner's evaluations per tuned layout: the search's work, the same on any machine",
+    )
+    g.add_argument(
+        "--json",
+        action="store_true",
+        help='the chosen layout and the reference\'s as JSON on the last line ({"chosen": ...,'
+        ' "reference": ...})',
+    )
+    add_stack_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    from octopipe.api import plan_layout
+    from octopipe.layouts.spec import parse_layout
+
     given = [f"--{k.replace('_', '-')}" for k in DECIDED if getattr(args, k, None) is not None]
     if given:
         raise InputError(given[0], "the cluster layout decides this itself; drop it or --gpus")
     if args.global_batch < 1:
         raise InputError("--global-batch", f"must be at least 1, got {args.global_batch}")
-    if args.time_budget <= 0:
-        raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
+    cap = DEFAULT_TIME_CAP if args.time_budget is None else args.time_budget
+    if not cap > 0:
+        raise InputError("--time-budget", f"must be positive, got {cap}")
+    if not 0 <= args.memory_headroom < 1:
+        raise InputError("--memory-headroom", f"must lie in [0, 1), got {args.memory_headroom}")
+    if args.tune_evaluations < 1:
+        raise InputError("--tune-evaluations", f"must be at least 1, got {args.tune_evaluations}")
+    spec = parse_layout(args.from_layout) if args.from_layout else None
     started = time.perf_counter()
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once
@@ -65,31 +108,66 @@ def run(args: argparse.Namespace) -> int:
             gpus_per_node=args.gpus_per_node,
             hardware=args.hardware,
             seq_len=args.seq_len,
-            time_budget=args.time_budget - since(started),
+            stack=stack_from_args(args),
+            memory_headroom=args.memory_headroom,
+            time_budget=cap,
+            tune_evaluations=args.tune_evaluations,
             seed=args.seed,
             max_chunks=args.max_chunks,
             progress=report,
             overlap_steps=args.overlap_steps,
+            from_layout=spec,
+            torchtitan=args.torchtitan,
         )
     job = result.job
     console = Console()
     console.print(layout_table(result, job, args.overlap_steps))
+    for note in result.notes:
+        console.print(f"[yellow]note: {note}[/yellow]")
     best = result.best
     if not best.sim.fits:
-        console.print("[red]no layout fits the GPUs' memory; the leanest is shown first[/red]")
-        return 1
+        lay = best.layout
+        raise InputError(
+            "--gpus",
+            f"no layout fits {job.cluster.size} GPUs' memory (less {args.memory_headroom:.0%} "
+            f"headroom): the leanest, {lay.describe()}, lacks "
+            f"{fmt_bytes(best.memory_lacking_bytes)} a GPU",
+        )
     lay = best.layout
-    plan = best.plan.with_parallelism(lay.tp, lay.dp, lay.microbatch_size, int(lay.zero1))
+    plan = best.plan.with_parallelism(
+        lay.tp, lay.dp, lay.microbatch_size, int(lay.zero1), lay.cp, lay.ep, lay.recompute
+    )
     plan = plan.with_predicted(best.sim.predicted())
+    from octopipe.profile import save_profile
+
     save_profile(best.profile, out / "profile.json")
-    left = args.time_budget - since(started)
+    left = cap - since(started)
     written = write_outputs(plan, best.profile, out, pictures=args.png and pictures_fit(plan, left))
     console.print(
-        f"{job.cluster.describe()}: screened {result.screened} of {result.candidates} layouts, "
-        f"tuned {result.tuned}, in {result.seconds:.1f} s; wrote profile.json, "
-        + ", ".join(written)
+        f"{job.cluster.describe()}: {result.candidates} layouts, {result.unfit} set aside for "
+        f"memory, {result.screened} screened, {result.pruned} left out by their bounds, "
+        f"{result.tuned} tuned ({result.evaluations:,} evaluations) in {result.seconds:.1f} s; "
+        "wrote profile.json, " + ", ".join(written)
     )
+    if args.json:
+        print(json.dumps(json_summary(result)))
     return 0
+
+
+def json_summary(result: LayoutReport) -> dict:
+    return {
+        "chosen": result.best.summary(),
+        "reference": result.reference.summary() if result.reference else None,
+        "given": result.given.summary() if result.given else None,
+        "search": {
+            "candidates": result.candidates,
+            "screened": result.screened,
+            "tuned": result.tuned,
+            "evaluations": result.evaluations,
+            "seconds": result.seconds,
+            "cut_by_time": result.cut_by_time,
+        },
+    }
 
 
 def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) -> Table:
@@ -98,22 +176,37 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
         title=f"{job.config} on {job.cluster.describe()}, global batch {job.global_batch} x "
         f"{job.seq_len} tokens: layouts (simulated){overlapped if overlap_steps else ''}",
         caption="DP Z1: optimizer state sharded across DP (ZeRO-1); b x M: samples per "
-        "microbatch x microbatches per step; Megatron-LM: its usual layout, interleaved 1F1B "
-        "over a uniform partition (1F1B with one stage)",
+        "microbatch x microbatches per step; R: recomputation (s: selective, f: full); "
+        "Megatron-LM: its usual layout, interleaved 1F1B over a uniform partition (1F1B with one "
+        "stage); given: --from-layout",
     )
-    for col in ("TP", "PP", "DP", "b x M"):
+    shown = [*result.rows[:SHOWN_ROWS], *(r for r in (result.reference, result.given) if r)]
+    degrees = ["TP", "CP", "PP", "DP", "EP", "b x M", "R"]
+    if all(r.layout.cp == 1 for r in shown):
+        degrees.remove("CP")
+    if all(r.layout.ep == 1 for r in shown):
+        degrees.remove("EP")
+    if all(r.layout.recompute == "none" for r in shown):
+        degrees.remove("R")
+    for col in degrees:
         table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("plan")
+    table.add_column("plan", min_width=8)
     for col in ("step s", "tok/s/GPU", "GiB", "fits"):
         table.add_column(col, justify="right", no_wrap=True)
 
     def add(row: Row, bold: bool = False) -> None:
         lay, sim = row.layout, row.sim
+        values = {
+            "TP": str(lay.tp),
+            "CP": str(lay.cp),
+            "PP": str(lay.pp),
+            "DP": f"{lay.dp} Z1" if lay.zero1 else str(lay.dp),
+            "EP": str(lay.ep),
+            "b x M": f"{lay.microbatch_size} x {lay.num_microbatches}",
+            "R": {"none": "-", "selective": "s", "full": "f"}[lay.recompute],
+        }
         cells = [
-            str(lay.tp),
-            str(lay.pp),
-            f"{lay.dp} Z1" if lay.zero1 else str(lay.dp),
-            f"{lay.microbatch_size} x {lay.num_microbatches}",
+            *(values[d] for d in degrees),
             row.label,
             f"{row.step_time:.3f}",
             f"{row.tokens_per_gpu(job):,.0f}",
@@ -124,14 +217,16 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
 
     for i, row in enumerate(result.rows[:SHOWN_ROWS]):
         add(row, bold=i == 0)
-    if result.reference is not None:
+    references = [r for r in (result.reference, result.given) if r is not None]
+    if references:
         table.add_section()
-        add(result.reference)
+        for row in references:
+            add(row)
     return table
 
 
 class _progress:
-    """A rich progress bar on stderr over the time budget, saying what is being planned."""
+    """A rich progress bar on stderr over the search's work, saying what is being planned."""
 
     def __init__(self, show: bool):
         self.show = show

@@ -35,6 +35,7 @@ HELP = (
 
 DEFAULT_MODEL = "gemma2-9b"  # large vocabulary: what an uneven pipeline costs, at a glance
 DEFAULT_DEVICES = 4
+DEFAULT_TIME_BUDGET = 30.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,8 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--time-budget",
         type=float,
-        default=30.0,
-        help="seconds for the whole command: baselines, search and pictures",
+        help="seconds for the whole command: baselines, search and pictures (default 30; "
+        "with --gpus a safety cap of 600: the search's work is counted in evaluations)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the search's random moves")
     p.add_argument(
@@ -110,6 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         return plan_cluster.run(args)
+    if args.time_budget is None:
+        args.time_budget = DEFAULT_TIME_BUDGET
     started = time.perf_counter()
     profile = _profile(args)
     devices = profile.device_list(args.devices)  # a profile without devices needs --devices

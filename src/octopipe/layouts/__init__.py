@@ -2,8 +2,12 @@
 
 - `cluster.py`: GPUs in nodes, and the topology one pipeline replica sees;
 - `layout.py`: what a layout is (`Layout`, `Job`) and which ones a job allows;
+- `stack.py`: the training framework's settings shared by every layout (`Stack`);
+- `costs.py`: a layout's profile and what its step costs beyond the pipeline (`LayoutCosts`);
+- `estimate.py`: one given layout predicted (`octopipe estimate`);
+- `spec.py`: a layout written as `tp8,pp16,dp24,b1,v2` (`--from-layout`);
 - `search.py`: the layout search of `octopipe plan --gpus` (`LayoutSearch`, `plan_cluster`);
-- `reference.py`: Megatron-LM's usual layout, the reference beside every answer.
+- `reference.py`: Megatron-LM's usual layout and the user's own, beside every answer.
 """
 
 from octopipe.layouts.cluster import Cluster, parse_gpus

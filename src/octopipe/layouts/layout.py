@@ -1,10 +1,13 @@
 """What a cluster layout is: the parallel degrees and the microbatches of one training job.
 
     job = Job("llama3-70b", cluster, global_batch=512, seq_len=4096)
-    layouts = candidate_layouts(cluster, 512, num_layers=83, tp_fits=...)
+    layouts = candidate_layouts(cluster, 512, num_layers=83, tp_fits=...)   # TP x PP x DP x b
+    layouts = search_space(job, num_layers=83, fits=..., experts=0)          # every degree
 
-A layout fixes TP (inside a node), PP, DP with TP x PP x DP GPUs, and the microbatch size b and
-count M with D x M x b = the global batch. Nothing here costs or searches a layout.
+A layout fixes TP (inside a node), CP, PP, DP (and EP among the DP x CP ranks) with
+TP x CP x PP x DP GPUs, the microbatch size b and count M with D x M x b = the global batch,
+the recomputation and whether the optimizer state is sharded. Nothing here costs or searches
+a layout.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from octopipe.layouts.cluster import Cluster
 from octopipe.layouts.stack import Stack
 
 MAX_MICROBATCH_SIZE = 8
+MIN_CP_CHUNK = 1024  # tokens of a sequence a context-parallel rank holds at least
+MAX_EP = 64  # the widest expert-parallel group searched
+RECOMPUTE_ORDER = ("none", "selective", "full")  # cheapest in time first
 # A plan "fits" when its peak stays under this fraction less than each GPU's capacity: room for
 # the allocator's fragmentation, kernels' workspaces and the CUDA context, which no plan counts.
 DEFAULT_HEADROOM = 0.05
@@ -92,3 +98,56 @@ def candidate_layouts(
                     out.append(Layout(tp, pp, dp, b, per_replica // b))
                 b *= 2
     return out
+
+
+def search_space(
+    job: Job, num_layers: int, fits: Callable[[int, int, int], bool], experts: int = 0
+) -> list[Layout]:
+    """Every layout of the job: `candidate_layouts`' TP x PP x DP x b, with every CP degree
+    that leaves each rank at least MIN_CP_CHUNK tokens of a sequence, every EP degree dividing
+    the MoE model's `experts` and the DP x CP ranks (up to MAX_EP), each recomputation, and the
+    optimizer state sharded or not where there are replicas. `fits(tp, cp, ep)` says whether
+    the model splits so."""
+    cluster = job.cluster
+    out = []
+    for cp in divisors(cluster.size):
+        if cp > 1 and (job.seq_len % cp or job.seq_len // cp < MIN_CP_CHUNK):
+            continue
+
+        # A pipeline device is a TP x CP group: lay TP x PP x DP out on a cluster 1/cp the size.
+        def tp_fits(tp: int, cp: int = cp) -> bool:
+            return fits(tp, cp, 1)
+
+        for base in candidate_layouts(_Scaled(cluster, cp), job.global_batch, num_layers, tp_fits):
+            ranks = base.dp * cp
+            eps = [1] + [
+                e for e in divisors(ranks) if 1 < e <= MAX_EP and experts and experts % e == 0
+            ]
+            for ep in eps:
+                if ep > 1 and not fits(base.tp, cp, ep):
+                    continue
+                for recompute in RECOMPUTE_ORDER:
+                    for zero in (False, True) if ranks > 1 else (False,):
+                        out.append(
+                            Layout(
+                                base.tp,
+                                base.pp,
+                                base.dp,
+                                base.microbatch_size,
+                                base.num_microbatches,
+                                zero,
+                                cp,
+                                recompute,
+                                ep,
+                            )
+                        )
+    return out
+
+
+class _Scaled:
+    """A cluster seen as 1/cp as many GPUs (each pipeline device a TP x CP group), for
+    `candidate_layouts`' TP x PP x DP enumeration: TP still divides a node."""
+
+    def __init__(self, cluster: Cluster, cp: int):
+        self.size = cluster.size // cp
+        self.gpus_per_node = cluster.gpus_per_node

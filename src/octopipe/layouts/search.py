@@ -1,34 +1,58 @@
-"""Choosing the parallel degrees: TP x PP x DP, microbatch size and count, for a whole cluster.
+"""The layout search of `octopipe plan --gpus`: the best TP x CP x PP x DP (x EP) layout of a
+job, its microbatches, recomputation and optimizer sharding, with its tuned plan.
 
-    layouts = candidate_layouts(cluster, global_batch=512, num_layers=83, tp_fits=...)
-    search = LayoutSearch(job)            # profiles per (TP, microbatch size), cached
-    row = search.screen(layout)           # the best of a few baselines: cheap
-    row = search.tune(layout, budget)     # the tuner on that layout
+    report = plan_cluster(job)                          # LayoutReport: rows best first
+    report.best, report.reference                       # the answer, Megatron-LM's layout
 
-A layout fixes TP (inside a node), PP, DP with TP x PP x DP GPUs, and the microbatch size b and
-count M with D x M x b = the global batch. Each is planned on the analytic profile of its TP
-degree and microbatch size, with the topology `Cluster.replica_topology` gives (which pipeline
-devices share a node, the data-parallel ring). ZeRO-1 (optimizer state sharded across DP, as
-Megatron-LM's distributed optimizer) is used where a layout does not fit without it. The
-reference is Megatron-LM's usual choice for the job (`megatron_layout`). The command that
-prints the table is `commands/_plan_cluster.py`.
+1. **References first.** Megatron-LM's usual layout (`reference.py`) and the user's own
+   (`from_layout`) are planned as their frameworks run them and tuned; the answer is never
+   slower than the best of them.
+2. **Screening, best bound first.** Every layout of the search space (`layout.search_space`)
+   gets a lower bound on its step, from its profile alone: its microbatches' work spread
+   evenly over its pipeline devices, then the optimizer update of an even share of the
+   parameters; and a lower bound on its memory (an even share of the weights, gradients and
+   optimizer state, and of one microbatch's activations). Layouts that cannot fit are set
+   aside; the others are screened (the best of a few balanced baselines, simulated) in the
+   order of their bounds until the next bound is no better than the best step found: no layout
+   left could beat it, tuned or not.
+3. **Tuning.** The best `finalists` screened layouts are tuned, each with `tune_evaluations`
+   evaluations of the tuner.
+
+The work is counted in layouts screened and tuner evaluations, so the same job gives the same
+answer on any machine. `time_budget` is only a safety cap: when it cuts the search, the
+report says so (`cut_by_time`) and the answer may differ on a faster machine. A Row's step is
+the pipeline simulated on every distinct replica (the slowest), then the optimizer step
+(`costs.py`). The command that prints the table is `commands/_plan_cluster.py`.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from octopipe.errors import InputError
 from octopipe.layouts.costs import LayoutCosts
-from octopipe.layouts.layout import Job, Layout, candidate_layouts
-from octopipe.layouts.reference import reference_row
+from octopipe.layouts.layout import Job, Layout, search_space
+from octopipe.layouts.reference import from_layout_row, reference_row
+from octopipe.layouts.spec import LayoutSpec
 from octopipe.plan import Plan
 from octopipe.profile import Profile
+from octopipe.schedules import ScheduleSpec, generate
 from octopipe.sim import SimResult, Simulator
 from octopipe.sim.evaluate import plan_rank
 
-SCREEN_BASELINES = (("1f1b", "balanced"), ("zbh1", "balanced"), ("i1f1b", "balanced"))
+# ZB-H1 (1F1B's memory, a third of its bubble) and interleaved 1F1B, both balanced: a layout's
+# screening estimate. The tuner then finds better plans for the best few.
+SCREEN_BASELINES = (("zbh1", "balanced", None), ("i1f1b", "balanced", None))
+FINALISTS = 4
+TUNE_EVALUATIONS = 1500  # the tuner's evaluations per tuned layout, at most
+# What one tuning may list-schedule in all: big pipelines get fewer evaluations (each schedules
+# stages x microbatches x 3 actions), never fewer than MIN_TUNE_EVALUATIONS.
+TUNE_ACTIONS = 10_000_000
+MIN_TUNE_EVALUATIONS = 100
+MAX_SCREENED = 300  # layouts screened at most, best bound first: a bound on the work
+SCREEN_ACTIONS = 20_000_000  # and the actions their screening simulates, at most
 
 
 @dataclass(frozen=True)
@@ -36,7 +60,7 @@ class Row:
     """One layout's best plan found, simulated on every replica's devices."""
 
     layout: Layout
-    label: str  # where the plan came from (a baseline's name, or "tuned")
+    label: str  # where the plan came from (a baseline's name, "tuned", "Megatron-LM")
     plan: Plan
     profile: Profile  # replica 0's profile, the plan's
     sim: SimResult  # the slowest replica's result
@@ -54,20 +78,57 @@ class Row:
     def score(self) -> tuple[int, float, float]:
         return plan_rank(self.step_time, self.sim.memory_excess_bytes)
 
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(self.sim.peak_memory_bytes)
+
+    @property
+    def memory_lacking_bytes(self) -> float:
+        return max(self.sim.memory_excess_bytes)
+
+    def summary(self) -> dict:
+        """The row as `plan --gpus --json` puts it on its last line."""
+        lay = self.layout
+        return {
+            "tp": lay.tp,
+            "cp": lay.cp,
+            "pp": lay.pp,
+            "dp": lay.dp,
+            "ep": lay.ep,
+            "microbatch_size": lay.microbatch_size,
+            "microbatches": lay.num_microbatches,
+            "recompute": lay.recompute,
+            "zero": int(lay.zero1),
+            "step_time": self.step_time,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "fits": self.sim.fits,
+            "plan": self.label,
+        }
+
 
 class LayoutSearch:
-    """Plans layouts of one job; the analytic profiles are built once per (TP, b)."""
+    """Plans layouts of one job on the shared cost model (`LayoutCosts`)."""
 
-    def __init__(self, job: Job, overlap_steps: bool = False, costs: LayoutCosts | None = None):
+    def __init__(
+        self,
+        job: Job,
+        overlap_steps: bool = False,
+        costs: LayoutCosts | None = None,
+        torchtitan: bool = False,
+    ):
         self.job = job
         self.overlap_steps = overlap_steps  # rank plans by their steady step time
+        self.torchtitan = torchtitan  # only placements torchtitan builds itself
         self.costs = costs or LayoutCosts(job)  # shared: profiles are built once
+        self._schedules: dict[tuple, ScheduleSpec] = {}  # generated orders, by their counts
 
     def synchronous(self) -> LayoutSearch:
         """This search ranking by one synchronous step, sharing the profiles built so far."""
         if not self.overlap_steps:
             return self
-        return LayoutSearch(self.job, costs=self.costs)
+        twin = LayoutSearch(self.job, costs=self.costs, torchtitan=self.torchtitan)
+        twin._schedules = self._schedules
+        return twin
 
     @property
     def num_layers(self) -> int:
@@ -88,147 +149,307 @@ class LayoutSearch:
         rows = []
         for devices in replicas:
             on = profile.with_devices(devices)
-            result = Simulator(on).run(plan, detail=False, overlap_steps=self.overlap_steps)
+            # check=False: the plans evaluated here are built by generators and the tuner.
+            result = Simulator(on).run(
+                plan, detail=False, check=False, overlap_steps=self.overlap_steps
+            )
             tail = self.costs.tail(layout, plan, on).total
             rows.append(Row(layout, label, plan, on, result, tail))
         return max(rows, key=lambda r: r.score)
 
-    def baselines(self, layout: Layout, names: Iterable[tuple[str, str]]) -> list[Row]:
-        from octopipe.baselines import make_baseline
+    def baseline(self, layout: Layout, schedule: str, method: str, chunks: int | None) -> Row:
+        """One named schedule over one partitioner (InputError when the counts do not allow
+        it); the schedule's orders are generated once for every layout of the same counts."""
+        from octopipe.baselines import baseline_plan
 
+        key = (schedule, layout.pp, layout.num_microbatches, chunks)
+        if key not in self._schedules:
+            self._schedules[key] = generate(schedule, *key[1:])
         profile, _ = self.profile(layout)
+        plan = baseline_plan(profile, self._schedules[key], method, layout.num_microbatches)
+        row = self.evaluate(layout, f"{schedule}/{method}", plan)
+        return replace(row, plan=plan.with_predicted(row.sim.predicted()))
+
+    def baselines(self, layout: Layout, names: Iterable[tuple[str, str, int | None]]) -> list[Row]:
+        """The named plans the layout's counts allow."""
         rows = []
-        for schedule, method in names:
+        for schedule, method, chunks in names:
             try:
-                plan = make_baseline(profile, schedule, method, layout.pp, layout.num_microbatches)
+                rows.append(self.baseline(layout, schedule, method, chunks))
             except InputError:  # too few microbatches or layers for this schedule
                 continue
-            rows.append(self.evaluate(layout, f"{schedule}/{method}", plan))
         return rows
 
     def screen(self, layout: Layout) -> Row | None:
-        """The best of a few balanced baselines: a quick estimate of the layout, switching
-        to ZeRO-1 when nothing fits without it (at once where the replicated static bytes
-        alone exceed the devices' memory)."""
-        if layout.dp > 1 and not layout.zero1 and self._static_overflows(layout):
-            return self.screen(replace(layout, zero1=True))
-        rows = self.baselines(layout, SCREEN_BASELINES)
-        best = min(rows, key=lambda r: r.score, default=None)
-        if best is not None and not best.sim.fits and layout.dp > 1 and not layout.zero1:
-            sharded = self.screen(replace(layout, zero1=True))
-            if sharded is not None and sharded.score < best.score:
-                return sharded
-        return best
-
-    def _static_overflows(self, layout: Layout) -> bool:
-        """Whether even an even split of the weights, gradients and optimizer state over the
-        pipeline's devices exceeds their memory."""
-        profile, _ = self.profile(layout)
-        static = sum(layer.param_bytes for layer in profile.layers) / layout.pp
-        return static > min(d.memory_bytes for d in profile.device_list())
+        """The best of a few balanced baselines: a quick estimate of the layout."""
+        return min(self.baselines(layout, SCREEN_BASELINES), key=lambda r: r.score, default=None)
 
     def tune(
-        self, start: Row, time_budget: float, seed: int = 0, max_chunks: int | None = 4
-    ) -> Row:
-        """The tuner on `start`'s layout, seeded with `start`'s plan (never worse than it)."""
+        self,
+        start: Row,
+        evaluations: int = TUNE_EVALUATIONS,
+        time_budget: float = float("inf"),
+        seed: int = 0,
+        max_chunks: int | None = 4,
+    ) -> tuple[Row, int, bool]:
+        """The tuner on `start`'s layout, seeded with `start`'s plan (never worse than it),
+        for `evaluations` evaluations (or `time_budget` seconds, whichever ends first); the
+        evaluations it made, and whether the seconds ended it."""
         from octopipe.tuner import tune as search
 
         layout = start.layout
         profile, _ = self.profile(layout)
+        # Each evaluation list-schedules every action of the plan: a bound on the actions.
+        actions = 3 * start.plan.num_stages * layout.num_microbatches
+        evaluations = max(MIN_TUNE_EVALUATIONS, min(evaluations, TUNE_ACTIONS // actions))
         result = search(
             profile,
             layout.num_microbatches,
             layout.pp,
             max_chunks=max_chunks,
             time_budget=time_budget,
+            max_evaluations=evaluations,
             seed=seed,
             baselines=[(start.label, start.plan)],
             overlap_steps=self.overlap_steps,
+            torchtitan=self.torchtitan,
         )
         row = self.evaluate(layout, "tuned", result.best.plan)
-        return row if row.score <= start.score else start
+        best = row if row.score <= start.score else start
+        return best, result.evaluations, result.cut_by_time
+
+    # --- bounds --------------------------------------------------------------------------
+
+    def step_bound(self, layout: Layout) -> float:
+        """No plan of `layout` steps faster: its work spread evenly over its pipeline devices
+        (at the fastest device's speed), then the optimizer update of an even share of the
+        parameters."""
+        profile, _ = self.profile(layout)
+        work = sum(layer.work for layer in profile.layers) * layout.num_microbatches
+        fastest = max(d.speed for d in profile.device_list())
+        params = sum(e.params for e in self.costs.layers(layout)) / layout.pp
+        s = self.costs.settings(layout)
+        shards = layout.dp * layout.cp if layout.zero1 else 1
+        from octopipe.layouts.costs import optimizer_seconds
+
+        update = optimizer_seconds(
+            params / shards, s.grad_bytes, s.weight_bytes, self.costs.hardware()
+        )
+        return work / (layout.pp * fastest) + update / fastest
+
+    def memory_bound(self, layout: Layout) -> float:
+        """No plan of `layout` needs less on its fullest device: an even share of the static
+        bytes and of one microbatch's activations."""
+        profile, _ = self.profile(layout)
+        static = sum(layer.param_bytes for layer in profile.layers)
+        one = sum(layer.act_bytes for layer in profile.layers)
+        return (static + one) / layout.pp
+
+    def capacity(self) -> float:
+        profile, _ = self.profile(Layout(1, 1, self.job.cluster.size, 1, 1))
+        return min(d.memory_bytes for d in profile.device_list())
 
 
 @dataclass(frozen=True)
 class LayoutReport:
     job: Job
-    rows: tuple[Row, ...]  # every layout screened, best first (the tuned ones as tuned)
-    reference: Row | None  # Megatron-LM's usual layout, simulated the same way
-    screened: int
-    candidates: int  # layouts enumerated (more than screened when the budget ran out)
+    rows: tuple[Row, ...]  # every layout planned, best first (the tuned ones as tuned)
+    reference: Row | None  # Megatron-LM's usual layout, planned as Megatron-LM runs it
+    screened: int  # layouts simulated (references included)
+    candidates: int  # layouts of the search space
     tuned: int
     seconds: float
+    given: Row | None = None  # the user's --from-layout, planned as `estimate` plans it
+    unfit: int = 0  # layouts set aside: their memory bound exceeds the GPUs'
+    pruned: int = 0  # layouts never screened: their step bound could not beat the answer
+    evaluations: int = 0  # layouts screened x their baselines, plus the tuner's evaluations
+    cut_by_time: bool = False  # the time budget cut the search: the answer is machine-bound
+    notes: tuple[str, ...] = field(default=())
 
     @property
     def best(self) -> Row:
         return self.rows[0]
 
 
-Progress = Callable[[str, float], None]  # (what is being done, fraction of the budget used)
+Progress = Callable[[str, float], None]  # (what is being done, fraction of the work done)
 
 
 def plan_cluster(
     job: Job,
     *,
-    time_budget: float = 60.0,
-    finalists: int = 4,
+    time_budget: float = 600.0,
+    finalists: int = FINALISTS,
+    tune_evaluations: int = TUNE_EVALUATIONS,
+    max_screened: int = MAX_SCREENED,
+    screen_actions: int = SCREEN_ACTIONS,
     seed: int = 0,
     max_chunks: int | None = 4,
     progress: Progress | None = None,
     overlap_steps: bool = False,
+    from_layout: LayoutSpec | None = None,
+    torchtitan: bool = False,
 ) -> LayoutReport:
-    """Screen every layout with a few baselines, then tune them best first under what is left
-    of `time_budget` (seconds, shared by the whole search), each with a `finalists`-th of the
-    time left; the Megatron-LM reference row beside them. `overlap_steps`: every plan ranked
-    by its steady step time with steps back to back, all-reduces included (docs/FORMATS.md);
-    the reference stays synchronous, as Megatron-LM runs it."""
-    import time
-
+    """The references, planned and tuned; then every layout screened best bound first and the
+    best `finalists` tuned (see the module docstring). `overlap_steps`: every plan ranked by its
+    steady step time with steps back to back, all-reduces included (docs/FORMATS.md); the
+    Megatron-LM reference stays synchronous, as Megatron-LM runs it."""
     started = time.perf_counter()
-
-    def used() -> float:
-        return time.perf_counter() - started
-
-    def report(what: str) -> None:
-        if progress is not None:
-            progress(what, min(1.0, used() / time_budget))
-
-    search = LayoutSearch(job, overlap_steps)
+    search = LayoutSearch(job, overlap_steps, torchtitan=torchtitan)
     L = search.num_layers
-    layouts = candidate_layouts(job.cluster, job.global_batch, L, search.tp_fits)
-    if not layouts:
+    experts = search.costs.arch.moe.num_experts if search.costs.arch.moe is not None else 0
+    space = search_space(job, L, search.costs.fits_degrees, experts)
+    if not space:
         raise InputError(
             "--gpus",
-            f"no TP x PP x DP layout of {job.cluster.size} GPUs divides the global batch "
+            f"no TP x CP x PP x DP layout of {job.cluster.size} GPUs divides the global batch "
             f"{job.global_batch} with at most one stage per layer",
         )
-    screen_budget = 0.4 * time_budget  # the rest goes to tuning the best of them
+    work = _Work(started, time_budget, progress, max_screened + (2 + finalists) * 1)
     rows: list[Row] = []
-    for i, layout in enumerate(_cheapest_first(layouts)):
-        if rows and used() > screen_budget:
+
+    # 1. The references, as their frameworks run them, then tuned.
+    reference = reference_row(search.synchronous(), job, L)  # Megatron-LM synchronizes
+    given = from_layout_row(search, job, from_layout) if from_layout is not None else None
+    references = [r for r in (reference, given) if r is not None]
+    tuned = 0
+    for start in references:
+        if overlap_steps:  # rank it as the search ranks its own plans
+            start = search.evaluate(start.layout, start.label, start.plan)
+        work.say(f"tuning the {start.label} layout: {start.layout.describe()}")
+        row, spent, cut = search.tune(start, tune_evaluations, work.left(), seed, max_chunks)
+        work.tuner(spent, cut)
+        rows.append(row)
+        tuned += 1
+
+    # 2. Screening, best bound first.
+    capacity = search.capacity()
+    fitting, unfit = [], 0
+    for layout in space:
+        if search.memory_bound(layout) > capacity:
+            unfit += 1
+        else:
+            fitting.append((search.step_bound(layout), _order(layout), layout))
+    fitting.sort(key=lambda x: (x[0], x[1]))
+    done = {r.layout for r in rows}
+    fits_with: dict[Layout, str] = {}  # a family's lightest recomputation that fits
+    screened, pruned = 0, 0
+    for i, (bound, _, layout) in enumerate(fitting):
+        family = replace(layout, recompute="none")
+        lighter = fits_with.get(family)
+        if layout in done or (lighter is not None and _heavier(layout.recompute, lighter)):
+            continue  # the same plans with more recomputation: slower
+        incumbent = min((r for r in rows if r.sim.fits), key=lambda r: r.score, default=None)
+        if incumbent is not None and bound >= incumbent.step_time:
+            pruned = len(fitting) - i
             break
-        report(f"screening {i + 1}/{len(layouts)}: {layout.describe()}")
+        simulated = len(SCREEN_BASELINES) * 3 * layout.pp * layout.num_microbatches
+        over = screened >= max_screened or work.actions + simulated > screen_actions
+        if over or work.out_of_time():
+            pruned = len(fitting) - i
+            work.capped(screened, over)
+            break
+        work.say(f"screening {screened + 1} (bound {bound:.3g} s): {layout.describe()}")
         row = search.screen(layout)
+        screened += 1
+        work.screened(len(SCREEN_BASELINES), simulated)
         if row is not None:
             rows.append(row)
-    screened = len(rows)
-    rows.sort(key=lambda r: r.score)
-    reference = reference_row(search.synchronous(), job, L)  # Megatron-LM synchronizes
-    # Tune in screened order: each layout gets its share of what is left as if only
-    # `finalists` remained, and the search goes on down the list while time is left (small
-    # problems converge in a fraction of their share).
-    tuned = 0
-    for k, start in enumerate(list(rows)):
-        left = 0.9 * time_budget - used()  # a tenth kept for writing the plan and pictures
-        if left <= 0:
+            if row.sim.fits and family not in fits_with:
+                fits_with[family] = layout.recompute
+
+    # 3. Tuning the best of them.
+    candidates = sorted((r for r in rows if r.label != "tuned"), key=lambda r: r.score)
+    for start in candidates[:finalists]:
+        if work.out_of_time():
             break
-        report(f"tuning {k + 1}/{len(rows)}: {start.layout.describe()}")
-        rows[k] = search.tune(start, left / min(finalists, len(rows) - k), seed, max_chunks)
+        work.say(f"tuning {start.layout.describe()}")
+        row, spent, cut = search.tune(start, tune_evaluations, work.left(), seed, max_chunks)
+        work.tuner(spent, cut)
+        rows[rows.index(start)] = row
         tuned += 1
     rows.sort(key=lambda r: r.score)
-    return LayoutReport(job, tuple(rows), reference, screened, len(layouts), tuned, used())
+    return LayoutReport(
+        job=job,
+        rows=tuple(rows),
+        reference=reference,
+        screened=screened + len(references),
+        candidates=len(space),
+        tuned=tuned,
+        seconds=time.perf_counter() - started,
+        given=given,
+        unfit=unfit,
+        pruned=pruned,
+        evaluations=work.evaluations,
+        cut_by_time=work.cut_by_time,
+        notes=tuple(work.notes),
+    )
 
 
-def _cheapest_first(layouts: list[Layout]) -> list[Layout]:
-    """Screening order when the budget may run out: fewer simulated actions first."""
-    return sorted(layouts, key=lambda l: (l.pp * l.num_microbatches, l.tp))
+def _heavier(recompute: str, than: str) -> bool:
+    from octopipe.layouts.layout import RECOMPUTE_ORDER
+
+    return RECOMPUTE_ORDER.index(recompute) > RECOMPUTE_ORDER.index(than)
+
+
+def _order(layout: Layout) -> tuple:
+    """Ties of the bound broken alike on every run: fewer devices and less recomputation,
+    unsharded, smaller degrees first."""
+    from octopipe.layouts.layout import RECOMPUTE_ORDER
+
+    return (
+        layout.pp,
+        RECOMPUTE_ORDER.index(layout.recompute),
+        layout.zero1,
+        layout.tp,
+        layout.cp,
+        layout.ep,
+        layout.microbatch_size,
+    )
+
+
+class _Work:
+    """The search's progress, its safety cap in seconds, and what cut it short."""
+
+    def __init__(self, started: float, budget: float, progress: Progress | None, total: int):
+        self.started, self.budget, self.progress = started, budget, progress
+        self.total, self.done = max(1, total), 0
+        self.evaluations = 0  # simulated baselines and the tuner's evaluations
+        self.actions = 0  # the actions screening simulated
+        self.cut_by_time = False
+        self.notes: list[str] = []
+
+    def left(self) -> float:
+        return max(0.0, self.budget - (time.perf_counter() - self.started))
+
+    def out_of_time(self) -> bool:
+        if self.left() <= 0:
+            if not self.cut_by_time:
+                self.notes.append(
+                    f"the --time-budget of {self.budget:g} s cut the search: the answer may "
+                    "differ on a faster machine"
+                )
+            self.cut_by_time = True
+        return self.cut_by_time
+
+    def tuner(self, evaluations: int, cut: bool) -> None:
+        self.done += 1
+        self.evaluations += evaluations
+        if cut:
+            self.out_of_time()  # the tuner found the seconds gone: say so once
+            self.cut_by_time = True
+
+    def screened(self, simulations: int, actions: int) -> None:
+        self.done += 1
+        self.evaluations += simulations
+        self.actions += actions
+
+    def capped(self, screened: int, by_count: bool) -> None:
+        if by_count:
+            self.notes.append(
+                f"screened the {screened} layouts of best bound (the screening's work bound); "
+                "the rest were left out"
+            )
+
+    def say(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress(what, min(1.0, self.done / self.total))

@@ -14,7 +14,9 @@
 
 Every plan reported is re-evaluated by the simulator, and the result is never worse (in the
 simulator) than the best baseline plan given: that plan itself is returned if nothing beats it.
-Deterministic for a seed unless the time budget cuts the search short.
+The work can be bounded in evaluations (`max_evaluations`, the same on any machine) and in
+seconds (`time_budget`); deterministic for a seed unless the seconds run out first
+(`TuneResult.cut_by_time` says so).
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ class TuneResult:
     baselines: tuple[Evaluated, ...]
     evaluations: int
     seconds: float
-    converged: bool  # False when the time budget cut the search short
+    converged: bool  # False when a budget cut the search short
+    cut_by_time: bool = False  # the seconds ran out before the evaluations: machine-dependent
 
 
 def tune(
@@ -90,6 +93,7 @@ def tune(
     *,
     max_chunks: int | None = 4,
     time_budget: float = 30.0,
+    max_evaluations: int | None = None,
     seed: int = 0,
     baselines: Sequence[tuple[str, Plan]] = (),
     progress: Progress | None = None,
@@ -136,7 +140,9 @@ def tune(
 
     P = len(devices)
     allowed = (lambda p: torchtitan_style(p, P) is not None) if torchtitan else (lambda p: True)
-    search = _Search(evaluator, time_budget, random.Random(seed), progress, allowed)
+    search = _Search(
+        evaluator, time_budget, random.Random(seed), progress, allowed, max_evaluations
+    )
 
     base = tuple(
         Evaluated(label, plan, simulate(plan))
@@ -190,7 +196,8 @@ def tune(
         exported = Simulator(profile).run(best.plan, detail=False, overlap_steps=overlap_steps)
     plan = best.plan.with_predicted(exported.predicted()).with_layer_names(profile.layer_names)
     best = Evaluated(label, plan, best.sim)
-    return TuneResult(best, base, evaluator.evaluations, search.elapsed(), converged)
+    seconds = search.elapsed()
+    return TuneResult(best, base, evaluator.evaluations, seconds, converged, search.time_cut)
 
 
 def _deepen(
@@ -264,19 +271,29 @@ class _Search:
         rng: random.Random,
         progress: Progress | None,
         allowed: Callable[[tuple[int, ...]], bool],
+        max_evaluations: int | None = None,
     ):
         self.evaluator, self.budget, self.rng, self.progress = evaluator, budget, rng, progress
         self.allowed = allowed  # which placements the search may visit
+        self.max_evaluations = max_evaluations
         self.started = time.perf_counter()
         self.seen: dict[Candidate, Outcome] = {}
         self.best: Outcome | None = None
         self.converged = False  # every local search ran to its end within the budget
+        self.time_cut = False  # the seconds ran out while evaluations were left
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
     def out_of_time(self) -> bool:
-        return self.elapsed() >= self.budget
+        """Whether the search must stop: its evaluations spent (the same on every machine),
+        or, first, its seconds (then the result depends on the machine: `time_cut`)."""
+        if self.max_evaluations is not None and self.evaluator.evaluations >= self.max_evaluations:
+            return True
+        if self.elapsed() >= self.budget:
+            self.time_cut = True
+            return True
+        return False
 
     def evaluate(self, cand: Candidate, give_up_after: float = math.inf) -> Outcome | None:
         """The candidate's outcome (cached), or None if it takes longer than `give_up_after`."""
