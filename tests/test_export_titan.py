@@ -116,6 +116,8 @@ def test_config_module_holds_the_plans_values(style, tmp_path):
     assert [n for stage in stages for n in stage] == TITAN  # the head is torchtitan's lm_head
     assert (par["tensor_parallel_degree"], par["data_parallel_replicate_degree"]) == (1, 1)
     assert par["data_parallel_shard_degree"] == 1
+    assert par["pipeline_parallel_layers_per_stage"] is None
+    assert (par["context_parallel_degree"], par["expert_parallel_degree"]) == (1, 1)
     # torchtitan's microbatches: local_batch_size / pipeline_parallel_microbatch_size.
     assert written.TRAINING == {
         "local_batch_size": plan.num_microbatches * 2,
@@ -178,6 +180,9 @@ def trainer_config():
         tensor_parallel_degree=1,
         data_parallel_replicate_degree=1,
         data_parallel_shard_degree=-1,
+        pipeline_parallel_layers_per_stage=None,
+        context_parallel_degree=1,
+        expert_parallel_degree=1,
     )
     training = SimpleNamespace(
         local_batch_size=8, global_batch_size=-1, seq_len=2048, disable_cuda_graphs=False
@@ -360,6 +365,7 @@ def test_torchtitan_config_names_a_module_as_torchtitan_does():
         "torchtitan.models.qwen3.config_registry", "qwen3_0_6b"
     )
     assert TorchtitanBase.parse("my_pkg.configs:big") == TorchtitanBase("my_pkg.configs", "big")
+    assert TorchtitanBase.parse("mine:big") == TorchtitanBase("mine", "big")  # not torchtitan's
 
 
 def test_plan_of_a_shipped_llama_exports_for_torchtitan_and_prints_the_launch(tmp_path, capsys):

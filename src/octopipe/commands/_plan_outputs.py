@@ -99,9 +99,6 @@ def torchtitan_report(
             "llama3:llama3_8b)"
         )
     command = torchtitan_launch_command(out, world_size(plan, profile))
-    placed = (
-        " (stages placed by octopipe_torchtitan_stages.py)"
-        if (placement_style(plan) == "free")
-        else ""
-    )
+    free = placement_style(plan) == "free"
+    placed = " (stages placed by octopipe_torchtitan_stages.py)" if free else ""
     return f"torchtitan 0.3{placed}, from {torchtitan.module}.{torchtitan.config}:\n  {command}"

@@ -45,6 +45,10 @@ _SETTINGS = re.compile(
     r"^# --- end of the plan's settings ---\n"
 )
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+# torchtitan 0.3.0's `torchtitan.models._supported_models`: the names its --module takes short.
+TORCHTITAN_MODELS = frozenset(
+    ("deepseek_v3", "flux", "gpt_oss", "kimi_k2_7", "llama3", "muse_glimmer", "qwen3", "qwen3_5")
+)
 
 
 @dataclass(frozen=True)
@@ -56,13 +60,13 @@ class TorchtitanBase:
 
     @classmethod
     def parse(cls, text: str, where: str = "--torchtitan-config") -> TorchtitanBase:
-        """`MODULE:CONFIG` as torchtitan's `--module MODULE --config CONFIG` take them: a short
-        MODULE (no dot, e.g. `llama3`) is one of torchtitan's models,
-        `torchtitan.models.MODULE.config_registry`; a dotted one is imported as written."""
+        """`MODULE:CONFIG`: the module that holds the config function CONFIG, where one of
+        torchtitan's model names (`llama3`) stands, as in torchtitan's `--module`, for
+        `torchtitan.models.NAME.config_registry`."""
         module, sep, config = text.partition(":")
         if not (sep and _DOTTED.match(module) and config.isidentifier()):
             raise InputError(where, f"expected MODULE:CONFIG, e.g. llama3:llama3_8b, got {text!r}")
-        if "." not in module:
+        if module in TORCHTITAN_MODELS:
             module = f"torchtitan.models.{module}.config_registry"
         return cls(module, config)
 
@@ -124,11 +128,15 @@ def torchtitan_config_settings(
             "pipeline_parallel_schedule_csv": str(csv_path),
             "pipeline_parallel_microbatch_size": microbatch_size(plan, profile) or 1,
             "module_fqns_per_model_part": [names[s.start : s.end] for s in plan.stages],
+            "pipeline_parallel_layers_per_stage": None,  # the stages are given by name
             "tensor_parallel_degree": tp,
             "data_parallel_replicate_degree": dp,
             # The default (-1) shards over every rank left (FSDP); the plan's memory and
             # gradient all-reduce are those of whole replicas.
             "data_parallel_shard_degree": 1,
+            # The plan's world is TP x PP x DP, whatever the base config had.
+            "context_parallel_degree": 1,
+            "expert_parallel_degree": 1,
         },
         "TRAINING": training,
         # A checkpointed block's recomputation is freed by the first half of a split
