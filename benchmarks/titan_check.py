@@ -203,6 +203,7 @@ def train(name, plan, command, start, flags, titan_venv, work, steps) -> Run:
     dump = work / f"dump-{style}"
     extra = [*flags, "--training.steps", str(steps), "--dump_folder", str(dump)]
     extra += ["--comm.init_timeout_seconds", "300", "--comm.train_timeout_seconds", "300"]
+    extra += ["--debug.seed", "0"]  # the same figures run after run
     done, seconds = run_launch(command, extra, start, titan_venv, work)
     (work / f"log-{style}.txt").write_text(done.stdout + done.stderr)
     built, losses = parse_log(done.stdout + done.stderr)
