@@ -142,6 +142,20 @@ def test_degrees_come_from_the_plans_parallelism(tmp_path):
     assert "--nproc-per-node 16" in written.LAUNCH  # TP x PP x DP processes
 
 
+def test_torchtitans_rank_order_is_pointed_out_where_it_moves_unlike_devices(tmp_path):
+    note = "# torchtitan numbers ranks with the pipeline outermost"
+    for devices, dp, noted in [
+        ((Device(), Device()), 2, False),  # alike: any order will do
+        ((Device(), Device(speed=0.5)), 1, False),  # one replica: both numberings agree
+        ((Device(), Device(speed=0.5)), 2, True),
+    ]:
+        prof = profile(devices=devices)
+        plan = plans(prof)["loop"].with_parallelism(tp=1, dp=dp, microbatch_size=1)
+        folder = tmp_path / f"{dp}-{noted}"
+        export(plan, prof, folder)
+        assert (note in (folder / "octopipe_torchtitan.py").read_text()) == noted
+
+
 def test_without_a_sequence_length_the_base_configs_is_kept_and_said_so(tmp_path):
     prof = profile()
     export(plans(prof)["loop"], prof, tmp_path / "out")
@@ -456,13 +470,11 @@ def test_any_folder_or_profile_name_is_written_as_a_python_literal(tmp_path_fact
     )
 
 
-@given(
-    value=st.recursive(
-        st.none() | st.booleans() | st.integers() | st.text(),
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-        max_leaves=8,
-    )
-)
+def _containers(children):
+    return st.lists(children, max_size=3) | st.dictionaries(st.text(), children, max_size=3)
+
+
+@given(value=st.recursive(st.none() | st.booleans() | st.integers() | st.text(), _containers))
 def test_python_literal_evaluates_back_to_its_value(value):
     import ast
 

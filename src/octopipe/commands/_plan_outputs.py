@@ -53,10 +53,12 @@ def write_outputs(
     pictures: bool = True,
     torchtitan: TorchtitanBase | None = None,
     source: str | None = None,
+    gpus_per_node: int | None = None,
 ) -> list[str]:
     """Write the plan's files into `out`; returns their names. With a torchtitan base config,
-    also the torchtitan 0.3 config, whose layer names must map to torchtitan's (else an
-    InputError naming `source`, the profile's file or model)."""
+    also the torchtitan 0.3 config (launched over nodes of `gpus_per_node`, default one node),
+    whose layer names must map to torchtitan's (else an InputError naming `source`, the
+    profile's file or model)."""
     plan = plan.with_layer_names(profile.layer_names)
     save_plan(plan, out / "plan.json")
     save_schedule_csv(plan, out / "schedule.csv")
@@ -65,7 +67,8 @@ def write_outputs(
     write_torchtitan_toml(plan, profile, out / "torchtitan.toml", csv_path)
     written = ["plan.json", "schedule.csv", "torchtitan.toml"]
     if torchtitan is not None:
-        written += write_torchtitan_config(plan, profile, out, torchtitan, source or profile.name)
+        where = source or profile.name
+        written += write_torchtitan_config(plan, profile, out, torchtitan, where, gpus_per_node)
     if not pictures:
         return written
     from octopipe.viz.html import save_html_timeline
@@ -88,7 +91,11 @@ def torchtitan_base(args: argparse.Namespace, default_model: str) -> TorchtitanB
 
 
 def torchtitan_report(
-    plan: Plan, profile: Profile, out: Path, torchtitan: TorchtitanBase | None
+    plan: Plan,
+    profile: Profile,
+    out: Path,
+    torchtitan: TorchtitanBase | None,
+    gpus_per_node: int | None = None,
 ) -> str:
     """What `octopipe plan` says about running the plan in torchtitan: the 0.3 launch command
     for the config `write_outputs` wrote, or why there is none."""
@@ -98,7 +105,7 @@ def torchtitan_report(
             "--torchtitan-config MODULE:CONFIG (the torchtitan config to start from, e.g. "
             "llama3:llama3_8b)"
         )
-    command = torchtitan_launch_command(out, world_size(plan, profile))
+    command = torchtitan_launch_command(out, world_size(plan, profile), gpus_per_node)
     free = placement_style(plan) == "free"
     placed = " (stages placed by octopipe_torchtitan_stages.py)" if free else ""
     return f"torchtitan 0.3{placed}, from {torchtitan.module}.{torchtitan.config}:\n  {command}"

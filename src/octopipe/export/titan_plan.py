@@ -87,6 +87,13 @@ def caveats(plan: Plan, profile: Profile) -> list[str]:
             "torchtitan does not offer as such; its FSDP (data_parallel_shard_degree) shards "
             "weights and gradients too, at other communication costs."
         )
+    _, dp = tp_dp_degrees(plan, profile)
+    if dp > 1 and len(set(profile.devices or ())) > 1:
+        out.append(
+            "torchtitan numbers ranks with the pipeline outermost, rank = (pp x dp + dp_rank) x "
+            "tp + tp_rank, where the plan's GPU numbering is (pp + P x dp_rank) x tp + tp_rank; "
+            "the plan's devices differ, so order the GPUs (hosts) for torchtitan's numbering."
+        )
     if plan.predicted is not None and "step_time" in plan.predicted:
         out.append(
             "The plan was tuned for overlapped steps (no barrier between steps); torchtitan "
