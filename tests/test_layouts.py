@@ -11,7 +11,6 @@ import pytest
 
 from octopipe import api
 from octopipe.cli import main
-from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.costmodel.hardware import PRESETS
 from octopipe.errors import InputError
 from octopipe.layouts import (
@@ -24,6 +23,7 @@ from octopipe.layouts import (
     plan_cluster,
     shard_optimizer,
 )
+from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.plan import load_plan
 from octopipe.profile import load_profile
 from octopipe.sim import Simulator

@@ -134,8 +134,13 @@ class LayoutCosts:
         cluster = self.job.cluster
         speeds = self.speeds(layout) if cluster.mixed else {}
         topo = cluster.replica_topology(layout.tp, layout.pp, layout.dp, speeds, layout.cp)
+        stack = self.job.stack
         ring = topo.data_parallel.model_copy(
-            update={"bucket_bytes": self.job.stack.grad_bucket_bytes, "sharded": layout.zero1}
+            update={
+                "bucket_bytes": stack.grad_bucket_bytes,
+                "sharded": layout.zero1,
+                "at_end": stack.reduce_at_end,
+            }
         )
         zero = "-zero1" if layout.zero1 else ""
         cp = f"-cp{layout.cp}" if layout.cp > 1 else ""
@@ -145,6 +150,7 @@ class LayoutCosts:
                 "devices": topo.devices,
                 "links": topo.links,
                 "data_parallel": ring if ring.degree > 1 else topo.data_parallel,
+                "blocking_transfers": stack.p2p == "blocking",
             }
         )
         if layout.zero1 and ring.degree > 1:

@@ -152,7 +152,12 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
     lay = replace(lay, num_microbatches=job.global_batch // (lay.dp * lay.microbatch_size))
     given = replace(given, layout=lay)
     costs = costs or LayoutCosts(job)
-    profile, replicas = costs.profile(lay)  # one-line errors: heads that do not split, ...
+    try:
+        profile, replicas = costs.profile(lay)
+    except InputError as exc:  # the model's heads (or experts) do not split TP ways
+        if exc.place == "tensor_parallel":
+            raise InputError("--tp", exc.message) from None
+        raise
     plan = make_baseline(
         profile, given.schedule, PARTITION, lay.pp, lay.num_microbatches, given.chunks
     )

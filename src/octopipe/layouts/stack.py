@@ -17,6 +17,7 @@ from octopipe.costmodel.settings import ATTENTION_KERNELS, Settings
 from octopipe.errors import InputError
 
 GRAD_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+P2P_KINDS = ("overlapped", "blocking")
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,17 @@ class Stack:
     grad_bucket_bytes: int | None = None
     """Data-parallel reductions in buckets of this many bytes, started as the backward fills
     them (PyTorch DDP: 25 MB; Megatron-Core's --overlap-grad-reduce); None: each stage's
-    gradients reduced at once after its last backward (Megatron-LM's default)."""
+    gradients reduced at once after its last backward (OctoPipe's executor)."""
+    reduce_at_end: bool = False
+    """Every reduction of a device waits for its last action of the step (Megatron-LM's
+    local DDP, and Megatron-Core without --overlap-grad-reduce)."""
+    p2p: str = "overlapped"
+    """Pipeline transfers "overlapped" with compute (OctoPipe's executor, Megatron-Core's
+    --overlap-p2p-comm) or "blocking": the sender waits for its send (Megatron-LM 2021,
+    DeepSpeed's pipeline engine)."""
+    scatter_gather: bool = True
+    """Each TP rank sends its 1/t of the boundary tensor to the next stage (Megatron-LM's
+    scatter/gather of pipeline tensors); implied by sequence parallelism."""
     optimizer_bytes: int = 12
     """Optimizer state per parameter: mixed-precision Adam's FP32 master copy and moments."""
 
@@ -51,6 +62,8 @@ class Stack:
             raise InputError("--dropout", f"must lie in [0, 1), got {self.dropout}")
         if self.grad_bucket_bytes is not None and self.grad_bucket_bytes < 1:
             raise InputError("--grad-bucket-mb", "must be positive")
+        if self.p2p not in P2P_KINDS:
+            raise InputError("--p2p", f"expected one of {', '.join(P2P_KINDS)}")
 
     @property
     def grad_bytes(self) -> int:
@@ -73,6 +86,7 @@ def layer_settings(
         micro_batch_size=microbatch_size,
         tensor_parallel=tp,
         sequence_parallel=stack.sequence_parallel and tp > 1,
+        split_boundary=stack.scatter_gather and tp > 1,
         context_parallel=cp,
         cp_across_nodes=cp_across_nodes,
         recompute=recompute,
