@@ -82,7 +82,7 @@ def test_the_layout_search_predicts_the_same_step(gpt):
     j = job(gpt)
     result = estimate(j, Given(LAYOUT, "i1f1b", 2))
     lay = result.given.layout
-    (row,) = LayoutSearch(j).baselines(lay, [("i1f1b", "uniform")])
+    (row,) = LayoutSearch(j).baselines(lay, [("i1f1b", "uniform", None)])
     assert row.plan.stages == result.plan.stages
     assert row.step_time == pytest.approx(result.step_time, rel=1e-9)
     assert max(row.sim.peak_memory_bytes) == result.peak_memory_bytes

@@ -1,4 +1,5 @@
-"""Exports: the schedule CSV loads in PyTorch's runtime; the torchtitan fragment is valid TOML."""
+"""Exports: the schedule CSV loads in PyTorch's runtime; the torchtitan 0.2 fragment is valid
+TOML (the 0.3 config module: test_export_titan.py)."""
 
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ def test_unknown_microbatch_size_is_taken_as_1_and_said_so(tmp_path):
     assert doc["parallelism"]["pipeline_parallel_microbatch_size"] == 1
     assert doc["training"]["local_batch_size"] == 4
     assert "# The profile does not record its microbatch size, so 1 was assumed" in text
+    assert "# For torchtitan up to 0.2 (TOML job files); for 0.3, see octopipe_torchtitan" in text
 
 
 def test_tp_and_dp_degrees_come_from_the_plan_first_then_the_profile(tmp_path):

@@ -120,6 +120,9 @@ class Profile(_Frozen):
     microbatch_size: int | None = Field(
         default=None, ge=1, description="samples in the microbatch the costs are for"
     )
+    seq_len: int | None = Field(
+        default=None, ge=1, description="tokens per sample the costs are for"
+    )
     tensor_parallel: int = Field(
         default=1, ge=1, description="GPUs per pipeline device (one tensor-parallel group)"
     )
@@ -185,6 +188,8 @@ class Profile(_Frozen):
             data["data_parallel"] = _finite(dp)
         if self.microbatch_size is not None:
             data["microbatch_size"] = self.microbatch_size
+        if self.seq_len is not None:
+            data["seq_len"] = self.seq_len
         if self.tensor_parallel != 1:
             data["tensor_parallel"] = self.tensor_parallel
         if self.blocking_transfers:

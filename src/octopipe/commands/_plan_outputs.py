@@ -1,14 +1,23 @@
-"""What `octopipe plan` writes: plan.json, schedule.csv, torchtitan.toml and the timelines,
-and how long drawing them takes (the command's time budget covers it)."""
+"""What `octopipe plan` writes: plan.json, schedule.csv, the torchtitan exports (0.3's
+octopipe_torchtitan.py when a torchtitan base config is known, 0.2's torchtitan.toml) and the
+timelines, and how long drawing them takes (the command's time budget covers it)."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 
 from rich.console import Console
 
-from octopipe.export import write_torchtitan_toml
+from octopipe.export import (
+    SHIPPED_BASES,
+    TorchtitanBase,
+    torchtitan_launch_command,
+    write_torchtitan_config,
+    write_torchtitan_toml,
+)
+from octopipe.export.titan_plan import placement_style, world_size
 from octopipe.plan import Plan, save_plan, save_schedule_csv
 from octopipe.profile import Profile
 from octopipe.sim import Simulator
@@ -37,12 +46,29 @@ def since(started: float) -> float:
     return time.perf_counter() - started
 
 
-def write_outputs(plan: Plan, profile: Profile, out: Path, pictures: bool = True) -> list[str]:
+def write_outputs(
+    plan: Plan,
+    profile: Profile,
+    out: Path,
+    pictures: bool = True,
+    torchtitan: TorchtitanBase | None = None,
+    source: str | None = None,
+    gpus_per_node: int | None = None,
+) -> list[str]:
+    """Write the plan's files into `out`; returns their names. With a torchtitan base config,
+    also the torchtitan 0.3 config (launched over nodes of `gpus_per_node`, default one node),
+    whose layer names must map to torchtitan's (else an InputError naming `source`, the
+    profile's file or model)."""
     plan = plan.with_layer_names(profile.layer_names)
     save_plan(plan, out / "plan.json")
     save_schedule_csv(plan, out / "schedule.csv")
-    write_torchtitan_toml(plan, profile, out / "torchtitan.toml", "schedule.csv")
+    # Absolute: torchtitan reads the CSV from wherever it is started.
+    csv_path = str((out / "schedule.csv").resolve())
+    write_torchtitan_toml(plan, profile, out / "torchtitan.toml", csv_path)
     written = ["plan.json", "schedule.csv", "torchtitan.toml"]
+    if torchtitan is not None:
+        where = source or profile.name
+        written += write_torchtitan_config(plan, profile, out, torchtitan, where, gpus_per_node)
     if not pictures:
         return written
     from octopipe.viz.html import save_html_timeline
@@ -53,3 +79,33 @@ def write_outputs(plan: Plan, profile: Profile, out: Path, pictures: bool = True
     save_timeline(result, out / "timeline.png", title=title)
     save_html_timeline(result, out / "timeline.html", title=title)
     return [*written, "timeline.png", "timeline.html"]
+
+
+def torchtitan_base(args: argparse.Namespace, default_model: str) -> TorchtitanBase | None:
+    """The torchtitan config the 0.3 export starts from: `--torchtitan-config`, else
+    torchtitan's own config of the shipped model planned (`--model`, else `default_model`);
+    none for a profile."""
+    if args.torchtitan_config is not None:
+        return TorchtitanBase.parse(args.torchtitan_config)
+    return None if args.profile else SHIPPED_BASES.get(args.model or default_model)
+
+
+def torchtitan_report(
+    plan: Plan,
+    profile: Profile,
+    out: Path,
+    torchtitan: TorchtitanBase | None,
+    gpus_per_node: int | None = None,
+) -> str:
+    """What `octopipe plan` says about running the plan in torchtitan: the 0.3 launch command
+    for the config `write_outputs` wrote, or why there is none."""
+    if torchtitan is None:
+        return (
+            "torchtitan: torchtitan.toml is for torchtitan up to 0.2; for a 0.3 config, give "
+            "--torchtitan-config MODULE:CONFIG (the torchtitan config to start from, e.g. "
+            "llama3:llama3_8b)"
+        )
+    command = torchtitan_launch_command(out, world_size(plan, profile), gpus_per_node)
+    free = placement_style(plan) == "free"
+    placed = " (stages placed by octopipe_torchtitan_stages.py)" if free else ""
+    return f"torchtitan 0.3{placed}, from {torchtitan.module}.{torchtitan.config}:\n  {command}"

@@ -1,9 +1,10 @@
 """`octopipe plan`: tune a plan for a profile (or a model config) and write it out.
 
-Writes OUTDIR/plan.json (with `predicted`), schedule.csv, torchtitan.toml, timeline.png and
-timeline.html (the interactive timeline; `--no-png` skips both pictures), and prints the
-tuned plan beside every baseline. The search itself lives in `octopipe.tuner`;
-this module only gathers inputs, reports and writes files.
+Writes OUTDIR/plan.json (with `predicted`), schedule.csv, torchtitan.toml (torchtitan up to
+0.2), octopipe_torchtitan.py (torchtitan 0.3, when a torchtitan base config is known),
+timeline.png and timeline.html (the interactive timeline; `--no-png` skips both pictures), and
+prints the tuned plan beside every baseline, and the torchtitan launch command. The search
+itself lives in `octopipe.tuner`; this module only gathers inputs, reports and writes files.
 """
 
 from __future__ import annotations
@@ -20,9 +21,16 @@ from rich.table import Table
 
 from octopipe.api import profile_from_config, tune
 from octopipe.commands import _plan_cluster as plan_cluster
-from octopipe.commands._plan_outputs import picture_seconds, pictures_fit, since, write_outputs
+from octopipe.commands._plan_outputs import (
+    picture_seconds,
+    pictures_fit,
+    since,
+    torchtitan_base,
+    torchtitan_report,
+    write_outputs,
+)
 from octopipe.errors import InputError, MemoryExceededError
-from octopipe.placement import torchtitan_style
+from octopipe.export import torchtitan_names
 from octopipe.profile import Device, Profile, load_profile
 from octopipe.tuner import Evaluated, TuneResult
 from octopipe.units import GIB, parse_size
@@ -80,7 +88,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--torchtitan",
         action="store_true",
-        help="only placements torchtitan builds itself (looped, or V with 2 per device)",
+        help="only placements torchtitan builds itself (looped, or V with 2 per device); "
+        "torchtitan 0.3 runs any placement through octopipe_torchtitan_stages.py",
+    )
+    p.add_argument(
+        "--torchtitan-config",
+        metavar="MODULE:CONFIG",
+        help="the torchtitan 0.3 config the exported octopipe_torchtitan.py starts from, as "
+        "torchtitan's --module/--config take them (e.g. llama3:llama3_8b); default: "
+        "torchtitan's own config of --model where it has one (llama3-8b, llama3-70b), else "
+        "no 0.3 export",
     )
     p.add_argument(
         "--action-overhead",
@@ -115,6 +132,10 @@ def run(args: argparse.Namespace) -> int:
         args.time_budget = DEFAULT_TIME_BUDGET
     started = time.perf_counter()
     profile = _profile(args)
+    titan = torchtitan_base(args, DEFAULT_MODEL)
+    source = args.profile or args.model or DEFAULT_MODEL
+    if titan is not None:
+        torchtitan_names(profile, source)  # a name torchtitan lacks fails before the search
     devices = profile.device_list(args.devices)  # a profile without devices needs --devices
     if args.memory_limit is not None:
         limit = parse_size(args.memory_limit, "--memory-limit")
@@ -156,22 +177,19 @@ def run(args: argparse.Namespace) -> int:
         raise MemoryExceededError(shortfall_message(result.best))
     console = Console()
     pictures = args.png and pictures_fit(result.best.plan, args.time_budget - since(started))
-    written = write_outputs(result.best.plan, profile, out, pictures=pictures)
+    written = write_outputs(result.best.plan, profile, out, pictures, titan, source)
     title = profile.name
     if args.action_overhead:
         title += f", {args.action_overhead * 1e6:.0f} us per action"
     if args.overlap_steps:
         title += ", steps overlapped (time: per step, steady state)"
     console.print(comparison_table(result, title))
-    if torchtitan_style(result.best.plan.placement, P) is None:
-        console.print(
-            "note: torchtitan cannot build this placement; "
-            "use --torchtitan for a plan it can run (see torchtitan.toml)"
-        )
     console.print(
         f"searched {result.evaluations} candidates in {result.seconds:.1f} s"
         f"{'' if result.converged else ' (time budget reached)'}; wrote {', '.join(written)}"
     )
+    report = torchtitan_report(result.best.plan, profile, out, titan)
+    console.print(report, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -178,6 +178,7 @@ def build_profile(
         devices=devices,
         link=Link(bandwidth=hardware.link_bandwidth, latency=hardware.link_latency),
         microbatch_size=settings.micro_batch_size,
+        seq_len=settings.seq_len,
         tensor_parallel=settings.tensor_parallel,
     )
 

@@ -70,10 +70,8 @@ def from_layout_row(search: LayoutSearch, job: Job, spec: LayoutSpec) -> Row:
     uniform partition."""
     layout = spec.for_gpus(job.cluster.size, job.global_batch, "--from-layout")
     chunks = spec.chunks if spec.chunks > 1 else None
-    rows = search.baselines(layout, [(spec.schedule, "uniform", chunks)])
-    if not rows:
-        raise InputError(
-            "--from-layout",
-            f"{spec.schedule} with {spec.chunks} chunks cannot run {layout.describe()}",
-        )
-    return replace(rows[0], label="given")
+    try:
+        row = search.baseline(layout, spec.schedule, "uniform", chunks)
+    except InputError as exc:  # the schedule or the model does not take these degrees
+        raise InputError("--from-layout", f"{layout.describe()}: {exc}") from None
+    return replace(row, label="given")

@@ -258,6 +258,7 @@ def profile_model(
         name=name or f"{recipe.name}-{device.type}-measured",
         layers=tuple(costs),
         microbatch_size=micro_batch_size,
+        seq_len=seq_len,
     )
 
 

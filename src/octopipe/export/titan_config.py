@@ -1,0 +1,203 @@
+"""The torchtitan 0.3.x export: a config module torchtitan's `--module` / `--config` take, and
+the command that launches it.
+
+`write_torchtitan_config` writes `octopipe_torchtitan.py` (the shipped `torchtitan_module.py`
+with the plan's settings filled in) and, for a placement torchtitan's loop and V cannot express,
+`octopipe_torchtitan_stages.py` (the shipped `torchtitan_stages.py`, unchanged) beside the plan.
+Every value goes into the Python file as a literal written by `repr`, never pasted as text.
+`torchtitan_launch_command` is the shell command that runs it; `octopipe plan` prints it.
+
+The config starts from a torchtitan config function (`TorchtitanBase`, e.g.
+`llama3:llama3_8b`), which holds everything a plan does not decide (model, optimizer, data).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from octopipe.errors import InputError
+from octopipe.export.titan_names import torchtitan_names
+from octopipe.export.titan_plan import (
+    batch_sizes,
+    caveats,
+    comment_lines,
+    microbatch_size,
+    placement_style,
+    schedule_name,
+    splits_backward,
+    tp_dp_degrees,
+    world_size,
+)
+from octopipe.plan import Plan
+from octopipe.profile import Profile
+
+CONFIG_MODULE = "octopipe_torchtitan"  # the file's name is this + ".py": torchtitan's --module
+CONFIG_FUNCTION = "octopipe_plan"  # torchtitan's --config
+STAGES_MODULE = "octopipe_torchtitan_stages"
+_SHIPPED = Path(__file__).parent
+_SETTINGS = re.compile(
+    r"(?ms)^# --- the plan's settings \(written by `octopipe plan`\) ---\n.*?"
+    r"^# --- end of the plan's settings ---\n"
+)
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+# torchtitan 0.3.0's `torchtitan.models._supported_models`: the names its --module takes short.
+TORCHTITAN_MODELS = frozenset(
+    ("deepseek_v3", "flux", "gpt_oss", "kimi_k2_7", "llama3", "muse_glimmer", "qwen3", "qwen3_5")
+)
+
+
+@dataclass(frozen=True)
+class TorchtitanBase:
+    """The torchtitan config function a plan's config starts from: `module.config()`."""
+
+    module: str  # dotted module path, e.g. torchtitan.models.llama3.config_registry
+    config: str  # function name, e.g. llama3_8b
+
+    @classmethod
+    def parse(cls, text: str, where: str = "--torchtitan-config") -> TorchtitanBase:
+        """`MODULE:CONFIG`: the module that holds the config function CONFIG, where one of
+        torchtitan's model names (`llama3`) stands, as in torchtitan's `--module`, for
+        `torchtitan.models.NAME.config_registry`."""
+        module, sep, config = text.partition(":")
+        if not (sep and _DOTTED.match(module) and config.isidentifier()):
+            raise InputError(where, f"expected MODULE:CONFIG, e.g. llama3:llama3_8b, got {text!r}")
+        if module in TORCHTITAN_MODELS:
+            module = f"torchtitan.models.{module}.config_registry"
+        return cls(module, config)
+
+
+# torchtitan 0.3.0's config for a shipped architecture with the same layers, where one exists.
+SHIPPED_BASES = {
+    "llama3-8b": TorchtitanBase("torchtitan.models.llama3.config_registry", "llama3_8b"),
+    "llama3-70b": TorchtitanBase("torchtitan.models.llama3.config_registry", "llama3_70b"),
+}
+
+
+def torchtitan_launch_command(
+    folder: str | Path, num_processes: int, processes_per_node: int | None = None
+) -> str:
+    """The shell command that trains the plan whose export lies in `folder` under torchtitan
+    0.3.x: one process per GPU, `num_processes` = TP x PP x DP of them. On one node (the
+    default) torchrun's `--standalone`; over several, the same command on every node, with
+    `$MASTER_ADDR` the first node's address."""
+    folder = Path(folder).resolve()
+    launch = f"PYTHONPATH={shlex.quote(str(folder))}${{PYTHONPATH:+:$PYTHONPATH}} torchrun"
+    if processes_per_node is None or num_processes <= processes_per_node:
+        launch += f" --standalone --nproc-per-node {num_processes}"
+    else:
+        if num_processes % processes_per_node:
+            raise ValueError(f"{num_processes} processes do not fill nodes of {processes_per_node}")
+        nodes = num_processes // processes_per_node
+        launch += (
+            f" --nnodes {nodes} --nproc-per-node {processes_per_node}"
+            ' --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500"'
+        )
+    return launch + f" -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION}"
+
+
+def torchtitan_config_settings(
+    plan: Plan, profile: Profile, base: TorchtitanBase, csv_path: Path, where: str
+) -> dict[str, Any]:
+    """The values of the written module's settings block, by constant name. The stages'
+    names are torchtitan 0.3's (`titan_names`); a profile whose names have none is an
+    InputError naming `where`."""
+    if not csv_path.is_absolute():
+        raise ValueError(f"the schedule CSV path must be absolute, got {csv_path}")
+    names = torchtitan_names(profile, where)
+    tp, dp = tp_dp_degrees(plan, profile)
+    local_batch, global_batch = batch_sizes(plan, profile)
+    training: dict[str, Any] = {"local_batch_size": local_batch, "global_batch_size": global_batch}
+    if profile.seq_len is not None:
+        training["seq_len"] = profile.seq_len
+    # torchtitan 0.3 refuses CUDA graphs with pipeline parallelism unless told to skip them.
+    training["disable_cuda_graphs"] = True
+    return {
+        "PROFILE": profile.name,
+        "BASE_MODULE": base.module,
+        "BASE_CONFIG": base.config,
+        "SCHEDULE_CSV": str(csv_path),
+        "PLACEMENT": placement_style(plan),
+        "PARALLELISM": {
+            "pipeline_parallel_degree": plan.num_devices,
+            "pipeline_parallel_schedule": schedule_name(plan),
+            "pipeline_parallel_schedule_csv": str(csv_path),
+            "pipeline_parallel_microbatch_size": microbatch_size(plan, profile) or 1,
+            "module_fqns_per_model_part": [names[s.start : s.end] for s in plan.stages],
+            "pipeline_parallel_layers_per_stage": None,  # the stages are given by name
+            "tensor_parallel_degree": tp,
+            "data_parallel_replicate_degree": dp,
+            # The default (-1) shards over every rank left (FSDP); the plan's memory and
+            # gradient all-reduce are those of whole replicas.
+            "data_parallel_shard_degree": 1,
+            # The plan's world is TP x PP x DP, whatever the base config had.
+            "context_parallel_degree": 1,
+            "expert_parallel_degree": 1,
+        },
+        "TRAINING": training,
+        # A checkpointed block's recomputation is freed by the first half of a split
+        # backward, which the second half then needs.
+        "ACTIVATION_CHECKPOINTING": not splits_backward(plan),
+    }
+
+
+def write_torchtitan_config(
+    plan: Plan,
+    profile: Profile,
+    folder: str | Path,
+    base: TorchtitanBase,
+    where: str,
+    processes_per_node: int | None = None,
+) -> list[str]:
+    """Write the torchtitan 0.3.x config for `plan` into `folder` (which holds the plan's
+    `schedule.csv`); returns the names of the files written."""
+    folder = Path(folder).resolve()
+    if ":" in str(folder):
+        raise InputError(str(folder), "a folder whose path holds ':' cannot be on PYTHONPATH")
+    settings = torchtitan_config_settings(plan, profile, base, folder / "schedule.csv", where)
+    launch = torchtitan_launch_command(folder, world_size(plan, profile), processes_per_node)
+    notes = caveats(plan, profile)
+    if profile.seq_len is None:
+        notes.append(
+            "The profile does not record its sequence length, so the base config's "
+            "training.seq_len is kept; give --training.seq_len to match the plan's costs."
+        )
+    block = _settings_block({"LAUNCH": launch, **settings}, notes)
+    template = (_SHIPPED / "torchtitan_module.py").read_text(encoding="utf-8")
+    text, count = _SETTINGS.subn(lambda _: block, template)
+    assert count == 1, "torchtitan_module.py lost its settings markers"
+    (folder / f"{CONFIG_MODULE}.py").write_text(text, encoding="utf-8")
+    written = [f"{CONFIG_MODULE}.py"]
+    if settings["PLACEMENT"] == "free":
+        shutil.copyfile(_SHIPPED / "torchtitan_stages.py", folder / f"{STAGES_MODULE}.py")
+        written.append(f"{STAGES_MODULE}.py")
+    return written
+
+
+def _settings_block(constants: dict[str, Any], notes: list[str]) -> str:
+    lines = ["# --- the plan's settings (written by `octopipe plan`) ---\n"]
+    if notes:
+        lines.append(comment_lines(notes))
+    lines += [f"{name} = {python_literal(value)}\n" for name, value in constants.items()]
+    lines.append("# --- end of the plan's settings ---\n")
+    return "".join(lines)
+
+
+def python_literal(value: Any, indent: int = 0) -> str:
+    """`value` (str, int, bool, None, and lists and dicts of them) as Python source that
+    evaluates to it: every scalar by `repr`, whatever its characters; a dict one key per line,
+    a list of lists one inner list per line."""
+    pad = " " * (indent + 4)
+    if isinstance(value, dict):
+        items = "".join(f"{pad}{k!r}: {python_literal(v, indent + 4)},\n" for k, v in value.items())
+        return "{\n" + items + " " * indent + "}"
+    if isinstance(value, list) and any(isinstance(v, (list, dict)) for v in value):
+        items = "".join(f"{pad}{python_literal(v, indent + 4)},\n" for v in value)
+        return "[\n" + items + " " * indent + "]"
+    if isinstance(value, (list, str, int, bool)) or value is None:
+        return repr(value)
+    raise TypeError(f"no Python literal for {type(value).__name__}")

@@ -1,0 +1,109 @@
+"""A plan in torchtitan's terms: the values both torchtitan writers (the 0.3 config module and
+the 0.2 TOML) take from a plan and its profile: the degrees, the microbatch size, the batch
+sizes that give the plan's microbatch count, the schedule name and the placement style.
+
+Nothing here writes a file or knows a torchtitan version's syntax.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from octopipe.actions import Kind
+from octopipe.placement import torchtitan_style
+from octopipe.plan import Plan
+from octopipe.profile import Profile
+
+# The schedule name torchtitan is given: with a CSV the order comes from the file, but the name
+# still picks how torchtitan assigns stages to ranks (a V schedule means the V placement).
+TORCHTITAN_SCHEDULE = {"loop": "PipelineScheduleMulti", "v": "ZBVZeroBubble"}
+
+
+def placement_style(plan: Plan) -> str:
+    """'loop' or 'v' when torchtitan builds the plan's stage-to-rank map itself, else 'free'."""
+    return torchtitan_style(plan.placement, plan.num_devices) or "free"
+
+
+def schedule_name(plan: Plan) -> str:
+    """The `pipeline_parallel_schedule` that makes torchtitan place the stages as planned; a
+    free placement takes the loop's name (its map then comes from elsewhere)."""
+    return TORCHTITAN_SCHEDULE.get(placement_style(plan), TORCHTITAN_SCHEDULE["loop"])
+
+
+def module_fqns_per_model_part(plan: Plan, profile: Profile) -> list[list[str]]:
+    """Per stage (model part, in stage order), the profile's layer names it holds."""
+    return [[layer.name for layer in profile.layers[s.start : s.end]] for s in plan.stages]
+
+
+def microbatch_size(plan: Plan, profile: Profile) -> int | None:
+    """Samples per microbatch the plan was made for: the plan's, else the profile's; None when
+    neither records it."""
+    if plan.parallelism is not None:
+        return plan.parallelism["microbatch_size"]
+    return profile.microbatch_size
+
+
+def tp_dp_degrees(plan: Plan, profile: Profile) -> tuple[int, int]:
+    """The tensor- and data-parallel degrees around the pipeline: the plan's, else the
+    profile's."""
+    if plan.parallelism is not None:
+        return plan.parallelism["tp"], plan.parallelism["dp"]
+    return profile.tensor_parallel, profile.data_parallel.degree
+
+
+def world_size(plan: Plan, profile: Profile) -> int:
+    """GPUs (processes) one run of the plan takes: TP x PP x DP."""
+    tp, dp = tp_dp_degrees(plan, profile)
+    return tp * plan.num_devices * dp
+
+
+def batch_sizes(plan: Plan, profile: Profile) -> tuple[int, int]:
+    """torchtitan's `(local_batch_size, global_batch_size)` for the plan: torchtitan runs
+    local_batch_size / pipeline_parallel_microbatch_size microbatches, and a global batch of
+    local x dp means no gradient accumulation. An unknown microbatch size is taken as 1."""
+    _, dp = tp_dp_degrees(plan, profile)
+    local = plan.num_microbatches * (microbatch_size(plan, profile) or 1)
+    return local, local * dp
+
+
+def splits_backward(plan: Plan) -> bool:
+    """Whether the schedule runs split backwards (I and W actions)."""
+    return any(a.kind in (Kind.I, Kind.W) for acts in plan.schedule.values() for a in acts)
+
+
+def caveats(plan: Plan, profile: Profile) -> list[str]:
+    """Where torchtitan will not run the plan exactly as it was costed, one sentence each (the
+    writers put them in their files as comments)."""
+    out = []
+    if microbatch_size(plan, profile) is None:
+        out.append(
+            "The profile does not record its microbatch size, so 1 was assumed; for costs of b "
+            "samples, multiply pipeline_parallel_microbatch_size and both batch sizes by b."
+        )
+    if plan.parallelism is not None and plan.parallelism.get("zero"):
+        out.append(
+            "The plan's memory figures assume the optimizer state sharded across the "
+            "data-parallel replicas (ZeRO-1, Megatron-LM's distributed optimizer), which "
+            "torchtitan does not offer as such; its FSDP (data_parallel_shard_degree) shards "
+            "weights and gradients too, at other communication costs."
+        )
+    _, dp = tp_dp_degrees(plan, profile)
+    if dp > 1 and len(set(profile.devices or ())) > 1:
+        out.append(
+            "torchtitan numbers ranks with the pipeline outermost, rank = (pp x dp + dp_rank) x "
+            "tp + tp_rank, where the plan's GPU numbering is (pp + P x dp_rank) x tp + tp_rank; "
+            "the plan's devices differ, so order the GPUs (hosts) for torchtitan's numbering."
+        )
+    if plan.predicted is not None and "step_time" in plan.predicted:
+        out.append(
+            "The plan was tuned for overlapped steps (no barrier between steps); torchtitan "
+            "runs synchronous steps, each of which takes longer than step_time."
+        )
+    return out
+
+
+def comment_lines(paragraphs: list[str], width: int = 92) -> str:
+    """Paragraphs as `#` comment lines (TOML and Python share the syntax), one blank comment
+    line between them. The text is OctoPipe's own prose, never a user's string."""
+    blocks = ["".join(f"# {line}\n" for line in textwrap.wrap(p, width)) for p in paragraphs]
+    return "#\n".join(blocks)

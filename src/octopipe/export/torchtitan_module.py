@@ -1,0 +1,107 @@
+"""A torchtitan 0.3.x job config that runs an OctoPipe plan.
+
+`octopipe plan` writes this file beside the plan as `octopipe_torchtitan.py`, with the plan's
+settings filled in between the two marker lines below (everything else is as shipped). Launch it
+with the LAUNCH command (PYTHONPATH names this folder, so torchtitan's `--module
+octopipe_torchtitan` finds it); `--section.key value` flags after that command override any
+setting, as with torchtitan's own configs.
+
+torchtitan 0.3 takes its configs as Python functions (`--module M --config F`). The function
+here, `octopipe_plan`, starts from the torchtitan config BASE_MODULE.BASE_CONFIG and sets what
+the plan decided: the pipeline degree, each stage's module FQNs, the schedule CSV (an absolute
+path), the microbatch size and count, the tensor- and data-parallel degrees, the sequence length,
+and what a pipeline needs in 0.3: no CUDA graphs, and no activation checkpointing under a split
+backward (I/W actions). It then checks the stages' module names against the model torchtitan
+builds from that config (on the meta device): a name the model lacks, or a module with weights
+in no stage, stops the launch instead of training another model. For a placement torchtitan's
+own loop and V cannot express (PLACEMENT "free"), it installs octopipe_torchtitan_stages.py,
+which places the stages as the CSV does.
+
+Ranks: torchtitan numbers them with PP outermost, rank = (pp x dp + dp_rank) x tp + tp_rank,
+where OctoPipe's executor uses (pp + P x dp_rank) x tp + tp_rank; the two agree when dp is 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# --- the plan's settings (written by `octopipe plan`) ---
+LAUNCH = ""
+PROFILE = ""
+BASE_MODULE = ""
+BASE_CONFIG = ""
+SCHEDULE_CSV = ""
+PLACEMENT = "loop"
+PARALLELISM: dict = {}
+TRAINING: dict = {}
+ACTIVATION_CHECKPOINTING = True
+# --- end of the plan's settings ---
+
+
+def octopipe_plan():
+    """The base config with the plan's settings, checked against its model (torchtitan calls
+    this for `--config octopipe_plan`, once in every rank's process)."""
+    config = getattr(importlib.import_module(BASE_MODULE), BASE_CONFIG)()
+    apply_plan(config)
+    check_stage_modules(model_modules(config), PARALLELISM["module_fqns_per_model_part"])
+    if PLACEMENT == "free":
+        import octopipe_torchtitan_stages  # beside this file, so on the same path
+
+        octopipe_torchtitan_stages.install(SCHEDULE_CSV)
+    return config
+
+
+def apply_plan(config) -> None:
+    """Set the plan's settings on a torchtitan `Trainer.Config` (in place)."""
+    for section, settings in (("parallelism", PARALLELISM), ("training", TRAINING)):
+        target = getattr(config, section)
+        for key, value in settings.items():
+            if not hasattr(target, key):  # another torchtitan version: say so, do not guess
+                raise AttributeError(
+                    f"octopipe_torchtitan.py: torchtitan's {section} has no {key!r}; this file "
+                    "is for torchtitan 0.3.x"
+                )
+            setattr(target, key, value)
+    if not ACTIVATION_CHECKPOINTING:
+        config.activation_checkpoint = None
+
+
+def model_modules(config) -> dict[str, bool]:
+    """The names torchtitan's pipeline split cuts the model by (each top-level module, and each
+    entry of a top-level ModuleDict/ModuleList), with whether each holds parameters."""
+    import torch
+
+    with torch.device("meta"):  # no memory: only the structure is read
+        model = config.model_spec.model.build()
+    out: dict[str, bool] = {}
+    for name, child in model.named_children():
+        if isinstance(child, (torch.nn.ModuleDict, torch.nn.ModuleList)):
+            for key, entry in child.named_children():
+                out[f"{name}.{key}"] = any(True for _ in entry.parameters())
+        else:
+            out[name] = any(True for _ in child.parameters())
+    return out
+
+
+def check_stage_modules(modules: dict[str, bool], stages: list[list[str]]) -> None:
+    """Every stage module exists in the model, once; every module with weights is in a stage
+    (torchtitan's split would silently drop it). A fault is one ValueError line."""
+    seen: set[str] = set()
+    for i, names in enumerate(stages):
+        for name in names:
+            if name not in modules:
+                raise ValueError(
+                    f"octopipe_torchtitan.py: stage {i} names {name!r}, which the model of "
+                    f"{BASE_MODULE}.{BASE_CONFIG} does not have (its modules: "
+                    f"{', '.join(modules)})"
+                )
+            if name in seen:
+                raise ValueError(f"octopipe_torchtitan.py: {name!r} is in two stages")
+            seen.add(name)
+    dropped = [name for name, weighted in modules.items() if weighted and name not in seen]
+    if dropped:
+        raise ValueError(
+            f"octopipe_torchtitan.py: the model of {BASE_MODULE}.{BASE_CONFIG} has "
+            f"{dropped[0]!r}, which no stage holds ({len(dropped)} such modules); the plan is "
+            "for another model"
+        )
