@@ -101,8 +101,10 @@ def _sharded_embedding_weight_grads(call: LayerCall) -> None:
     grad.index_add_(0, local_ids[mine], dy[mine].to(grad.dtype))
     if weight.grad is None:
         set_local_grad(weight, grad)
-    else:
-        local(weight.grad).add_(grad)
+        return
+    if weight.grad.placements != weight.placements:  # a full backward's: the whole table
+        weight.grad = weight.grad.redistribute(placements=weight.placements)  # keeps our rows
+    local(weight.grad).add_(grad)
 
 
 def _rows_held(weight: DTensor, device: torch.device) -> torch.Tensor:

@@ -24,10 +24,10 @@ def parallelizer(
     tensor_parallel = mesh.layout.tp > 1
     if not tensor_parallel and zero != 3:
         return None
-    assert mesh.mesh is not None, "tensor parallelism and FSDP2 need the job's device mesh"
     assert tp_plan is not None or not tensor_parallel, "refused before start: no TP plan"
 
     def shard(stage: nn.Module) -> None:
+        assert mesh.mesh is not None, "a rank past the job builds no stage"
         if tensor_parallel:
             apply_tp(stage.part, mesh.tp_mesh, tp_plan)
         if zero == 3:
