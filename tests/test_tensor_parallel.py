@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from executor_helpers import greedy, layer_count, one_f_one_b
-from model_zoo import write_hf_config
+from model_zoo import tp_titan_style, write_hf_config
 
 from octopipe.actions import B, I
 from octopipe.costmodel import load_architecture
@@ -92,6 +92,9 @@ def runs(tmp_path_factory, checkpoints):
         ),
         "bundled llama, PP2 x DP2, zero 3": job(
             LLAMA, two_devices(LLAMA, split), tp=1, dp=2, zero=3
+        ),
+        "a user's own tp_plan, TP2 x PP2": job(
+            tp_titan_style, two_devices(tp_titan_style, split), tp=2
         ),
         "bundled llama, TP2 x PP2, saves step 2": job(
             LLAMA,

@@ -212,7 +212,7 @@ def run(
     checkpoint_every: int = 0,
     resume: bool = False,
     overlap_steps: bool = False,
-    dp: int = 1,
+    dp: int | None = None,
     zero: int = 0,
     tp: int | None = None,
     data=None,
@@ -243,9 +243,9 @@ def run(
     `checkpoint_dir`, `checkpoint_every` steps write `DIR/step-N`; `resume` continues from the
     latest one (under any plan and `dp`) up to step `steps`. `overlap_steps` runs steps back
     to back (no barrier; per-stage updates, post-validated clipping; docs/FORMATS.md).
-    `tp`: tensor-parallel ranks per device (default: the plan's `parallelism.tp`, else 1);
-    `zero`: 1 shards the optimizer state over the `dp` replicas, 3 also the weights and
-    gradients (FSDP2).
+    `tp` and `dp`: tensor-parallel ranks per device and data-parallel replicas (default: the
+    plan's `parallelism` degrees, else 1); `zero`: 1 shards the optimizer state over the
+    replicas, 3 also the weights and gradients (FSDP2).
 
     `timeout` (seconds) bounds each wait of a rank (a transfer, a collective), not the whole
     run. `on_step(report)` is called with every step's `StepReport` (loss, step time, tokens)
@@ -294,9 +294,9 @@ def run(
         lookahead,
         seq_len=seq_len,
         micro_batch_size=micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
-        dp=dp,
+        dp=dp or _planned(plan, "dp"),
         zero=zero,
-        tp=tp or planned_tp(plan),
+        tp=tp or _planned(plan, "tp"),
         data=_data_source(data, seq_len, seed, data_dtype, steps),
         loss=loss,
         autocast="bf16" if bf16 else None,
@@ -316,9 +316,9 @@ def run(
     return None if results is None else results[0]
 
 
-def planned_tp(plan: Plan) -> int:
-    """The tensor-parallel degree a cluster plan was made for (its `parallelism`), else 1."""
-    return plan.parallelism.get("tp", 1) if plan.parallelism else 1
+def _planned(plan: Plan, degree: str) -> int:
+    """A degree (`tp`, `dp`) a cluster plan was made for (its `parallelism`), else 1."""
+    return plan.parallelism.get(degree, 1) if plan.parallelism else 1
 
 
 def _data_source(data, seq_len: int, seed: int, dtype: str, steps: int):

@@ -25,11 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nproc",
         type=int,
-        help="processes to spawn (default: --tp x the plan's devices x --dp; ignored under "
-        "torchrun)",
+        help="processes to spawn (default: TP x the plan's devices x DP; ignored under torchrun)",
     )
     parser.add_argument(
-        "--dp", type=_positive, default=1, help="data-parallel replicas of the plan (default 1)"
+        "--dp",
+        type=_positive,
+        help="data-parallel replicas of the plan (default: the plan's parallelism.dp, else 1)",
     )
     parser.add_argument(
         "--tp",
@@ -198,20 +199,14 @@ def run(args: argparse.Namespace) -> int:
     if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         _leave_rank()
     # After the run, so that a refused run's error stays its only line.
-    planned_dp = plan.parallelism["dp"] if plan.parallelism else args.dp
-    if planned_dp != args.dp:
-        print(
-            f"octopipe run: note: {args.plan} was planned as {planned_dp} data-parallel "
-            f"replicas (its parallelism key); this ran {args.dp} (--dp)",
-            file=sys.stderr,
-        )
-    tp = args.tp or _planned(plan, "tp") or 1
-    if _planned(plan, "tp") not in (None, tp):
-        print(
-            f"octopipe run: note: {args.plan} was planned for {_planned(plan, 'tp')} "
-            f"tensor-parallel ranks per device; this ran {tp} (--tp)",
-            file=sys.stderr,
-        )
+    dp, tp = args.dp or _planned(plan, "dp") or 1, args.tp or _planned(plan, "tp") or 1
+    for flag, ran, what in (("dp", dp, "data-parallel replicas"), ("tp", tp, "TP ranks a device")):
+        if _planned(plan, flag) not in (None, ran):
+            print(
+                f"octopipe run: note: {args.plan} was planned for {_planned(plan, flag)} {what} "
+                f"(its parallelism key); this ran {ran} (--{flag})",
+                file=sys.stderr,
+            )
     if args.trace:
         write_trace(args.trace, from_records(result.records), "measured")
     if args.png:
@@ -221,8 +216,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         _print_human(summary)
-        if args.dp > 1 or tp > 1:
-            print(RankLayout(tp, plan.num_devices, args.dp).describe())
+        if dp > 1 or tp > 1:
+            print(RankLayout(tp, plan.num_devices, dp).describe())
         if args.trace and summary["predicted_iteration_time"] is not None:
             print(
                 "to fit the profile to this run: octopipe calibrate --profile PROFILE "
