@@ -4,8 +4,9 @@ Every plan runs on real gloo process groups, TP 2 x PP 2 and TP 2 x PP 2 x DP 2 
 our bundled Llama and MoE models and on Hugging Face Llama and Qwen2-MoE configs (random
 weights): the loss of every step, every parameter's last gradient and every parameter after
 the run match `train_reference` at 1e-5 (fp32), split backward (I/W) and full backward mixed,
-with and without `--zero 3`. Under `--zero 3` the weights, gradients and optimizer state each
-rank holds are the analytic cost model's `param_bytes` of its layers divided by the replicas.
+with and without `--zero 3`, and a model's own `tp_plan`. The weights, gradients and optimizer
+state each rank holds are the analytic cost model's `param_bytes` of its layers (divided by the
+replicas under `--zero 3`).
 One process group runs every plan.
 """
 
@@ -75,8 +76,12 @@ def runs(tmp_path_factory, checkpoints):
     root = tmp_path_factory.mktemp("hf")
     hf = {kind: f"hf:{write_hf_config(root / kind, kind)}" for kind in ("llama", "qwen2_moe")}
     jobs = {
-        "bundled llama, TP2 x PP2, interleaved": job(
-            LLAMA, two_devices(LLAMA, placement=(0, 1, 0, 1), microbatches=3), tp=2
+        "bundled llama, TP2 x PP2, interleaved, saves step 2": job(
+            LLAMA,
+            two_devices(LLAMA, placement=(0, 1, 0, 1), microbatches=4),
+            tp=2,
+            checkpoint_dir=str(checkpoints),
+            checkpoint_every=2,
         ),
         "hf llama, TP2 x PP2, 1F1B": job(
             hf["llama"], one_f_one_b(2, 4, layer_count(hf["llama"])), tp=2
@@ -96,13 +101,6 @@ def runs(tmp_path_factory, checkpoints):
         "a user's own tp_plan, TP2 x PP2": job(
             tp_titan_style, two_devices(tp_titan_style, split), tp=2
         ),
-        "bundled llama, TP2 x PP2, saves step 2": job(
-            LLAMA,
-            two_devices(LLAMA, microbatches=4),
-            tp=2,
-            checkpoint_dir=str(checkpoints),
-            checkpoint_every=2,
-        ),
     }
     results = launch(list(jobs.values()), 8, "gloo", timeout_s=120)
     return dict(zip(jobs, zip(jobs.values(), results)))
@@ -120,7 +118,7 @@ def test_tensor_parallel_and_zero3_plans_train_as_one_process(runs):
     assert train_reference(clipped, 2).losses[1] != train_reference(unclipped, 2).losses[1]
 
 
-def analytic_state_bytes(model: str, plan, tp: int, dp: int) -> list[int]:
+def analytic_state_bytes(model: str, plan, tp: int, dp: int, zero: int) -> list[int]:
     """Per rank, in rank order: the cost model's `param_bytes` of the rank's layers (fp32
     weights and gradients, SGD's momentum: 12 bytes per parameter), 1/dp of it under FSDP2."""
     settings = Settings(
@@ -137,37 +135,40 @@ def analytic_state_bytes(model: str, plan, tp: int, dp: int) -> list[int]:
     for stage in plan.stages:
         held = profile.layers[stage.start : stage.end]
         per_device[stage.device] += sum(layer.param_bytes for layer in held)
+    share = dp if zero == 3 else 1
     devices = range(plan.num_devices)
-    return [per_device[d] // dp for _ in range(dp) for d in devices for _ in range(tp)]
+    return [per_device[d] // share for _ in range(dp) for d in devices for _ in range(tp)]
 
 
-def test_zero3_ranks_hold_the_cost_models_share_of_weights_gradients_and_state(runs):
-    for name in (
-        "bundled llama, TP2 x PP2 x DP2, zero 3, clipping",
-        "bundled llama, PP2 x DP2, zero 3",
+def test_ranks_hold_the_cost_models_share_of_weights_gradients_and_state(runs):
+    """TP splits what the cost model splits (heads, MLP and expert widths, the vocabulary) and
+    keeps what it keeps (norms, the router); FSDP2 divides the rest by the replicas."""
+    for name, model in (
+        ("bundled moe, TP2 x PP2 x DP2, clipping", MOE),
+        ("bundled llama, TP2 x PP2 x DP2, zero 3, clipping", LLAMA),
+        ("bundled llama, PP2 x DP2, zero 3", LLAMA),
     ):
         ran, result = runs[name]
-        tp, dp, plan = ran.config.tp, ran.config.dp, ran.plan
-        size = ran.config.layout(plan).size
-        assert list(result.state_bytes[:size]) == analytic_state_bytes(LLAMA, plan, tp, dp), name
+        cfg, plan = ran.config, ran.plan
+        expected = analytic_state_bytes(model, plan, cfg.tp, cfg.dp, cfg.zero)
+        assert list(result.state_bytes[: cfg.layout(plan).size]) == expected, name
 
 
 def test_a_tensor_parallel_checkpoint_resumes_at_tp1_under_another_plan_and_back(runs, checkpoints):
     """Written at TP 2 x PP 2 (step 2), resumed at TP 1 on three devices (to step 4, saving
-    there as any run does), and that one resumed at TP 2 x PP 2 x DP 2 with FSDP2 (to step 6):
-    the losses, weights and gradients of six steps in one process. Every run's step is one
-    global batch of 4 microbatches (D x M)."""
+    there as any run does), and that one resumed at TP 2 x DP 2 with FSDP2 on one device (to
+    step 6): the losses, weights and gradients of six steps in one process. Every run's step
+    is one global batch of 4 microbatches (D x M)."""
     three = one_f_one_b(3, 4, layer_count(LLAMA))
     where = {"checkpoint_dir": str(checkpoints), "resume": True}
     tp1 = job(LLAMA, three, tp=1, steps=4, checkpoint_every=2, **where)
-    zero3 = job(LLAMA, two_devices(LLAMA, split), tp=2, dp=2, zero=3, steps=6, **where)
+    zero3 = job(LLAMA, one_f_one_b(1, 2, layer_count(LLAMA)), tp=2, dp=2, zero=3, steps=6, **where)
     # One process group, the jobs in order: the second resumes what the first saved.
-    at_tp1, at_zero3 = launch([tp1, zero3], 8, "gloo", timeout_s=120)
+    at_tp1, at_zero3 = launch([tp1, zero3], 4, "gloo", timeout_s=120)
     straight = train_reference(job(LLAMA, three, tp=1, steps=6).config, 4)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-2", "step-4"]
-    assert runs["bundled llama, TP2 x PP2, saves step 2"][1].losses == pytest.approx(
-        straight.losses[:2], rel=1e-5
-    )
+    saved = runs["bundled llama, TP2 x PP2, interleaved, saves step 2"][1]
+    assert saved.losses == pytest.approx(straight.losses[:2], rel=1e-5)
     assert (at_tp1.first_step, at_zero3.first_step) == (2, 4)
     assert at_tp1.losses == pytest.approx(straight.losses[2:4], rel=1e-5)
     assert mismatches(at_zero3, straight) == []  # steps 5 and 6, weights and last gradients

@@ -245,9 +245,10 @@ def run_job_on_rank(
             progress.after_step(k, steps[-1])  # a non-finite loss stops every rank here
             if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
                 _save(cfg, recipe, k + 1, modules, worker)
-    # Whole tensors of sharded parameters are gathered by every rank holding a share; the
-    # first replica's TP rank 0 reports them.
-    state = _state(worker) if cfg.collect_state and (replica == 0 or sharding) else ({}, {})
+    # Whole tensors of sharded parameters are gathered by every rank holding a share (all
+    # replicas under FSDP2); the first replica's TP rank 0 reports them.
+    gathers = replica == 0 or cfg.zero == 3
+    state = _state(worker) if cfg.collect_state and gathers else ({}, {})
     reports_state = replica == 0 and tp_rank == 0
     report = RankReport(
         rank,

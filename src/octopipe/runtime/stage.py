@@ -72,9 +72,10 @@ class StageCompute:
         self, mb: int, inputs: Activation, target: torch.Tensor | None
     ) -> tuple[Activation, float | None]:
         """Run the layers; return the outputs (graph attached) and, on the last stage, the loss."""
-        with self._tape.recording() as calls, self._autocast(inputs), self._loss_context():
+        with self._tape.recording() as calls, self._autocast(inputs):
             outputs = self.module(*inputs)
-            loss = self.loss_fn(outputs, target) if self.is_last else None
+            with self._loss_context():
+                loss = self.loss_fn(outputs, target) if self.is_last else None
         if loss is not None:
             self._flight[mb] = _InFlight(inputs, [loss / self.loss_scale], calls=calls)
             return outputs, float(loss.detach())

@@ -51,14 +51,12 @@ class ShardedStages:
         self._gather_before: dict[int, list[int]] = {}
         for stage, i in first.items():
             self._gather_before.setdefault(max(i - 1, 0), []).append(stage)
-        self._handles: list = []
 
     def before_action(self, index: int) -> None:
-        """Call before running action `index` of the step."""
+        """Call before running action `index` of the step. The gathers run asynchronously;
+        FSDP2 waits for a stage's in its forward pre-hook."""
         for stage in self._gather_before.get(index, ()):
-            handle = self.units[stage].unshard(async_op=True)
-            if handle is not None:
-                self._handles.append(handle)
+            self.units[stage].unshard(async_op=True)
 
     def reduce(self, stage: int) -> None:
         """After the stage's last backward of the step: reduce-scatter its gradients, reshard."""
@@ -75,7 +73,6 @@ class ShardedStages:
                 group.post_backward()
         state._root_post_backward_final_callback()  # waits for the reduce-scatter
         _accumulate_without_sync(unit)
-        self._handles.clear()
 
     def reshard_all(self) -> None:
         """Free every gathered stage (after a forward outside the schedule: shape discovery)."""

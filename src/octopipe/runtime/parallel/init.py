@@ -3,7 +3,8 @@
 A module whose tensors are DTensors (tensor parallelism, FSDP2) is initialized at full size on
 the CPU, from the same seeded generator one process uses, and each rank keeps its shard
 (`distribute_tensor` with no source rank slices locally: nothing is sent, every rank computes
-the same full tensor). One module's full tensors exist at a time, never a stage's or a model's.
+the same full tensor). One module's full tensors exist at a time, never a stage's or a model's
+(on a GPU mesh `distribute_tensor` moves that one module's tensor to the GPU to cut it).
 """
 
 from __future__ import annotations

@@ -3,15 +3,16 @@
 Megatron's split, as torchtitan writes it for Llama: attention heads and MLP widths column-wise
 then row-wise, the vocabulary of the embedding and the head row-/column-wise, the norms on the
 rank's share of the sequence (sequence parallelism), so that between layers every rank holds
-1/T of the sequence (`tensor_parallel`'s conventions). Mixture-of-experts blocks are computed
-whole on every rank of the group, on the gathered sequence: the router, experts and shared
-expert are replicated, not split (expert parallelism is not built).
+1/T of the sequence (`tensor_parallel`'s conventions). Mixture-of-experts blocks run on the
+gathered sequence: the router is replicated, so every rank routes every token alike; experts
+held as linear layers (ours) and shared experts are split by width like an MLP; Hugging Face's
+fused 3-D expert weights (Mixtral, Qwen-MoE) stay replicated. Expert parallelism is not built.
 
 - `bundled_plan`: our own models (`octopipe.models`): GQA attention with its options (biases,
   per-head q/k norms, Gemma's post-norms and soft-caps), gated and plain MLPs, MoE blocks.
   Mamba mixers, latent attention (MLA), vision and cross-attention layers have no plan yet.
 - `hf_plan`: Hugging Face causal LMs of the Llama structure (Llama, Qwen2/3, Mistral, and
-  Qwen2-MoE, Qwen3-MoE, Mixtral with replicated MoE blocks).
+  Qwen2-MoE, Qwen3-MoE, Mixtral: routed experts replicated, shared experts split).
 - `user_plan`: a model's own `tp_plan` (docs/FORMATS.md).
 
 A plan that cannot apply (heads not divisible by the degree, a layer with no plan) is refused
@@ -35,7 +36,7 @@ from torch.distributed.tensor.parallel import (
 
 from octopipe.errors import InputError
 
-Plan = dict[str, ParallelStyle]
+Plan = dict[str, ParallelStyle]  # FQN pattern -> style, as `tensor_parallel.apply_tp` takes
 PlanOf = Callable[[int], Plan]  # the TP degree -> the plan (raises InputError to refuse it)
 
 
@@ -67,8 +68,9 @@ def scatter_sequence() -> ParallelStyle:
     return RowwiseParallel(output_layouts=Shard(1))
 
 
-def replicated_block() -> ParallelStyle:
-    """A block computed whole on every rank: gather the sequence in, keep the rank's share out."""
+def gathered_block() -> ParallelStyle:
+    """A block that runs on the whole sequence as plain tensors: gathered in, the rank's share
+    kept out (what it computes inside is replicated unless its own entries split it)."""
     return PrepareModuleInputOutput(
         input_layouts=(Shard(1),),
         desired_input_layouts=(Replicate(),),
@@ -77,6 +79,19 @@ def replicated_block() -> ParallelStyle:
         desired_output_layouts=(Shard(1),),
         use_local_output=True,
     )
+
+
+def moe_block(
+    prefix: str, experts: str | None, shared: str | None, ups: tuple[str, ...], down: str
+) -> Plan:
+    """A mixture of experts on the gathered sequence: the router replicated (every rank routes
+    every token alike), each expert's MLP (and the shared expert's) split by width, its output
+    all-reduced, one collective per expert called (a grouped reduction is not built)."""
+    plan: Plan = {prefix: gathered_block()}
+    for mlp in (m for m in (experts, shared) if m is not None):
+        plan.update({f"{prefix}.{mlp}.{up}": ColwiseParallel() for up in ups})
+        plan[f"{prefix}.{mlp}.{down}"] = RowwiseParallel()
+    return plan
 
 
 def split_mlp(prefix: str, ups: tuple[str, ...], down: str) -> Plan:
@@ -144,7 +159,15 @@ def _text_layer(fqn: str, layer: nn.Module, tp: int) -> Plan:
     elif isinstance(ffn, MLP):
         plan.update(split_mlp(f"{fqn}.ffn", ("fc1",), "fc2"))
     elif isinstance(ffn, MoE):
-        plan[f"{fqn}.ffn"] = replicated_block()
+        plan.update(
+            moe_block(
+                f"{fqn}.ffn",
+                "experts.*",
+                "shared" if ffn.shared else None,
+                ("w_gate", "w_up"),
+                "w_down",
+            )
+        )
     elif ffn is not None:
         raise _no_plan(f"{fqn}.ffn", ffn)
     return plan
@@ -189,8 +212,11 @@ def hf_plan(model: nn.Module, tp: int) -> Plan:
         if _has(attn, "q_norm", "k_norm"):  # Qwen3: per head, on [batch, seq, heads, head_dim]
             plan[f"{at}.self_attn.q_norm"] = sequence_norm(dim=2)
             plan[f"{at}.self_attn.k_norm"] = sequence_norm(dim=2)
-        if hasattr(mlp, "experts"):
-            plan[f"{at}.mlp"] = replicated_block()
+        if hasattr(mlp, "experts"):  # fused 3-D expert weights: replicated, not split
+            shared = (
+                "shared_expert" if _has(getattr(mlp, "shared_expert", None), "down_proj") else None
+            )
+            plan.update(moe_block(f"{at}.mlp", None, shared, ("gate_proj", "up_proj"), "down_proj"))
         elif _has(mlp, "gate_proj", "up_proj", "down_proj"):
             plan.update(split_mlp(f"{at}.mlp", ("gate_proj", "up_proj"), "down_proj"))
         else:
