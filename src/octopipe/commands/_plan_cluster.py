@@ -2,7 +2,7 @@
 
 Screens every layout, tunes the best few under the shared `--time-budget`, prints them best
 first beside Megatron-LM's usual layout, and writes the best plan (with its `parallelism`) and
-the profile it was planned on to the output folder. The search lives in `octopipe.layouts`.
+the profile it was planned on to the output folder. The search lives in `octopipe.layouts.search`.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
             f"{lay.dp} Z1" if lay.zero1 else str(lay.dp),
             f"{lay.microbatch_size} x {lay.num_microbatches}",
             row.label,
-            f"{sim.iteration_time:.3f}",
+            f"{row.step_time:.3f}",
             f"{row.tokens_per_gpu(job):,.0f}",
             f"{max(sim.peak_memory_bytes) / GIB:.1f}",
             "yes" if sim.fits else "[red]no[/red]",

@@ -16,50 +16,19 @@ prints the table is `commands/_plan_cluster.py`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from octopipe.cluster import Cluster
-from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
+from octopipe.layouts.costs import LayoutCosts
+from octopipe.layouts.layout import Job, Layout, candidate_layouts
+from octopipe.layouts.reference import reference_row
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim import SimResult, Simulator
+from octopipe.sim.evaluate import plan_rank
 
-MAX_MICROBATCH_SIZE = 8
 SCREEN_BASELINES = (("1f1b", "balanced"), ("zbh1", "balanced"), ("i1f1b", "balanced"))
-
-
-@dataclass(frozen=True)
-class Layout:
-    tp: int
-    pp: int
-    dp: int
-    microbatch_size: int
-    num_microbatches: int
-    zero1: bool = False  # optimizer state sharded across the DP replicas
-
-    def describe(self) -> str:
-        zero = ", ZeRO-1" if self.zero1 else ""
-        return (
-            f"TP {self.tp} x PP {self.pp} x DP {self.dp}, "
-            f"b {self.microbatch_size} x M {self.num_microbatches}{zero}"
-        )
-
-
-@dataclass(frozen=True)
-class Job:
-    """What to lay out: a model config on a cluster at a global batch (samples of seq_len)."""
-
-    config: str
-    cluster: Cluster
-    global_batch: int
-    seq_len: int = 4096
-
-    @property
-    def tokens(self) -> int:
-        return self.global_batch * self.seq_len
 
 
 @dataclass(frozen=True)
@@ -71,147 +40,44 @@ class Row:
     plan: Plan
     profile: Profile  # replica 0's profile, the plan's
     sim: SimResult  # the slowest replica's result
+    tail: float = 0.0  # the optimizer step (and ZeRO-1's all-gather) after the pipeline
 
     @property
-    def iteration_time(self) -> float:
-        return self.sim.iteration_time
+    def step_time(self) -> float:
+        """The whole step: the pipeline as simulated, then the tail (`layouts/costs.py`)."""
+        return self.sim.iteration_time + self.tail
 
     def tokens_per_gpu(self, job: Job) -> float:
-        return job.tokens / self.sim.iteration_time / job.cluster.size
+        return job.tokens / self.step_time / job.cluster.size
 
     @property
     def score(self) -> tuple[int, float, float]:
-        return self.sim.rank
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def candidate_layouts(
-    cluster: Cluster, global_batch: int, num_layers: int, tp_fits: Callable[[int], bool]
-) -> list[Layout]:
-    """Every TP (dividing a node, `tp_fits` the model) x PP (at most one device per layer) x
-    DP = the cluster, with every power-of-two microbatch size up to MAX_MICROBATCH_SIZE that
-    divides the per-replica batch."""
-    N, G = cluster.size, cluster.gpus_per_node
-    out = []
-    for tp in divisors(min(N, G)):  # nodes are whole (Cluster): tp divides N too
-        if not tp_fits(tp):
-            continue
-        for pp in divisors(N // tp):
-            dp = N // (tp * pp)
-            if pp > num_layers or global_batch % dp:
-                continue
-            per_replica = global_batch // dp
-            b = 1
-            while b <= min(MAX_MICROBATCH_SIZE, per_replica):
-                if per_replica % b == 0:
-                    out.append(Layout(tp, pp, dp, b, per_replica // b))
-                b *= 2
-    return out
-
-
-def megatron_layout(
-    cluster: Cluster, global_batch: int, num_layers: int, tp_fits: Callable[[int], bool]
-) -> list[Layout]:
-    """Megatron-LM's usual choice, most preferred first: TP = the GPUs of a node (or the
-    largest that fits the model's heads), microbatch size 1, then the smallest PP that fits
-    memory (the caller tries them in order), DP the rest, with the distributed optimizer."""
-    G = min(cluster.gpus_per_node, cluster.size)
-    tp = max(t for t in divisors(G) if tp_fits(t))
-    out = []
-    for pp in divisors(cluster.size // tp):
-        dp = cluster.size // (tp * pp)
-        if pp <= num_layers and global_batch % dp == 0:
-            out.append(Layout(tp, pp, dp, 1, global_batch // dp, zero1=dp > 1))
-    return out
-
-
-def shard_optimizer(profile: Profile, dp: int, state_bytes: int, bytes_per_param: int) -> Profile:
-    """ZeRO-1: each replica keeps 1/dp of the optimizer state (`state_bytes` of the
-    `bytes_per_param` every parameter costs)."""
-    keep = (bytes_per_param - state_bytes + state_bytes / dp) / bytes_per_param
-    layers = tuple(
-        layer.model_copy(update={"param_bytes": math.ceil(layer.param_bytes * keep)})
-        for layer in profile.layers
-    )
-    return profile.model_copy(update={"layers": layers})
+        return plan_rank(self.step_time, self.sim.memory_excess_bytes)
 
 
 class LayoutSearch:
     """Plans layouts of one job; the analytic profiles are built once per (TP, b)."""
 
-    def __init__(self, job: Job, overlap_steps: bool = False):
+    def __init__(self, job: Job, overlap_steps: bool = False, costs: LayoutCosts | None = None):
         self.job = job
         self.overlap_steps = overlap_steps  # rank plans by their steady step time
-        self._profiles: dict[tuple[int, int, str], Profile] = {}
+        self.costs = costs or LayoutCosts(job)  # shared: profiles are built once
 
     def synchronous(self) -> LayoutSearch:
         """This search ranking by one synchronous step, sharing the profiles built so far."""
         if not self.overlap_steps:
             return self
-        twin = LayoutSearch(self.job)
-        twin._profiles = self._profiles
-        return twin
+        return LayoutSearch(self.job, costs=self.costs)
 
-    # --- profiles ------------------------------------------------------------------------
-
-    def base_profile(self, tp: int, microbatch_size: int, hardware: str | None = None) -> Profile:
-        from octopipe.api import profile_from_config
-
-        hw = hardware or self.job.cluster.reference.name
-        key = (tp, microbatch_size, hw)
-        if key not in self._profiles:
-            self._profiles[key] = profile_from_config(
-                self.job.config,
-                hw,
-                tp=tp,
-                seq_len=self.job.seq_len,
-                micro_batch_size=microbatch_size,
-                # Megatron-LM pairs tensor with sequence parallelism: activations held and
-                # sent between stages are split TP ways too.
-                sequence_parallel=tp > 1,
-            )
-        return self._profiles[key]
+    @property
+    def num_layers(self) -> int:
+        return self.costs.base_profile(Layout(1, 1, 1, 1, 1)).num_layers
 
     def tp_fits(self, tp: int) -> bool:
-        try:
-            self.base_profile(tp, 1)
-        except InputError:  # heads or experts do not split tp ways
-            return False
-        return True
-
-    def speeds(self, tp: int, microbatch_size: int) -> dict[str, float]:
-        """Each preset's speed relative to the reference: the ratio of the model's total
-        estimated work (a mixed cluster's devices differ by one factor each)."""
-
-        def work(hw: str) -> float:
-            return sum(l.work for l in self.base_profile(tp, microbatch_size, hw).layers)
-
-        ref = work(self.job.cluster.reference.name)
-        kinds = {g.hardware.name for g in self.job.cluster.groups}
-        return {hw: ref / work(hw) for hw in kinds}
+        return self.costs.fits_degrees(tp)
 
     def profile(self, layout: Layout) -> tuple[Profile, tuple[tuple, ...]]:
-        """Replica 0's profile of `layout`, and every distinct replica's devices (one tuple
-        on a cluster of one kind of GPU)."""
-        base = self.base_profile(layout.tp, layout.microbatch_size)
-        speeds = self.speeds(layout.tp, layout.microbatch_size) if self.job.cluster.mixed else {}
-        topo = self.job.cluster.replica_topology(layout.tp, layout.pp, layout.dp, speeds)
-        zero = "-zero1" if layout.zero1 else ""
-        profile = base.model_copy(
-            update={
-                "name": f"{base.name}-pp{layout.pp}-dp{layout.dp}{zero}",
-                "devices": topo.devices,
-                "links": topo.links,
-                "data_parallel": topo.data_parallel,
-            }
-        )
-        if layout.zero1:
-            s = Settings()  # the bytes per parameter the profiles were built with
-            profile = shard_optimizer(profile, layout.dp, s.optimizer_bytes, s.bytes_per_param)
-        return profile, topo.replicas
+        return self.costs.profile(layout)
 
     # --- evaluating ----------------------------------------------------------------------
 
@@ -223,7 +89,8 @@ class LayoutSearch:
         for devices in replicas:
             on = profile.with_devices(devices)
             result = Simulator(on).run(plan, detail=False, overlap_steps=self.overlap_steps)
-            rows.append(Row(layout, label, plan, on, result))
+            tail = self.costs.tail(layout, plan, on).total
+            rows.append(Row(layout, label, plan, on, result, tail))
         return max(rows, key=lambda r: r.score)
 
     def baselines(self, layout: Layout, names: Iterable[tuple[str, str]]) -> list[Row]:
@@ -327,7 +194,7 @@ def plan_cluster(
             progress(what, min(1.0, used() / time_budget))
 
     search = LayoutSearch(job, overlap_steps)
-    L = search.base_profile(1, 1).num_layers
+    L = search.num_layers
     layouts = candidate_layouts(job.cluster, job.global_batch, L, search.tp_fits)
     if not layouts:
         raise InputError(
@@ -346,7 +213,7 @@ def plan_cluster(
             rows.append(row)
     screened = len(rows)
     rows.sort(key=lambda r: r.score)
-    reference = _reference(search.synchronous(), job, L)  # Megatron-LM synchronizes
+    reference = reference_row(search.synchronous(), job, L)  # Megatron-LM synchronizes
     # Tune in screened order: each layout gets its share of what is left as if only
     # `finalists` remained, and the search goes on down the list while time is left (small
     # problems converge in a fraction of their share).
@@ -365,18 +232,3 @@ def plan_cluster(
 def _cheapest_first(layouts: list[Layout]) -> list[Layout]:
     """Screening order when the budget may run out: fewer simulated actions first."""
     return sorted(layouts, key=lambda l: (l.pp * l.num_microbatches, l.tp))
-
-
-def _reference(search: LayoutSearch, job: Job, num_layers: int) -> Row | None:
-    """Megatron-LM's usual layout: the first of its preferences whose interleaved 1F1B over a
-    uniform partition fits (or the leanest, when none does)."""
-    leanest = None
-    for layout in megatron_layout(job.cluster, job.global_batch, num_layers, search.tp_fits):
-        names = [("i1f1b", "uniform")] if layout.pp > 1 else [("1f1b", "uniform")]
-        rows = search.baselines(layout, names) or search.baselines(layout, [("1f1b", "uniform")])
-        for row in rows:
-            if row.sim.fits:
-                return replace(row, label="Megatron-LM")
-            if leanest is None or row.score < leanest.score:
-                leanest = replace(row, label="Megatron-LM")
-    return leanest
