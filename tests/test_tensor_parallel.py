@@ -95,8 +95,8 @@ def runs(tmp_path_factory, checkpoints):
         "bundled llama, TP2 x PP2 x DP2, zero 3, clipping": job(
             LLAMA, two_devices(LLAMA, split), tp=2, dp=2, optimizer=CLIPPED, zero=3
         ),
-        "bundled llama, PP2 x DP2, zero 3": job(
-            LLAMA, two_devices(LLAMA, split), tp=1, dp=2, zero=3
+        "bundled llama, PP2 x DP2, interleaved, zero 3": job(
+            LLAMA, two_devices(LLAMA, split, placement=(0, 1, 0, 1)), tp=1, dp=2, zero=3
         ),
         "a user's own tp_plan, TP2 x PP2": job(
             tp_titan_style, two_devices(tp_titan_style, split), tp=2
@@ -146,7 +146,7 @@ def test_ranks_hold_the_cost_models_share_of_weights_gradients_and_state(runs):
     for name, model in (
         ("bundled moe, TP2 x PP2 x DP2, clipping", MOE),
         ("bundled llama, TP2 x PP2 x DP2, zero 3, clipping", LLAMA),
-        ("bundled llama, PP2 x DP2, zero 3", LLAMA),
+        ("bundled llama, PP2 x DP2, interleaved, zero 3", LLAMA),
     ):
         ran, result = runs[name]
         cfg, plan = ran.config, ran.plan

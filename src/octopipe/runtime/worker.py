@@ -139,6 +139,8 @@ class Worker:
         self.comm.wait_sends()
         if self.reducer is not None:
             self.reducer.finish()
+        if self.sharded is not None:
+            self.sharded.finish()
         self.grad_norm = self._clip()
         if self.optimizer is not None:
             set_lr(self.optimizer, self.optimizer_config.lr_at(step))

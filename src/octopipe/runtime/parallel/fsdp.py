@@ -13,10 +13,12 @@ places them instead (`ShardedStages`):
 - FSDP2's reduce-scatter is off while the step runs (`set_requires_gradient_sync(False)`): a
   split backward's W adds weight gradients outside autograd, after FSDP2's post-backward hook
   has already fired in I, so that hook cannot be the moment. After the stage's last backward
-  action (its last B or W), the gradients accumulated over every microbatch are
-  reduce-scattered (averaged over the replicas) and the stage resharded, by running FSDP2's
-  post-backward then, as `torch.distributed.pipelining` does for its REDUCE_GRAD action: FSDP2
-  has no public call for it, so this module reaches into its state, and only this module.
+  action (its last B or W), the reduce-scatter of the gradients accumulated over every
+  microbatch (averaged over the replicas) starts and the stage is resharded, by running
+  FSDP2's post-backward then, as `torch.distributed.pipelining` does for its REDUCE_GRAD
+  action; the rank's remaining actions run while it completes, and the step waits for it
+  before the optimizer (FSDP2's final backward callback). FSDP2 has no public call for either,
+  so this module reaches into its state, and only this module.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class ShardedStages:
         self._gather_before: dict[int, list[int]] = {}
         for stage, i in first.items():
             self._gather_before.setdefault(max(i - 1, 0), []).append(stage)
+        self._reducing: list[FSDPModule] = []
 
     def before_action(self, index: int) -> None:
         """Call before running action `index` of the step. The gathers run asynchronously;
@@ -59,7 +62,8 @@ class ShardedStages:
             self.units[stage].unshard(async_op=True)
 
     def reduce(self, stage: int) -> None:
-        """After the stage's last backward of the step: reduce-scatter its gradients, reshard."""
+        """After the stage's last backward of the step: start the reduce-scatter of its
+        gradients and reshard it; `finish` waits for the reduction."""
         unit = self.units[stage]
         for p in unit.parameters():  # the unsharded ones: every replica reduces the same set
             if p.requires_grad and p.grad is None:
@@ -67,17 +71,27 @@ class ShardedStages:
         unit.set_is_last_backward(True)
         unit.set_requires_gradient_sync(True)
         unit.set_reshard_after_backward(True)
-        state = fully_shard.state(unit)  # type: ignore[attr-defined]
-        for inner in state._state_ctx.all_states:
+        for inner in _state(unit)._state_ctx.all_states:
             for group in inner._fsdp_param_groups:
                 group.post_backward()
-        state._root_post_backward_final_callback()  # waits for the reduce-scatter
-        _accumulate_without_sync(unit)
+        self._reducing.append(unit)
+
+    def finish(self) -> None:
+        """After the step's actions: wait for every reduction started, so the sharded
+        gradients are in place for the optimizer, and accumulate without sync again."""
+        for unit in self._reducing:
+            _state(unit)._root_post_backward_final_callback()
+            _accumulate_without_sync(unit)
+        self._reducing.clear()
 
     def reshard_all(self) -> None:
         """Free every gathered stage (after a forward outside the schedule: shape discovery)."""
         for unit in self.units.values():
             unit.reshard()
+
+
+def _state(unit: FSDPModule):
+    return fully_shard.state(unit)  # type: ignore[attr-defined]
 
 
 def _accumulate_without_sync(unit: FSDPModule) -> None:
