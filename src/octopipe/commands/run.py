@@ -200,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
         _leave_rank()
     # After the run, so that a refused run's error stays its only line.
     dp, tp = args.dp or _planned(plan, "dp") or 1, args.tp or _planned(plan, "tp") or 1
-    for flag, ran, what in (("dp", dp, "data-parallel replicas"), ("tp", tp, "TP ranks a device")):
+    degrees = (("dp", dp, "data-parallel replicas"), ("tp", tp, "tensor-parallel ranks a device"))
+    for flag, ran, what in degrees:
         if _planned(plan, flag) not in (None, ran):
             print(
                 f"octopipe run: note: {args.plan} was planned for {_planned(plan, flag)} {what} "
