@@ -53,7 +53,7 @@ def agent_command(node: int, plan: Path) -> str:
 
 @pytest.mark.skipif(not private_network_available(), reason="needs unshare -rn (user namespaces)")
 @pytest.mark.timeout(240)
-def test_two_torchrun_nodes_train_as_a_spawned_run_does(tmp_path):
+def test_two_torchrun_nodes_train_a_tp_pp_dp_plan_as_one_process(tmp_path):
     plan = tmp_path / "plan.json"
     save_plan(gpipe(PP, 2, layer_count(MODEL)).with_parallelism(TP, DP, MBS), plan)
     script = tmp_path / "nodes.sh"
