@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 VOCAB, DIM, HEADS = 96, 32, 4
 
@@ -91,6 +92,17 @@ class TitanStyle(nn.Module):
 
 def titan_style() -> TitanStyle:
     return TitanStyle()
+
+
+class TensorParallelTitan(TitanStyle):
+    """A team's model with its own tensor-parallel plan (the `tp_plan` hook): Megatron's MLP
+    split without sequence parallelism, so activations stay whole between layers."""
+
+    tp_plan = {"layers.*.w1": ColwiseParallel(), "layers.*.w2": RowwiseParallel()}
+
+
+def tp_titan_style() -> TensorParallelTitan:
+    return TensorParallelTitan()
 
 
 def token_batches(steps: int, sequences: int, seq_len: int = 12, seed: int = 0):

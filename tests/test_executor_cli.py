@@ -193,7 +193,7 @@ def test_run_says_when_it_runs_other_replicas_than_planned(tmp_path, capsys):
     )
     save_plan(plan, tmp_path / "plan.json")
     argv = ["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-llama", "--steps", "1"]
-    assert main([*argv, "--json"]) == 0
+    assert main([*argv, "--dp", "1", "--json"]) == 0  # without --dp: the plan's 4
     captured = capsys.readouterr()
-    assert "planned as 4 data-parallel replicas" in captured.err and "ran 1" in captured.err
+    assert "planned for 4 data-parallel replicas" in captured.err and "ran 1" in captured.err
     assert len(json_lines(captured.out)[1]["losses"]) == 1

@@ -1,5 +1,7 @@
 """`octopipe run` under torchrun on two nodes: two torchrun agents on this machine, each standing
-for a node, meet through torchrun's c10d rendezvous; the losses are those of a spawned run.
+for a node, meet through torchrun's c10d rendezvous and run a TP 2 x PP 2 x DP 2 plan with FSDP2
+(`--zero 3`), every rank taking its place from the plan's `parallelism` (no --tp or --dp given);
+the losses are those of one process.
 
 torchrun's TCP stores listen on every interface, so both agents run in a private network
 namespace (`unshare`), whose only interface is its own loopback: nothing is reachable from,
@@ -15,16 +17,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from executor_helpers import TOY, gpipe
+from executor_helpers import gpipe, layer_count
 
-import octopipe as op
 from octopipe.plan import save_plan
+from octopipe.runtime.reference import train_reference
+from octopipe.runtime.session import RunConfig
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 
 HERE = Path(__file__).parent
 PORT = 29400  # inside the private namespace nothing else listens
-STEPS, DP, PER_NODE = 2, 2, 2  # 2 nodes x 2 ranks: the plan's 2 devices x 2 replicas
+MODEL, STEPS, SEQ = "tiny-llama", 2, 8
+TP, PP, DP, MBS = 2, 2, 2, 2
+PER_NODE = 4  # 2 nodes x 4 ranks: node 0 holds replica 0, node 1 replica 1
 
 
 def private_network_available() -> bool:
@@ -40,16 +45,17 @@ def agent_command(node: int, plan: Path) -> str:
     torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{PORT}"]
     torchrun += ["--rdzv-id", "two-nodes", "--rdzv-conf", f"is_host={int(node == 0)}"]
     torchrun += ["--local-addr", "127.0.0.1", "--max-restarts", "0"]
-    run = ["-m", "octopipe", "run", "--plan", str(plan), "--model", TOY, "--backend", "gloo"]
-    run += ["--steps", str(STEPS), "--dp", str(DP), "--timeout", "60", "--json"]
+    run = ["-m", "octopipe", "run", "--plan", str(plan), "--model", MODEL, "--backend", "gloo"]
+    run += ["--steps", str(STEPS), "--seq-len", str(SEQ), "--zero", "3", "--timeout", "60"]
+    run += ["--json"]
     return " ".join(torchrun + run)
 
 
 @pytest.mark.skipif(not private_network_available(), reason="needs unshare -rn (user namespaces)")
 @pytest.mark.timeout(240)
-def test_two_torchrun_nodes_train_as_a_spawned_run_does(tmp_path):
+def test_two_torchrun_nodes_train_a_tp_pp_dp_plan_as_one_process(tmp_path):
     plan = tmp_path / "plan.json"
-    save_plan(gpipe(2, 2), plan)
+    save_plan(gpipe(PP, 2, layer_count(MODEL)).with_parallelism(TP, DP, MBS), plan)
     script = tmp_path / "nodes.sh"
     script.write_text(
         "ip link set lo up\n"
@@ -83,6 +89,9 @@ def test_two_torchrun_nodes_train_as_a_spawned_run_does(tmp_path):
     *steps, summary = [json.loads(line) for line in printed[0].strip().splitlines()]
     assert [s["step"] for s in steps] == list(range(STEPS))
     assert len(summary["peak_memory_bytes"]) == 2 * PER_NODE
+    # Each node is one replica: its ranks hold the same shares of the stages as the other's.
+    held = summary["state_bytes"]
+    assert held[:PER_NODE] == held[PER_NODE:] and all(b > 0 for b in held)
 
-    spawned = op.run(op.load_plan(plan), TOY, steps=STEPS, dp=DP, backend="gloo")
-    assert summary["losses"] == list(spawned.losses)
+    config = RunConfig(MODEL, steps=STEPS, seq_len=SEQ, micro_batch_size=MBS, dp=DP)
+    assert summary["losses"] == pytest.approx(train_reference(config, 2).losses, rel=1e-5)

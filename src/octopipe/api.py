@@ -217,8 +217,9 @@ def run(
     checkpoint_every: int = 0,
     resume: bool = False,
     overlap_steps: bool = False,
-    dp: int = 1,
+    dp: int | None = None,
     zero: int = 0,
+    tp: int | None = None,
     data=None,
     data_dtype: str = "uint16",
     loss=None,
@@ -247,6 +248,9 @@ def run(
     `checkpoint_dir`, `checkpoint_every` steps write `DIR/step-N`; `resume` continues from the
     latest one (under any plan and `dp`) up to step `steps`. `overlap_steps` runs steps back
     to back (no barrier; per-stage updates, post-validated clipping; docs/FORMATS.md).
+    `tp` and `dp`: tensor-parallel ranks per device and data-parallel replicas (default: the
+    plan's `parallelism` degrees, else 1); `zero`: 1 shards the optimizer state over the
+    replicas, 3 also the weights and gradients (FSDP2).
 
     `timeout` (seconds) bounds each wait of a rank (a transfer, a collective), not the whole
     run. `on_step(report)` is called with every step's `StepReport` (loss, step time, tokens)
@@ -295,8 +299,9 @@ def run(
         lookahead,
         seq_len=seq_len,
         micro_batch_size=micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
-        dp=dp,
+        dp=dp or _planned(plan, "dp"),
         zero=zero,
+        tp=tp or _planned(plan, "tp"),
         data=_data_source(data, seq_len, seed, data_dtype, steps),
         loss=loss,
         autocast="bf16" if bf16 else None,
@@ -307,13 +312,18 @@ def run(
     )
     results = execute(
         [Job(plan, config, where)],
-        nproc or plan.num_devices * dp,
+        nproc or config.layout(plan).size,
         backend,
         timeout,
         init_method,
         on_step,
     )
     return None if results is None else results[0]
+
+
+def _planned(plan: Plan, degree: str) -> int:
+    """A degree (`tp`, `dp`) a cluster plan was made for (its `parallelism`), else 1."""
+    return plan.parallelism.get(degree, 1) if plan.parallelism else 1
 
 
 def _data_source(data, seq_len: int, seed: int, dtype: str, steps: int):

@@ -25,17 +25,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nproc",
         type=int,
-        help="processes to spawn (default: the plan's devices x --dp; ignored under torchrun)",
+        help="processes to spawn (default: TP x the plan's devices x DP; ignored under torchrun)",
     )
     parser.add_argument(
-        "--dp", type=_positive, default=1, help="data-parallel replicas of the plan (default 1)"
+        "--dp",
+        type=_positive,
+        help="data-parallel replicas of the plan (default: the plan's parallelism.dp, else 1)",
+    )
+    parser.add_argument(
+        "--tp",
+        type=_positive,
+        help="tensor-parallel ranks per pipeline device (default: the plan's parallelism.tp, "
+        "else 1); rank = tp_rank + TP x (device + PP x replica)",
     )
     parser.add_argument(
         "--zero",
         type=int,
-        choices=(0, 1),
+        choices=(0, 1, 3),
         default=0,
-        help="1: shard the optimizer state across the replicas (ZeRO-1)",
+        help="1: shard the optimizer state across the replicas (ZeRO-1); 3: also the weights "
+        "and gradients (FSDP2, gathered and reduced where the plan says)",
     )
     parser.add_argument(
         "--data",
@@ -138,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.commands._run_progress import RunProgress
     from octopipe.plan import load_plan
     from octopipe.runtime.launcher import RankFailure, Stopped, under_torchrun
+    from octopipe.runtime.parallel.layout import RankLayout
     from octopipe.trace import from_records, write_trace
 
     check_output_file("--trace", args.trace)
@@ -165,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
                 overlap_steps=args.overlap_steps,
                 dp=args.dp,
                 zero=args.zero,
+                tp=args.tp,
                 data=args.data,
                 data_dtype=args.data_dtype,
                 nproc=args.nproc,
@@ -188,13 +199,15 @@ def run(args: argparse.Namespace) -> int:
     if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         _leave_rank()
     # After the run, so that a refused run's error stays its only line.
-    planned_dp = plan.parallelism["dp"] if plan.parallelism else args.dp
-    if planned_dp != args.dp:
-        print(
-            f"octopipe run: note: {args.plan} was planned as {planned_dp} data-parallel "
-            f"replicas (its parallelism key); this ran {args.dp} (--dp)",
-            file=sys.stderr,
-        )
+    dp, tp = args.dp or _planned(plan, "dp") or 1, args.tp or _planned(plan, "tp") or 1
+    degrees = (("dp", dp, "data-parallel replicas"), ("tp", tp, "tensor-parallel ranks a device"))
+    for flag, ran, what in degrees:
+        if _planned(plan, flag) not in (None, ran):
+            print(
+                f"octopipe run: note: {args.plan} was planned for {_planned(plan, flag)} {what} "
+                f"(its parallelism key); this ran {ran} (--{flag})",
+                file=sys.stderr,
+            )
     if args.trace:
         write_trace(args.trace, from_records(result.records), "measured")
     if args.png:
@@ -204,8 +217,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         _print_human(summary)
-        if args.dp > 1:
-            print(rank_layout(plan.num_devices, args.dp))
+        if dp > 1 or tp > 1:
+            print(RankLayout(tp, plan.num_devices, dp).describe())
         if args.trace and summary["predicted_iteration_time"] is not None:
             print(
                 "to fit the profile to this run: octopipe calibrate --profile PROFILE "
@@ -240,15 +253,11 @@ def _draw_last_step(result, path: str) -> None:
 
 def _planned_micro_batch_size(plan) -> int | None:
     """The microbatch size a cluster plan was made for (its `parallelism`), if any."""
-    return plan.parallelism.get("microbatch_size") if plan.parallelism else None
+    return _planned(plan, "microbatch_size")
 
 
-def rank_layout(num_devices: int, replicas: int) -> str:
-    """The line that says which global rank runs what (docs/FORMATS.md, the same rule)."""
-    return (
-        f"ranks: rank = replica x {num_devices} + device "
-        f"({replicas} replicas of {num_devices} devices)"
-    )
+def _planned(plan, key: str) -> int | None:
+    return plan.parallelism.get(key) if plan.parallelism else None
 
 
 def _print_human(summary: dict) -> None:
@@ -264,6 +273,8 @@ def _print_human(summary: dict) -> None:
         f"rank {r}: {fmt_bytes(b)}" for r, b in enumerate(summary["peak_memory_bytes"])
     )
     print(f"peak memory ({summary['peak_memory_source']}): {mems}")
+    held = ", ".join(f"rank {r}: {fmt_bytes(b)}" for r, b in enumerate(summary["state_bytes"]))
+    print(f"weights, gradients and optimizer state held: {held}")
 
 
 def _positive(text: str) -> int:

@@ -96,13 +96,14 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(head_dim) if qk_norm else nn.Identity()
 
-    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        # Heads counted from the width: under tensor parallelism a rank holds some of them.
+        return x.view(x.shape[0], x.shape[1], -1, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = self.q_norm(self._heads(self.wq(x), self.n_heads))
-        k = self.k_norm(self._heads(self.wk(x), self.n_kv_heads))
-        v = self._heads(self.wv(x), self.n_kv_heads)
+        q = self.q_norm(self._heads(self.wq(x)))
+        k = self.k_norm(self._heads(self.wk(x)))
+        v = self._heads(self.wv(x))
         if self.rope_theta is not None:
             q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
         mask = causal_mask(x.shape[1], self.window, x.device) if self.causal else None
@@ -124,13 +125,14 @@ class CrossAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
-    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        # Heads counted from the width: under tensor parallelism a rank holds some of them.
+        return x.view(x.shape[0], x.shape[1], -1, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        q = self.q_norm(self._heads(self.wq(x), self.n_heads))
-        k = self.k_norm(self._heads(self.wk(image), self.n_kv_heads))
-        v = self._heads(self.wv(image), self.n_kv_heads)
+        q = self.q_norm(self._heads(self.wq(x)))
+        k = self.k_norm(self._heads(self.wk(image)))
+        v = self._heads(self.wv(image))
         out = attend(q, k, v, None, self.head_dim**-0.5)
         return self.wo(out.transpose(1, 2).flatten(2))
 

@@ -18,6 +18,8 @@
 - `spawn`: one process per rank, watched; `lifeline`: a rank exits with its launcher;
 - `progress`: each step's loss and time on every rank (streamed; a non-finite loss stops all);
 - `groups`: subgroups with the run's timeout; `preflight`: settings refused before any rank;
+- `parallel`: tensor parallelism (`--tp`) and FSDP2 (`--zero 3`) on a DP x PP x TP mesh, and the
+  rank layout;
 - `profiler`, `linkprobe`: measured profiles (every layer's F, I, W and sizes; the link);
 - `measure`: a profile measured in processes that start as a run's ranks (`octopipe profile`);
 - `reference`: single-process ground truth; `fuzz`: random plans; `torch_pipelining`: the same

@@ -3,7 +3,9 @@ data-parallel degree can resume any checkpoint of the same model.
 
 `DIR/step-N` holds, after step N (N steps done): every parameter as `model.<fqn>` and every
 tensor of its optimizer state as `optim.<fqn>.<name>` (`exp_avg`, `momentum_buffer`, ...),
-written by whichever ranks hold them (replicas write a tensor once: DCP deduplicates), and
+written by whichever ranks hold them (replicas write a tensor once: DCP deduplicates; a
+tensor-parallel or FSDP2 parameter is a DTensor, each rank writing its shard under the same
+full FQN, and any later layout reads the pieces it needs), and
 `octopipe.json` last, by rank 0, once every rank has written: a folder without it is an
 interrupted save and is ignored. The learning rate and the data are functions of the step, so
 the step is all the rest a run needs to continue as if it had not stopped.
@@ -21,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from octopipe.errors import InputError
 
@@ -101,13 +104,21 @@ def load(
         prefix = f"optim.{fqn}."
         for key, meta in saved.items():
             if key.startswith(prefix):
-                state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+                state[key] = _load_target(p, meta)
                 wanted[key] = (p, key[len(prefix) :])
     with torch.no_grad():
         dcp.load(state, checkpoint_id=str(path))
     for key, (p, name) in wanted.items():
         local.state[p][name] = state[key].to(p.device) if state[key].dim() else state[key]
     return json.loads((path / MARKER).read_text())["step"]
+
+
+def _load_target(param: torch.Tensor, meta) -> torch.Tensor:
+    """Where a saved optimizer tensor is read into: laid out as its parameter when it has the
+    parameter's shape (a DTensor's state is sharded as it is), else whole."""
+    if isinstance(param, DTensor) and tuple(meta.size) == tuple(param.shape):
+        return torch.empty_like(param.detach(), dtype=meta.properties.dtype)
+    return torch.empty(meta.size, dtype=meta.properties.dtype)
 
 
 def _named_parameters(modules: Mapping[int, nn.Module]) -> dict[str, nn.Parameter]:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from octopipe.actions import B, F, I
 from octopipe.plan import Plan
 from octopipe.runtime.groups import new_group
+from octopipe.runtime.parallel.layout import RankLayout
 from octopipe.runtime.shapes import BoundarySpec, grad_specs
 
 
@@ -63,8 +64,9 @@ def sender_order(plan: Plan, key: ChannelKey) -> list[int]:
 class P2P:
     """The channels touching one rank; `specs[b]` is the activation entering stage b.
 
-    Ranks are the plan's devices, `replica * num_devices + device` globally when the plan runs
-    as several data-parallel replicas (each replica's channels are its own)."""
+    Ranks are the plan's devices; globally, the job's layout numbers them (`RankLayout`:
+    replica, device, tensor-parallel rank). Each pipeline, one per replica and TP rank, has
+    channels of its own: TP rank t of a stage sends its shard to TP rank t of the next."""
 
     def __init__(
         self,
@@ -73,14 +75,17 @@ class P2P:
         specs: dict[int, BoundarySpec],
         device: torch.device,
         per_channel_groups: bool,
+        layout: RankLayout | None = None,
         replica: int = 0,
-        replicas: int = 1,
+        tp_rank: int = 0,
     ) -> None:
-        """`rank` is the plan's device index. `per_channel_groups`: one group per channel,
-        transfers matched by order, no tags (what NCCL needs; on gloo it is how tests check the
-        ordering NCCL relies on)."""
+        """`rank` is the plan's device index; `layout` the job's degrees (default: one replica,
+        no tensor parallelism). `per_channel_groups`: one group per channel, transfers matched
+        by order, no tags (what NCCL needs; on gloo it is how tests check the ordering NCCL
+        relies on)."""
         self.rank, self.device = rank, device
-        self._base = replica * plan.num_devices  # global rank of this replica's device 0
+        layout = layout or RankLayout(1, plan.num_devices, 1)
+        self._global = lambda d: layout.rank(replica, d, tp_rank)  # device -> global rank
         self._tagged = not per_channel_groups
         self._num_mb = plan.num_microbatches
         self._max_entries = max((len(s) for s in specs.values()), default=1)
@@ -91,14 +96,13 @@ class P2P:
         groups = {}
         if per_channel_groups:
             # new_group is collective: every rank creates every channel's group of every
-            # replica, in one order.
-            for r in range(replicas):
-                base = r * plan.num_devices
-                for key in keys:
-                    pair = sorted(self._ends(key))
-                    group = new_group([base + pair[0], base + pair[1]])
-                    if r == replica:
-                        groups[key] = group
+            # pipeline, in one order.
+            for r in range(layout.dp):
+                for t in range(layout.tp):
+                    for key in keys:
+                        group = new_group(sorted(layout.rank(r, d, t) for d in self._ends(key)))
+                        if (r, t) == (replica, tp_rank):
+                            groups[key] = group
         for key in keys:
             src, dst = self._ends(key)
             if rank not in (src, dst):
@@ -155,9 +159,9 @@ class P2P:
         peer's first real send, which may itself wait on this rank."""
         probe = torch.zeros(1, device=self.device)
         if self.rank == src:
-            dist.send(probe, self._base + dst, group=group)
+            dist.send(probe, self._global(dst), group=group)
         else:
-            dist.recv(probe, self._base + src, group=group)
+            dist.recv(probe, self._global(src), group=group)
 
     def _tag(self, key: ChannelKey, mb: int, entry: int) -> int:
         if not self._tagged:
@@ -180,7 +184,7 @@ class P2P:
         self._pending_sends = [(w, t) for w, t in self._pending_sends if not w.is_completed()]
         for i, t in enumerate(tensors):
             t = t.detach().contiguous()
-            work = dist.isend(t, self._base + ch.dst, group=ch.group, tag=self._tag(key, mb, i))
+            work = dist.isend(t, self._global(ch.dst), group=ch.group, tag=self._tag(key, mb, i))
             self._pending_sends.append((work, t))
 
     def _post(self, key: ChannelKey, mb: int) -> None:
@@ -194,7 +198,7 @@ class P2P:
             nxt = ch.order.popleft()
             bufs = [s.empty(self.device) for s in ch.specs]
             works = [
-                dist.irecv(buf, self._base + ch.src, group=ch.group, tag=self._tag(key, nxt, i))
+                dist.irecv(buf, self._global(ch.src), group=ch.group, tag=self._tag(key, nxt, i))
                 for i, buf in enumerate(bufs)
             ]
             ch.posted[nxt] = (works, bufs)

@@ -10,7 +10,9 @@ positions, the causal mask (transformers' own mask functions, per layer attentio
 the rotary embedding, which every stage computes for itself from its own copy; the decoder
 layers it holds; the norm and the head if it holds them. Llama, Qwen2/Qwen3, Mistral and MoE
 models of the same structure (Qwen2-MoE, Mixtral) fit. The MoE router's auxiliary loss is not
-added (transformers adds it only with `output_router_logits`).
+added (transformers adds it only with `output_router_logits`). Under tensor parallelism
+(`parallel.tp_plans.hf_plan`) the hidden states between layers are the rank's share of the
+sequence; positions, masks and rotary embeddings stay the whole sequence's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import torch
 from torch import nn
 
 from octopipe.errors import InputError
+from octopipe.runtime.parallel.tensor_parallel import tp_degree
+from octopipe.runtime.parallel.tp_plans import hf_plan
 from octopipe.runtime.recipe import Activation, ModelRecipe, token_chains
 
 
@@ -63,6 +67,7 @@ def hf_recipe(path: str) -> ModelRecipe:
         forward=run_causal_lm_stage,
     )
     _check_structure(recipe.meta_model)
+    recipe.tp_plan = lambda tp: hf_plan(recipe.meta_model, tp)
     recipe.synthetic = token_chains(recipe)
     recipe.kinds = tuple(_kind(name) for name in recipe.layers)
     return recipe
@@ -104,7 +109,11 @@ def run_causal_lm_stage(part: nn.Module, inputs: Activation) -> Activation:
         h = inner.embed_tokens(h)
     layers = [(int(key), layer) for key, layer in inner.layers.named_children()]
     if layers:
-        positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        # Under tensor parallelism h holds the rank's share of the sequence; positions, masks
+        # and rotary embeddings are the whole sequence's (the attention gathers it).
+        length = h.shape[1] * tp_degree(part)
+        whole = h.new_empty((h.shape[0], length, 0)) if length != h.shape[1] else h
+        positions = torch.arange(length, device=h.device).unsqueeze(0)
         masks = {}
         for index, _ in layers:
             kind = _attention_kind(index, inner.config)
@@ -116,12 +125,12 @@ def run_causal_lm_stage(part: nn.Module, inputs: Activation) -> Activation:
                 )
                 masks[kind] = make(
                     config=inner.config,
-                    inputs_embeds=h,
+                    inputs_embeds=whole,
                     attention_mask=None,
                     cache=None,
                     position_ids=positions,
                 )
-        rotary = inner.rotary_emb(h, position_ids=positions)
+        rotary = inner.rotary_emb(whole, position_ids=positions)
         for index, layer in layers:
             h = layer(
                 h,

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from octopipe.errors import InputError
 from octopipe.runtime import DEFAULT_TIMEOUT_S, groups
 from octopipe.runtime.deps import check_runnable
-from octopipe.runtime.preflight import check_overlap, check_resumable
+from octopipe.runtime.preflight import check_overlap, check_parallelism, check_resumable
 from octopipe.runtime.progress import StepReport
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.spawn import (  # noqa: F401 - RankFailure, Stopped: raised through here
@@ -57,11 +57,17 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
     for job in jobs:
         recipe = job.config.recipe()
         layers = recipe.layers
-        dp = job.config.dp
+        dp, tp = job.config.dp, job.config.tp
         if dp < 1 or world_size % dp:
             raise InputError("--dp", f"{dp} replicas do not divide the {world_size} processes")
-        check_runnable(job.plan, len(layers), world_size // dp, job.source)
+        if tp < 1 or world_size % (dp * tp):
+            raise InputError(
+                "--tp",
+                f"{dp} replicas of {tp} ranks per device do not divide the {world_size} processes",
+            )
+        check_runnable(job.plan, len(layers), world_size // (dp * tp), job.source)
         check_plan_layer_names(job.plan.layer_names, layers)
+        check_parallelism(job.config, recipe)
         check_resumable(job.config, recipe)
         check_overlap(job.config)
 

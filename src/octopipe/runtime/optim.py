@@ -4,8 +4,9 @@ The same on every rank and in the single-process reference. The learning rate is
 the step alone (linear warm-up, then constant or cosine decay), so a resumed run needs only the
 step to continue the schedule. Clipping is by the global norm over every stage of every replica:
 each rank adds its stages' squared norms, one all-reduce over the world sums them (replicas hold
-the same averaged gradients, so the sum is divided by their number), and every rank scales its
-gradients by the same factor, as `torch.nn.utils.clip_grad_norm_` does in one process.
+the same averaged gradients and tensor-parallel ranks the same replicated ones, so the sum is
+divided by how many ranks hold each stage; shards count as many times), and every rank scales
+its gradients by the same factor, as `torch.nn.utils.clip_grad_norm_` does in one process.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from octopipe.runtime.parallel.dtensors import local, shard_count
 
 _CLASSES = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 OPTIMIZERS = tuple(_CLASSES)
@@ -83,22 +86,27 @@ def clip_factor(total_norm: float, max_norm: float) -> float:
 def squared_norm(
     params: Sequence[torch.Tensor], device: torch.device | None = None
 ) -> torch.Tensor:
-    """The sum of the gradients' squares, in float64, on `device` (default: the CPU)."""
+    """The sum of the gradients' squares, in float64, on `device` (default: the CPU). A
+    sharded gradient adds its local part times the number of shards, so that summed over the
+    S ranks holding a stage (replicas x tensor-parallel ranks) every element counts S times,
+    sharded or not, and the world's sum divided by S is the norm's square."""
     total = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:
         if p.grad is not None:
-            total = total + p.grad.detach().double().pow(2).sum().to(total.device)
+            grad = local(p.grad).detach().double()
+            total = total + grad.pow(2).sum().to(total.device) * shard_count(p.grad)
     return total
 
 
 def global_grad_norm(
-    params: Sequence[torch.Tensor], replicas: int, device: torch.device | None = None
+    params: Sequence[torch.Tensor], stage_ranks: int, device: torch.device | None = None
 ) -> float:
     """The norm of all gradients of the model: this rank's share, summed over the world (on
-    `device`, the one the backend reduces on: the GPU for NCCL)."""
+    `device`, the one the backend reduces on: the GPU for NCCL); `stage_ranks` ranks hold each
+    stage (replicas x tensor-parallel degree)."""
     total = squared_norm(params, device).reshape(1)
     dist.all_reduce(total)
-    return math.sqrt(float(total) / replicas)
+    return math.sqrt(float(total) / stage_ranks)
 
 
 def scale_grads(params: Sequence[torch.Tensor], factor: float) -> None:

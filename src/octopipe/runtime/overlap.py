@@ -106,6 +106,7 @@ class OverlappedSteps:
 
         def stage_done(stage: int) -> None:
             nonlocal checked, poisoned
+            self.worker.settle(stage)  # tensor-parallel gradients in their parameters' layout
             if not checked:
                 checked, poisoned = True, not self._validate(previous)
             if poisoned:
@@ -162,8 +163,8 @@ class OverlappedSteps:
         if step.norm is None:
             self._launch_norm(step)
             step.norm_work.wait()
-            # Replicas hold the same averaged gradients: the world's sum counts each D times.
-            step.norm = math.sqrt(float(step.squares) / self.worker.replicas)
+            # Every rank holding a stage counts it (replicas, TP ranks; `squared_norm`).
+            step.norm = math.sqrt(float(step.squares) / self.worker.stage_ranks)
         if not math.isfinite(step.norm):
             return False
         clip = self.config.clip_norm

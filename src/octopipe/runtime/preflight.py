@@ -1,5 +1,6 @@
 """The settings of a run that are refused before any rank starts, one line each: numbers out
-of range, combinations not built yet, a checkpoint that cannot be resumed.
+of range, combinations not built yet, a tensor-parallel plan that does not fit the model, a
+checkpoint that cannot be resumed.
 
 Each would otherwise fail late, inside every rank at once (a timeout of 0 or inf, an optimizer
 refusing its learning rate), or not at all: a nan learning rate trains nan weights.
@@ -67,6 +68,32 @@ def check_overlap(config: RunConfig) -> None:
     ):
         if used:
             raise InputError(flag, "not supported with --overlap-steps yet")
+
+
+def check_parallelism(config: RunConfig, recipe: ModelRecipe) -> None:
+    """Tensor parallelism needs a plan that applies to the model; neither it nor FSDP2 (`--zero
+    3`) combines with every other setting yet."""
+    if config.zero not in (0, 1, 3):
+        raise InputError("--zero", f"must be 0, 1 or 3, got {config.zero}")
+    if config.tp == 1:
+        return
+    if config.zero == 1:
+        raise InputError("--zero", "1 is not supported with --tp > 1 yet; use --zero 3 (FSDP2)")
+    if recipe.tp_plan is None:
+        raise InputError(
+            "--tp",
+            f"{recipe.name} has no tensor-parallel plan: give the model a tp_plan "
+            "(docs/FORMATS.md, tensor parallelism) or run it with --tp 1",
+        )
+    if config.seq_len % config.tp:
+        raise InputError(
+            "--seq-len",
+            f"{config.seq_len} tokens do not split into {config.tp} equal shares "
+            "(tensor parallelism splits the sequence between layers)",
+        )
+    from octopipe.runtime.parallel.tensor_parallel import check_plan
+
+    check_plan(recipe.tp_plan(config.tp), recipe.meta_model)
 
 
 def check_resumable(config: RunConfig, recipe: ModelRecipe) -> None:

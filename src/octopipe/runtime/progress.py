@@ -68,8 +68,9 @@ class StepProgress:
         device: torch.device,
         on_step: Callable[[StepReport], None] | None,
     ) -> None:
-        last = plan.stages[-1].device
-        self._loss_ranks = [r * plan.num_devices + last for r in range(cfg.dp)]  # replica order
+        last, layout = plan.stages[-1].device, cfg.layout(plan)
+        # Replica order; of a tensor-parallel group, TP rank 0 (all hold the same loss).
+        self._loss_ranks = [layout.rank(r, last) for r in range(cfg.dp)]
         self._num_mb = plan.num_microbatches
         self._world, self._device = world_size, device
         self._tokens = cfg.global_sequences(plan) * cfg.seq_len

@@ -10,6 +10,9 @@ how to initialize a module, how a pruned copy runs on an activation tuple, the l
   target)` and `synthetic_sequence(generator, seq_len)`;
 - `hf:PATH`, a Hugging Face causal LM built from its config (`octopipe.runtime.hf`).
 
+Each may have a tensor-parallel plan (`tp_plan`: our families' from
+`octopipe.runtime.parallel.tp_plans`, or the model's own `tp_plan`).
+
 `recipe.stage(layers, device, seed)` is then all a rank needs: the layers, materialized, as
 one module whose `forward(*inputs)` returns the stage's output tuple.
 """
@@ -27,9 +30,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from octopipe.errors import InputError
+from octopipe.runtime.parallel.tp_plans import PlanOf, bundled_plan, user_plan
 from octopipe.runtime.split import (
     InitModule,
+    allocate,
     check_layers,
+    initialize,
     layer_names_of,
     materialize,
     prune,
@@ -87,6 +93,7 @@ class ModelRecipe:
     synthetic: Synthetic | None = None
     kinds: Sequence[str] | None = None  # per layer, for profiles ("layer" when unknown)
     listed_layers: Sequence[str] | None = field(default=None, repr=False)
+    tp_plan: PlanOf | None = None  # the TP degree -> FQN pattern -> ParallelStyle
 
     @cached_property
     def meta_model(self) -> nn.Module:
@@ -107,10 +114,23 @@ class ModelRecipe:
     def layer_kind(self, index: int) -> str:
         return self.kinds[index] if self.kinds else "layer"
 
-    def stage(self, keep: Sequence[str], device: torch.device, seed: int) -> StageModule:
-        """The layers `keep`, built and initialized on `device`."""
+    def stage(
+        self,
+        keep: Sequence[str],
+        device: torch.device,
+        seed: int,
+        parallelize: Callable[[StageModule], None] | None = None,
+    ) -> StageModule:
+        """The layers `keep`, built and initialized on `device`; `parallelize` shards the
+        stage (tensor parallelism, FSDP2) before its weights are allocated."""
         part = prune(self.meta_model, self.layers, keep)
-        return StageModule(materialize(part, device, seed, self.init), self.forward)
+        if parallelize is None:
+            return StageModule(materialize(part, device, seed, self.init), self.forward)
+        module = StageModule(part, self.forward)
+        parallelize(module)
+        allocate(module, device)
+        initialize(part, seed, self.init)
+        return module
 
     def whole(self, device: torch.device, seed: int) -> StageModule:
         return self.stage(self.layers, device, seed)
@@ -146,6 +166,7 @@ def _from_module(name: str, factory: Callable[[], nn.Module]) -> ModelRecipe:
     recipe.loss = getattr(model, "loss", next_token_loss)
     recipe.synthetic = getattr(model, "synthetic_sequence", None) or token_chains(recipe)
     recipe.kinds = getattr(model, "layer_kinds", None)
+    recipe.tp_plan = user_plan(model)
     return recipe
 
 
@@ -195,4 +216,6 @@ def arch_recipe(arch) -> ModelRecipe:
     """The recipe of our own model of an architecture config (`octopipe.models.ArchModel`)."""
     from octopipe.models import ArchModel
 
-    return _from_module(arch.name, lambda: ArchModel(arch))
+    recipe = _from_module(arch.name, lambda: ArchModel(arch))
+    recipe.tp_plan = lambda tp: bundled_plan(recipe.meta_model, tp)
+    return recipe

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from octopipe.runtime.parallel.dtensors import local, set_local_grad
+
 
 class GradientReducer:
     """The rank's stages' parameters, and the collectives that average their gradients."""
@@ -30,8 +32,12 @@ class GradientReducer:
             return
         # A parameter no microbatch reached (an expert never routed to) has no gradient here
         # but may have one on another replica: it takes part as zeros, as in one process.
+        # Tensor-parallel gradients are reduced shard by shard: each rank its local part.
         flat = torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+            [
+                (local(p.grad) if p.grad is not None else torch.zeros_like(local(p))).reshape(-1)
+                for p in params
+            ]
         )
         work = dist.all_reduce(flat, group=self.group, async_op=True)
         self._pending.append((stage, work, flat))
@@ -52,8 +58,9 @@ class GradientReducer:
             flat.div_(self.degree)
             offset = 0
             for p in self.stage_params[stage]:
-                n = p.numel()
-                p.grad = flat[offset : offset + n].view_as(p)
+                shard = local(p)
+                n = shard.numel()
+                set_local_grad(p, flat[offset : offset + n].view_as(shard))
                 offset += n
             done.append(stage)
         self._pending = left

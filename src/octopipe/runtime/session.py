@@ -21,9 +21,13 @@ import torch.distributed as dist
 
 from octopipe.plan import Plan
 from octopipe.runtime.data import Batch, DataSource, SyntheticData, replica_batch
-from octopipe.runtime.groups import new_group
 from octopipe.runtime.optim import OptimizerConfig
 from octopipe.runtime.overlap import OverlappedSteps
+from octopipe.runtime.parallel.dtensors import local, whole
+from octopipe.runtime.parallel.fsdp import ShardedStages, fsdp_units
+from octopipe.runtime.parallel.layout import Place, RankLayout
+from octopipe.runtime.parallel.mesh import build_job_mesh
+from octopipe.runtime.parallel.parallelize import parallelizer
 from octopipe.runtime.progress import StepProgress, StepReport
 from octopipe.runtime.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
@@ -54,7 +58,8 @@ class RunConfig:
     seq_len: int = DEFAULT_SEQ_LEN  # tokens per sequence of the synthetic data or --data
     micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE  # sequences per microbatch
     dp: int = 1  # data-parallel replicas of the plan
-    zero: int = 0  # 1: optimizer state sharded across the replicas (ZeRO-1)
+    zero: int = 0  # 1: optimizer state sharded across the replicas (ZeRO-1); 3: FSDP2
+    tp: int = 1  # tensor-parallel ranks per pipeline device
     data: DataSource | None = None  # None: the model's synthetic sequences
     loss: Loss | None = None  # None: the model's loss (next-token cross-entropy by default)
     reduce_at_end: bool = False  # all-reduces after the last action, not each stage's last B/W
@@ -88,6 +93,10 @@ class RunConfig:
         """Sequences per step, over all replicas: D x M x b."""
         return self.dp * plan.num_microbatches * self.micro_batch_size
 
+    def layout(self, plan: Plan) -> RankLayout:
+        """Which global rank runs what (docs/FORMATS.md, plan `parallelism`)."""
+        return RankLayout(self.tp, plan.num_devices, self.dp)
+
 
 @dataclass(frozen=True)
 class Job:
@@ -107,6 +116,7 @@ class RankReport:
     grads: dict[str, torch.Tensor]
     parameter_bytes: int  # of the rank's stages: what it allocated of the model
     redone_steps: int = 0  # overlapped steps run again after a failed post-validation
+    state_bytes: int = 0  # its weights, gradients and optimizer state at the end (its shards)
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,7 @@ class RunResult:
     parameter_bytes: tuple[int, ...] = ()  # per rank: the weights of its stages
     first_step: int = 0  # the step the run started at (a resumed run's checkpoint step)
     redone_steps: int = 0  # overlapped steps: how many were rolled back and run again
+    state_bytes: tuple[int, ...] = ()  # per rank: weights, gradients, optimizer state held
 
     @property
     def iteration_time(self) -> float:
@@ -141,6 +152,7 @@ class RunResult:
             "peak_memory_bytes": list(self.peak_memory_bytes),
             "peak_memory_source": self.peak_memory_source,
             "parameter_bytes": list(self.parameter_bytes),
+            "state_bytes": list(self.state_bytes),
             "redone_steps": self.redone_steps,
         }
 
@@ -156,26 +168,36 @@ def run_job_on_rank(
     """Train the job on this rank; rank 0 returns the assembled result, the others None. After
     every step all ranks check the loss together (`progress`); `on_step` gets the step's report.
 
-    Global rank `replica * P + d` runs device d of the plan (P devices) in that replica; ranks
-    past the last replica (jobs of several sizes share one process group) only take part in the
-    collectives."""
+    Global rank `tp_rank + T * (d + P * replica)` runs TP rank `tp_rank` of device d of the plan
+    (P devices) in that replica (`RankLayout`); ranks past the last replica (jobs of several
+    sizes share one process group) only take part in the collectives."""
     plan, cfg = job.plan, job.config
-    replica, d = divmod(rank, plan.num_devices)
-    if replica >= cfg.dp:
-        d = -1
+    layout = cfg.layout(plan)
+    sharding = cfg.tp > 1 or cfg.zero == 3
+    groups = build_job_mesh(layout, rank, device.type, with_mesh=sharding)
+    place = groups.place or Place(cfg.dp, -1, 0)  # past the job: no device
+    replica, d, tp_rank = place.replica, place.device, place.tp_rank
     recipe = cfg.recipe()
     data = cfg.data_source(recipe)
     mine = plan.stages_on(d)
+    shard = parallelizer(groups, recipe.tp_plan(cfg.tp) if cfg.tp > 1 else None, cfg.zero)
     modules = {
-        s: recipe.stage(recipe.layers[plan.stages[s].start : plan.stages[s].end], device, cfg.seed)
+        s: recipe.stage(
+            recipe.layers[plan.stages[s].start : plan.stages[s].end], device, cfg.seed, shard
+        )
         for s in mine
     }
     b = cfg.micro_batch_size
     first = data.global_batch(0, cfg.global_sequences(plan))
     sample = replica_batch(first, 0, 1, b).inputs[0]
-    owners = [st.device for st in plan.stages]  # replica 0's ranks are the plan's devices
-    specs = exchange_boundary_specs(owners, modules if replica == 0 else {}, sample, device)
-    dp_group = _data_parallel_group(plan.num_devices, cfg.dp, d)
+    owners = [layout.rank(0, st.device) for st in plan.stages]  # replica 0's TP rank 0
+    # FSDP2 gathers over the replicas inside the forward: then every replica runs its stages.
+    runs = modules if replica == 0 or cfg.zero == 3 else {}
+    specs = exchange_boundary_specs(owners, runs, sample, device, cfg.tp, tp_rank)
+    sharded = None
+    if cfg.zero == 3:
+        sharded = ShardedStages(fsdp_units(modules), plan.schedule.get(d, ()))
+        sharded.reshard_all()  # the stages were gathered by shape discovery
     worker = Worker(
         plan,
         modules,
@@ -188,10 +210,13 @@ def run_job_on_rank(
         cfg.lookahead,
         replica,
         cfg.dp,
-        dp_group,
+        groups.dp_group,
         cfg.zero,
         cfg.reduce_at_end,
         cfg.autocast_dtype,
+        tp=cfg.tp,
+        tp_rank=tp_rank,
+        sharded=sharded,
     )
     first_step = _resume(cfg, modules, worker)
     needs_data = 0 in mine or plan.num_stages - 1 in mine
@@ -220,18 +245,26 @@ def run_job_on_rank(
             progress.after_step(k, steps[-1])  # a non-finite loss stops every rank here
             if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
                 _save(cfg, recipe, k + 1, modules, worker)
+    # Whole tensors of sharded parameters are gathered by every rank holding a share (all
+    # replicas under FSDP2); the first replica's TP rank 0 reports them.
+    gathers = replica == 0 or cfg.zero == 3
+    state = _state(worker) if cfg.collect_state and gathers else ({}, {})
+    reports_state = replica == 0 and tp_rank == 0
     report = RankReport(
         rank,
         tuple(steps),
         tuple(worker.records),
         *worker.peak_memory(),
-        *_state(worker) if cfg.collect_state and replica == 0 else ({}, {}),
+        *(state if reports_state else ({}, {})),
         sum(parameter_bytes(m) for m in modules.values()),
         redone,
+        state_bytes(worker),
     )
     reports: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(report, reports, dst=0)
-    return assemble(plan, reports, cfg.dp, first_step) if reports is not None else None
+    if reports is None:
+        return None
+    return assemble(plan, reports, cfg.dp, first_step, cfg.tp)
 
 
 def _resume(cfg: RunConfig, modules: dict, worker: Worker) -> int:
@@ -256,20 +289,12 @@ def _save(cfg: RunConfig, recipe: ModelRecipe, step: int, modules: dict, worker:
     save(cfg.checkpoint_dir, step, modules, worker.optimizer, about)
 
 
-def _data_parallel_group(num_devices: int, replicas: int, device: int) -> dist.ProcessGroup | None:
-    """The ranks holding device `device` of the plan in every replica. new_group is collective:
-    every rank creates every device's group, in one order."""
-    if replicas == 1:
-        return None
-    groups = [new_group([r * num_devices + d for r in range(replicas)]) for d in range(num_devices)]
-    return groups[device] if device >= 0 else None
-
-
 def assemble(
-    plan: Plan, reports: list[RankReport], replicas: int = 1, first_step: int = 0
+    plan: Plan, reports: list[RankReport], replicas: int = 1, first_step: int = 0, tp: int = 1
 ) -> RunResult:
     reports = sorted(reports, key=lambda r: r.rank)
-    last = [r * plan.num_devices + plan.stages[-1].device for r in range(replicas)]
+    layout = RankLayout(tp, plan.num_devices, replicas)
+    last = [layout.rank(r, plan.stages[-1].device) for r in range(replicas)]
     num_steps = len(reports[last[0]].steps)
     losses = tuple(
         statistics.fmean(x for rank in last for x in reports[rank].steps[k].losses)
@@ -291,15 +316,32 @@ def assemble(
         tuple(r.parameter_bytes for r in reports),
         first_step,
         max(r.redone_steps for r in reports),
+        tuple(r.state_bytes for r in reports),
     )
 
 
 def _state(worker: Worker) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Every parameter of the rank's stages by its FQN in the whole model, and its gradient."""
+    """Every parameter of the rank's stages by its FQN in the whole model, and its gradient;
+    whole (sharded ones gathered: a collective of the ranks holding the stage)."""
     params, grads = {}, {}
     for module in worker.modules.values():
         for name, p in module.part.named_parameters():
-            params[name] = p.detach().cpu().clone()
+            params[name] = whole(p.detach()).cpu().clone()
             if p.grad is not None:
-                grads[name] = p.grad.detach().cpu().clone()
+                grads[name] = whole(p.grad.detach()).cpu().clone()
     return params, grads
+
+
+def state_bytes(worker: Worker) -> int:
+    """What the rank holds of its stages' training state: weights, gradients and optimizer
+    state, its shards only (after the run: the last step's gradients are there)."""
+    tensors = [t for p in worker.params for t in (p, p.grad) if t is not None]
+    if worker.optimizer is not None:
+        optimizer = getattr(worker.optimizer, "optim", worker.optimizer)  # ZeRO-1's local one
+        tensors += [
+            v
+            for state in optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0  # not the step counters
+        ]
+    return sum(local(t).numel() * t.element_size() for t in tensors)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from octopipe.runtime.parallel.dtensors import local
 from octopipe.runtime.recipe import Activation
 
 
@@ -61,12 +62,17 @@ def exchange_boundary_specs(
     stages: dict[int, Callable[..., Activation]],
     sample: Activation,
     device: torch.device,
+    tp: int = 1,
+    tp_rank: int = 0,
 ) -> list[BoundarySpec]:
     """What enters every stage (index s) and what leaves the last (index S), on every rank.
 
-    Stage by stage, its owner (global rank `owners[s]`, which holds it in `stages`) runs it once
-    without autograd on the spec of its input (the sample microbatch for stage 0) and
-    broadcasts what came out. Nobody builds more than its own stages.
+    Stage by stage, every rank holding it in `stages` runs it once without autograd on the
+    spec of its input (the sample microbatch for stage 0), and its owner (global rank
+    `owners[s]`) broadcasts what came out. Nobody builds more than its own stages. Under
+    tensor parallelism the owner is a group of `tp` consecutive ranks from `owners[s]`, whose
+    runs communicate; each broadcasts the spec of its own shard, and every rank keeps the one
+    of its `tp_rank`.
     """
     specs = [spec_of(sample)]
     for s, owner in enumerate(owners):
@@ -74,7 +80,12 @@ def exchange_boundary_specs(
         if s in stages:
             inputs = tuple(t.to(device) for t in sample) if s == 0 else stand_in(specs[s], device)
             with torch.no_grad():
-                found = [spec_of(stages[s](*inputs))]
-        dist.broadcast_object_list(found, src=owner)
-        specs.append(found[0])
+                found = [spec_of(tuple(local(t) for t in stages[s](*inputs)))]
+        kept = None
+        for t in range(tp):
+            shard = list(found)
+            dist.broadcast_object_list(shard, src=owner + t)
+            if t == tp_rank:
+                kept = shard[0]
+        specs.append(kept)
     return specs

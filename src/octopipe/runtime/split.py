@@ -9,7 +9,9 @@ what is missing, runs a stage unchanged, and the parameters a stage holds are it
 Ranks build the model on the meta device (no memory), prune it to their stages, and only then
 allocate (`to_empty`) and initialize: every module with tensors of its own is initialized with
 torch's generator seeded by (seed, module FQN) alone, so a stage gets exactly the weights the
-whole model has in one process, whatever the plan.
+whole model has in one process, whatever the plan. Modules sharded by tensor parallelism or
+FSDP2 (applied to the meta copy) are initialized at full size and keep their share
+(`octopipe.runtime.parallel.init`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import torch
 from torch import nn
 
 from octopipe.errors import InputError
+from octopipe.runtime.parallel.dtensors import local
+from octopipe.runtime.parallel.init import holds_shards, init_sharded
 
 # The two containers whose entries are layers (`layers.0`, `layers.1`, ...).
 CONTAINERS = (nn.ModuleList, nn.ModuleDict)
@@ -136,12 +140,25 @@ def module_seed(seed: int, fqn: str) -> int:
 def materialize(part: nn.Module, device: torch.device, seed: int, init: InitModule) -> nn.Module:
     """Allocate a (pruned, meta) model on `device` and initialize every module that holds tensors
     of its own, each from its own seed."""
-    ties = _shared_parameters(part)
-    part.to_empty(device=device)
+    allocate(part, device)
+    initialize(part, seed, init)
+    return part
+
+
+def allocate(root: nn.Module, device: torch.device) -> None:
+    """Give a meta module's tensors memory on `device` (through `root`: an FSDP2 unit must
+    allocate its shards itself)."""
+    ties = _shared_parameters(root)
+    root.to_empty(device=device)
     for holders in ties:  # to_empty gives every holder of a shared tensor a copy of its own
         module, name = holders[0]
         for other, other_name in holders[1:]:
             setattr(other, other_name, getattr(module, name))
+
+
+def initialize(part: nn.Module, seed: int, init: InitModule) -> None:
+    """Initialize every module of an allocated (pruned) model that holds tensors of its own,
+    each from (seed, its FQN in the model)."""
     for fqn, module in part.named_modules():
         own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
         if not own:
@@ -150,8 +167,10 @@ def materialize(part: nn.Module, device: torch.device, seed: int, init: InitModu
         # so a module is initialized on the CPU generator's stream wherever it lives.
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(module_seed(seed, fqn))
-            init(part, module)
-    return part
+            if holds_shards(module):  # tensor-parallel or FSDP shards: at full size, then cut
+                init_sharded(module, lambda m: init(part, m))
+            else:
+                init(part, module)
 
 
 def _shared_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
@@ -176,4 +195,5 @@ def reset_parameters(_model: nn.Module, module: nn.Module) -> None:
 
 
 def parameter_bytes(module: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+    """The bytes of the module's weights this rank holds (its shards of sharded ones)."""
+    return sum(local(p).numel() * p.element_size() for p in module.parameters())

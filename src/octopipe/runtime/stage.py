@@ -5,16 +5,20 @@ microbatch in flight, the autograd graph from its inputs to its outputs (or
 to the loss on the last stage). Full backward (B) runs the graph once. Split backward: I runs it
 once too, for everything but the linear and embedding weights, and frees it; W computes those
 weights' gradients from the layers' inputs and output gradients that I left (`weightgrad`).
-Weight gradients accumulate into `.grad` as ordinary training does. No communication here.
+Weight gradients accumulate into `.grad` as ordinary training does. No communication of its
+own: tensor-parallel modules communicate inside their forward and backward, and their stage's
+output crosses a boundary as each rank's local shard.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
+from octopipe.runtime.parallel.dtensors import local
 from octopipe.runtime.recipe import Activation, Loss, StageModule
 from octopipe.runtime.weightgrad import (
     LayerCall,
@@ -50,13 +54,18 @@ class StageCompute:
         loss: Loss,
         loss_scale: float,
         autocast: torch.dtype | None = None,
+        loss_context: Callable[[], AbstractContextManager] = nullcontext,
     ) -> None:
-        """`autocast`: run the forward (and the loss) under `torch.autocast` to this dtype."""
+        """`autocast`: run the forward (and the loss) under `torch.autocast` to this dtype.
+        `loss_context`: where the last stage's loss and backward run (tensor parallelism's
+        parallel loss)."""
         self.module, self.is_last, self.autocast = module, is_last, autocast
         self.loss_fn, self.loss_scale = loss, loss_scale
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        self._loss_context = loss_context if is_last else nullcontext
+        # The parameters the optimizer updates; under FSDP2 the sharded ones, while forward and
+        # backward see the unsharded ones the module holds then (`_trainable`).
+        self.params = self._trainable()
         self._tape = WeightGradTape([module])
-        self._params_in_i = [p for p in self.params if not self._tape.defers(p)]
         self._flight: dict[int, _InFlight] = {}
 
     def forward(
@@ -65,10 +74,14 @@ class StageCompute:
         """Run the layers; return the outputs (graph attached) and, on the last stage, the loss."""
         with self._tape.recording() as calls, self._autocast(inputs):
             outputs = self.module(*inputs)
-            loss = self.loss_fn(outputs, target) if self.is_last else None
+            with self._loss_context():
+                loss = self.loss_fn(outputs, target) if self.is_last else None
         if loss is not None:
             self._flight[mb] = _InFlight(inputs, [loss / self.loss_scale], calls=calls)
             return outputs, float(loss.detach())
+        # What crosses a stage boundary is each rank's shard: a sharded output goes as its
+        # local part (differentiably: its gradient comes back the same way).
+        outputs = tuple(local(t) for t in outputs)
         floats = [t for t in outputs if t.is_floating_point()]
         mask = [t.requires_grad for t in floats]
         roots = [t for t, m in zip(floats, mask) if m]
@@ -81,7 +94,10 @@ class StageCompute:
         grads = self._root_grads(flight, output_grads)
         wanted = self._grad_inputs(flight)
         if flight.roots:
-            torch.autograd.backward(flight.roots, grads, inputs=self.params + wanted or None)
+            with self._loss_context():
+                torch.autograd.backward(
+                    flight.roots, grads, inputs=self._trainable() + wanted or None
+                )
         return [self._zero_if_none(x.grad, x) for x in wanted]
 
     def backward_input(
@@ -90,13 +106,14 @@ class StageCompute:
         """I: the input gradients, and every weight gradient but the deferred layers'."""
         flight = self._flight[mb]
         wanted = self._grad_inputs(flight)
-        got, flight.pending = backward_input(
-            flight.roots,
-            self._root_grads(flight, output_grads),
-            wanted,
-            flight.calls,
-            self._params_in_i,
-        )
+        with self._loss_context():
+            got, flight.pending = backward_input(
+                flight.roots,
+                self._root_grads(flight, output_grads),
+                wanted,
+                flight.calls,
+                self._tape.not_deferred(self._trainable()),
+            )
         flight.inputs, flight.roots, flight.calls = (), [], []  # the graph is gone
         return [self._zero_if_none(g, x) for g, x in zip(got, wanted)]
 
@@ -109,6 +126,9 @@ class StageCompute:
     def _autocast(self, inputs: Activation):
         device = inputs[0].device.type if inputs else "cpu"
         return torch.autocast(device, dtype=self.autocast, enabled=self.autocast is not None)
+
+    def _trainable(self) -> list[torch.Tensor]:
+        return [p for p in self.module.parameters() if p.requires_grad]
 
     def in_flight(self) -> int:
         return len(self._flight)

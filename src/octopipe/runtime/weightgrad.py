@@ -27,6 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.autograd.graph import GradientEdge, Node
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from octopipe.runtime.parallel.dtensors import local, set_local_grad, whole
 
 
 @dataclass
@@ -73,10 +76,50 @@ def _linear_weight_grads(call: LayerCall) -> None:
 
 def _embedding_weight_grads(call: LayerCall) -> None:
     emb: nn.Embedding = call.module  # type: ignore[assignment]
+    if isinstance(emb.weight, DTensor):
+        _sharded_embedding_weight_grads(call)
+        return
     if emb.weight.grad is None:
         emb.weight.grad = torch.zeros_like(emb.weight)
     rows = call.grad_output.reshape(-1, emb.embedding_dim).to(emb.weight.dtype)
     emb.weight.grad.index_add_(0, call.input.reshape(-1), rows)
+
+
+def _sharded_embedding_weight_grads(call: LayerCall) -> None:
+    """A vocabulary-parallel table (rows split over ranks): each rank adds the rows it holds,
+    so no rank ever holds the gradient of the whole table."""
+    emb: nn.Embedding = call.module  # type: ignore[assignment]
+    weight = emb.weight
+    ids = whole(call.input).reshape(-1)
+    rows = _rows_held(weight, ids.device)
+    where = torch.full((weight.shape[0],), -1, dtype=torch.long, device=ids.device)
+    where[rows] = torch.arange(len(rows), device=ids.device)
+    local_ids = where[ids]
+    mine = local_ids >= 0
+    grad = torch.zeros_like(weight.to_local())
+    dy = whole(call.grad_output).reshape(-1, emb.embedding_dim)
+    grad.index_add_(0, local_ids[mine], dy[mine].to(grad.dtype))
+    if weight.grad is None:
+        set_local_grad(weight, grad)
+        return
+    if weight.grad.placements != weight.placements:  # a full backward's: the whole table
+        weight.grad = weight.grad.redistribute(placements=weight.placements)  # keeps our rows
+    local(weight.grad).add_(grad)
+
+
+def _rows_held(weight: DTensor, device: torch.device) -> torch.Tensor:
+    """The rows of the whole table this rank's shard holds, in its order."""
+    rows = torch.arange(weight.shape[0], device=device)
+    return distribute_tensor(
+        rows, weight.device_mesh, weight.placements, src_data_rank=None
+    ).to_local()
+
+
+def _rows_only(weight: torch.Tensor) -> bool:
+    # W of a sharded table handles shards of its rows, not of its columns.
+    if not isinstance(weight, DTensor):
+        return True
+    return all(p.is_replicate() or getattr(p, "dim", None) == 0 for p in weight.placements)
 
 
 def _plain_embedding(emb: nn.Embedding) -> bool:
@@ -101,6 +144,8 @@ def _deferrable(module: nn.Module) -> bool:
         return False
     if isinstance(module, nn.Embedding) and not _plain_embedding(module):
         return False
+    if isinstance(module, nn.Embedding) and not _rows_only(module.weight):
+        return False
     own = dict(module.named_parameters(recurse=False))
     if set(own) - {"weight", "bias"} or own.get("weight") is not module.weight:
         return False  # the weight is computed from other parameters (weight_norm and the like)
@@ -121,7 +166,6 @@ class WeightGradTape:
             for m in every
             if _deferrable(m) and all(owners[id(p)] == 1 for p in m.parameters(recurse=False))
         ]
-        self._deferred = {id(p) for m in self._layers for p in m.parameters(recurse=False)}
         self._calls: list[LayerCall] | None = None
         # First among the hooks: a later one may replace the output, but the weight gradient
         # is the layer's own.
@@ -132,7 +176,13 @@ class WeightGradTape:
 
     def defers(self, param: torch.Tensor) -> bool:
         """Whether W, not I, computes this parameter's gradient."""
-        return id(param) in self._deferred
+        return not self.not_deferred([param])
+
+    def not_deferred(self, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+        """Those of `params` whose gradient I computes, not W. Asked at the time: FSDP2 swaps
+        a module's parameters (sharded, unsharded) between steps."""
+        deferred = {id(p) for m in self._layers for p in m.parameters(recurse=False)}
+        return [p for p in params if id(p) not in deferred]
 
     @contextmanager
     def recording(self) -> Iterator[list[LayerCall]]:

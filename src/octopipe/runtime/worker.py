@@ -14,6 +14,7 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,9 @@ from octopipe.runtime.optim import (
     scale_grads,
     set_lr,
 )
+from octopipe.runtime.parallel.fsdp import ShardedStages
+from octopipe.runtime.parallel.layout import RankLayout
+from octopipe.runtime.parallel.tensor_parallel import loss_context, settle_grads
 from octopipe.runtime.recipe import Activation, Loss, StageModule
 from octopipe.runtime.reduce import GradientReducer
 from octopipe.runtime.shapes import BoundarySpec
@@ -76,25 +80,35 @@ class Worker:
         zero: int = 0,
         reduce_at_end: bool = False,
         autocast: torch.dtype | None = None,
+        *,
+        tp: int = 1,
+        tp_rank: int = 0,
+        sharded: ShardedStages | None = None,
     ) -> None:
         """`stages[s]` holds stage s's layers, for every stage placed on `rank`; `specs[b]` is
         the activation entering stage b, for every stage but the first. `dp_group` holds this
         device's ranks of every replica (needed when `replicas > 1`). `reduce_at_end` holds every
-        all-reduce back until the last action (to measure what the overlap gains)."""
+        all-reduce back until the last action (to measure what the overlap gains). With `tp`
+        > 1 the stages are tensor-parallel and this rank is `tp_rank` of its device's group;
+        `sharded`: the stages are FSDP2 units (`--zero 3`), gathered and reduced by it."""
         self.plan, self.rank, self.device = plan, rank, device
         self.lookahead = lookahead
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
         last = plan.num_stages - 1
+        layout = RankLayout(tp, plan.num_devices, replicas)
+        context = loss_context if tp > 1 else nullcontext
         self.stages = {
-            s: StageCompute(module, s == last, loss, plan.num_microbatches, autocast)
+            s: StageCompute(module, s == last, loss, plan.num_microbatches, autocast, context)
             for s, module in stages.items()
         }
         self.modules = stages
-        self.comm = P2P(plan, rank, specs, device, per_channel_groups, replica, replicas)
+        self.comm = P2P(plan, rank, specs, device, per_channel_groups, layout, replica, tp_rank)
         self.params = [p for st in self.stages.values() for p in st.params]
+        self.tensor_parallel, self.sharded = tp > 1, sharded
+        self.stage_ranks = layout.stage_ranks  # ranks holding each stage, for the global norm
         self.reducer = (
             GradientReducer({s: st.params for s, st in self.stages.items()}, dp_group, replicas)
-            if replicas > 1
+            if replicas > 1 and sharded is None
             else None
         )
         # Action index -> the stages whose gradients are final once it has run.
@@ -102,7 +116,7 @@ class Worker:
         if reduce_at_end and self._stage_done_after:
             every = [s for stages in self._stage_done_after.values() for s in stages]
             self._stage_done_after = {len(self.actions) - 1: every}
-        shard = dp_group if zero and replicas > 1 else None
+        shard = dp_group if zero == 1 and replicas > 1 else None
         self.optimizer_config, self.replicas = optimizer, replicas
         self.optimizer = optimizer.build(self.params, shard) if self.params else None
         self.grad_norm: float | None = None  # the last step's, when clipping
@@ -121,11 +135,12 @@ class Worker:
             p.grad = None
         dist.barrier()
         began = time.perf_counter()
-        on_stage_done = self.reducer.launch if self.reducer is not None else None
-        losses = self.run_actions(step, batch, origin, on_stage_done)
+        losses = self.run_actions(step, batch, origin, self.reduce_stage)
         self.comm.wait_sends()
         if self.reducer is not None:
             self.reducer.finish()
+        if self.sharded is not None:
+            self.sharded.finish()
         self.grad_norm = self._clip()
         if self.optimizer is not None:
             set_lr(self.optimizer, self.optimizer_config.lr_at(step))
@@ -148,6 +163,8 @@ class Worker:
         self._losses = {}
         self.comm.reset()
         for i, act in enumerate(self.actions):
+            if self.sharded is not None:
+                self.sharded.before_action(i)
             self._prefetch(self.actions[i + 1 : i + 1 + self.lookahead])
             self._run(act)
             if on_stage_done is not None:
@@ -159,12 +176,27 @@ class Worker:
         )
         return tuple(self._losses[m] for m in sorted(self._losses))
 
+    def settle(self, stage: int) -> None:
+        """The stage's gradients of the step are final: give tensor-parallel ones their
+        parameters' layout (partial sums summed over the group). FSDP2 does it itself."""
+        if self.tensor_parallel and self.sharded is None:
+            settle_grads(self.stages[stage].params)
+
+    def reduce_stage(self, stage: int) -> None:
+        """After the stage's last backward of the step: settle its gradients and start their
+        reduction over the replicas (an all-reduce, or FSDP2's reduce-scatter)."""
+        self.settle(stage)
+        if self.sharded is not None:
+            self.sharded.reduce(stage)
+        elif self.reducer is not None:
+            self.reducer.launch(stage)
+
     def _clip(self) -> float | None:
         """Clip by the global norm (a collective: every rank takes part, stages or not)."""
         max_norm = self.optimizer_config.clip_norm
         if max_norm is None:
             return None
-        norm = global_grad_norm(self.params, self.replicas, self.device)
+        norm = global_grad_norm(self.params, self.stage_ranks, self.device)
         scale_grads(self.params, clip_factor(norm, max_norm))
         return norm
 

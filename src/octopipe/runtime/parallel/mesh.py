@@ -1,0 +1,66 @@
+"""The job's process groups and its device mesh: DP x PP x TP, in the documented rank order.
+
+Every group is made with the run's timeout (`octopipe.runtime.groups`), and the mesh is put
+together from them with `DeviceMesh.from_group`, so a stuck DTensor or FSDP collective fails
+after `--timeout` as a transfer does (`init_device_mesh` would give each group torch's default
+of 30 minutes). `new_group` is collective: every rank of the world creates every group, in one
+order, ranks past the job included; those get no mesh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from octopipe.runtime.groups import new_group
+from octopipe.runtime.parallel.layout import Place, RankLayout
+
+DIMS = ("dp", "pp", "tp")  # outermost first: the layout's rank order read as a grid
+
+
+@dataclass(frozen=True)
+class JobMesh:
+    """This rank's place in the job and the groups it computes in."""
+
+    layout: RankLayout
+    place: Place | None  # None: a rank past the job
+    mesh: DeviceMesh | None  # dims DIMS; only when DTensors are needed (TP or FSDP)
+    dp_group: dist.ProcessGroup | None  # this device's ranks of every replica (dp > 1)
+
+    @property
+    def tp_mesh(self) -> DeviceMesh | None:
+        return None if self.mesh is None else self.mesh["tp"]
+
+    @property
+    def dp_mesh(self) -> DeviceMesh | None:
+        return None if self.mesh is None else self.mesh["dp"]
+
+
+def build_job_mesh(layout: RankLayout, rank: int, device_type: str, with_mesh: bool) -> JobMesh:
+    """The groups of `layout` seen from `rank`; with `with_mesh`, the DeviceMesh too (made of the
+    groups along each dimension). Without it only data parallelism's groups are made."""
+    place = layout.place(rank)
+    grid = torch.arange(layout.size).view(layout.dp, layout.pp, layout.tp)
+    dims = DIMS if with_mesh else ("dp",) if layout.dp > 1 else ()
+    mine = {name: _groups_along(grid, DIMS.index(name), rank) for name in dims}
+    mesh = None
+    if with_mesh and place is not None:
+        mesh = DeviceMesh.from_group(
+            [mine[name] for name in DIMS], device_type, mesh=grid, mesh_dim_names=DIMS
+        )
+    dp_group = mine.get("dp") if layout.dp > 1 else None
+    return JobMesh(layout, place, mesh, dp_group)
+
+
+def _groups_along(grid: torch.Tensor, dim: int, rank: int) -> dist.ProcessGroup | None:
+    """Create the group of every line of the grid along `dim`; the one holding `rank`."""
+    lines = grid.movedim(dim, -1).reshape(-1, grid.shape[dim]).tolist()
+    found = None
+    for ranks in lines:
+        group = new_group(ranks)
+        if rank in ranks:
+            found = group
+    return found
