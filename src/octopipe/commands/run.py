@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         if under_torchrun():
             _leave_rank(1, f"octopipe run: {exc}" if os.environ["RANK"] == "0" else None)
         print(f"octopipe run: {exc}", file=sys.stderr)
-        return 1
+        return 2 if exc.bad_input else 1
     except Stopped as exc:
         print(f"octopipe run: {exc}", file=sys.stderr)
         return 128 + exc.signum
