@@ -22,6 +22,7 @@ from octopipe.cli import main
 from octopipe.errors import InputError
 from octopipe.plan import save_plan
 from octopipe.runtime import checkpoint
+from octopipe.runtime.checkpoint_folder import choose
 from octopipe.runtime.checkpoint_metadata import (
     ALLOWED_GLOBALS,
     DamagedCheckpoint,
@@ -51,6 +52,7 @@ def toy():
 
 def _marker(folder: Path, layers, step: int = 2) -> None:
     about = {"format": checkpoint.FORMAT, "step": step, "model": TOY, "layers": list(layers)}
+    about["seed"] = 0
     (folder / checkpoint.MARKER).write_text(json.dumps(about))
 
 
@@ -229,7 +231,10 @@ def test_an_optimizer_state_larger_than_its_parameter_is_refused(tmp_path, toy):
     dcp.save(state, checkpoint_id=str(folder), no_dist=True)
     _marker(folder, toy.layers)
     with pytest.raises(InputError, match=rf"optim\.{first}\.exp_avg is of shape \(1000,\)"):
-        checkpoint.check_compatible(folder, toy.layers, toy.meta_model)
+        found = choose(folder.parent)
+        checkpoint.check_compatible(
+            found, toy.layers, toy.meta_model, seed=0, optimizer="sgd", model_id=TOY
+        )
 
 
 def test_the_planner_refuses_bytes_even_past_every_other_check(tmp_path, toy):

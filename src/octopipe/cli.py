@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
+import warnings
 
 from octopipe import commands
-from octopipe.errors import OctoPipeError
+from octopipe.errors import OctoPipeError, OctoPipeWarning
 
 
 class _DefaultsShown(argparse.HelpFormatter):
@@ -62,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warnings(args.command, warnings.showwarning)
+            return int(args._run(args) or 0)
     except OctoPipeError as exc:
         print(f"octopipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -72,6 +76,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _one_line_warnings(command: str, default):
+    """OctoPipe's warnings as one line each (`octopipe run: warning: ...`), once per job: under
+    torchrun only global rank 0 prints them. Other warnings keep Python's format."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, OctoPipeWarning):
+            return default(message, category, filename, lineno, file, line)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"octopipe {command}: warning: {message}", file=sys.stderr)
+
+    return show
 
 
 if __name__ == "__main__":

@@ -8,16 +8,27 @@ from pathlib import Path
 
 from octopipe.errors import InputError
 
+PICTURE = (".png", ".svg")  # what the timeline and memory pictures are drawn as
+JSON = (".json",)
+HTML = (".html", ".htm")
 
-def check_output_file(flag: str, path: str | None) -> None:
-    """Refuse, in one line, a path whose file could not be written."""
+
+def check_output_file(flag: str, path: str | None, extensions: tuple[str, ...] = ()) -> None:
+    """Refuse, in one line, a path whose file could not be written, or (given `extensions`)
+    whose name does not end in one of them."""
     if path is None:
         return
     target = Path(path)
     folder = target.parent
     if target.is_dir():
         raise InputError(flag, f"{path} is a folder, not a file")
+    if extensions and target.suffix.lower() not in extensions:
+        raise InputError(
+            flag, f"{path} must end in {' or '.join(extensions)} (it says what is written)"
+        )
     if not folder.is_dir():
         raise InputError(flag, f"folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise InputError(flag, f"folder {folder} is not writable")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise InputError(flag, f"{path} is not writable")

@@ -134,14 +134,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopipe.api import run as train
-    from octopipe.commands._output_paths import check_output_file
+    from octopipe.commands._output_paths import JSON, PICTURE, check_output_file
     from octopipe.commands._run_progress import RunProgress
     from octopipe.plan import load_plan
     from octopipe.runtime.launcher import RankFailure, Stopped, under_torchrun
     from octopipe.trace import from_records, write_trace
 
-    check_output_file("--trace", args.trace)
-    check_output_file("--png", args.png)
+    check_output_file("--trace", args.trace, JSON)
+    check_output_file("--png", args.png, PICTURE)
     plan = load_plan(args.plan)
     try:
         with RunProgress(args.steps, args.json) as progress:

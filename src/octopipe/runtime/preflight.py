@@ -8,6 +8,7 @@ refusing its learning rate), or not at all: a nan learning rate trains nan weigh
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from octopipe.errors import InputError
@@ -54,6 +55,10 @@ def check_run_settings(
     if (checkpoint_every or resume) and checkpoint_dir is None:
         flag = "--resume" if resume else "--checkpoint-every"
         raise InputError(flag, "needs --checkpoint-dir")
+    if checkpoint_dir is not None:
+        from octopipe.runtime.checkpoint_folder import check_folder
+
+        check_folder(checkpoint_dir)
 
 
 def check_overlap(config: RunConfig) -> None:
@@ -69,14 +74,39 @@ def check_overlap(config: RunConfig) -> None:
             raise InputError(flag, "not supported with --overlap-steps yet")
 
 
-def check_resumable(config: RunConfig, recipe: ModelRecipe) -> None:
-    """A checkpoint to resume must be of this model and before the run's last step."""
-    found = config.resume_from()
-    if found is None:
-        return
+def check_resumable(config: RunConfig, recipe: ModelRecipe) -> RunConfig:
+    """The config with the checkpoint to resume chosen (the newest complete one; damaged newer
+    ones are skipped with a warning), which must be of this model, seed and optimizer, and
+    before the run's last step."""
+    if not (config.resume and config.checkpoint_dir):
+        return config
     from octopipe.runtime.checkpoint import check_compatible
+    from octopipe.runtime.checkpoint_folder import choose, model_identity
 
-    path, step = found
-    check_compatible(path, recipe.layers, recipe.meta_model)
-    if step >= config.steps:
-        raise InputError("--steps", f"{path} is at step {step}; --steps {config.steps} is done")
+    found = choose(config.checkpoint_dir)
+    if found is None:
+        return config
+    check_compatible(
+        found,
+        recipe.layers,
+        recipe.meta_model,
+        seed=config.seed,
+        optimizer=config.optimizer.name,
+        model_id=model_identity(config.model),
+    )
+    if found.step >= config.steps:
+        raise InputError(
+            "--steps", f"{found.path} is at step {found.step}; --steps {config.steps} is done"
+        )
+    return replace(config, resume_checkpoint=str(found.path))
+
+
+def check_checkpoint_room(config: RunConfig, recipe: ModelRecipe) -> None:
+    """A run that will write checkpoints has room for one before it starts."""
+    if not (config.checkpoint_every and config.checkpoint_dir):
+        return
+    from octopipe.runtime.checkpoint_folder import check_room, checkpoint_bytes
+
+    optimizer = config.optimizer
+    nbytes = checkpoint_bytes(recipe.meta_model, optimizer.name, optimizer.momentum)
+    check_room(config.checkpoint_dir, nbytes)
