@@ -17,7 +17,7 @@ import argparse
 import sys
 import time
 
-from octopipe.cluster import Cluster, parse_gpus
+from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.costmodel import shipped_models
 from octopipe.layouts import Job, Row, plan_cluster
 from octopipe.units import GIB

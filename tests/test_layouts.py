@@ -11,7 +11,7 @@ import pytest
 
 from octopipe import api
 from octopipe.cli import main
-from octopipe.cluster import Cluster, parse_gpus
+from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.costmodel.hardware import PRESETS
 from octopipe.errors import InputError
 from octopipe.layouts import (

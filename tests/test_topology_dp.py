@@ -161,3 +161,79 @@ def test_simulate_reports_the_exposed_reduction(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["iteration_time"] == pytest.approx(7.5)
     assert summary["reductions"] == [{"device": 0, "stage": 0, "start": 6.0, "end": 7.5}]
+
+
+# --- gradient buckets (data_parallel.bucket_bytes) -------------------------------------------
+
+
+def one_stage_two_layers(bucket_bytes: int | None, split: bool = False):
+    """One device, one stage of two layers (f = b = w = 1 s, 100 gradient bytes each), one
+    microbatch, two replicas at 100 B/s: a 100-byte reduction takes 1 s."""
+    dp = DataParallel(degree=2, bandwidth=100.0, bucket_bytes=bucket_bytes)
+    profile = with_grads(uniform_profile(2, devices=1), grad_bytes=100, dp=dp)
+    kinds = ["I", "W"] if split else ["B"]
+    order = [Action(0, "F", 0), *(Action(0, k, 0) for k in kinds)]
+    return profile, make_plan(1, 1, [(0, 2)], [0], {0: order})
+
+
+@pytest.mark.parametrize(
+    "bucket_bytes, windows",
+    [
+        (None, [(6.0, 8.0)]),  # one reduction after the backward (F 0-2, B 2-6)
+        (400, [(6.0, 8.0)]),  # a bucket larger than the stage: the same
+        (100, [(4.0, 5.0), (6.0, 7.0)]),  # layer 1's gradients are done at 4 s
+        (50, [(3.0, 3.5), (4.0, 4.5), (5.0, 5.5), (6.0, 6.5)]),  # half a layer each
+    ],
+)
+def test_buckets_reduce_as_the_backward_fills_them(bucket_bytes, windows):
+    profile, plan = one_stage_two_layers(bucket_bytes)
+    result = simulate(profile, plan)
+    got = [(r.start, r.end) for r in result.reductions]
+    assert got == [(pytest.approx(a), pytest.approx(b)) for a, b in windows]
+    assert result.iteration_time == pytest.approx(max(6.0, windows[-1][1]))
+
+
+def test_buckets_under_a_split_backward_fill_during_w():
+    # F 0-2, I 2-4, W 4-6 (layer 1's weights first): 100-byte buckets ready at 5 s and 6 s.
+    profile, plan = one_stage_two_layers(100, split=True)
+    got = [(r.start, r.end) for r in simulate(profile, plan).reductions]
+    assert got == [
+        (pytest.approx(5.0), pytest.approx(6.0)),
+        (pytest.approx(6.0), pytest.approx(7.0)),
+    ]
+
+
+def test_buckets_in_overlapped_steps_and_in_the_tuner_match_the_simulator():
+    from octopipe.tuner.candidate import Candidate, Evaluator
+
+    profile, plan = one_stage_two_layers(50)
+    sync = simulate(profile, plan)
+    steady = simulate(profile, plan, overlap_steps=True)
+    assert steady.steady.first_step_time == pytest.approx(sync.iteration_time)
+    # Steps back to back: the next F waits for the last bucket (6.5 s per step), not 8 s.
+    assert steady.iteration_time == pytest.approx(6.5)
+    evaluator = Evaluator(profile, profile.device_list(), 1)
+    for split in (False, True):
+        candidate = Candidate(((0, 2),), (0,), split_backward=split)
+        plan_of = evaluator.to_plan(evaluator.evaluate(candidate))
+        assert evaluator.evaluate(candidate).makespan == pytest.approx(
+            simulate(profile, plan_of).iteration_time
+        )
+
+
+def test_a_sharded_optimizer_reduce_scatters_half_the_traffic():
+    dp = DataParallel(degree=4, bandwidth=1e9, latency=1e-5, sharded=True)
+    full = DataParallel(degree=4, bandwidth=1e9, latency=1e-5)
+    assert dp.allreduce_time(2e9) == pytest.approx(full.allreduce_time(2e9) / 2)
+    assert dp.allgather_time(2e9) == pytest.approx(3 * 1e-5 + 3 / 4 * 2.0)
+
+
+def test_bucket_and_sharding_keys_round_trip_and_stay_optional(tmp_path):
+    profile, _ = one_stage_two_layers(50)
+    data = profile.to_dict()
+    assert data["data_parallel"]["bucket_bytes"] == 50 and "sharded" not in data["data_parallel"]
+    assert profile_from_dict(data) == profile
+    plain, _ = one_stage_two_layers(None)
+    assert "bucket_bytes" not in plain.to_dict()["data_parallel"]
+    with pytest.raises(InputError, match="bucket_bytes"):
+        profile_from_dict({**data, "data_parallel": {**data["data_parallel"], "bucket_bytes": 0}})

@@ -176,8 +176,8 @@ def plan_layout(
     `time_budget`; `.rows` best first, `.reference` Megatron-LM's usual layout. `options`:
     those of `octopipe.layouts.plan_cluster` (finalists, seed, max_chunks, progress,
     overlap_steps)."""
-    from octopipe.cluster import Cluster, parse_gpus
     from octopipe.layouts import Job, plan_cluster
+    from octopipe.layouts.cluster import Cluster, parse_gpus
 
     cluster = Cluster(parse_gpus(str(gpus), hardware), gpus_per_node)
     job = Job(str(config), cluster, global_batch, seq_len)

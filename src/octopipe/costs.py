@@ -9,8 +9,8 @@ Below the simulator, the schedules and the tuner, and shared by all of them:
   (`sim/graph.py`) and the list scheduler (`schedules/list_scheduler.py`) read these tables
   instead of encoding B = b + w, the memory steps or the lags themselves;
 - `stage_costs`, `static_bytes`: a partition + placement turned into those;
-- `reduction_times`, `reduction_windows`: the data-parallel gradient all-reduces and when each
-  device runs them.
+- `reduction_buckets`, `reduction_windows`: the data-parallel gradient reductions (per stage,
+  or per bucket) and when each device runs them.
 
 Why shared rules and not one engine with an ordering policy: the simulator times a fixed order
 in a tight sweep over integer ids (about a million actions a second), the list scheduler picks
@@ -23,7 +23,7 @@ Nothing here orders or times actions.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
@@ -144,31 +144,96 @@ def stage_costs(
     return tuple(out)
 
 
-def reduction_times(costs: CostTable, ranges: Sequence[tuple[int, int]]) -> tuple[float, ...]:
-    """Per stage: the seconds of its gradients' all-reduce across the data-parallel replicas
-    (0 with one replica or no `grad_bytes`)."""
+@dataclass(frozen=True)
+class GradBucket:
+    """One reduction of a stage's gradients: its seconds, and how long before the end of the
+    stage's last backward action its gradients are all computed (`lead_b` when that action is
+    a full backward B, `lead_w` when it is a W)."""
+
+    seconds: float
+    lead_b: float = 0.0
+    lead_w: float = 0.0
+
+    def ready(self, end: float, is_w: bool) -> float:
+        return end - (self.lead_w if is_w else self.lead_b)
+
+
+def reduction_buckets(
+    costs: CostTable,
+    ranges: Sequence[tuple[int, int]],
+    placement: Sequence[int],
+    devices: Sequence[Device],
+) -> tuple[tuple[GradBucket, ...], ...]:
+    """Per stage: the reductions of its gradients across the data-parallel replicas, in the
+    order they become ready (none with one replica or no `grad_bytes`).
+
+    Without `data_parallel.bucket_bytes`: one per stage, ready when its last backward action
+    ends. With it: buckets of that many bytes filled as the stage's last backward runs its
+    layers from the last to the first, each layer's gradients produced evenly over its
+    backward, a bucket ready when it is full (the last when every gradient is computed), as
+    DDP's and Megatron-LM's overlapped reductions do (docs/FORMATS.md)."""
     dp = costs.profile.data_parallel
-    return tuple(dp.allreduce_time(costs.grad[b] - costs.grad[a]) for a, b in ranges)
+    out = []
+    for (a, b), d in zip(ranges, placement, strict=True):
+        total = costs.grad[b] - costs.grad[a]
+        if dp.degree == 1 or total == 0:
+            out.append(())
+        elif dp.bucket_bytes is None:
+            out.append((GradBucket(dp.allreduce_time(total)),))
+        else:
+            out.append(_buckets(costs, a, b, devices[d].speed, dp.bucket_bytes, dp.allreduce_time))
+    return tuple(out)
+
+
+def _buckets(
+    costs: CostTable, a: int, b: int, speed: float, size: int, seconds: Callable[[float], float]
+) -> tuple[GradBucket, ...]:
+    """The buckets of layers [a, b) (see `reduction_buckets`), filled in one pass over the
+    layers from the last to the first."""
+    total = costs.grad[b] - costs.grad[a]
+    both = [bi + wi for bi, wi in zip(costs.b, costs.w)]  # prefix sums of a layer's B
+
+    def lead(time: list[float], layer: int, done: float) -> float:
+        """Backward seconds left once `done` of `layer`'s backward has run."""
+        own = time[layer + 1] - time[layer]
+        return (time[layer + 1] - time[a] - done * own) / speed
+
+    out, target, last = [], min(size, total), 0
+    for layer in range(b - 1, a - 1, -1):
+        grad = costs.grad[layer + 1] - costs.grad[layer]
+        before = costs.grad[b] - costs.grad[layer + 1]  # computed when the layer starts
+        while grad and last < total and target <= before + grad:
+            done = (target - before) / grad
+            out.append(
+                GradBucket(
+                    seconds(target - last), lead(both, layer, done), lead(costs.w, layer, done)
+                )
+            )
+            last, target = target, min(target + size, total)
+    return tuple(out)
 
 
 def reduction_windows(
-    ready: Sequence[float], reduce_time: Sequence[float], placement: Sequence[int]
+    last_backward: Sequence[tuple[float, bool]],
+    buckets: Sequence[Sequence[GradBucket]],
+    placement: Sequence[int],
 ) -> list[tuple[int, int, float, float]]:
-    """(device, stage, start, end) of each stage's all-reduce, given when each stage's last
-    backward action ended (`ready`): a device runs its reductions one at a time, in the order
-    they become ready, ties lower stage first (docs/FORMATS.md). Stages without one are left
-    out. The one home of this rule: the simulator and the tuner's evaluator both call it."""
+    """(device, stage, start, end) of every gradient reduction, given each stage's last
+    backward action (its end, and whether it is a W): a device runs its reductions one at a
+    time, in the order they become ready, ties lower stage first (docs/FORMATS.md). The one
+    home of this rule: the simulator and the tuner's evaluator both call it."""
     out = []
-    by_device: dict[int, list[tuple[float, int]]] = {}
+    by_device: dict[int, list[tuple[float, int, int, float]]] = {}
     for s, d in enumerate(placement):
-        if reduce_time[s] > 0:
-            by_device.setdefault(d, []).append((ready[s], s))
+        end, is_w = last_backward[s]
+        for i, bucket in enumerate(buckets[s]):
+            by_device.setdefault(d, []).append((bucket.ready(end, is_w), s, i, bucket.seconds))
     for d in sorted(by_device):
         t = 0.0
-        for at, s in sorted(by_device[d]):
+        for at, s, _, seconds in sorted(by_device[d]):
             t = max(t, at)
-            out.append((d, s, t, t + reduce_time[s]))
-            t += reduce_time[s]
+            out.append((d, s, t, t + seconds))
+            t += seconds
     return out
 
 

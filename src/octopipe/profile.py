@@ -73,18 +73,37 @@ class Links(_Frozen):
 
 
 class DataParallel(_Frozen):
-    """Replicas of the whole pipeline whose gradients are averaged by a ring all-reduce."""
+    """Replicas of the whole pipeline whose gradients are averaged by a ring all-reduce (or,
+    with `sharded`, reduce-scattered to the optimizer's shards), per stage or per bucket."""
 
     degree: int = Field(default=1, ge=1, description="pipeline replicas")
     bandwidth: float = Field(default=float("inf"), gt=0, description="bytes per second")
     latency: float = Field(default=0.0, ge=0, description="seconds per ring step")
+    bucket_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="reduce in buckets of this many gradient bytes as the backward fills them",
+    )
+    sharded: bool = Field(
+        default=False, description="reduce-scatter to a sharded optimizer (ZeRO-1) instead"
+    )
 
     def allreduce_time(self, nbytes: float) -> float:
-        """Ring all-reduce of `nbytes`: 2 (D-1) L + 2 (D-1)/D * G / B (0 for one replica)."""
+        """Ring all-reduce of `nbytes`: 2 (D-1) L + 2 (D-1)/D * G / B (0 for one replica);
+        sharded, a ring reduce-scatter: half of that."""
         D = self.degree
         if D == 1 or nbytes == 0:
             return 0.0
-        return 2 * (D - 1) * self.latency + 2 * (D - 1) / D * nbytes / self.bandwidth
+        ring = 2 * (D - 1) * self.latency + 2 * (D - 1) / D * nbytes / self.bandwidth
+        return ring / 2 if self.sharded else ring
+
+    def allgather_time(self, nbytes: float) -> float:
+        """Ring all-gather of `nbytes` in all (a sharded optimizer's updated weights):
+        (D-1) L + (D-1)/D * G / B."""
+        D = self.degree
+        if D == 1 or nbytes == 0:
+            return 0.0
+        return (D - 1) * self.latency + (D - 1) / D * nbytes / self.bandwidth
 
 
 class Profile(_Frozen):
@@ -152,7 +171,8 @@ class Profile(_Frozen):
         if self.links is not None:
             data["links"] = {k: _finite(v) for k, v in self.links.model_dump().items()}
         if self.data_parallel != DataParallel():
-            data["data_parallel"] = _finite(self.data_parallel.model_dump())
+            dp = _given(self.data_parallel.model_dump(), bucket_bytes=None, sharded=False)
+            data["data_parallel"] = _finite(dp)
         if self.microbatch_size is not None:
             data["microbatch_size"] = self.microbatch_size
         if self.tensor_parallel != 1:

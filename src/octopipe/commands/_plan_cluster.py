@@ -2,7 +2,7 @@
 
 Screens every layout, tunes the best few under the shared `--time-budget`, prints them best
 first beside Megatron-LM's usual layout, and writes the best plan (with its `parallelism`) and
-the profile it was planned on to the output folder. The search lives in `octopipe.layouts`.
+the profile it was planned on to the output folder. The search lives in `octopipe.layouts.search`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from octopipe.costmodel.build import estimate_layers
 from octopipe.costmodel.hardware import Hardware, hardware_preset
 from octopipe.costmodel.hf_config import load_architecture
 from octopipe.costmodel.settings import Settings
-from octopipe.costmodel.work import ATTENTION_BACKWARD_FACTOR
+from octopipe.costmodel.work import FLASH_BACKWARD_FACTOR
 from octopipe.errors import InputError
 
 RECORDED = Path(__file__).parent / "measurements"
@@ -76,7 +76,7 @@ def kernel_efficiencies(kernels: dict[str, Any], hw: Hardware) -> dict[str, floa
     for key, value in kernels.items():
         if key.startswith("attention_"):
             out[f"{key}_f"] = value["f_flops"] / value["f"] / hw.peak_flops
-            backward_flops = ATTENTION_BACKWARD_FACTOR * value["f_flops"]
+            backward_flops = FLASH_BACKWARD_FACTOR * value["f_flops"]
             out[f"{key}_b"] = backward_flops / value["b"] / hw.peak_flops
     return out
 

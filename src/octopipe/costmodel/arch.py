@@ -48,6 +48,7 @@ GEMMA = "gemma"  # Gemma-2/3: sliding + global attention, tied embeddings, big v
 DEEPSEEK = "deepseek"  # DeepSeek-V2/V3: MLA attention, first k dense layers, routed+shared experts
 SPARSE = "moe"  # Qwen-MoE, Mixtral: GQA attention with MoE blocks
 HYBRID = "hybrid"  # Nemotron-H: Mamba-2 / attention / MLP layers from a pattern string
+GPT = "gpt"  # GPT-2 / GPT-NeoX / Megatron-LM's GPT: LayerNorm, GELU MLP, biases everywhere
 VLM = "vlm"  # Llama-3.2-Vision: vision tower + projector + text stack with cross-attention
 
 # Hybrid pattern characters (Nemotron-H `hybrid_override_pattern`).
@@ -186,6 +187,13 @@ class Architecture:
     """VLM: text layers that are cross-attention layers instead of self-attention ones."""
     extra_vocab: int = 0
     """Embedding rows beyond vocab_size (Mllama adds 8 image/special tokens)."""
+    norm_bias: bool = False
+    """LayerNorm (weight and bias) instead of RMSNorm (GPT-2, GPT-NeoX)."""
+    mlp_bias: bool = False
+    """Biases on the MLP and the attention output projection (GPT-2, GPT-NeoX)."""
+    learned_positions: int = 0
+    """Rows of a learned position-embedding table added to the token embeddings (GPT-2:
+    n_positions); 0: rotary positions, applied to q and k in every attention layer."""
 
     def text_layer_kind(self, index: int) -> str:
         if self.hybrid_pattern is not None:

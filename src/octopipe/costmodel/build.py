@@ -7,7 +7,7 @@ and reports use: parameter count and training FLOPs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
 
 from octopipe.costmodel import arch as A
 from octopipe.costmodel.arch import Architecture, LayerSpec, layer_specs
@@ -24,6 +24,27 @@ RECOMPUTED_KINDS = frozenset(
 
 
 @dataclass(frozen=True)
+class TimeParts:
+    """Where a layer's seconds (F + I + W of one microbatch) go: compute kernels, the redone
+    forward of recomputation, and exposed tensor- and context-parallel communication."""
+
+    compute: float = 0.0
+    recompute: float = 0.0
+    tp_comm: float = 0.0
+    cp_comm: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.recompute + self.tp_comm + self.cp_comm
+
+    def __add__(self, other: TimeParts) -> TimeParts:
+        return TimeParts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def scaled(self, factor: float) -> TimeParts:
+        return TimeParts(*(a * factor for a in astuple(self)))
+
+
+@dataclass(frozen=True)
 class LayerEstimate:
     """One layer's analytic cost for one microbatch on one tensor-parallel rank."""
 
@@ -32,7 +53,7 @@ class LayerEstimate:
     b: float
     w: float
     flops: tuple[float, float, float]
-    """Forward, input-gradient and weight-gradient FLOPs (recomputation not included)."""
+    """Forward, input-gradient and weight-gradient FLOPs the kernels do (no recomputation)."""
     params: int
     act_bytes: int
     wact_bytes: int
@@ -40,6 +61,11 @@ class LayerEstimate:
     grad_bytes: int
     """What data parallelism reduces: this TP rank's parameters x gradient bytes."""
     out_bytes: int
+    parts: TimeParts = TimeParts()
+    model_flops: float = 0.0
+    """Forward and backward FLOPs by the model-FLOPs convention (`LayerWork.model_flops`)."""
+    recompute_flops: float = 0.0
+    """Model-convention FLOPs of what recomputation redoes (hardware FLOPs = model + these)."""
 
 
 def estimate_layers(arch: Architecture, hw: Hardware, settings: Settings) -> list[LayerEstimate]:
@@ -59,14 +85,30 @@ def _estimate(
     s: Settings,
 ) -> LayerEstimate:
     spec = specs[index]
-    f, b, w = (work.phase_time(phase, hw) for phase in (F, I, W))
+    phases = [work.phase(phase, hw) for phase in (F, I, W)]
+    f, b, w = (p.total for p in phases)
+    forward_flops, backward_flops = work.model_flops()
+    parts = TimeParts(
+        compute=sum(p.compute for p in phases),
+        tp_comm=sum(p.tp_comm for p in phases),
+        cp_comm=sum(p.cp_comm for p in phases),
+    )
     act, wact = work.act_bytes, work.wact_bytes
-    if s.recompute and spec.kind in RECOMPUTED_KINDS:
+    redone, redone_flops = 0.0, 0.0
+    if s.recompute == "full" and spec.kind in RECOMPUTED_KINDS:
         # Keep only the block's input; the backward first redoes the forward (part of I).
         # The recomputed linear inputs then live from I to W: the profile format cannot show
         # memory that rises at I, so they are counted as transient (docs/COSTMODEL.md).
         act = wact = _checkpoint_bytes(arch, spec, s)
-        b += f
+        redone, redone_flops = f, forward_flops
+    elif s.recompute == "selective" and work.core_forward:
+        # Korthikanti et al. 2022: drop what the attention core saves beyond q, k and v, and
+        # redo its forward just before its backward.
+        core = LayerWork(work.tp, work.sequence_parallel, work.dtype_bytes, work.tp_overlap)
+        core.kernels = list(work.core_forward)
+        act -= work.core_saved_bytes
+        redone, redone_flops = core.phase_time(F, hw), work.attention_model_flops
+    b += redone
     return LayerEstimate(
         spec=spec,
         f=f,
@@ -79,6 +121,9 @@ def _estimate(
         param_bytes=work.params * s.bytes_per_param,
         grad_bytes=work.params * s.grad_bytes,
         out_bytes=boundary_bytes(arch, specs, index, s),
+        parts=replace(parts, recompute=redone),
+        model_flops=forward_flops + backward_flops,
+        recompute_flops=redone_flops,
     )
 
 
@@ -138,6 +183,17 @@ def parameter_count(arch: Architecture) -> int:
             continue
         total += layer_work(arch, spec, settings).params
     return total
+
+
+def model_flops(arch: Architecture, settings: Settings) -> float:
+    """FLOPs of one microbatch's forward and backward over the whole model by the model-FLOPs
+    convention (docs/COSTMODEL.md): every matmul, the attention core over every key of the
+    sequence (or window), no recomputation; all tensor- and context-parallel ranks together.
+    What MFU divides by the step time."""
+    degree = settings.tensor_parallel * settings.context_parallel
+    return degree * sum(
+        sum(layer_work(arch, spec, settings).model_flops()) for spec in layer_specs(arch)
+    )
 
 
 def training_flops(arch: Architecture, settings: Settings) -> float:

@@ -40,10 +40,12 @@ class Hardware:
     """Seconds per inter-stage transfer."""
     tp_bandwidth: float = 400e9
     """All-reduce bus bytes/s among the tensor-parallel group (NVLink within a node)."""
+    num_sms: int = 132
+    """Streaming multiprocessors: a GEMM's tiles run in waves of this many (`work.py`)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if f.name == "name":
+            if f.name in ("name", "num_sms"):
                 continue
             value = getattr(self, f.name)
             if f.name == "link_latency":  # zero latency is a fine idealization
@@ -53,6 +55,12 @@ class Hardware:
                     )
             elif not value > 0:
                 raise InputError(f"hardware {self.name}", f"must be positive (got {value})", f.name)
+        if not (isinstance(self.num_sms, int) and self.num_sms >= 1):
+            raise InputError(
+                f"hardware {self.name}",
+                f"must be a positive integer (got {self.num_sms})",
+                "num_sms",
+            )
         efficiencies = ("matmul", "grouped_matmul", "attention", "memory")
         for name in (f"{kind}_efficiency" for kind in efficiencies):
             if getattr(self, name) > 1:
@@ -73,6 +81,7 @@ PRESETS: dict[str, Hardware] = {
         attention_efficiency=0.55,  # FlashAttention-2 paper: 50-73% of peak forward on A100
         link_bandwidth=25e9,  # 200 Gb/s HDR InfiniBand per GPU
         tp_bandwidth=230e9,  # NVLink3 (600 GB/s aggregate): ~230 GB/s all-reduce bus bandwidth
+        num_sms=108,  # A100 whitepaper: 108 SMs on the SXM4 part
     ),
     "h100": Hardware(
         name="h100",
@@ -83,6 +92,7 @@ PRESETS: dict[str, Hardware] = {
         attention_efficiency=0.45,  # as measured on an H200, see "h200"
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU
         tp_bandwidth=450e9,  # NVLink4 (900 GB/s aggregate): ~450 GB/s all-reduce bus bandwidth
+        num_sms=132,  # H100 SXM5 datasheet: 132 SMs
     ),
     "h800": Hardware(
         name="h800",
@@ -93,6 +103,7 @@ PRESETS: dict[str, Hardware] = {
         attention_efficiency=0.45,
         link_bandwidth=50e9,  # DeepSeek-V3 report: 400 Gb/s InfiniBand (50 GB/s) per GPU
         tp_bandwidth=160e9,  # DeepSeek-V3 report: NVLink (export-limited 400 GB/s) ~160 GB/s
+        num_sms=132,  # as H100 SXM
     ),
     "h200": Hardware(
         name="h200",
@@ -110,6 +121,7 @@ PRESETS: dict[str, Hardware] = {
         memory_efficiency=0.85,
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU (DGX H200)
         tp_bandwidth=450e9,  # NVLink4, as H100
+        num_sms=132,  # the H100's GH100 die
     ),
 }
 

@@ -3,8 +3,9 @@
 `load_architecture("llama3-8b")` or `load_architecture("path/to/config.json")`.
 
 Field names follow the `transformers` configs of each family (LLaMA, Qwen2, Mistral, Gemma-2/3,
-DeepSeek-V2/V3, Qwen2-MoE, Mixtral, Nemotron-H, Mllama). Every fault is one InputError naming
-the file and the field. Only shapes are read; training hyper-parameters are ignored.
+DeepSeek-V2/V3, Qwen2-MoE, Mixtral, Nemotron-H, Mllama, GPT-2, GPT-NeoX). Every fault is one
+InputError naming the file and the field. Only shapes are read; training hyper-parameters are
+ignored.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from octopipe.costmodel.arch import (
     DEEPSEEK,
     DENSE,
     GEMMA,
+    GPT,
     HYBRID,
     HYBRID_CHARS,
     SPARSE,
@@ -46,6 +48,8 @@ FAMILY_OF_MODEL_TYPE = {
     "mixtral": SPARSE,
     "nemotron_h": HYBRID,
     "mllama": VLM,
+    "gpt2": GPT,
+    "gpt_neox": GPT,
 }
 
 _MISSING = object()
@@ -123,6 +127,8 @@ def architecture_from_hf(data: Any, where: str, name: str) -> Architecture:
         raise top.fault("model_type", f"unsupported model_type {model_type!r} (known: {known})")
     # Multimodal wrappers keep the language model's fields in text_config.
     text = top.sub("text_config") if top.has("text_config") else top
+    if family == GPT:
+        return _gpt_stack(top, model_type, name)
     arch = _text_stack(text, model_type, family, name)
     if family == VLM:
         arch = _with_vision(arch, top.sub("vision_config"), text)
@@ -175,6 +181,46 @@ def _text_stack(f: _Fields, model_type: str, family: str, name: str) -> Architec
         hybrid_pattern=_hybrid_pattern(f, num_layers) if family == HYBRID else None,
         cross_attention_layers=f.int_list("cross_attention_layers") if family == VLM else (),
         extra_vocab=8 if family == VLM else 0,
+    )
+
+
+def _gpt_stack(f: _Fields, model_type: str, name: str) -> Architecture:
+    """GPT-2 (`n_embd`, `n_layer`, `n_head`, `n_inner`, `n_positions`: learned positions, tied
+    embeddings) and GPT-NeoX (`hidden_size`, ..., rotary positions, an untied head): LayerNorm
+    with biases, a GELU MLP with biases, multi-head attention with biases. GPT-NeoX's parallel
+    residual (attention and MLP read one input) costs the same as the sequential one."""
+    gpt2 = model_type == "gpt2"
+    hidden = f.int("n_embd" if gpt2 else "hidden_size")
+    heads = f.int("n_head" if gpt2 else "num_attention_heads")
+    if hidden % heads:
+        raise f.fault(
+            "n_head" if gpt2 else "num_attention_heads", f"{heads} does not divide {hidden}"
+        )
+    width = f.int("n_inner", 4 * hidden) if gpt2 else f.int("intermediate_size")
+    positions = f.int("n_positions" if gpt2 else "max_position_embeddings", 2048)
+    return Architecture(
+        name=name,
+        model_type=model_type,
+        family=GPT,
+        vocab_size=f.int("vocab_size"),
+        hidden_size=hidden,
+        num_layers=f.int("n_layer" if gpt2 else "num_hidden_layers"),
+        intermediate_size=width,
+        hidden_act=f.str("activation_function" if gpt2 else "hidden_act", "gelu"),
+        attention=AttentionShape(
+            num_heads=heads,
+            num_kv_heads=heads,
+            head_dim=hidden // heads,
+            bias=f.bool("attention_bias", True) if not gpt2 else True,
+        ),
+        norm_eps=f.float("layer_norm_epsilon" if gpt2 else "layer_norm_eps", 1e-5),
+        rope_theta=f.float("rotary_emb_base", 10000.0),
+        max_position_embeddings=positions,
+        tie_word_embeddings=f.bool("tie_word_embeddings", gpt2),
+        gated_mlp=False,
+        norm_bias=True,
+        mlp_bias=True,
+        learned_positions=positions if gpt2 else 0,
     )
 
 

@@ -13,7 +13,7 @@ import math
 from octopipe.costmodel import arch as A
 from octopipe.costmodel.arch import Architecture, LayerSpec
 from octopipe.costmodel.settings import Settings
-from octopipe.costmodel.work import LayerWork, mean_attended_keys
+from octopipe.costmodel.work import F, I, LayerWork, mean_attended_keys
 from octopipe.errors import InputError
 
 TOKEN_ID_BYTES = 8  # int64 token ids travel with the image stream through the vision tower
@@ -37,7 +37,10 @@ def split_heads(heads: int, tp: int, what: str) -> int:
 def layer_work(arch: Architecture, spec: LayerSpec, settings: Settings) -> LayerWork:
     """The work of one layer for one microbatch on one tensor-parallel rank."""
     work = LayerWork(
-        settings.tensor_parallel, settings.sequence_parallel, settings.activation_bytes
+        settings.tensor_parallel,
+        settings.sequence_parallel,
+        settings.activation_bytes,
+        settings.tp_comm_overlap,
     )
     builder = _BUILDERS[spec.kind]
     builder(work, arch, spec, settings)
@@ -49,22 +52,30 @@ def layer_work(arch: Architecture, spec: LayerSpec, settings: Settings) -> Layer
 
 def _decoder(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:
     """Pre-norm self-attention and feed-forward (dense or MoE); Gemma adds post-norms."""
-    t, h = s.tokens, arch.hidden_size
-    work.norm(t, h)
+    t, h, dropout = s.tokens, arch.hidden_size, s.dropout > 0
+    work.norm(t, h, bias=arch.norm_bias)
     if spec.mixer == "mla":
         _latent_attention(work, arch, s)
     else:
         _self_attention(work, arch, s, spec.window)
     _post_norm(work, arch, t)
-    work.residual(t, h)
-    work.norm(t, h)
+    work.residual(t, h, dropout)
+    work.norm(t, h, bias=arch.norm_bias)
     if spec.ffn == "moe":
         _moe(work, arch, s)
     else:
-        _mlp(work, t, h, arch.intermediate_size, arch.gated_mlp, s.tensor_parallel)
+        _mlp(
+            work,
+            t,
+            h,
+            arch.intermediate_size,
+            arch.gated_mlp,
+            s.tensor_parallel,
+            bias=arch.mlp_bias,
+        )
         work.tp_all_reduce(t, h)
     _post_norm(work, arch, t)
-    work.residual(t, h)
+    work.residual(t, h, dropout)
 
 
 def _post_norm(work: LayerWork, arch: Architecture, tokens: int) -> None:
@@ -75,7 +86,7 @@ def _post_norm(work: LayerWork, arch: Architecture, tokens: int) -> None:
 def _hybrid_attention(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:
     work.norm(s.tokens, arch.hidden_size)
     _self_attention(work, arch, s, spec.window)
-    work.residual(s.tokens, arch.hidden_size)
+    work.residual(s.tokens, arch.hidden_size, s.dropout > 0)
 
 
 def _hybrid_mlp(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:
@@ -84,11 +95,12 @@ def _hybrid_mlp(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Setting
         work, s.tokens, arch.hidden_size, arch.intermediate_size, arch.gated_mlp, s.tensor_parallel
     )
     work.tp_all_reduce(s.tokens, arch.hidden_size)
-    work.residual(s.tokens, arch.hidden_size)
+    work.residual(s.tokens, arch.hidden_size, s.dropout > 0)
 
 
 def _self_attention(work: LayerWork, arch: Architecture, s: Settings, window: int | None) -> None:
-    """GQA: q/k/v column-parallel over heads, rope, fused causal core, o row-parallel."""
+    """GQA: q/k/v column-parallel over heads, rope (unless positions are learned), the causal
+    core, o row-parallel."""
     att, tp, t, h, a = (
         arch.attention,
         s.tensor_parallel,
@@ -104,12 +116,52 @@ def _self_attention(work: LayerWork, arch: Architecture, s: Settings, window: in
     if att.qk_norm:
         work.norm(t * heads, d, replicated=False)
         work.norm(t * kv_heads, d, replicated=False)
-    rope_bytes = t * (heads + kv_heads) * d * a
-    work.elementwise(2 * rope_bytes, 2 * rope_bytes)
+    if not arch.learned_positions:
+        rope_bytes = t * (heads + kv_heads) * d * a
+        work.elementwise(2 * rope_bytes, 2 * rope_bytes)
     keys = mean_attended_keys(s.seq_len, window)
-    work.attention(t, t, keys, heads, kv_heads, d, d)
-    work.linear(t, heads * d, h, replicated_input=False)
+    _attention_core(
+        work, s, heads, kv_heads, d, d, keys, model_keys=min(window or s.seq_len, s.seq_len)
+    )
+    work.linear(t, heads * d, h, bias=arch.mlp_bias, replicated_input=False)
     work.tp_all_reduce(t, h)
+
+
+def _attention_core(
+    work: LayerWork,
+    s: Settings,
+    heads: int,
+    kv_heads: int,
+    qk_dim: int,
+    v_dim: int,
+    keys_per_query: float,
+    kv_len: int | None = None,
+    sequences: int | None = None,
+    q_len: int | None = None,
+    model_keys: int | None = None,
+) -> None:
+    """The attention core of this rank's heads, by the settings' kernel, for `sequences`
+    (default: the microbatch's) of `q_len` queries (default: this rank's tokens of a text
+    sequence) over `kv_len` keys each (default: the whole sequence). Under context parallelism
+    the ring exchanges every other rank's K/V chunk (backward: K/V and their gradients),
+    overlapped with the blocks' compute. What the core computes and saves is marked, so
+    selective recomputation can redo it (`LayerWork.core`). `model_keys`: the keys a query
+    counts by the model-FLOPs convention (default: all `kv_len`)."""
+    n = s.micro_batch_size if sequences is None else sequences
+    q = s.local_seq_len if q_len is None else q_len
+    kv = s.seq_len if kv_len is None else kv_len
+    keys = kv if model_keys is None else model_keys
+    work.count_attention(2.0 * n * q * keys * heads * (qk_dim + v_dim))
+    with work.core():
+        if s.attention == "unfused":
+            work.unfused_attention(n, q, kv, heads, kv_heads, qk_dim, v_dim, s.dropout > 0)
+        else:
+            work.attention(n * q, n * kv, keys_per_query, heads, kv_heads, qk_dim, v_dim)
+        c = s.context_parallel
+        if c > 1:
+            chunk = n * q * kv_heads * (qk_dim + v_dim) * s.activation_bytes
+            work.cp_exchange(F, (c - 1) * chunk, s.cp_across_nodes)
+            work.cp_exchange(I, 2 * (c - 1) * chunk, s.cp_across_nodes)
 
 
 def _latent_attention(work: LayerWork, arch: Architecture, s: Settings) -> None:
@@ -129,7 +181,9 @@ def _latent_attention(work: LayerWork, arch: Architecture, s: Settings) -> None:
     rope_bytes = t * (heads + 1) * mla.qk_rope_head_dim * s.activation_bytes
     work.elementwise(2 * rope_bytes, 2 * rope_bytes)
     keys = mean_attended_keys(s.seq_len, None)
-    work.attention(t, t, keys, heads, heads, mla.qk_head_dim, mla.v_head_dim)
+    _attention_core(
+        work, s, heads, heads, mla.qk_head_dim, mla.v_head_dim, keys, model_keys=s.seq_len
+    )
     work.linear(t, heads * mla.v_head_dim, h, replicated_input=False)
     work.tp_all_reduce(t, h)
 
@@ -215,7 +269,7 @@ def _cross_attention(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Se
     work.linear(image_tokens, h, 2 * kv_heads * d)
     work.norm(t * heads, d, replicated=False)  # q_norm
     work.norm(image_tokens * kv_heads, d, replicated=False)  # k_norm
-    work.attention(t, image_tokens, vision.num_tokens, heads, kv_heads, d, d)
+    _attention_core(work, s, heads, kv_heads, d, d, vision.num_tokens, kv_len=vision.num_tokens)
     work.linear(t, heads * d, h, replicated_input=False)
     work.tp_all_reduce(t, h)
     work.elementwise(3 * t * h * a, 3 * t * h * a)  # tanh-gated residual
@@ -241,13 +295,19 @@ def _embedding(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings
     work.elementwise(2 * out, 0.0, w_bytes=2 * table + 3 * out)
     work.tp_all_reduce(t, h, backward=False)
     work.params += rows * h
+    if arch.learned_positions:  # GPT-2: add a learned position table (replicated across TP)
+        positions = arch.learned_positions * h * a
+        work.elementwise(3 * out, 0.0, w_bytes=2 * positions + 2 * out)
+        work.params += arch.learned_positions * h
+    if s.dropout > 0:  # embedding dropout: a 1-byte mask
+        work.elementwise(2 * out + t * h, 0.0, saved_bytes=t * h)
     ids = t * TOKEN_ID_BYTES
     work.act_bytes += ids
     work.wact_bytes += ids
 
 
 def _final_norm(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:
-    work.norm(s.tokens, arch.hidden_size)
+    work.norm(s.tokens, arch.hidden_size, bias=arch.norm_bias)
 
 
 def _head(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:
@@ -308,7 +368,9 @@ def _vision_block(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Setti
     work.norm(tokens, hv)
     work.params += hv
     work.linear(tokens, hv, 3 * heads * d)
-    work.attention(tokens, tokens, v.num_tokens, heads, heads, d, d)
+    _attention_core(
+        work, s, heads, heads, d, d, v.num_tokens, kv_len=v.num_tokens, q_len=v.num_tokens
+    )
     work.linear(tokens, heads * d, hv, replicated_input=False)
     work.tp_all_reduce(tokens, hv)
     work.residual(tokens, hv)

@@ -1,11 +1,16 @@
-"""Training settings the analytic cost model depends on: shapes of one microbatch, tensor
-parallelism, recomputation and the bytes each parameter costs."""
+"""Training settings the analytic cost model depends on: shapes of one microbatch, tensor and
+context parallelism, the attention kernel, recomputation, dropout and the bytes each parameter
+costs. Every field is a choice a real training stack makes (docs/COSTMODEL.md says which stack
+defaults to what); none is a correction factor."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from octopipe.errors import InputError
+
+RECOMPUTE_KINDS = ("none", "selective", "full")
+ATTENTION_KERNELS = ("flash", "unfused")
 
 
 @dataclass(frozen=True)
@@ -20,8 +25,26 @@ class Settings:
     """Megatron tensor-parallel degree: heads, MLP width, experts and vocabulary are split."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: activations TP replicates are stored and sent split."""
-    recompute: bool = False
-    """Full activation recomputation of every block: keep only its input, redo F before I."""
+    context_parallel: int = 1
+    """Context parallelism: each rank holds seq_len / cp tokens of every sequence; attention
+    runs as ring attention, exchanging K/V chunks with the other ranks."""
+    cp_across_nodes: bool = False
+    """The context-parallel ranks of a group sit on different nodes, so ring attention's
+    exchange runs over the network, not NVLink (the layout knows; `cluster.py`)."""
+    recompute: str = "none"
+    """Activation recomputation: "none"; "selective" (Korthikanti et al. 2022: the attention
+    core only, redone in the backward); "full" (every block keeps only its input and redoes its
+    forward before its backward). A bool is read as full (True) or none (False)."""
+    attention: str = "flash"
+    """The attention kernel: "flash" (fused, no score matrix in memory) or "unfused" (the
+    scores written, softmaxed and read back, as Megatron-LM 2021 and eager PyTorch do)."""
+    dropout: float = 0.0
+    """Dropout probability of the attention probabilities and of every residual branch (GPT-2
+    and Megatron-LM's GPT default 0.1; Llama-style training uses none): with any, the masks
+    are written, saved and applied."""
+    tp_comm_overlap: bool = False
+    """Tensor-parallel collectives overlapped with the neighbouring GEMMs (Megatron-Core's
+    `--tp-comm-overlap`, off by default): only what the phase's GEMMs cannot hide is exposed."""
     activation_bytes: int = 2
     """Bytes per activation element (BF16)."""
     weight_bytes: int = 2
@@ -33,7 +56,15 @@ class Settings:
     first and second moments, 4 + 4 + 4 (ZeRO paper, sec. 3.1: 2 + 2 + 12 = 16 bytes/param)."""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "micro_batch_size", "tensor_parallel", "activation_bytes"):
+        if isinstance(self.recompute, bool):
+            object.__setattr__(self, "recompute", "full" if self.recompute else "none")
+        for name in (
+            "seq_len",
+            "micro_batch_size",
+            "tensor_parallel",
+            "context_parallel",
+            "activation_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise InputError(
                     "settings", f"must be at least 1 (got {getattr(self, name)})", name
@@ -43,11 +74,32 @@ class Settings:
                 raise InputError(
                     "settings", f"must not be negative (got {getattr(self, name)})", name
                 )
+        for name, allowed in (("recompute", RECOMPUTE_KINDS), ("attention", ATTENTION_KERNELS)):
+            if getattr(self, name) not in allowed:
+                raise InputError(
+                    "settings",
+                    f"expected one of {', '.join(allowed)} (got {getattr(self, name)!r})",
+                    name,
+                )
+        if not 0.0 <= self.dropout < 1.0:
+            raise InputError("settings", f"must lie in [0, 1) (got {self.dropout})", "dropout")
+        if self.seq_len % self.context_parallel:
+            raise InputError(
+                "settings",
+                f"context-parallel degree {self.context_parallel} does not divide the "
+                f"sequence length {self.seq_len}",
+                "context_parallel",
+            )
 
     @property
     def tokens(self) -> int:
-        """Text tokens in one microbatch."""
-        return self.seq_len * self.micro_batch_size
+        """Text tokens of one microbatch on one context-parallel rank."""
+        return self.seq_len * self.micro_batch_size // self.context_parallel
+
+    @property
+    def local_seq_len(self) -> int:
+        """Tokens of one sequence this rank holds (all of it without context parallelism)."""
+        return self.seq_len // self.context_parallel
 
     @property
     def bytes_per_param(self) -> int:

@@ -2,37 +2,79 @@
 parameters of one layer, and the roofline that turns a kernel into seconds.
 
 Pure arithmetic: nothing here knows about model families (see `layercost.py`).
+
+A phase's time is its compute kernels' roofline times plus the communication they do not
+hide: tensor-parallel collectives are exposed unless the settings overlap them with the
+phase's GEMMs, and ring attention's K/V exchange always runs behind the attention blocks
+(docs/COSTMODEL.md, "Communication").
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from octopipe.costmodel.hardware import Hardware
 
 F, I, W = "f", "i", "w"  # forward, backward for inputs, backward for weights
+PHASES = (F, I, W)
 MATMUL, GROUPED, ATTENTION, MEMORY = "matmul", "grouped_matmul", "attention", "memory"
 TP_COMM = "tp_comm"
+CP_NVLINK, CP_NETWORK = "cp_nvlink", "cp_network"  # ring attention's exchange, by its link
+CP_COMM = (CP_NVLINK, CP_NETWORK)
 
 # FlashAttention's backward runs five matmuls to the forward's two (it recomputes the scores):
 # 2.5x the forward's FLOPs, all of it input-gradient work (attention has no weights).
-ATTENTION_BACKWARD_FACTOR = 2.5
+FLASH_BACKWARD_FACTOR = 2.5
+# The output tile a tensor-core GEMM kernel computes per thread block, in elements. NVIDIA's
+# "Matrix Multiplication Background" guide (Deep Learning Performance docs) explains tile and
+# wave quantization with 128 x 128 and 256 x 128 tiles; 128 x 128 is the size cuBLAS picks for
+# most transformer shapes on A100 and H100 alike.
+GEMM_TILE = 128
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """The shape a matmul runs as: `batch` independent [m x k] @ [k x n] products."""
+
+    m: float
+    n: float
+    k: float
+    batch: float = 1
 
 
 @dataclass(frozen=True)
 class Kernel:
-    """One piece of work in one phase: FLOPs and HBM bytes (or, for TP_COMM, bytes on the bus)."""
+    """One piece of work in one phase: FLOPs and HBM bytes (for a collective: bytes on the
+    wire per rank). `gemm`: the matmul's shape, for tile and wave quantization."""
 
     phase: str
     unit: str
     flops: float
     bytes: float
+    gemm: Gemm | None = None
+
+
+def gemm_utilization(gemm: Gemm, hw: Hardware) -> float:
+    """The fraction of a large GEMM's rate this shape reaches: output tiles padded to the tile
+    size (tile quantization), and the last wave of tiles over the SMs only partly full (wave
+    quantization). 1 for large, tile-aligned shapes."""
+    tiles_m = math.ceil(gemm.m / GEMM_TILE)
+    tiles_n = math.ceil(gemm.n / GEMM_TILE)
+    tile = gemm.m * gemm.n / (tiles_m * tiles_n * GEMM_TILE**2)
+    tiles = gemm.batch * tiles_m * tiles_n
+    waves = math.ceil(tiles / hw.num_sms)
+    return tile * tiles / (waves * hw.num_sms)
 
 
 def kernel_time(kernel: Kernel, hw: Hardware) -> float:
-    """Roofline: the slower of compute and memory traffic; collectives by bus bandwidth."""
-    if kernel.unit == TP_COMM:
+    """Roofline: the slower of compute and memory traffic; collectives by their link."""
+    if kernel.unit in (TP_COMM, CP_NVLINK):
         return kernel.bytes / hw.tp_bandwidth
+    if kernel.unit == CP_NETWORK:
+        return kernel.bytes / hw.link_bandwidth
     memory = kernel.bytes / (hw.memory_bandwidth * hw.memory_efficiency)
     if kernel.unit == MEMORY:
         return memory
@@ -41,6 +83,8 @@ def kernel_time(kernel: Kernel, hw: Hardware) -> float:
         GROUPED: hw.grouped_matmul_efficiency,
         ATTENTION: hw.attention_efficiency,
     }[kernel.unit]
+    if kernel.gemm is not None:
+        efficiency *= gemm_utilization(kernel.gemm, hw)
     return max(kernel.flops / (hw.peak_flops * efficiency), memory)
 
 
@@ -53,21 +97,69 @@ def mean_attended_keys(seq_len: int, window: int | None, causal: bool = True) ->
     return (w * seq_len - w * (w - 1) / 2) / seq_len
 
 
+@dataclass(frozen=True)
+class PhaseTime:
+    """A phase's seconds by where they go: compute kernels, and the communication left exposed
+    after overlap. `total` is what the phase takes."""
+
+    compute: float = 0.0
+    tp_comm: float = 0.0
+    cp_comm: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp_comm + self.cp_comm
+
+
 @dataclass
 class LayerWork:
     """What one layer costs one tensor-parallel rank for one microbatch, before timing.
 
     Built by appending kernels; `act_bytes` is what the layer keeps from F to its backward,
     `wact_bytes` the inputs of its linear layers (what W still needs after I).
+    `tp_overlap`: tensor-parallel collectives run behind the phase's GEMMs.
     """
 
     tp: int
     sequence_parallel: bool
     dtype_bytes: int
+    tp_overlap: bool = False
     kernels: list[Kernel] = field(default_factory=list)
     params: int = 0
     act_bytes: float = 0.0
     wact_bytes: float = 0.0
+    core_forward: list[Kernel] = field(default_factory=list)
+    """The attention core's forward kernels: what selective recomputation redoes."""
+    core_saved_bytes: float = 0.0
+    """What the attention core saves beyond its inputs q, k, v (the score matrices, or flash's
+    log-sum-exp): what selective recomputation does not keep."""
+    core_flops: float = 0.0
+    """FLOPs the attention core's kernels do (all phases), as the kernel runs them."""
+    attention_model_flops: float = 0.0
+    """The attention core's forward FLOPs by the model-FLOPs convention (every key of the
+    sequence or window, masked or not: `model_flops`)."""
+    _in_core: bool = False
+
+    @contextmanager
+    def core(self) -> Iterator[None]:
+        """Kernels appended inside belong to the attention core (`core_forward`)."""
+        first = len(self.kernels)
+        self._in_core = True
+        try:
+            yield
+        finally:
+            self._in_core = False
+        inside = self.kernels[first:]
+        self.core_forward.extend(k for k in inside if k.phase == F)
+        self.core_flops += sum(k.flops for k in inside)
+
+    def count_attention(self, forward_flops: float) -> None:
+        """The attention core's forward FLOPs by the model-FLOPs convention."""
+        self.attention_model_flops += forward_flops
+
+    def _core_saves(self, nbytes: float) -> None:
+        if self._in_core:
+            self.core_saved_bytes += nbytes
 
     def _shard_replicated(self, nbytes: float) -> float:
         """Activations TP replicates are stored split under sequence parallelism."""
@@ -86,17 +178,24 @@ class LayerWork:
         input_grad: bool = True,
     ) -> None:
         """tokens x [k -> n] with this rank's k and n. `experts` > 1: a grouped GEMM over that
-        many weight matrices (tokens is the total routed). F, I and W each do 2*tokens*k*n FLOPs.
+        many weight matrices (tokens is the total routed). F, I and W each do 2*tokens*k*n FLOPs
+        (Y = XW: [tokens x n]; dX = dY W^T: [tokens x k]; dW = X^T dY: [k x n]).
         `save_input=False` when another projection already saved the same input;
         `input_grad=False` when the input needs no gradient (pixels)."""
         a = self.dtype_bytes
         flops = 2.0 * tokens * k * n
         weight = experts * k * n * a
         unit = GROUPED if experts > 1 else MATMUL
-        self.kernels.append(Kernel(F, unit, flops, tokens * k * a + weight + tokens * n * a))
+        rows = tokens / experts
+        y = Gemm(rows, n, k, experts)
+        self.kernels.append(Kernel(F, unit, flops, tokens * k * a + weight + tokens * n * a, y))
         if input_grad:
-            self.kernels.append(Kernel(I, unit, flops, tokens * n * a + weight + tokens * k * a))
-        self.kernels.append(Kernel(W, unit, flops, tokens * (k + n) * a + 2 * weight))
+            dx = Gemm(rows, k, n, experts)
+            self.kernels.append(
+                Kernel(I, unit, flops, tokens * n * a + weight + tokens * k * a, dx)
+            )
+        dw = Gemm(k, n, rows, experts)
+        self.kernels.append(Kernel(W, unit, flops, tokens * (k + n) * a + 2 * weight, dw))
         self.params += experts * (k * n + (n if bias else 0))
         if save_input:
             saved = tokens * k * a
@@ -114,8 +213,8 @@ class LayerWork:
         qk_dim: int,
         v_dim: int,
     ) -> None:
-        """Fused attention core for this rank's heads; saves q, k, v and the log-sum-exp
-        (its output is saved as the next projection's input)."""
+        """Fused (flash) attention core for this rank's heads; saves q, k, v and the
+        log-sum-exp (its output is saved as the next projection's input)."""
         a = self.dtype_bytes
         flops = 2.0 * q_tokens * keys_per_query * heads * (qk_dim + v_dim)
         q_bytes = q_tokens * heads * qk_dim * a
@@ -123,8 +222,57 @@ class LayerWork:
         out_bytes = q_tokens * heads * v_dim * a
         io = q_bytes + kv_bytes + out_bytes
         self.kernels.append(Kernel(F, ATTENTION, flops, io))
-        self.kernels.append(Kernel(I, ATTENTION, ATTENTION_BACKWARD_FACTOR * flops, 2 * io))
-        self.act_bytes += q_bytes + kv_bytes + q_tokens * heads * 4  # log-sum-exp in FP32
+        self.kernels.append(Kernel(I, ATTENTION, FLASH_BACKWARD_FACTOR * flops, 2 * io))
+        lse = q_tokens * heads * 4  # the log-sum-exp, in FP32
+        self.act_bytes += q_bytes + kv_bytes + lse
+        self._core_saves(lse)
+
+    def unfused_attention(
+        self,
+        sequences: float,
+        q_len: float,
+        kv_len: float,
+        heads: int,
+        kv_heads: int,
+        qk_dim: int,
+        v_dim: int,
+        dropout: bool,
+    ) -> None:
+        """Attention with the score matrix in memory, as Megatron-LM 2021 and eager PyTorch run
+        it: a batched GEMM Q K^T writing every score (the masked ones too), a fused scale, mask
+        and softmax (read, write), dropout on the probabilities (read, write, a 1-byte mask),
+        and a batched GEMM with V. The backward: two GEMMs per forward GEMM, the dropout's and
+        the softmax's backward over the matrix. Saved (Korthikanti et al. 2022, sec. 4.1): q,
+        k, v, the softmax output, and with dropout its mask and output."""
+        a = self.dtype_bytes
+        batch = sequences * heads
+        scores = batch * q_len * kv_len  # elements of the score matrix
+        q_bytes = sequences * q_len * heads * qk_dim * a
+        k_bytes = sequences * kv_len * kv_heads * qk_dim * a
+        v_bytes = sequences * kv_len * kv_heads * v_dim * a
+        out_bytes = sequences * q_len * heads * v_dim * a
+        qk_flops = 2.0 * scores * qk_dim
+        av_flops = 2.0 * scores * v_dim
+        matrix = scores * a
+        qk = Gemm(q_len, kv_len, qk_dim, batch)
+        av = Gemm(q_len, v_dim, kv_len, batch)
+        self.kernels.append(Kernel(F, MATMUL, qk_flops, q_bytes + k_bytes + matrix, qk))
+        self.elementwise(2 * matrix, 3 * matrix)  # softmax: F reads, writes; I reads two, writes
+        if dropout:  # F reads, writes, writes the mask; I reads the mask and the gradient, writes
+            self.elementwise(2 * matrix + scores, 2 * matrix + scores)
+        self.kernels.append(Kernel(F, MATMUL, av_flops, matrix + v_bytes + out_bytes, av))
+        # dP = dO V^T and dV = P^T dO; dQ = dS K and dK = dS^T Q.
+        backward = (
+            (av_flops, Gemm(q_len, kv_len, v_dim, batch), out_bytes + v_bytes + matrix),
+            (av_flops, Gemm(kv_len, v_dim, q_len, batch), matrix + out_bytes + v_bytes),
+            (qk_flops, Gemm(q_len, qk_dim, kv_len, batch), matrix + k_bytes + q_bytes),
+            (qk_flops, Gemm(kv_len, qk_dim, q_len, batch), matrix + q_bytes + k_bytes),
+        )
+        for flops, shape, nbytes in backward:
+            self.kernels.append(Kernel(I, MATMUL, flops, nbytes, shape))
+        matrices = matrix + (scores + matrix if dropout else 0.0)  # and the mask, the dropped
+        self.act_bytes += q_bytes + k_bytes + v_bytes + matrices
+        self._core_saves(matrices)
 
     def elementwise(
         self, f_bytes: float, i_bytes: float, saved_bytes: float = 0.0, w_bytes: float = 0.0
@@ -142,21 +290,29 @@ class LayerWork:
         self.kernels.append(Kernel(F, ATTENTION, flops, nbytes))
         self.kernels.append(Kernel(I, ATTENTION, 2 * flops, 2 * nbytes))
 
-    def norm(self, tokens: float, width: int, *, replicated: bool = True) -> None:
+    def norm(self, tokens: float, width: int, *, replicated: bool = True, bias: bool = False):
         """RMSNorm/LayerNorm: reads and writes the tensor, saves its input; the weight's
-        gradient is reduced in the same backward kernel."""
+        gradient is reduced in the same backward kernel. LayerNorm adds a bias."""
         nbytes = tokens * width * self.dtype_bytes
         saved = self._shard_replicated(nbytes) if replicated else nbytes
         self.elementwise(2 * nbytes, 3 * nbytes, saved)
-        self.params += width
+        self.params += width * (2 if bias else 1)
 
-    def residual(self, tokens: float, width: int) -> None:
+    def residual(self, tokens: float, width: int, dropout: bool = False) -> None:
+        """The residual add (read two, write one), fused with the dropout of the branch's output
+        when there is one (it writes and saves a 1-byte mask, and its backward applies it)."""
         nbytes = tokens * width * self.dtype_bytes
-        self.elementwise(3 * nbytes, 0.0)
+        if not dropout:
+            self.elementwise(3 * nbytes, 0.0)
+            return
+        mask = self._shard_replicated(tokens * width)
+        self.elementwise(3 * nbytes + mask, 2 * nbytes + mask, saved_bytes=mask)
 
     def tp_all_reduce(self, tokens: float, width: int, *, backward: bool = True) -> None:
         """Megatron's all-reduce of a row-parallel output in F (and of a column-parallel input
-        gradient in I): ring traffic 2 (t - 1) / t of the tensor."""
+        gradient in I): ring traffic 2 (t - 1) / t of the tensor. Under sequence parallelism
+        it is a reduce-scatter and an all-gather around the parallel region, (t - 1) / t each:
+        the same traffic."""
         if self.tp == 1:
             return
         traffic = 2 * (self.tp - 1) / self.tp * tokens * width * self.dtype_bytes
@@ -164,15 +320,57 @@ class LayerWork:
         if backward:
             self.kernels.append(Kernel(I, TP_COMM, 0.0, traffic))
 
+    def cp_exchange(self, phase: str, nbytes: float, across_nodes: bool) -> None:
+        """Ring attention's point-to-point K/V (and, backward, dK/dV) exchange of one layer:
+        `nbytes` sent (and as many received) per rank, over NVLink or the network."""
+        if nbytes:
+            unit = CP_NETWORK if across_nodes else CP_NVLINK
+            self.kernels.append(Kernel(phase, unit, 0.0, nbytes))
+
     def without_input_gradient(self) -> None:
         """The layer's input needs no gradient (token ids, pixels): the backward through it
         only serves the weight gradients, so all of it is W work."""
         self.kernels[:] = [
-            Kernel(W, k.unit, k.flops, k.bytes) if k.phase == I else k for k in self.kernels
+            Kernel(W, k.unit, k.flops, k.bytes, k.gemm) if k.phase == I else k for k in self.kernels
         ]
 
+    def phase(self, phase: str, hw: Hardware) -> PhaseTime:
+        """The phase's seconds: compute, and the communication its kernels leave exposed."""
+        compute = gemms = attention = tp = cp = 0.0
+        for k in self.kernels:
+            if k.phase != phase:
+                continue
+            t = kernel_time(k, hw)
+            if k.unit == TP_COMM:
+                tp += t
+            elif k.unit in CP_COMM:
+                cp += t
+            else:
+                compute += t
+                gemms += t if k.unit in (MATMUL, GROUPED) else 0.0
+                attention += t if k.unit == ATTENTION else 0.0
+        if self.tp_overlap:
+            tp = max(0.0, tp - gemms)
+        return PhaseTime(compute, tp, max(0.0, cp - attention))
+
     def phase_time(self, phase: str, hw: Hardware) -> float:
-        return sum(kernel_time(k, hw) for k in self.kernels if k.phase == phase)
+        return self.phase(phase, hw).total
 
     def phase_flops(self, phase: str) -> float:
         return sum(k.flops for k in self.kernels if k.phase == phase)
+
+    def model_flops(self) -> tuple[float, float]:
+        """Forward and backward FLOPs by the model-FLOPs convention (docs/COSTMODEL.md):
+        every matmul as the kernels count it, the attention core as `4 q k d` per head
+        forward over every key of the sequence (or window) and twice that backward, whatever
+        kernel runs it; no recomputation."""
+        core_forward = sum(k.flops for k in self.core_forward)
+        core_backward = self.core_flops - core_forward
+        forward = self.phase_flops(F) - core_forward + self.attention_model_flops
+        backward = (
+            self.phase_flops(I)
+            + self.phase_flops(W)
+            - core_backward
+            + 2 * self.attention_model_flops
+        )
+        return forward, backward

@@ -215,7 +215,7 @@ def evaluate(
         if not progressed:
             raise DeadlockError(_deadlock_message(graph, ptr, end))
 
-    reductions = _reductions(graph, end) if any(graph.reduce_time) else ()
+    reductions = _reductions(graph, end) if graph.reduces else ()
     makespan = max([*free_at, *(r.end for r in reductions)]) if nd else 0.0
     peaks, ends = _memory_levels(graph)
     capacity = tuple(dev.memory_bytes for dev in graph.devices)
@@ -241,18 +241,21 @@ def evaluate(
 
 
 def _reductions(graph: Graph, end: list[float]) -> tuple[Reduction, ...]:
-    """Each stage's all-reduce starts on its device once every backward action of the stage
-    (B or W, all microbatches) has ended; a device runs its reductions one at a time, in the
-    order they become ready (ties: lower stage first), beside its compute (docs/FORMATS.md)."""
+    """Each stage's gradient reductions (one, or one per bucket) start on its device once the
+    gradients are computed: at the end of the stage's last backward action (B or W), or, for
+    a bucket, when that action has filled it; a device runs its reductions one at a time, in
+    the order they become ready (ties: lower stage first), beside its compute
+    (docs/FORMATS.md)."""
     M, K = graph.plan.num_microbatches, NUM_KINDS
-    last_backward = [0.0] * len(graph.reduce_time)
+    last = [(0.0, False)] * len(graph.buckets)
     for row in graph.rows:
         for r in row:
             aid = r[0]
             if aid % K in (W_CODE, B_CODE):
                 s = aid // (M * K)
-                last_backward[s] = max(last_backward[s], end[aid])
-    windows = reduction_windows(last_backward, graph.reduce_time, graph.plan.placement)
+                if end[aid] >= last[s][0]:
+                    last[s] = (end[aid], aid % K == W_CODE)
+    windows = reduction_windows(last, graph.buckets, graph.plan.placement)
     return tuple(Reduction(*w) for w in windows)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from octopipe.actions import F_CODE, I_CODE, KINDS, NUM_KINDS, W_CODE, Action, Kind
-from octopipe.costs import CostTable, reduction_times, stage_costs, static_bytes
+from octopipe.costs import CostTable, GradBucket, reduction_buckets, stage_costs, static_bytes
 from octopipe.errors import InputError
 from octopipe.plan import Plan, check_structure
 from octopipe.profile import Device, Profile
@@ -43,8 +43,13 @@ class Graph:
     static_bytes: tuple[float, ...]
     # Per-action memory change when it runs (bytes), indexed by aid.
     mem_delta: tuple[int, ...]
-    # Per stage: seconds of its data-parallel gradient all-reduce (all 0 without one).
-    reduce_time: tuple[float, ...] = ()
+    # Per stage: its data-parallel gradient reductions, in ready order (none without one).
+    buckets: tuple[tuple[GradBucket, ...], ...] = ()
+
+    @property
+    def reduces(self) -> bool:
+        """Whether any stage reduces gradients across data-parallel replicas."""
+        return any(self.buckets)
 
 
 def build_graph(
@@ -107,8 +112,8 @@ def build_graph(
         rows.append(tuple(row))
 
     static = static_bytes(costs, ranges, plan.placement, plan.num_devices)
-    reduce = reduction_times(costs, ranges)
-    return Graph(plan, devices, tuple(rows), n, tuple(static), tuple(mem_delta), reduce)
+    buckets = reduction_buckets(costs, ranges, plan.placement, devices)
+    return Graph(plan, devices, tuple(rows), n, tuple(static), tuple(mem_delta), buckets)
 
 
 def devices_for(profile: Profile, plan: Plan, where: str = "<plan>") -> tuple[Device, ...]:

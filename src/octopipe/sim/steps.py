@@ -82,12 +82,13 @@ def _repeat(graph: Graph, steps: int) -> tuple[Graph, list[list[int]]]:
     plan = graph.plan
     repeated = Plan(plan.num_devices, M * steps, plan.stages, {})
     out = replace(graph, plan=repeated, rows=rows, num_ids=n, mem_delta=tuple(mem_delta))
-    return _with_reductions(graph, out, steps) if any(graph.reduce_time) else (out, [])
+    return _with_reductions(graph, out, steps) if graph.reduces else (out, [])
 
 
 def reduction_order(graph: Graph) -> list[list[tuple[int, int]]]:
-    """Per device, (stage, id of its last backward action) of each stage with an all-reduce,
-    in the order the device runs those last backward actions: the order they become ready."""
+    """Per device, (stage, id of its last backward action) of each stage with reductions,
+    in the order the device runs those last backward actions: the order they become ready
+    (a stage's buckets are ready in their order, all before the device's next action ends)."""
     M = graph.plan.num_microbatches
     out = []
     for row in graph.rows:
@@ -95,16 +96,17 @@ def reduction_order(graph: Graph) -> list[list[tuple[int, int]]]:
         for pos, r in enumerate(row):
             if r[0] % NUM_KINDS in (B_CODE, W_CODE):
                 last[r[0] // (M * NUM_KINDS)] = (pos, r[0])
-        ready = sorted((pos, s, aid) for s, (pos, aid) in last.items() if graph.reduce_time[s])
+        ready = sorted((pos, s, aid) for s, (pos, aid) in last.items() if graph.buckets[s])
         out.append([(s, aid) for _, s, aid in ready])
     return out
 
 
 def _with_reductions(one: Graph, repeated: Graph, steps: int) -> tuple[Graph, list[list[int]]]:
-    """`repeated` with a row of all-reduce nodes per device (ids from `repeated.num_ids` on),
-    each after its stage's last backward of the step, and each device's step k+1 headed by a
-    zero-time wait for the end of its last all-reduce of step k. Also, per device that has
-    all-reduces, the id of its last one in each step (where the step ends for it)."""
+    """`repeated` with a row of reduction nodes per device (ids from `repeated.num_ids` on),
+    each after its stage's last backward of the step (a bucket: that action's end less the
+    bucket's lead, as a negative lag), and each device's step k+1 headed by a zero-time wait
+    for the end of its last reduction of step k. Also, per device that has reductions, the id
+    of its last one in each step (where the step ends for it)."""
     M = one.plan.num_microbatches
     next_id = repeated.num_ids
     nd = len(one.rows)
@@ -115,16 +117,22 @@ def _with_reductions(one: Graph, repeated: Graph, steps: int) -> tuple[Graph, li
         per_step = len(one.rows[d])
         row = list(repeated.rows[d])
         reduce_row: list = []
+        per_step_reductions = sum(len(one.buckets[s]) for s, _ in order)
         for j in range(steps):
             for s, aid in order:
                 ready = step_id(aid, j, M, steps)
-                reduce_row.append((next_id, one.reduce_time[s], ready, 0.0, NO_DEP, 0.0))
-                next_id += 1
+                is_w = aid % NUM_KINDS == W_CODE
+                for bucket in one.buckets[s]:
+                    lag = bucket.ready(0.0, is_w)  # minus the lead: ready before the end
+                    reduce_row.append((next_id, bucket.seconds, ready, lag, NO_DEP, 0.0))
+                    next_id += 1
         device_rows.append(row)
         reduce_rows.append(reduce_row)
         if not order:
             continue
-        last_of_step.append([reduce_row[(j + 1) * len(order) - 1][0] for j in range(steps)])
+        last_of_step.append(
+            [reduce_row[(j + 1) * per_step_reductions - 1][0] for j in range(steps)]
+        )
         for j in range(steps - 1, 0, -1):  # from the back: inserting shifts what follows
             row.insert(j * per_step, (next_id, 0.0, last_of_step[-1][j - 1], 0.0, NO_DEP, 0.0))
             next_id += 1
@@ -137,7 +145,7 @@ def _with_reductions(one: Graph, repeated: Graph, steps: int) -> tuple[Graph, li
         num_ids=next_id,
         mem_delta=mem_delta,
         static_bytes=static,
-        reduce_time=(),  # the all-reduces are in the rows now: evaluate must not add them again
+        buckets=(),  # the reductions are in the rows now: evaluate must not add them again
     )
     return out, last_of_step
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from octopipe.costs import (
     CostTable,
     StageCost,
-    reduction_times,
+    reduction_buckets,
     reduction_windows,
     stage_costs,
     static_bytes,
@@ -203,8 +203,10 @@ class Evaluator:
         """When the last data-parallel all-reduce ends (0 without data parallelism)."""
         if not self.data_parallel:
             return 0.0
-        reduce = reduction_times(self.costs, cand.ranges)
-        windows = reduction_windows(sched.last_backward, reduce, cand.placement)
+        buckets = reduction_buckets(self.costs, cand.ranges, cand.placement, self.devices)
+        # The list scheduler splits every backward or none: the last is a W or a B.
+        last = [(end, cand.split_backward) for end in sched.last_backward]
+        windows = reduction_windows(last, buckets, cand.placement)
         return max((end for *_, end in windows), default=0.0)
 
     def to_plan(self, outcome: Outcome) -> Plan:

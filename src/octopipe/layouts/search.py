@@ -20,46 +20,15 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from octopipe.cluster import Cluster
 from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
+from octopipe.layouts.layout import Job, Layout, candidate_layouts
+from octopipe.layouts.reference import reference_row
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim import SimResult, Simulator
 
-MAX_MICROBATCH_SIZE = 8
 SCREEN_BASELINES = (("1f1b", "balanced"), ("zbh1", "balanced"), ("i1f1b", "balanced"))
-
-
-@dataclass(frozen=True)
-class Layout:
-    tp: int
-    pp: int
-    dp: int
-    microbatch_size: int
-    num_microbatches: int
-    zero1: bool = False  # optimizer state sharded across the DP replicas
-
-    def describe(self) -> str:
-        zero = ", ZeRO-1" if self.zero1 else ""
-        return (
-            f"TP {self.tp} x PP {self.pp} x DP {self.dp}, "
-            f"b {self.microbatch_size} x M {self.num_microbatches}{zero}"
-        )
-
-
-@dataclass(frozen=True)
-class Job:
-    """What to lay out: a model config on a cluster at a global batch (samples of seq_len)."""
-
-    config: str
-    cluster: Cluster
-    global_batch: int
-    seq_len: int = 4096
-
-    @property
-    def tokens(self) -> int:
-        return self.global_batch * self.seq_len
 
 
 @dataclass(frozen=True)
@@ -82,50 +51,6 @@ class Row:
     @property
     def score(self) -> tuple[int, float, float]:
         return self.sim.rank
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def candidate_layouts(
-    cluster: Cluster, global_batch: int, num_layers: int, tp_fits: Callable[[int], bool]
-) -> list[Layout]:
-    """Every TP (dividing a node, `tp_fits` the model) x PP (at most one device per layer) x
-    DP = the cluster, with every power-of-two microbatch size up to MAX_MICROBATCH_SIZE that
-    divides the per-replica batch."""
-    N, G = cluster.size, cluster.gpus_per_node
-    out = []
-    for tp in divisors(min(N, G)):  # nodes are whole (Cluster): tp divides N too
-        if not tp_fits(tp):
-            continue
-        for pp in divisors(N // tp):
-            dp = N // (tp * pp)
-            if pp > num_layers or global_batch % dp:
-                continue
-            per_replica = global_batch // dp
-            b = 1
-            while b <= min(MAX_MICROBATCH_SIZE, per_replica):
-                if per_replica % b == 0:
-                    out.append(Layout(tp, pp, dp, b, per_replica // b))
-                b *= 2
-    return out
-
-
-def megatron_layout(
-    cluster: Cluster, global_batch: int, num_layers: int, tp_fits: Callable[[int], bool]
-) -> list[Layout]:
-    """Megatron-LM's usual choice, most preferred first: TP = the GPUs of a node (or the
-    largest that fits the model's heads), microbatch size 1, then the smallest PP that fits
-    memory (the caller tries them in order), DP the rest, with the distributed optimizer."""
-    G = min(cluster.gpus_per_node, cluster.size)
-    tp = max(t for t in divisors(G) if tp_fits(t))
-    out = []
-    for pp in divisors(cluster.size // tp):
-        dp = cluster.size // (tp * pp)
-        if pp <= num_layers and global_batch % dp == 0:
-            out.append(Layout(tp, pp, dp, 1, global_batch // dp, zero1=dp > 1))
-    return out
 
 
 def shard_optimizer(profile: Profile, dp: int, state_bytes: int, bytes_per_param: int) -> Profile:
@@ -346,7 +271,7 @@ def plan_cluster(
             rows.append(row)
     screened = len(rows)
     rows.sort(key=lambda r: r.score)
-    reference = _reference(search.synchronous(), job, L)  # Megatron-LM synchronizes
+    reference = reference_row(search.synchronous(), job, L)  # Megatron-LM synchronizes
     # Tune in screened order: each layout gets its share of what is left as if only
     # `finalists` remained, and the search goes on down the list while time is left (small
     # problems converge in a fraction of their share).
@@ -365,18 +290,3 @@ def plan_cluster(
 def _cheapest_first(layouts: list[Layout]) -> list[Layout]:
     """Screening order when the budget may run out: fewer simulated actions first."""
     return sorted(layouts, key=lambda l: (l.pp * l.num_microbatches, l.tp))
-
-
-def _reference(search: LayoutSearch, job: Job, num_layers: int) -> Row | None:
-    """Megatron-LM's usual layout: the first of its preferences whose interleaved 1F1B over a
-    uniform partition fits (or the leanest, when none does)."""
-    leanest = None
-    for layout in megatron_layout(job.cluster, job.global_batch, num_layers, search.tp_fits):
-        names = [("i1f1b", "uniform")] if layout.pp > 1 else [("1f1b", "uniform")]
-        rows = search.baselines(layout, names) or search.baselines(layout, [("1f1b", "uniform")])
-        for row in rows:
-            if row.sim.fits:
-                return replace(row, label="Megatron-LM")
-            if leanest is None or row.score < leanest.score:
-                leanest = replace(row, label="Megatron-LM")
-    return leanest

@@ -1,0 +1,76 @@
+"""What a cluster layout is: the parallel degrees and the microbatches of one training job.
+
+    job = Job("llama3-70b", cluster, global_batch=512, seq_len=4096)
+    layouts = candidate_layouts(cluster, 512, num_layers=83, tp_fits=...)
+
+A layout fixes TP (inside a node), PP, DP with TP x PP x DP GPUs, and the microbatch size b and
+count M with D x M x b = the global batch. Nothing here costs or searches a layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from octopipe.layouts.cluster import Cluster
+
+MAX_MICROBATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    microbatch_size: int
+    num_microbatches: int
+    zero1: bool = False  # optimizer state sharded across the DP replicas
+
+    def describe(self) -> str:
+        zero = ", ZeRO-1" if self.zero1 else ""
+        return (
+            f"TP {self.tp} x PP {self.pp} x DP {self.dp}, "
+            f"b {self.microbatch_size} x M {self.num_microbatches}{zero}"
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to lay out: a model config on a cluster at a global batch (samples of seq_len)."""
+
+    config: str
+    cluster: Cluster
+    global_batch: int
+    seq_len: int = 4096
+
+    @property
+    def tokens(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(
+    cluster: Cluster, global_batch: int, num_layers: int, tp_fits: Callable[[int], bool]
+) -> list[Layout]:
+    """Every TP (dividing a node, `tp_fits` the model) x PP (at most one device per layer) x
+    DP = the cluster, with every power-of-two microbatch size up to MAX_MICROBATCH_SIZE that
+    divides the per-replica batch."""
+    N, G = cluster.size, cluster.gpus_per_node
+    out = []
+    for tp in divisors(min(N, G)):  # nodes are whole (Cluster): tp divides N too
+        if not tp_fits(tp):
+            continue
+        for pp in divisors(N // tp):
+            dp = N // (tp * pp)
+            if pp > num_layers or global_batch % dp:
+                continue
+            per_replica = global_batch // dp
+            b = 1
+            while b <= min(MAX_MICROBATCH_SIZE, per_replica):
+                if per_replica % b == 0:
+                    out.append(Layout(tp, pp, dp, b, per_replica // b))
+                b *= 2
+    return out
