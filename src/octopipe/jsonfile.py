@@ -88,7 +88,10 @@ def write_text(path: str | Path, text: str, sync: bool = False) -> None:
     so that an interrupted write leaves the old file (or none), never half of the new one.
     `sync`: on the disk before the rename (survives a power cut, not only a crash)."""
     path = Path(path)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # name the file the caller asked for, not the temporary one
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as file:
             file.write(text)

@@ -13,9 +13,10 @@ not a number, and `4.0` is not a count.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 # --- sizes of a job -----------------------------------------------------------------------------
 MAX_LAYERS = 1_000_000  # layers of a profile or model
@@ -39,14 +40,27 @@ MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # a device's speed relative to 1.0 (a divisor 
 MAX_INPUT_FILE_BYTES = 2**30  # a JSON file read whole (a profile of a million layers: ~250 MB)
 
 # --- field types for file formats ------------------------------------------------------------
+
+
+def _at_most(limit: float) -> AfterValidator:
+    """Finite up to `limit`, or inf: "unlimited", a default no file can hold (strict JSON has
+    no infinity; `jsonfile` refuses 1e400)."""
+
+    def check(value: float) -> float:
+        if math.isnan(value) or (value > limit and value != math.inf):
+            raise ValueError(f"must be at most {limit:g}")
+        return value
+
+    return AfterValidator(check)
+
+
 Seconds = Annotated[float, Field(strict=True, ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 ByteCount = Annotated[int, Field(strict=True, ge=0, le=MAX_BYTES)]
-ByteFigure = Annotated[float, Field(strict=True, gt=0, le=MAX_BYTES, allow_inf_nan=False)]
-Bandwidth = Annotated[
-    float, Field(strict=True, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH, allow_inf_nan=False)
-]
+Capacity = Annotated[float, Field(strict=True, gt=0), _at_most(MAX_BYTES)]  # inf: unlimited
+Bandwidth = Annotated[float, Field(strict=True, ge=MIN_BANDWIDTH), _at_most(MAX_BANDWIDTH)]
 Speed = Annotated[float, Field(strict=True, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)]
 Index = Annotated[int, Field(strict=True, ge=0, le=MAX_GPUS)]  # a device's node, a rank
 Degree = Annotated[int, Field(strict=True, ge=1, le=MAX_PARALLEL_DEGREE)]
 MicroBatchSize = Annotated[int, Field(strict=True, ge=1, le=MAX_MICRO_BATCH_SIZE)]
-Name = Annotated[str, Field(strict=True, min_length=1, max_length=1024)]
+Text = Annotated[str, Field(strict=True, max_length=4096)]
+Flag = Annotated[bool, Field(strict=True)]

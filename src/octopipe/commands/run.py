@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
+from octopipe.jsonfile import dumps
 from octopipe.runtime import DEFAULT_TIMEOUT_S
 from octopipe.units import fmt_bytes
 
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         _draw_last_step(result, args.png)
     summary = result.summary()
     if args.json:
-        print(json.dumps(summary))
+        print(dumps(summary))
     else:
         _print_human(summary)
         if args.dp > 1:

@@ -21,7 +21,12 @@ from octopipe.errors import InputError
 from octopipe.runtime import DEFAULT_TIMEOUT_S, groups
 from octopipe.runtime.checkpoint_folder import hold_all
 from octopipe.runtime.deps import check_runnable
-from octopipe.runtime.preflight import check_checkpoint_room, check_overlap, check_resumable
+from octopipe.runtime.preflight import (
+    check_checkpoint_room,
+    check_first_batch,
+    check_overlap,
+    check_resumable,
+)
 from octopipe.runtime.progress import StepReport
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.spawn import (  # noqa: F401 - RankFailure, Stopped: raised through here
@@ -68,6 +73,7 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
         check_overlap(job.config)
         config = check_resumable(job.config, recipe)
         check_checkpoint_room(config, recipe)
+        check_first_batch(config, recipe, job.plan)
         checked.append(replace(job, config=config))
     return checked
 

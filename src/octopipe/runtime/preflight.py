@@ -110,3 +110,13 @@ def check_checkpoint_room(config: RunConfig, recipe: ModelRecipe) -> None:
     optimizer = config.optimizer
     nbytes = checkpoint_bytes(recipe.meta_model, optimizer.name, optimizer.momentum)
     check_room(config.checkpoint_dir, nbytes)
+
+
+def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
+    """A token file is read for its first step before any rank starts: ids beyond the model's
+    vocabulary (a wrong --data-dtype, a file of another tokenizer) are one line here, not an
+    IndexError in a rank. Later steps are checked by the ranks as they read them."""
+    from octopipe.runtime.data import TokenFile
+
+    if isinstance(config.data, TokenFile):
+        config.data_source(recipe).global_batch(0, config.global_sequences(plan))

@@ -32,6 +32,7 @@ from octopipe.runtime.recipe import (
     ModelRecipe,
     ModelSpec,
     load_recipe,
+    vocabulary_size,
 )
 from octopipe.runtime.shapes import exchange_boundary_specs
 from octopipe.runtime.split import parameter_bytes
@@ -74,7 +75,7 @@ class RunConfig:
 
     def data_source(self, recipe: ModelRecipe) -> DataSource:
         if self.data is not None:
-            return self.data
+            return self.data.for_vocabulary(vocabulary_size(recipe))
         return SyntheticData(recipe.synthetic_sequence, self.seq_len, self.seed)
 
     def global_sequences(self, plan: Plan) -> int:
