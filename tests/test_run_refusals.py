@@ -17,13 +17,15 @@ def plan_path(tmp_path):
 
 
 BAD = [
-    (["--nproc", "0"], "--nproc: must be at least 1, got 0"),
-    (["--timeout", "0"], "--timeout: must be a positive number of seconds, got 0.0"),
-    (["--timeout", "-5"], "--timeout: must be a positive number of seconds, got -5.0"),
-    (["--timeout", "inf"], "--timeout: must be a positive number of seconds, got inf"),
-    (["--lr", "nan"], "--lr: must be a finite number >= 0, got nan"),
-    (["--lr", "inf"], "--lr: must be a finite number >= 0, got inf"),
-    (["--momentum", "-1"], "--momentum: must be a finite number >= 0, got -1.0"),
+    (["--nproc", "0"], "argument --nproc: expected an integer from 1 to 1,024, got 0"),
+    (["--timeout", "0"], "argument --timeout: expected a number in [1, 1e+06], got 0"),
+    (["--timeout", "-5"], "argument --timeout: expected a number in [1, 1e+06], got -5"),
+    (["--timeout", "inf"], "argument --timeout: expected a finite number in [1, 1e+06], got inf"),
+    (["--lr", "nan"], "argument --lr: expected a finite number in [0, 1e+06], got nan"),
+    (["--lr", "inf"], "argument --lr: expected a finite number in [0, 1e+06], got inf"),
+    (["--momentum", "-1"], "argument --momentum: expected a number in [0, 1), got -1"),
+    (["--momentum", "5"], "argument --momentum: expected a number in [0, 1), got 5"),
+    (["--min-lr", "0.1"], "--min-lr: 0.1 is above --lr 0.01: the cosine would rise"),
     (["--dp", "3", "--nproc", "4"], "--dp: 3 replicas do not divide the 4 processes"),
     (["--trace", "/no/such/folder/t.json"], "--trace: folder /no/such/folder does not exist"),
 ]
@@ -33,7 +35,8 @@ BAD = [
 def test_settings_it_cannot_use_exit_2_with_one_line(plan_path, capsys, args, message):
     assert main(["run", "--plan", str(plan_path), "--model", "tiny-llama", *args]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"octopipe run: error: {message}"
+    help_hint = " (see octopipe run --help)" if message.startswith("argument ") else ""
+    assert err == f"octopipe run: error: {message}{help_hint}"
 
 
 def test_an_output_path_that_is_a_folder_is_refused(plan_path, tmp_path, capsys):

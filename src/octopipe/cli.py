@@ -39,12 +39,24 @@ class _DefaultsShown(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with the one-line error contract: a bad flag is one line and exit 2 (the
+    usage stays behind --help), and no flag is taken for an abbreviation of another
+    (`--device 2` is not `--devices 2`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="octopipe",
         description="Plan, simulate and run pipeline-parallel training.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):  # a command's helper module, not a command
             continue
@@ -59,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a bad flag (its one line is out) or --help: the exit code
+        return int(exc.code or 0)
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2

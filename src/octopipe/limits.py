@@ -31,9 +31,13 @@ MAX_MICROBATCH_TOKENS = 2**24  # --seq-len x --micro-batch-size of what a run or
 MAX_PARALLEL_DEGREE = 2**17  # TP, DP, or any other degree
 MAX_CHUNKS = 64  # stages per device the tuner tries (--max-chunks)
 MAX_PROCESSES = 1024  # ranks one host starts (--nproc, the plan's devices x --dp)
+MAX_STEPS = 10**9  # training steps of a run (--steps)
+MAX_SEED = 2**63 - 1  # --seed: what torch's generators take
 
 # --- numbers ------------------------------------------------------------------------------------
 MAX_SECONDS = 1e6  # any duration: a layer's time, a latency, a timeout, a time budget
+MIN_TIMEOUT_S = 1.0  # --timeout: below this, the ranks could not even meet
+MAX_RATE = 1e6  # --lr, --min-lr, --weight-decay, --clip-norm
 MAX_BYTES = 2**60  # any byte figure: memory, activations, parameters, messages
 MIN_BANDWIDTH, MAX_BANDWIDTH = 1.0, 1e18  # bytes per second (a divisor: never near 0)
 MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # a device's speed relative to 1.0 (a divisor too)

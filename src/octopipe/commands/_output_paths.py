@@ -32,3 +32,15 @@ def check_output_file(flag: str, path: str | None, extensions: tuple[str, ...] =
         raise InputError(flag, f"folder {folder} is not writable")
     if target.exists() and not os.access(target, os.W_OK):
         raise InputError(flag, f"{path} is not writable")
+
+
+def check_output_folder(flag: str, path: str | Path) -> None:
+    """Refuse, in one line, a folder that is a file or could not be created or written."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise InputError(flag, f"{path} is a file, not a folder")
+    existing = next((p for p in (target, *target.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise InputError(flag, f"{existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(flag, f"{existing} is not writable")

@@ -17,9 +17,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from octopipe.api import plan_layout
+from octopipe.commands._flags import count
+from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import pictures_fit, since, write_outputs
-from octopipe.errors import InputError
+from octopipe.errors import InputError, MemoryExceededError
 from octopipe.layouts import Job, LayoutReport, Row
+from octopipe.limits import MAX_GLOBAL_BATCH
 from octopipe.profile import save_profile
 from octopipe.units import GIB
 
@@ -36,10 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="GPUs of the cluster: a count of --hardware GPUs (16) or counts of presets "
         "(4xh100,4xa100: whole nodes of each); plans the layout instead of one pipeline",
     )
-    g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
+    g.add_argument("--gpus-per-node", type=count(1, 1024), default=8, help="GPUs per node")
     g.add_argument(
         "--global-batch",
-        type=int,
+        type=count(1, MAX_GLOBAL_BATCH),
         default=512,
         help="samples (of --seq-len tokens) per step: DP x microbatches x microbatch size",
     )
@@ -49,13 +52,9 @@ def run(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in DECIDED if getattr(args, k, None) is not None]
     if given:
         raise InputError(given[0], "the cluster layout decides this itself; drop it or --gpus")
-    if args.global_batch < 1:
-        raise InputError("--global-batch", f"must be at least 1, got {args.global_batch}")
-    if args.time_budget <= 0:
-        raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
     started = time.perf_counter()
     out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once
+    check_output_folder("--output", out)  # before the search: a bad folder fails at once
     show = not args.quiet and sys.stderr.isatty()
     with _progress(show) as report:
         result = plan_layout(
@@ -75,9 +74,14 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print(layout_table(result, job, args.overlap_steps))
     best = result.best
-    if not best.sim.fits:
-        console.print("[red]no layout fits the GPUs' memory; the leanest is shown first[/red]")
-        return 1
+    if not best.sim.fits:  # the table (stdout) shows the leanest first; the refusal is one line
+        sim = best.sim
+        d = max(range(sim.num_devices), key=lambda i: sim.memory_excess_bytes[i])
+        raise MemoryExceededError(
+            f"no layout fits the GPUs' memory: the leanest, {best.layout.describe()}, needs "
+            f"{sim.memory_excess_bytes[d] / GIB:.2f} GiB more on device {d}"
+        )
+    out.mkdir(parents=True, exist_ok=True)
     lay = best.layout
     plan = best.plan.with_parallelism(lay.tp, lay.dp, lay.microbatch_size, int(lay.zero1))
     plan = plan.with_predicted(best.sim.predicted())

@@ -9,7 +9,6 @@ this module only gathers inputs, reports and writes files.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -20,8 +19,20 @@ from rich.table import Table
 
 from octopipe.api import profile_from_config, tune
 from octopipe.commands import _plan_cluster as plan_cluster
+from octopipe.commands._flags import count, number
+from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import picture_seconds, pictures_fit, since, write_outputs
 from octopipe.errors import InputError, MemoryExceededError
+from octopipe.limits import (
+    MAX_CHUNKS,
+    MAX_DEVICES,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_MICROBATCHES,
+    MAX_PARALLEL_DEGREE,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_SEQ_LEN,
+)
 from octopipe.placement import torchtitan_style
 from octopipe.profile import Device, Profile, load_profile
 from octopipe.tuner import Evaluated, TuneResult
@@ -42,21 +53,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--profile", help="profile JSON (octopipe.profile/1)")
     src.add_argument("--model", help=f"shipped model name or config.json (default {DEFAULT_MODEL})")
     src.add_argument("--hardware", default="h100", help="hardware preset for --model")
-    src.add_argument("--tp", type=int, help="tensor-parallel degree for --model (default 1)")
-    src.add_argument("--seq-len", type=int, default=4096, help="tokens per sample for --model")
+    src.add_argument(
+        "--tp",
+        type=count(1, MAX_PARALLEL_DEGREE),
+        help="tensor-parallel degree for --model (default 1)",
+    )
+    src.add_argument(
+        "--seq-len",
+        type=count(1, MAX_SEQ_LEN),
+        default=4096,
+        help="tokens per sample for --model",
+    )
     src.add_argument(
         "--micro-batch-size",
-        type=int,
+        type=count(1, MAX_MICRO_BATCH_SIZE),
         help="samples per microbatch for --model (default 1; recorded in the profile, so "
         "torchtitan.toml gets it)",
     )
     p.add_argument(
         "--devices",
-        type=int,
+        type=count(1, MAX_DEVICES),
         help=f"device count (default: the profile's; {DEFAULT_DEVICES} for --model)",
     )
     p.add_argument(
-        "--microbatches", type=int, help="microbatches per iteration (default 4 x devices)"
+        "--microbatches",
+        type=count(1, MAX_MICROBATCHES),
+        help="microbatches per iteration (default 4 x devices)",
     )
     p.add_argument(
         "--memory-limit",
@@ -71,11 +93,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--time-budget",
-        type=float,
+        type=number(0, MAX_SECONDS, above=True),
         default=30.0,
         help="seconds for the whole command: baselines, search and pictures",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the search's random moves")
+    p.add_argument(
+        "--seed", type=count(0, MAX_SEED), default=0, help="seed of the search's random moves"
+    )
     p.add_argument(
         "--torchtitan",
         action="store_true",
@@ -83,7 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--action-overhead",
-        type=float,
+        type=number(0, MAX_SECONDS),
         default=0.0,
         metavar="SECONDS",
         help="a fixed cost every action pays on top of its layers' times, which the search "
@@ -111,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         return plan_cluster.run(args)
     started = time.perf_counter()
+    out = Path(args.output)
+    check_output_folder("--output", out)  # before any work: a bad folder fails at once
     profile = _profile(args)
     devices = profile.device_list(args.devices)  # a profile without devices needs --devices
     if args.memory_limit is not None:
@@ -119,19 +145,6 @@ def run(args: argparse.Namespace) -> int:
     profile = profile.with_devices(devices)
     P = len(devices)
     M = args.microbatches if args.microbatches is not None else 4 * P
-    if M < 1:
-        raise InputError("--microbatches", f"must be at least 1, got {M}")
-    if args.max_chunks is not None and args.max_chunks < 1:
-        raise InputError("--max-chunks", f"must be at least 1, got {args.max_chunks}")
-    if args.time_budget <= 0:
-        raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
-    if not (math.isfinite(args.action_overhead) and args.action_overhead >= 0):
-        raise InputError(
-            "--action-overhead", f"must be a finite number >= 0, got {args.action_overhead}"
-        )
-
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once
     show = not args.quiet and sys.stderr.isatty()
     # The budget covers the whole command: what the pictures will take is set aside first.
     drawing = picture_seconds(P * M * 3) if args.png else 0.0
@@ -151,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
+    out.mkdir(parents=True, exist_ok=True)
     console = Console()
     pictures = args.png and pictures_fit(result.best.plan, args.time_budget - since(started))
     written = write_outputs(result.best.plan, profile, out, pictures=pictures)
@@ -257,9 +271,4 @@ class _progress:
 
 def _chunks(text: str) -> int | None:
     """`--max-chunks`: a count, or `auto` (None: as deep as it pays)."""
-    if text == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count or 'auto', got {text!r}") from None
+    return None if text == "auto" else count(1, MAX_CHUNKS)(text)

@@ -6,9 +6,11 @@ import argparse
 import math
 import sys
 
+from octopipe.commands._flags import number
 from octopipe.commands._output_paths import HTML, JSON, PICTURE, check_output_file
 from octopipe.errors import InputError
 from octopipe.jsonfile import dumps
+from octopipe.limits import MAX_SECONDS
 from octopipe.plan import check_layer_names, load_plan
 from octopipe.profile import load_profile
 from octopipe.report import print_simulation
@@ -36,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--action-overhead",
-        type=float,
+        type=number(0, MAX_SECONDS),
         default=0.0,
         metavar="SECONDS",
         help="beyond the default semantics: a fixed cost every action pays",

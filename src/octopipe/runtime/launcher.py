@@ -24,8 +24,10 @@ from octopipe.runtime.deps import check_runnable
 from octopipe.runtime.preflight import (
     check_checkpoint_room,
     check_first_batch,
+    check_local_processes,
     check_overlap,
     check_resumable,
+    check_sizes,
 )
 from octopipe.runtime.progress import StepReport
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
@@ -68,6 +70,7 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
         dp = job.config.dp
         if dp < 1 or world_size % dp:
             raise InputError("--dp", f"{dp} replicas do not divide the {world_size} processes")
+        check_sizes(job.config)
         check_runnable(job.plan, len(layers), world_size // dp, job.source)
         check_plan_layer_names(job.plan.layer_names, layers)
         check_overlap(job.config)
@@ -188,6 +191,7 @@ def launch(
 ) -> list[RunResult]:
     """Run the jobs on `nproc` spawned ranks; `on_step` gets every step's report here, as the
     steps finish. No deadline on the whole run: `timeout_s` bounds each wait inside it."""
+    check_local_processes(nproc)
     with hold_all(checkpoint_folders(jobs)):  # before choosing what to resume: no writer
         jobs = validate_jobs(jobs, nproc)
         backend = choose_backend(backend, nproc)

@@ -12,6 +12,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from octopipe.errors import InputError
+from octopipe.limits import (
+    MAX_MICROBATCH_TOKENS,
+    MAX_PROCESSES,
+    MAX_RATE,
+    MAX_SECONDS,
+    MAX_STEPS,
+    MIN_TIMEOUT_S,
+)
 
 if TYPE_CHECKING:
     from octopipe.runtime.recipe import ModelRecipe
@@ -33,25 +41,31 @@ def check_run_settings(
     checkpoint_every: int = 0,
     resume: bool = False,
 ) -> None:
-    if nproc is not None and nproc < 1:
-        raise InputError("--nproc", f"must be at least 1, got {nproc}")
-    if steps < 1:
-        raise InputError("--steps", f"must be at least 1, got {steps}")
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise InputError("--timeout", f"must be a positive number of seconds, got {timeout}")
+    if nproc is not None and not 1 <= nproc <= MAX_PROCESSES:
+        raise InputError("--nproc", f"must be 1 to {MAX_PROCESSES:,}, got {nproc}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise InputError("--steps", f"must be 1 to {MAX_STEPS:,}, got {steps}")
+    if not (math.isfinite(timeout) and MIN_TIMEOUT_S <= timeout <= MAX_SECONDS):
+        raise InputError(
+            "--timeout",
+            f"must be {MIN_TIMEOUT_S:g} to {MAX_SECONDS:g} seconds, got {timeout}",
+        )
     for flag, value in (
         ("--lr", lr),
-        ("--momentum", momentum),
         ("--weight-decay", weight_decay),
         ("--min-lr", min_lr),
     ):
-        if not (math.isfinite(value) and value >= 0):
-            raise InputError(flag, f"must be a finite number >= 0, got {value}")
-    if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
+        if not (math.isfinite(value) and 0 <= value <= MAX_RATE):
+            raise InputError(flag, f"must be a finite number from 0 to {MAX_RATE:g}, got {value}")
+    if not (math.isfinite(momentum) and 0 <= momentum < 1):
+        raise InputError("--momentum", f"must be in [0, 1), got {momentum}")
+    if min_lr > lr:
+        raise InputError("--min-lr", f"{min_lr} is above --lr {lr}: the cosine would rise")
+    if clip_norm is not None and not (math.isfinite(clip_norm) and 0 < clip_norm <= MAX_RATE):
         raise InputError("--clip-norm", f"must be a positive number, got {clip_norm}")
     for flag, count in (("--lr-warmup", warmup_steps), ("--checkpoint-every", checkpoint_every)):
-        if count < 0:
-            raise InputError(flag, f"must be at least 0, got {count}")
+        if not 0 <= count <= MAX_STEPS:
+            raise InputError(flag, f"must be 0 to {MAX_STEPS:,}, got {count}")
     if (checkpoint_every or resume) and checkpoint_dir is None:
         flag = "--resume" if resume else "--checkpoint-every"
         raise InputError(flag, "needs --checkpoint-dir")
@@ -120,3 +134,25 @@ def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
 
     if isinstance(config.data, TokenFile):
         config.data_source(recipe).global_batch(0, config.global_sequences(plan))
+
+
+def check_sizes(config: RunConfig) -> None:
+    """What every rank allocates per microbatch, bounded before any starts (docs/FORMATS.md,
+    Limits)."""
+    tokens = config.seq_len * config.micro_batch_size
+    if tokens > MAX_MICROBATCH_TOKENS:
+        raise InputError(
+            "--micro-batch-size",
+            f"{config.micro_batch_size:,} sequences of {config.seq_len:,} tokens are "
+            f"{tokens:,} tokens per microbatch; at most {MAX_MICROBATCH_TOKENS:,}",
+        )
+
+
+def check_local_processes(nproc: int) -> None:
+    """Ranks spawned on this host (under torchrun, the job's own business)."""
+    if not 1 <= nproc <= MAX_PROCESSES:
+        raise InputError(
+            "--nproc",
+            f"{nproc:,} processes (the plan's devices x --dp); 1 to {MAX_PROCESSES:,} "
+            "start on one host",
+        )
