@@ -17,9 +17,9 @@ import argparse
 import sys
 import time
 
-from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.costmodel import shipped_models
 from octopipe.layouts import Job, Row, plan_cluster
+from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.units import GIB
 
 SAMPLES_PER_GPU = 8

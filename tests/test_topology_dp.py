@@ -237,3 +237,45 @@ def test_bucket_and_sharding_keys_round_trip_and_stay_optional(tmp_path):
     assert "bucket_bytes" not in plain.to_dict()["data_parallel"]
     with pytest.raises(InputError, match="bucket_bytes"):
         profile_from_dict({**data, "data_parallel": {**data["data_parallel"], "bucket_bytes": 0}})
+
+
+def test_reductions_at_end_wait_for_the_devices_last_action():
+    # Two stages on one device (test above): stage 1's reduction would hide under stage 0's
+    # backward; at the end, both run after the last action (4 s), one at a time: 4-5, 5-6.
+    dp = DataParallel(degree=2, bandwidth=100.0, at_end=True)
+    profile = with_grads(uniform_profile(2, f=1.0, b=1.0, w=0.0, devices=1), 100, dp)
+    order = ["0F0", "1F0", "1B0", "0B0"]
+    plan = make_plan(1, 1, [(0, 1), (1, 2)], [0, 0], {0: [Action.parse(a) for a in order]})
+    result = simulate(profile, plan)
+    assert [(r.stage, r.start, r.end) for r in result.reductions] == [
+        (0, pytest.approx(4.0), pytest.approx(5.0)),
+        (1, pytest.approx(5.0), pytest.approx(6.0)),
+    ]
+    steady = simulate(profile, plan, overlap_steps=True)
+    assert steady.iteration_time == pytest.approx(6.0)  # 4 s of compute, then 2 s reducing
+    from octopipe.tuner.candidate import Candidate, Evaluator
+
+    evaluator = Evaluator(profile, profile.device_list(), 1)
+    outcome = evaluator.evaluate(Candidate(((0, 1), (1, 2)), (0, 0), split_backward=False))
+    assert outcome.makespan == pytest.approx(
+        simulate(profile, evaluator.to_plan(outcome)).iteration_time
+    )
+
+
+def test_blocking_transfers_hold_the_sender_and_arrive_when_it_is_done():
+    # Two devices, one layer each (f = b = w = 1 s), a 0.5 s transfer, one microbatch.
+    # Overlapped: F0 0-1, F1 1.5-2.5, B1 2.5-4.5, B0 5-7. Blocking: the senders' F0 and B1
+    # last 0.5 s longer and the data is there when they end: F0 0-1.5, F1 1.5-2.5,
+    # B1 2.5-5, B0 5-7 -- the same makespan here, but the sender is busy, not free.
+    link = Link(bandwidth=2.0, latency=0.0)  # out_bytes 1 -> 0.5 s
+    overlapped = uniform_profile(2, devices=2, link=link)
+    blocking = overlapped.model_copy(update={"blocking_transfers": True})
+    plan = one_f_one_b(2, 1)
+    a, b = simulate(overlapped, plan), simulate(blocking, plan)
+    assert a.iteration_time == pytest.approx(7.0) == b.iteration_time
+    assert b.busy == (pytest.approx(a.busy[0] + 0.5), pytest.approx(a.busy[1] + 0.5))
+    # With two microbatches the held senders cost time: F0 of the second microbatch waits.
+    plan2 = one_f_one_b(2, 2)
+    assert simulate(blocking, plan2).iteration_time > simulate(overlapped, plan2).iteration_time
+    assert profile_from_dict(blocking.to_dict()) == blocking
+    assert "blocking_transfers" not in overlapped.to_dict()

@@ -117,27 +117,34 @@ def stage_costs(
     devices: Sequence[Device],
 ) -> tuple[StageCost, ...]:
     """The StageCost of each stage of a partition + placement (durations divided by speed;
-    a transfer takes the link between the two devices, `Profile.link_between`)."""
+    a transfer takes the link between the two devices, `Profile.link_between`). With the
+    profile's `blocking_transfers`, the sender's action lasts until its transfer is done
+    (F sends forward, I or B sends the gradient back) and the data is there when it ends."""
+    blocking = costs.profile.blocking_transfers
     out = []
     last = len(ranges) - 1
     extra = costs.action_overhead
+    lags = []
+    for s, ((_, b), d) in enumerate(zip(ranges, placement, strict=True)):
+        lag = 0.0
+        if s < last and placement[s + 1] != d:
+            link = costs.profile.link_between(devices[d], devices[placement[s + 1]])
+            lag = link.transfer_time(costs.boundary_bytes(b))
+        lags.append(lag)
     for s, ((a, b), d) in enumerate(zip(ranges, placement, strict=True)):
         f, bi, bw = costs.stage_times(a, b)
         speed = devices[d].speed
-        crosses = s < last and placement[s + 1] != d
-        lag = 0.0
-        if crosses:
-            link = costs.profile.link_between(devices[d], devices[placement[s + 1]])
-            lag = link.transfer_time(costs.boundary_bytes(b))
+        send_forward = lags[s] if blocking else 0.0
+        send_back = lags[s - 1] if blocking and s > 0 else 0.0
         out.append(
             StageCost(
                 device=d,
-                f=f / speed + extra,
-                i=bi / speed + extra,
+                f=f / speed + extra + send_forward,
+                i=bi / speed + extra + send_back,
                 w=bw / speed + extra,
                 act=costs.act[b] - costs.act[a],
                 wact=costs.wact[b] - costs.wact[a],
-                lag_next=lag,
+                lag_next=0.0 if blocking else lags[s],
                 overhead=extra,
             )
         )
@@ -217,17 +224,23 @@ def reduction_windows(
     last_backward: Sequence[tuple[float, bool]],
     buckets: Sequence[Sequence[GradBucket]],
     placement: Sequence[int],
+    device_ends: Sequence[float] | None = None,
 ) -> list[tuple[int, int, float, float]]:
     """(device, stage, start, end) of every gradient reduction, given each stage's last
     backward action (its end, and whether it is a W): a device runs its reductions one at a
-    time, in the order they become ready, ties lower stage first (docs/FORMATS.md). The one
-    home of this rule: the simulator and the tuner's evaluator both call it."""
+    time, in the order they become ready, ties lower stage first; with `device_ends` (the
+    profile's `data_parallel.at_end`), none before its device's last action has ended
+    (docs/FORMATS.md). The one home of this rule: the simulator and the tuner's evaluator
+    both call it."""
     out = []
     by_device: dict[int, list[tuple[float, int, int, float]]] = {}
     for s, d in enumerate(placement):
         end, is_w = last_backward[s]
         for i, bucket in enumerate(buckets[s]):
-            by_device.setdefault(d, []).append((bucket.ready(end, is_w), s, i, bucket.seconds))
+            ready = bucket.ready(end, is_w)
+            if device_ends is not None:
+                ready = max(ready, device_ends[d])
+            by_device.setdefault(d, []).append((ready, s, i, bucket.seconds))
     for d in sorted(by_device):
         t = 0.0
         for at, s, _, seconds in sorted(by_device[d]):

@@ -98,6 +98,10 @@ class DataParallel(_Frozen):
     sharded: Flag = Field(
         default=False, description="reduce-scatter to a sharded optimizer (ZeRO-1) instead"
     )
+    at_end: bool = Field(
+        default=False,
+        description="a device starts its reductions only after its last action of the step",
+    )
 
     def allreduce_time(self, nbytes: float) -> float:
         """Ring all-reduce of `nbytes`: 2 (D-1) L + 2 (D-1)/D * G / B (0 for one replica);
@@ -129,6 +133,10 @@ class Profile(_Frozen):
     )
     tensor_parallel: Degree = Field(
         default=1, description="GPUs per pipeline device (one tensor-parallel group)"
+    )
+    blocking_transfers: bool = Field(
+        default=False,
+        description="a stage's transfer to its neighbour occupies the sender until it is done",
     )
 
     @field_validator("layers")
@@ -193,12 +201,16 @@ class Profile(_Frozen):
         if self.links is not None:
             data["links"] = {k: _finite(v) for k, v in self.links.model_dump().items()}
         if self.data_parallel != DataParallel():
-            dp = _given(self.data_parallel.model_dump(), bucket_bytes=None, sharded=False)
+            dp = _given(
+                self.data_parallel.model_dump(), bucket_bytes=None, sharded=False, at_end=False
+            )
             data["data_parallel"] = _finite(dp)
         if self.microbatch_size is not None:
             data["microbatch_size"] = self.microbatch_size
         if self.tensor_parallel != 1:
             data["tensor_parallel"] = self.tensor_parallel
+        if self.blocking_transfers:
+            data["blocking_transfers"] = True
         return data
 
 

@@ -119,7 +119,7 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
             f"{lay.dp} Z1" if lay.zero1 else str(lay.dp),
             f"{lay.microbatch_size} x {lay.num_microbatches}",
             row.label,
-            f"{sim.iteration_time:.3f}",
+            f"{row.step_time:.3f}",
             f"{row.tokens_per_gpu(job):,.0f}",
             f"{max(sim.peak_memory_bytes) / GIB:.1f}",
             "yes" if sim.fits else "[red]no[/red]",

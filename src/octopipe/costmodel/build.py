@@ -141,9 +141,12 @@ def build_profile(
     hardware: Hardware,
     settings: Settings,
     num_devices: int | None = None,
+    estimates: list[LayerEstimate] | None = None,
 ) -> Profile:
     """The profile of `arch` on `hardware`: one entry per layer of `layer_specs(arch)`,
-    `num_devices` identical devices when given, and the hardware's inter-stage link."""
+    `num_devices` identical devices when given, and the hardware's inter-stage link.
+    `estimates`: the layers' estimates when already made (`estimate_layers` of the same
+    arguments)."""
     layers = tuple(
         LayerCost(
             name=e.spec.name,
@@ -157,7 +160,7 @@ def build_profile(
             grad_bytes=e.grad_bytes,
             out_bytes=e.out_bytes,
         )
-        for e in estimate_layers(arch, hardware, settings)
+        for e in estimates or estimate_layers(arch, hardware, settings)
     )
     devices = None
     if num_devices is not None:

@@ -418,7 +418,7 @@ def boundary_bytes(arch: Architecture, specs: list[LayerSpec], index: int, s: Se
     image features until the last cross-attention layer has used them."""
     spec = specs[index]
     a = s.activation_bytes
-    sp = s.tensor_parallel if s.sequence_parallel else 1
+    sp = s.tensor_parallel if s.sequence_parallel or s.split_boundary else 1
     if spec.kind == A.HEAD:
         return 4  # the loss
     v = arch.vision

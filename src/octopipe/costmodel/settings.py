@@ -25,6 +25,9 @@ class Settings:
     """Megatron tensor-parallel degree: heads, MLP width, experts and vocabulary are split."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: activations TP replicates are stored and sent split."""
+    split_boundary: bool = False
+    """Each TP rank sends only its 1/t of the tensor crossing a stage boundary (Megatron-LM's
+    scatter/gather; sequence parallelism implies it)."""
     context_parallel: int = 1
     """Context parallelism: each rank holds seq_len / cp tokens of every sequence; attention
     runs as ring attention, exchanging K/V chunks with the other ranks."""

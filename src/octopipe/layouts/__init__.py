@@ -7,15 +7,17 @@
 """
 
 from octopipe.layouts.cluster import Cluster, parse_gpus
+from octopipe.layouts.costs import LayoutCosts, shard_optimizer
 from octopipe.layouts.layout import MAX_MICROBATCH_SIZE, Job, Layout, candidate_layouts, divisors
 from octopipe.layouts.reference import megatron_layout, reference_row
-from octopipe.layouts.search import LayoutReport, LayoutSearch, Row, plan_cluster, shard_optimizer
+from octopipe.layouts.search import LayoutReport, LayoutSearch, Row, plan_cluster
 
 __all__ = [
     "MAX_MICROBATCH_SIZE",
     "Cluster",
     "Job",
     "Layout",
+    "LayoutCosts",
     "LayoutReport",
     "LayoutSearch",
     "Row",

@@ -2,10 +2,11 @@
 
 `parse_gpus("16", "h100")` or `parse_gpus("4xh100,4xa100")` describes the GPUs; `Cluster` puts
 them in nodes of `gpus_per_node`, in the order given. `replica_topology` answers, for a layout
-of tensor (T), pipeline (P) and data (D) parallel degrees, what docs/FORMATS.md's profile keys
-need: each pipeline device's node, speed and memory, the links inside and between nodes, and
-the data-parallel ring. GPUs are numbered TP fastest, then PP, then DP (the `parallelism` rule of
-docs/FORMATS.md), so GPU `t + T * (p + P * r)` is TP rank t of pipeline device p in replica r.
+of tensor (T), context (C), pipeline (P) and data (D) parallel degrees, what docs/FORMATS.md's
+profile keys need: each pipeline device's node, speed and memory, the links inside and between
+nodes, and the data-parallel ring. GPUs are numbered TP fastest, then CP, then PP, then DP (the
+`parallelism` rule of docs/FORMATS.md), so GPU `t + T * (c + C * (p + P * r))` is TP rank t of
+context rank c of pipeline device p in replica r; a pipeline device is a group of T x C GPUs.
 
 Nothing here estimates a model's costs (`costmodel/`) or searches (`layouts.py`).
 """
@@ -110,19 +111,27 @@ class Cluster:
         nodes = -(-self.size // self.gpus_per_node)
         return f"{kinds} in {nodes} node{'s' if nodes > 1 else ''} of {self.gpus_per_node}"
 
+    def gpu(self, t: int, c: int, p: int, r: int, tp: int, cp: int, pp: int) -> int:
+        """The GPU of TP rank t, CP rank c, pipeline device p, replica r (the numbering rule)."""
+        return t + tp * (c + cp * (p + pp * r))
+
+    def cp_across_nodes(self, tp: int, cp: int) -> bool:
+        """Whether a context-parallel group spans nodes (its ring then runs over the NICs)."""
+        return cp > 1 and tp * cp > self.gpus_per_node
+
     def replica_topology(
-        self, tp: int, pp: int, dp: int, speed: dict[str, float] | None = None
+        self, tp: int, pp: int, dp: int, speed: dict[str, float] | None = None, cp: int = 1
     ) -> Topology:
-        """The topology of replica 0 under TP x PP x DP = the cluster's size; `speed` gives
-        each preset's speed relative to the reference (1.0 where not given)."""
-        if tp * pp * dp != self.size:
-            raise ValueError(f"{tp} x {pp} x {dp} != {self.size} GPUs")
+        """The topology of replica 0 under TP x CP x PP x DP = the cluster's size; `speed`
+        gives each preset's speed relative to the reference (1.0 where not given)."""
+        if tp * cp * pp * dp != self.size:
+            raise ValueError(f"{tp} x {cp} x {pp} x {dp} != {self.size} GPUs")
         if min(self.gpus_per_node, self.size) % tp:
             raise ValueError(f"TP {tp} does not divide a node of {self.gpus_per_node}")
         speed = speed or {}
 
         def device(p: int, r: int) -> Device:
-            first = tp * (p + pp * r)  # TP rank 0 of the group
+            first = self.gpu(0, 0, p, r, tp, cp, pp)  # the group's first GPU
             hw = self.gpus[first]
             return Device(
                 speed=speed.get(hw.name, 1.0),
@@ -138,7 +147,7 @@ class Cluster:
             intra_node=Link(bandwidth=self._slowest("tp_bandwidth"), latency=self._latency),
             inter_node=Link(bandwidth=self._slowest("link_bandwidth"), latency=self._latency),
         )
-        return Topology(replicas[0], links, self._ring(tp, pp, dp), replicas)
+        return Topology(replicas[0], links, self._ring(tp, cp, pp, dp), replicas)
 
     def _slowest(self, field: str) -> float:
         return min(getattr(g.hardware, field) for g in self.groups)
@@ -147,13 +156,28 @@ class Cluster:
     def _latency(self) -> float:
         return max(g.hardware.link_latency for g in self.groups)
 
-    def _ring(self, tp: int, pp: int, dp: int) -> DataParallel:
-        """The DP ring of each TP rank: GPUs `t + tp * (p + pp * r)` for r = 0..dp-1. Inside
-        a node it runs over NVLink, else each GPU's NIC carries its own ring (the TP ranks
-        reduce their own shards side by side)."""
-        if dp == 1:
+    def _ring(self, tp: int, cp: int, pp: int, dp: int) -> DataParallel:
+        """The gradient ring of one TP rank of pipeline device 0: its D x C copies (the data
+        and context-parallel ranks hold the same weights). Inside one node it runs over
+        NVLink. Across nodes NCCL runs one ring per NIC: a node holding k of the ring's GPUs
+        drives their k NICs, so the ring moves k x the NIC's bandwidth, capped by NVLink's;
+        the node with the fewest such GPUs bounds it (TP ranks reduce their own shards side by
+        side, each over its own NICs). Each step pays the network's latency where it crosses
+        nodes (NVLink hops' few microseconds are left out)."""
+        members = [
+            self.gpu(0, c, 0, r, tp, cp, pp) for r in range(dp) for c in range(cp)
+        ]  # every pipeline device's ring is laid out alike: device 0's stands for all
+        if len(members) == 1:
             return DataParallel()
-        # Nodes are whole, so every ring spans the same nodes as GPU 0's.
-        one_node = self.node_of(0) == self.node_of(tp * pp * (dp - 1))
-        field = "tp_bandwidth" if one_node else "link_bandwidth"
-        return DataParallel(degree=dp, bandwidth=self._slowest(field), latency=self._latency)
+        per_node: dict[int, int] = {}
+        for g in members:
+            per_node[self.node_of(g)] = per_node.get(self.node_of(g), 0) + 1
+        nvlink = self._slowest("tp_bandwidth")
+        if len(per_node) == 1:
+            return DataParallel(degree=len(members), bandwidth=nvlink, latency=0.0)
+        nics = min(per_node.values())
+        bandwidth = min(nvlink, nics * self._slowest("link_bandwidth"))
+        crossing = len(per_node) / len(members)  # the share of ring steps that cross nodes
+        return DataParallel(
+            degree=len(members), bandwidth=bandwidth, latency=crossing * self._latency
+        )

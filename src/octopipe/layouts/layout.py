@@ -10,27 +10,38 @@ count M with D x M x b = the global batch. Nothing here costs or searches a layo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from octopipe.layouts.cluster import Cluster
+from octopipe.layouts.stack import Stack
 
 MAX_MICROBATCH_SIZE = 8
 
 
 @dataclass(frozen=True)
 class Layout:
+    """The degrees of one job: TP x CP x PP x DP GPUs, b samples per microbatch, M per step."""
+
     tp: int
     pp: int
     dp: int
     microbatch_size: int
     num_microbatches: int
-    zero1: bool = False  # optimizer state sharded across the DP replicas
+    zero1: bool = False  # optimizer state sharded across the DP (x CP) ranks
+    cp: int = 1  # context parallelism: each rank holds seq_len / cp tokens of a sequence
+    recompute: str = "none"  # activation recomputation: none, selective, full
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
 
     def describe(self) -> str:
         zero = ", ZeRO-1" if self.zero1 else ""
+        cp = f" x CP {self.cp}" if self.cp > 1 else ""
+        again = f", recompute {self.recompute}" if self.recompute != "none" else ""
         return (
-            f"TP {self.tp} x PP {self.pp} x DP {self.dp}, "
-            f"b {self.microbatch_size} x M {self.num_microbatches}{zero}"
+            f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}, "
+            f"b {self.microbatch_size} x M {self.num_microbatches}{zero}{again}"
         )
 
 
@@ -42,6 +53,7 @@ class Job:
     cluster: Cluster
     global_batch: int
     seq_len: int = 4096
+    stack: Stack = field(default_factory=Stack)  # how the training framework runs it
 
     @property
     def tokens(self) -> int:

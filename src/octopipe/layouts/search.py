@@ -16,17 +16,17 @@ prints the table is `commands/_plan_cluster.py`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
+from octopipe.layouts.costs import LayoutCosts
 from octopipe.layouts.layout import Job, Layout, candidate_layouts
 from octopipe.layouts.reference import reference_row
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim import SimResult, Simulator
+from octopipe.sim.evaluate import plan_rank
 
 SCREEN_BASELINES = (("1f1b", "balanced"), ("zbh1", "balanced"), ("i1f1b", "balanced"))
 
@@ -40,103 +40,44 @@ class Row:
     plan: Plan
     profile: Profile  # replica 0's profile, the plan's
     sim: SimResult  # the slowest replica's result
+    tail: float = 0.0  # the optimizer step (and ZeRO-1's all-gather) after the pipeline
 
     @property
-    def iteration_time(self) -> float:
-        return self.sim.iteration_time
+    def step_time(self) -> float:
+        """The whole step: the pipeline as simulated, then the tail (`layouts/costs.py`)."""
+        return self.sim.iteration_time + self.tail
 
     def tokens_per_gpu(self, job: Job) -> float:
-        return job.tokens / self.sim.iteration_time / job.cluster.size
+        return job.tokens / self.step_time / job.cluster.size
 
     @property
     def score(self) -> tuple[int, float, float]:
-        return self.sim.rank
-
-
-def shard_optimizer(profile: Profile, dp: int, state_bytes: int, bytes_per_param: int) -> Profile:
-    """ZeRO-1: each replica keeps 1/dp of the optimizer state (`state_bytes` of the
-    `bytes_per_param` every parameter costs)."""
-    keep = (bytes_per_param - state_bytes + state_bytes / dp) / bytes_per_param
-    layers = tuple(
-        layer.model_copy(update={"param_bytes": math.ceil(layer.param_bytes * keep)})
-        for layer in profile.layers
-    )
-    return profile.model_copy(update={"layers": layers})
+        return plan_rank(self.step_time, self.sim.memory_excess_bytes)
 
 
 class LayoutSearch:
     """Plans layouts of one job; the analytic profiles are built once per (TP, b)."""
 
-    def __init__(self, job: Job, overlap_steps: bool = False):
+    def __init__(self, job: Job, overlap_steps: bool = False, costs: LayoutCosts | None = None):
         self.job = job
         self.overlap_steps = overlap_steps  # rank plans by their steady step time
-        self._profiles: dict[tuple[int, int, str], Profile] = {}
+        self.costs = costs or LayoutCosts(job)  # shared: profiles are built once
 
     def synchronous(self) -> LayoutSearch:
         """This search ranking by one synchronous step, sharing the profiles built so far."""
         if not self.overlap_steps:
             return self
-        twin = LayoutSearch(self.job)
-        twin._profiles = self._profiles
-        return twin
+        return LayoutSearch(self.job, costs=self.costs)
 
-    # --- profiles ------------------------------------------------------------------------
-
-    def base_profile(self, tp: int, microbatch_size: int, hardware: str | None = None) -> Profile:
-        from octopipe.api import profile_from_config
-
-        hw = hardware or self.job.cluster.reference.name
-        key = (tp, microbatch_size, hw)
-        if key not in self._profiles:
-            self._profiles[key] = profile_from_config(
-                self.job.config,
-                hw,
-                tp=tp,
-                seq_len=self.job.seq_len,
-                micro_batch_size=microbatch_size,
-                # Megatron-LM pairs tensor with sequence parallelism: activations held and
-                # sent between stages are split TP ways too.
-                sequence_parallel=tp > 1,
-            )
-        return self._profiles[key]
+    @property
+    def num_layers(self) -> int:
+        return self.costs.base_profile(Layout(1, 1, 1, 1, 1)).num_layers
 
     def tp_fits(self, tp: int) -> bool:
-        try:
-            self.base_profile(tp, 1)
-        except InputError:  # heads or experts do not split tp ways
-            return False
-        return True
-
-    def speeds(self, tp: int, microbatch_size: int) -> dict[str, float]:
-        """Each preset's speed relative to the reference: the ratio of the model's total
-        estimated work (a mixed cluster's devices differ by one factor each)."""
-
-        def work(hw: str) -> float:
-            return sum(l.work for l in self.base_profile(tp, microbatch_size, hw).layers)
-
-        ref = work(self.job.cluster.reference.name)
-        kinds = {g.hardware.name for g in self.job.cluster.groups}
-        return {hw: ref / work(hw) for hw in kinds}
+        return self.costs.fits_degrees(tp)
 
     def profile(self, layout: Layout) -> tuple[Profile, tuple[tuple, ...]]:
-        """Replica 0's profile of `layout`, and every distinct replica's devices (one tuple
-        on a cluster of one kind of GPU)."""
-        base = self.base_profile(layout.tp, layout.microbatch_size)
-        speeds = self.speeds(layout.tp, layout.microbatch_size) if self.job.cluster.mixed else {}
-        topo = self.job.cluster.replica_topology(layout.tp, layout.pp, layout.dp, speeds)
-        zero = "-zero1" if layout.zero1 else ""
-        profile = base.model_copy(
-            update={
-                "name": f"{base.name}-pp{layout.pp}-dp{layout.dp}{zero}",
-                "devices": topo.devices,
-                "links": topo.links,
-                "data_parallel": topo.data_parallel,
-            }
-        )
-        if layout.zero1:
-            s = Settings()  # the bytes per parameter the profiles were built with
-            profile = shard_optimizer(profile, layout.dp, s.optimizer_bytes, s.bytes_per_param)
-        return profile, topo.replicas
+        return self.costs.profile(layout)
 
     # --- evaluating ----------------------------------------------------------------------
 
@@ -148,7 +89,8 @@ class LayoutSearch:
         for devices in replicas:
             on = profile.with_devices(devices)
             result = Simulator(on).run(plan, detail=False, overlap_steps=self.overlap_steps)
-            rows.append(Row(layout, label, plan, on, result))
+            tail = self.costs.tail(layout, plan, on).total
+            rows.append(Row(layout, label, plan, on, result, tail))
         return max(rows, key=lambda r: r.score)
 
     def baselines(self, layout: Layout, names: Iterable[tuple[str, str]]) -> list[Row]:
@@ -252,7 +194,7 @@ def plan_cluster(
             progress(what, min(1.0, used() / time_budget))
 
     search = LayoutSearch(job, overlap_steps)
-    L = search.base_profile(1, 1).num_layers
+    L = search.num_layers
     layouts = candidate_layouts(job.cluster, job.global_batch, L, search.tp_fits)
     if not layouts:
         raise InputError(

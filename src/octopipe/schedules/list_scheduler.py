@@ -62,6 +62,7 @@ class ListSchedule:
     busy: tuple[float, ...]
     peak_activation_bytes: tuple[float, ...]
     last_backward: tuple[float, ...]  # per stage: when its last B or W ends (its all-reduce)
+    device_ends: tuple[float, ...] = ()  # per device: when its last action ends
 
     @property
     def orders(self) -> dict[int, tuple[Action, ...]]:
@@ -145,6 +146,7 @@ class _Scheduler:
             busy=tuple(self.busy),
             peak_activation_bytes=tuple(self.peak),
             last_backward=tuple(self.last_backward),
+            device_ends=tuple(free_at),
         )
 
     # --- choosing ------------------------------------------------------------------------

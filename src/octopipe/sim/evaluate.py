@@ -255,7 +255,10 @@ def _reductions(graph: Graph, end: list[float]) -> tuple[Reduction, ...]:
                 s = aid // (M * K)
                 if end[aid] >= last[s][0]:
                     last[s] = (end[aid], aid % K == W_CODE)
-    windows = reduction_windows(last, graph.buckets, graph.plan.placement)
+    ends = None
+    if graph.reduce_at_end:  # every reduction waits for its device's last action
+        ends = [end[row[-1][0]] if row else 0.0 for row in graph.rows]
+    windows = reduction_windows(last, graph.buckets, graph.plan.placement, ends)
     return tuple(Reduction(*w) for w in windows)
 
 

@@ -45,6 +45,7 @@ class Graph:
     mem_delta: tuple[int, ...]
     # Per stage: its data-parallel gradient reductions, in ready order (none without one).
     buckets: tuple[tuple[GradBucket, ...], ...] = ()
+    reduce_at_end: bool = False  # a device's reductions wait for its last action
 
     @property
     def reduces(self) -> bool:
@@ -113,7 +114,8 @@ def build_graph(
 
     static = static_bytes(costs, ranges, plan.placement, plan.num_devices)
     buckets = reduction_buckets(costs, ranges, plan.placement, devices)
-    return Graph(plan, devices, tuple(rows), n, tuple(static), tuple(mem_delta), buckets)
+    at_end = costs.profile.data_parallel.at_end
+    return Graph(plan, devices, tuple(rows), n, tuple(static), tuple(mem_delta), buckets, at_end)
 
 
 def devices_for(profile: Profile, plan: Plan, where: str = "<plan>") -> tuple[Device, ...]:

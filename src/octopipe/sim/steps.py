@@ -118,12 +118,15 @@ def _with_reductions(one: Graph, repeated: Graph, steps: int) -> tuple[Graph, li
         row = list(repeated.rows[d])
         reduce_row: list = []
         per_step_reductions = sum(len(one.buckets[s]) for s, _ in order)
+        device_last = one.rows[d][-1][0] if one.rows[d] else NO_DEP
         for j in range(steps):
             for s, aid in order:
-                ready = step_id(aid, j, M, steps)
                 is_w = aid % NUM_KINDS == W_CODE
                 for bucket in one.buckets[s]:
-                    lag = bucket.ready(0.0, is_w)  # minus the lead: ready before the end
+                    if one.reduce_at_end:  # after the device's last action of the step
+                        ready, lag = step_id(device_last, j, M, steps), 0.0
+                    else:  # minus the bucket's lead: ready before its action ends
+                        ready, lag = step_id(aid, j, M, steps), bucket.ready(0.0, is_w)
                     reduce_row.append((next_id, bucket.seconds, ready, lag, NO_DEP, 0.0))
                     next_id += 1
         device_rows.append(row)

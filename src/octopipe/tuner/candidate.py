@@ -206,7 +206,8 @@ class Evaluator:
         buckets = reduction_buckets(self.costs, cand.ranges, cand.placement, self.devices)
         # The list scheduler splits every backward or none: the last is a W or a B.
         last = [(end, cand.split_backward) for end in sched.last_backward]
-        windows = reduction_windows(last, buckets, cand.placement)
+        ends = sched.device_ends if self.profile.data_parallel.at_end else None
+        windows = reduction_windows(last, buckets, cand.placement, ends)
         return max((end for *_, end in windows), default=0.0)
 
     def to_plan(self, outcome: Outcome) -> Plan:

@@ -1,0 +1,142 @@
+"""`octopipe estimate`: predict one given layout of a training job, with no search.
+
+Prints the step time, tokens/s, TFLOP/s per GPU and MFU, peak memory per GPU against its
+capacity, and where the step goes on the busiest device; `--json` puts all of it on the last
+line. The model behind it is `octopipe.layouts.estimate` (the one `plan --gpus` searches with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
+from octopipe.costmodel.hardware import PRESETS
+from octopipe.costmodel.settings import RECOMPUTE_KINDS
+from octopipe.errors import InputError
+from octopipe.schedules import SCHEDULES
+
+NAME = "estimate"
+HELP = "Predict one given TP x CP x PP x DP layout: step time, TFLOP/s, MFU, memory, breakdown."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="shipped model name or config.json")
+    p.add_argument("--hardware", default="h100", help=f"GPU preset: {', '.join(PRESETS)}")
+    p.add_argument(
+        "--gpus",
+        required=True,
+        help="GPUs of the job: a count of --hardware GPUs, or counts of presets (4xh100,4xa100)",
+    )
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
+    g = p.add_argument_group("the layout")
+    for flag, what in (
+        ("--tp", "tensor-parallel degree"),
+        ("--cp", "context-parallel degree"),
+        ("--pp", "pipeline-parallel degree (devices of one pipeline)"),
+    ):
+        g.add_argument(flag, type=int, default=1, help=what)
+    g.add_argument("--dp", type=int, help="data-parallel degree (default: the GPUs left)")
+    g.add_argument("--micro-batch-size", type=int, default=1, help="samples per microbatch")
+    g.add_argument("--global-batch", type=int, required=True, help="samples per step")
+    g.add_argument("--seq-len", type=int, default=4096, help="tokens per sample")
+    g.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
+    g.add_argument("--chunks", type=int, help="stages per device (interleaved, V schedules)")
+    g.add_argument(
+        "--recompute", choices=RECOMPUTE_KINDS, default="none", help="activation recomputation"
+    )
+    g.add_argument(
+        "--zero",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="1: optimizer state sharded over DP x CP (distributed optimizer, ZeRO-1)",
+    )
+    add_stack_arguments(p)
+    p.add_argument("--json", action="store_true", help="everything as JSON on the last line")
+
+
+def run(args: argparse.Namespace) -> int:
+    from octopipe.layouts.cluster import Cluster, parse_gpus
+    from octopipe.layouts.estimate import Given, estimate
+    from octopipe.layouts.layout import Job, Layout
+
+    for flag, value in (("--global-batch", args.global_batch), ("--seq-len", args.seq_len)):
+        if value < 1:
+            raise InputError(flag, f"must be at least 1, got {value}")
+    if args.micro_batch_size < 1:
+        raise InputError("--micro-batch-size", f"must be at least 1, got {args.micro_batch_size}")
+    cluster = Cluster(parse_gpus(args.gpus, args.hardware), args.gpus_per_node)
+    dp = args.dp
+    if dp is None:
+        group = args.tp * args.cp * args.pp
+        if group < 1 or cluster.size % group:
+            raise InputError(
+                "--dp", f"TP x CP x PP = {group} does not divide the {cluster.size} GPUs"
+            )
+        dp = cluster.size // group
+    layout = Layout(
+        tp=args.tp,
+        pp=args.pp,
+        dp=dp,
+        microbatch_size=args.micro_batch_size,
+        num_microbatches=1,  # set from the global batch
+        zero1=args.zero == 1,
+        cp=args.cp,
+        recompute=args.recompute,
+    )
+    job = Job(args.model, cluster, args.global_batch, args.seq_len, stack_from_args(args))
+    result = estimate(job, Given(layout, args.schedule, args.chunks))
+    _print(result)
+    if args.json:
+        print(json.dumps(result.summary()))
+    return 0
+
+
+def _print(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from octopipe.units import fmt_bytes, fmt_time
+
+    lay, job = result.given.layout, result.job
+    chunks = result.plan.num_stages // result.plan.num_devices
+    title = (
+        f"{job.config} on {job.cluster.describe()}: TP {lay.tp} x CP {lay.cp} x PP {lay.pp} x "
+        f"DP {lay.dp}, b {lay.microbatch_size} x M {lay.num_microbatches}, "
+        f"{result.given.schedule} ({chunks} per device), recompute {lay.recompute}"
+        f"{', ZeRO-1' if lay.zero1 else ''}"
+    )
+    summary = Table(title=title, show_header=False)
+    summary.add_column(justify="left")
+    summary.add_column(justify="right")
+    summary.add_row("step", fmt_time(result.step_time))
+    summary.add_row("tokens/s", f"{result.tokens_per_second:,.0f}")
+    summary.add_row(
+        "TFLOP/s per GPU (model / hardware)",
+        f"{result.tflops_per_gpu():.1f} / {result.tflops_per_gpu(hardware=True):.1f}",
+    )
+    summary.add_row("MFU / HFU", f"{result.mfu:.1%} / {result.hfu:.1%}")
+    capacity = min(result.sim.capacity_bytes)
+    fits = "fits" if result.sim.fits else "[red]does not fit[/red]"
+    memory = f"{fmt_bytes(result.peak_memory_bytes)} of {fmt_bytes(capacity)}: {fits}"
+    summary.add_row("peak memory per GPU", memory)
+    parts = Table(title="where the step goes (the busiest device)")
+    parts.add_column("part")
+    parts.add_column("time", justify="right")
+    parts.add_column("share", justify="right")
+    names = {
+        "compute": "compute",
+        "recompute": "recomputation",
+        "tp_comm": "exposed TP communication",
+        "cp_comm": "exposed CP communication",
+        "bubble": "pipeline bubble and transfers",
+        "dp_exposed": "exposed DP reduction",
+        "optimizer": "optimizer step",
+    }
+    for key, label in names.items():
+        seconds = getattr(result.breakdown, key)
+        parts.add_row(label, fmt_time(seconds), f"{seconds / result.step_time:.1%}")
+    console = Console()
+    console.print(summary)
+    console.print(parts)

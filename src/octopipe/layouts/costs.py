@@ -1,0 +1,199 @@
+"""The cost model of one job's layouts: per-layer estimates and profiles, and what a step costs
+beyond the simulated pipeline. `octopipe estimate` and the layout search of `plan --gpus` both
+stand on it, so they predict the same step for the same layout and plan.
+
+    costs = LayoutCosts(job)
+    profile, replicas = costs.profile(layout)       # topology, ZeRO-1, gradient buckets
+    step = costs.step(layout, plan, sim)             # + optimizer step, ZeRO-1's all-gather
+
+A step is the pipeline as simulated (compute, transfers, the data-parallel reductions;
+docs/FORMATS.md), then each device's optimizer update of its parameters and, with ZeRO-1, the
+all-gather of the updated weight shards (docs/COSTMODEL.md, "The step"). Nothing here
+searches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from octopipe.costmodel.build import LayerEstimate, TimeParts, build_profile, estimate_layers
+from octopipe.costmodel.hardware import Hardware
+from octopipe.costmodel.hf_config import load_architecture
+from octopipe.errors import InputError
+from octopipe.layouts.layout import Job, Layout
+from octopipe.layouts.stack import layer_settings
+from octopipe.plan import Plan
+from octopipe.profile import Profile
+from octopipe.sim import SimResult
+
+# Bytes the optimizer step moves per parameter it updates, besides the gradient: it reads the
+# gradient twice (the global norm, then Adam), reads and writes the FP32 master weight and the
+# two moments (4 x 3 x 2), and writes the working copy of the weight.
+ADAM_STATE_TRAFFIC = 24
+
+
+@dataclass(frozen=True)
+class Tail:
+    """What follows the pipeline on the slowest device: the optimizer update, and ZeRO-1's
+    all-gather of the updated weights (0 without it)."""
+
+    optimizer: float
+    all_gather: float
+
+    @property
+    def total(self) -> float:
+        return self.optimizer + self.all_gather
+
+
+def optimizer_seconds(params: float, grad_bytes: int, weight_bytes: int, hw: Hardware) -> float:
+    """The memory-bound Adam update of `params` parameters (docs/COSTMODEL.md)."""
+    traffic = params * (2 * grad_bytes + ADAM_STATE_TRAFFIC + weight_bytes)
+    return traffic / (hw.memory_bandwidth * hw.memory_efficiency)
+
+
+def shard_optimizer(profile: Profile, dp: int, state_bytes: int, bytes_per_param: int) -> Profile:
+    """ZeRO-1: each replica keeps 1/dp of the optimizer state (`state_bytes` of the
+    `bytes_per_param` every parameter costs)."""
+    keep = (bytes_per_param - state_bytes + state_bytes / dp) / bytes_per_param
+    layers = tuple(
+        layer.model_copy(update={"param_bytes": math.ceil(layer.param_bytes * keep)})
+        for layer in profile.layers
+    )
+    return profile.model_copy(update={"layers": layers})
+
+
+class LayoutCosts:
+    """Per-layer estimates and profiles of one job's layouts, built once per (TP, CP,
+    microbatch size, recomputation, hardware)."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.arch = load_architecture(job.config)
+        self._layers: dict[tuple, list[LayerEstimate]] = {}
+        self._profiles: dict[tuple, Profile] = {}
+
+    def settings(self, layout: Layout):
+        return layer_settings(
+            tp=layout.tp,
+            cp=layout.cp,
+            microbatch_size=layout.microbatch_size,
+            recompute=layout.recompute,
+            stack=self.job.stack,
+            seq_len=self.job.seq_len,
+            cp_across_nodes=self.job.cluster.cp_across_nodes(layout.tp, layout.cp),
+        )
+
+    def hardware(self, name: str | None = None) -> Hardware:
+        cluster = self.job.cluster
+        if name is None:
+            return cluster.reference
+        return next(g.hardware for g in cluster.groups if g.hardware.name == name)
+
+    def layers(self, layout: Layout, hardware: str | None = None) -> list[LayerEstimate]:
+        """The layers' estimates for one microbatch of `layout` on one GPU of `hardware`."""
+        hw = self.hardware(hardware)
+        key = (layout.tp, layout.cp, layout.microbatch_size, layout.recompute, hw.name)
+        if key not in self._layers:
+            self._layers[key] = estimate_layers(self.arch, hw, self.settings(layout))
+        return self._layers[key]
+
+    def base_profile(self, layout: Layout, hardware: str | None = None) -> Profile:
+        """The profile of `layout`'s layers on `hardware`, before topology."""
+        hw = self.hardware(hardware)
+        key = (layout.tp, layout.cp, layout.microbatch_size, layout.recompute, hw.name)
+        if key not in self._profiles:
+            self._profiles[key] = build_profile(
+                self.arch, hw, self.settings(layout), estimates=self.layers(layout, hardware)
+            )
+        return self._profiles[key]
+
+    def fits_degrees(self, tp: int, cp: int = 1) -> bool:
+        """Whether the model's heads (and experts) split `tp` ways and the sequence `cp`."""
+        try:
+            self.layers(Layout(tp, 1, 1, 1, 1, cp=cp))
+        except InputError:
+            return False
+        return True
+
+    def speeds(self, layout: Layout) -> dict[str, float]:
+        """Each preset's speed relative to the reference: the ratio of the model's total
+        estimated work (a mixed cluster's devices differ by one factor each)."""
+
+        def work(hw: str) -> float:
+            return sum(l.work for l in self.base_profile(layout, hw).layers)
+
+        ref = work(self.job.cluster.reference.name)
+        kinds = {g.hardware.name for g in self.job.cluster.groups}
+        return {hw: ref / work(hw) for hw in kinds}
+
+    def profile(self, layout: Layout) -> tuple[Profile, tuple[tuple, ...]]:
+        """Replica 0's profile of `layout`, and every distinct replica's devices (one tuple
+        on a cluster of one kind of GPU)."""
+        base = self.base_profile(layout)
+        cluster = self.job.cluster
+        speeds = self.speeds(layout) if cluster.mixed else {}
+        topo = cluster.replica_topology(layout.tp, layout.pp, layout.dp, speeds, layout.cp)
+        stack = self.job.stack
+        ring = topo.data_parallel.model_copy(
+            update={
+                "bucket_bytes": stack.grad_bucket_bytes,
+                "sharded": layout.zero1,
+                "at_end": stack.reduce_at_end,
+            }
+        )
+        zero = "-zero1" if layout.zero1 else ""
+        cp = f"-cp{layout.cp}" if layout.cp > 1 else ""
+        profile = base.model_copy(
+            update={
+                "name": f"{base.name}{cp}-pp{layout.pp}-dp{layout.dp}{zero}",
+                "devices": topo.devices,
+                "links": topo.links,
+                "data_parallel": ring if ring.degree > 1 else topo.data_parallel,
+                "blocking_transfers": stack.p2p == "blocking",
+            }
+        )
+        if layout.zero1 and ring.degree > 1:
+            s = self.settings(layout)
+            profile = shard_optimizer(profile, ring.degree, s.optimizer_bytes, s.bytes_per_param)
+        return profile, topo.replicas
+
+    # --- the step ------------------------------------------------------------------------
+
+    def device_params(self, layout: Layout, plan: Plan) -> list[int]:
+        """Per pipeline device: the parameters of its stages on one GPU (one TP rank)."""
+        layers = self.layers(layout)
+        params = [0] * plan.num_devices
+        for stage in plan.stages:
+            params[stage.device] += sum(e.params for e in layers[stage.start : stage.end])
+        return params
+
+    def tail(self, layout: Layout, plan: Plan, profile: Profile) -> Tail:
+        """The slowest device's optimizer update and ZeRO-1 all-gather after the pipeline."""
+        s = self.settings(layout)
+        hw = self.hardware()
+        ring = profile.data_parallel
+        shards = ring.degree if layout.zero1 else 1
+        worst = Tail(0.0, 0.0)
+        for params, device in zip(self.device_params(layout, plan), profile.device_list()):
+            update = optimizer_seconds(params / shards, s.grad_bytes, s.weight_bytes, hw)
+            gather = ring.allgather_time(params * s.weight_bytes) if layout.zero1 else 0.0
+            one = Tail(update / device.speed, gather)
+            worst = max(worst, one, key=lambda t: t.total)
+        return worst
+
+    def step_time(self, layout: Layout, plan: Plan, profile: Profile, sim: SimResult) -> float:
+        """The step: the simulated pipeline (its steady step when overlapped) and the tail."""
+        return sim.iteration_time + self.tail(layout, plan, profile).total
+
+    def busy_parts(self, layout: Layout, plan: Plan, profile: Profile) -> list[TimeParts]:
+        """Per device: its seconds of compute, recomputation and exposed TP/CP communication
+        in one step (every stage on it runs each microbatch's F, I and W once)."""
+        layers = self.layers(layout)
+        devices = profile.device_list()
+        parts = [TimeParts() for _ in devices]
+        for stage in plan.stages:
+            d = stage.device
+            one = sum((e.parts for e in layers[stage.start : stage.end]), TimeParts())
+            parts[d] = parts[d] + one.scaled(plan.num_microbatches / devices[d].speed)
+        return parts
