@@ -1,10 +1,11 @@
 """Strict JSON in, standard JSON out: how every OctoPipe file of JSON is read and written.
 
 Reading refuses what Python's `json` lets through or chokes on: `NaN` and `Infinity`, numbers
-beyond a float's range (`1e400` would read as infinity), integers thousands of digits long,
-a key given twice in one object (the last would silently win), text that is not UTF-8, and
-files larger than `limits.MAX_INPUT_FILE_BYTES`. Each fault is one `InputError` naming the file
-and, where it can, the line.
+beyond a float's range (`1e400` would read as infinity), integers beyond Python's 4,300
+digits, a key given twice in one object (the last would silently win), text that is not
+UTF-8, and files larger than `limits.MAX_INPUT_FILE_BYTES`. (How large a number may be is
+each format's business: every field is bounded, `limits.py`.) Each fault is one `InputError`
+naming the file and, where it can, the line.
 
 Writing emits standard JSON only (`allow_nan=False`: a non-finite figure is an error, not an
 `Infinity` no other reader takes) into a temporary file beside the target, renamed into place
@@ -24,8 +25,6 @@ from typing import Any
 
 from octopipe.errors import InputError, OctoPipeError
 from octopipe.limits import MAX_INPUT_FILE_BYTES
-
-_MAX_INT_DIGITS = 30  # far beyond any count or byte figure; int("9" * 5000) is refused by Python
 
 
 class NonFiniteResult(OctoPipeError):
@@ -55,8 +54,7 @@ def parse_json(text: str, where: str) -> Any:
     try:
         return json.loads(
             text,
-            parse_float=_finite_float,
-            parse_int=_bounded_int,
+            parse_float=_finite_float,  # float() reads 1e400 as inf
             parse_constant=_no_constant,
             object_pairs_hook=_unique_keys,
         )
@@ -64,6 +62,8 @@ def parse_json(text: str, where: str) -> Any:
         raise InputError(where, f"malformed JSON: {exc.msg}", f"line {exc.lineno}") from None
     except _Refused as exc:
         raise InputError(where, str(exc)) from None
+    except ValueError as exc:  # an integer beyond Python's 4,300 digits for int()
+        raise InputError(where, f"a number is beyond any size OctoPipe reads ({exc})") from None
     except RecursionError:
         raise InputError(where, "nested too deeply") from None
 
@@ -122,22 +122,16 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
-        raise _Refused(f"an integer of {len(text)} digits is beyond any size OctoPipe reads")
-    return int(text)
-
-
 def _no_constant(name: str) -> Any:
     raise _Refused(f"{name} is not a JSON number")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Refused(f"key {key!r} is given twice in one object")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _Refused(f"key {twice!r} is given twice in one object")
     return out
 
 

@@ -27,7 +27,8 @@ MAX_GPUS = 2**17  # GPUs of a cluster (--gpus)
 MAX_GLOBAL_BATCH = 2**20  # samples per step (--global-batch)
 MAX_SEQ_LEN = 2**24  # tokens per sample (--seq-len)
 MAX_MICRO_BATCH_SIZE = 2**16  # samples per microbatch (--micro-batch-size)
-MAX_MICROBATCH_TOKENS = 2**24  # --seq-len x --micro-batch-size of what a run or profile allocates
+MAX_MICROBATCH_TOKENS = 2**20  # --seq-len x --micro-batch-size a run or `profile` allocates
+MAX_ESTIMATED_TOKENS = 2**28  # the same for the analytic cost model (nothing is allocated)
 MAX_PARALLEL_DEGREE = 2**17  # TP, DP, or any other degree
 MAX_CHUNKS = 64  # stages per device the tuner tries (--max-chunks)
 MAX_PROCESSES = 1024  # ranks one host starts (--nproc, the plan's devices x --dp)
@@ -42,6 +43,20 @@ MAX_BYTES = 2**60  # any byte figure: memory, activations, parameters, messages
 MIN_BANDWIDTH, MAX_BANDWIDTH = 1.0, 1e18  # bytes per second (a divisor: never near 0)
 MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # a device's speed relative to 1.0 (a divisor too)
 MAX_INPUT_FILE_BYTES = 2**30  # a JSON file read whole (a profile of a million layers: ~250 MB)
+
+
+def check_microbatch_tokens(seq_len: int, micro_batch_size: int, limit: int) -> None:
+    """Tokens of one microbatch, bounded before anything is estimated or allocated."""
+    from octopipe.errors import InputError
+
+    tokens = seq_len * micro_batch_size
+    if tokens > limit:
+        raise InputError(
+            "--micro-batch-size",
+            f"{micro_batch_size:,} samples of {seq_len:,} tokens are {tokens:,} tokens per "
+            f"microbatch; at most {limit:,}",
+        )
+
 
 # --- field types for file formats ------------------------------------------------------------
 

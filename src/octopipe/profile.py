@@ -262,8 +262,11 @@ def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
 def _check_unique_names(profile: Profile, where: str) -> None:
     """A file's layer names say which module of the model each layer is: one name, one layer.
     (Profiles built in code, e.g. uniform test stacks, may repeat a name.)"""
+    names = profile.layer_names
+    if len(set(names)) == len(names):
+        return
     seen: dict[str, int] = {}
-    for i, name in enumerate(profile.layer_names):
+    for i, name in enumerate(names):
         first = seen.setdefault(name, i)
         if first != i:
             raise InputError(

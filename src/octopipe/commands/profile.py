@@ -60,10 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopipe.commands._output_paths import check_output_file
+    from octopipe.limits import MAX_MICROBATCH_TOKENS, check_microbatch_tokens
     from octopipe.profile import save_profile
     from octopipe.runtime.measure import measure_profile
 
     check_output_file("--output", args.output)
+    check_microbatch_tokens(args.seq_len, args.micro_batch_size, MAX_MICROBATCH_TOKENS)
 
     profile = measure_profile(
         args.model,

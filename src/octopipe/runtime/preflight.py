@@ -19,6 +19,7 @@ from octopipe.limits import (
     MAX_SECONDS,
     MAX_STEPS,
     MIN_TIMEOUT_S,
+    check_microbatch_tokens,
 )
 
 if TYPE_CHECKING:
@@ -139,13 +140,7 @@ def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
 def check_sizes(config: RunConfig) -> None:
     """What every rank allocates per microbatch, bounded before any starts (docs/FORMATS.md,
     Limits)."""
-    tokens = config.seq_len * config.micro_batch_size
-    if tokens > MAX_MICROBATCH_TOKENS:
-        raise InputError(
-            "--micro-batch-size",
-            f"{config.micro_batch_size:,} sequences of {config.seq_len:,} tokens are "
-            f"{tokens:,} tokens per microbatch; at most {MAX_MICROBATCH_TOKENS:,}",
-        )
+    check_microbatch_tokens(config.seq_len, config.micro_batch_size, MAX_MICROBATCH_TOKENS)
 
 
 def check_local_processes(nproc: int) -> None:
