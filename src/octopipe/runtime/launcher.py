@@ -9,10 +9,14 @@ of jobs in one process group, so tests pay for process start-up once.
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -192,7 +196,7 @@ def launch(
     """Run the jobs on `nproc` spawned ranks; `on_step` gets every step's report here, as the
     steps finish. No deadline on the whole run: `timeout_s` bounds each wait inside it."""
     check_local_processes(nproc)
-    with hold_all(checkpoint_folders(jobs)):  # before choosing what to resume: no writer
+    with no_empty_compile_cache(), hold_all(checkpoint_folders(jobs)):  # no writer meanwhile
         jobs = validate_jobs(jobs, nproc)
         backend = choose_backend(backend, nproc)
         return spawn_ranks(
@@ -201,6 +205,24 @@ def launch(
             nproc,
             on_note=on_step,
         )
+
+
+@contextmanager
+def no_empty_compile_cache():
+    """torch makes its compile cache folder (TMPDIR/torchinductor_USER) whenever torch._dynamo
+    is imported, which building a model may do; nothing here compiles, so a folder this run
+    made and left empty is removed again (one holding anything, or made by another, stays)."""
+    # torch's default (torch._inductor.runtime.cache_dir_utils, not imported: importing it
+    # would make the folder).
+    default = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(default)
+    existed = os.path.exists(folder)
+    try:
+        yield
+    finally:
+        if not existed:
+            with suppress(OSError):  # not empty, or gone: not ours to remove
+                os.rmdir(folder)
 
 
 def _train_jobs(

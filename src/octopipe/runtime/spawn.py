@@ -79,7 +79,11 @@ def spawn_ranks(
     with _stop_on_signals(), tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         store = str(Path(tmp) / "store")
         try:
-            with _environment(CHILD_ENVIRONMENT), _children_ignore_sigint():
+            # torch._dynamo, imported on the way by torch.optim, makes its compile cache folder
+            # at import (TMPDIR/torchinductor_USER); nothing here compiles, so the ranks' goes
+            # in this run's folder, which goes with the run.
+            cache = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor")}
+            with _environment({**CHILD_ENVIRONMENT, **cache}), _children_ignore_sigint():
                 for rank in range(nproc):
                     p = ctx.Process(
                         target=_rank_main,
