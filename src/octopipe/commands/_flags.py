@@ -34,6 +34,7 @@ def count(minimum: int, maximum: int) -> Callable[[str], int]:
         return value
 
     parse.__name__ = "integer"  # argparse names the type in its messages
+    parse.bounds = (minimum, maximum)  # type: ignore[attr-defined]  # for tests and docs
     return parse
 
 
@@ -57,4 +58,5 @@ def number(
         return value
 
     parse.__name__ = "number"
+    parse.bounds = (minimum, maximum, above, below)  # type: ignore[attr-defined]
     return parse

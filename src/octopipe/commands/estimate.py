@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--zero",
-        type=int,
+        type=count(0, 1),
         choices=(0, 1),
         default=0,
         help="1: optimizer state sharded over DP x CP (distributed optimizer, ZeRO-1)",

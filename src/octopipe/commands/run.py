@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--zero",
-        type=int,
+        type=count(0, 1),
         choices=(0, 1),
         default=0,
         help="1: shard the optimizer state across the replicas (ZeRO-1)",

@@ -33,7 +33,7 @@ def parse_gpus(spec: str, default_hardware: str = "h100") -> tuple[GpuGroup, ...
     groups = []
     for part in spec.split(","):
         # ASCII digits only: Python's int() would also read other scripts' digits.
-        m = re.fullmatch(r"\s*([0-9]{1,12})\s*(?:x\s*([A-Za-z0-9_-]+))?\s*", part)
+        m = re.fullmatch(r"\s*([0-9]{1,30})\s*(?:x\s*([A-Za-z0-9_-]+))?\s*", part)
         if m is None:
             raise InputError("--gpus", f"expected N or NxPRESET[,NxPRESET...], got {spec!r}")
         count = int(m.group(1))
