@@ -273,6 +273,7 @@ PLAN_FAULTS = {
         "schedule: device key must be a device index",
     ),
     "schedule action unknown": ("schedule.0.0", "0Q0", "schedule.0[0]"),
+    "schedule action in other digits": ("schedule.0.0", "٠F٠", "schedule.0[0]"),
     "schedule action duplicated": ("schedule.0.1", "0F0", "appears twice"),
     "schedule action missing": ("schedule.1", [], "is missing"),
     "parallelism tp as text": (
