@@ -21,9 +21,9 @@ from octopipe.layouts import (
     candidate_layouts,
     megatron_layout,
     plan_cluster,
-    shard_optimizer,
 )
 from octopipe.layouts.cluster import Cluster, parse_gpus
+from octopipe.layouts.stack import Stack
 from octopipe.plan import load_plan
 from octopipe.profile import load_profile
 from octopipe.sim import Simulator
@@ -109,10 +109,28 @@ def test_megatrons_usual_layout_fills_a_node_with_tp():
 
 
 def test_zero1_keeps_a_dp_th_of_the_optimizer_state():
-    profile = api.profile_from_config("tiny-llama", seq_len=64)
-    sharded = shard_optimizer(profile, dp=4, state_bytes=12, bytes_per_param=16)
-    for full, shard in zip(profile.layers, sharded.layers):
-        assert shard.param_bytes == math.ceil(full.param_bytes * (4 + 3) / 16)
+    # 16 bytes a parameter in BF16 with BF16 gradients: 4 kept whole, 12 of Adam state sharded.
+    job = Job("tiny-llama", Cluster(parse_gpus("8"), 8), 64, 64, Stack(grad_dtype="bf16"))
+    costs = LayoutCosts(job)
+    full, _ = costs.profile(Layout(1, 2, 4, 1, 16))
+    sharded, _ = costs.profile(Layout(1, 2, 4, 1, 16, zero1=True))
+    for a, b in zip(full.layers, sharded.layers):
+        assert b.param_bytes == math.ceil(a.param_bytes * (4 + 12 / 4) / 16)
+    assert sharded.data_parallel.sharded and not full.data_parallel.sharded
+
+
+def test_zero1_shards_the_experts_state_over_the_ranks_holding_each_expert():
+    job = Job("tiny-moe", Cluster(parse_gpus("8"), 8), 64, 64, Stack(grad_dtype="bf16"))
+    costs = LayoutCosts(job)
+    dense, _ = costs.profile(Layout(1, 1, 8, 1, 8, zero1=True))
+    experts, _ = costs.profile(Layout(1, 1, 8, 1, 8, zero1=True, ep=2))
+    layer = next(i for i, l in enumerate(dense.layers) if l.kind == "moe")
+    estimates = costs.layers(Layout(1, 1, 8, 1, 8, ep=2))
+    e = estimates[layer]
+    assert 0 < e.expert_params < e.params
+    want = (e.params - e.expert_params) * (4 + 12 / 8) + e.expert_params * (4 + 12 / 4)
+    assert experts.layers[layer].param_bytes == math.ceil(want)
+    assert experts.layers[layer].param_bytes < dense.layers[layer].param_bytes  # half the experts
 
 
 def test_a_replica_on_slower_gpus_sets_the_step_time():

@@ -26,16 +26,17 @@ RECOMPUTED_KINDS = frozenset(
 @dataclass(frozen=True)
 class TimeParts:
     """Where a layer's seconds (F + I + W of one microbatch) go: compute kernels, the redone
-    forward of recomputation, and exposed tensor- and context-parallel communication."""
+    forward of recomputation, and exposed tensor-, context- and expert-parallel communication."""
 
     compute: float = 0.0
     recompute: float = 0.0
     tp_comm: float = 0.0
     cp_comm: float = 0.0
+    ep_comm: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.recompute + self.tp_comm + self.cp_comm
+        return self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
 
     def __add__(self, other: TimeParts) -> TimeParts:
         return TimeParts(*(a + b for a, b in zip(astuple(self), astuple(other))))
@@ -66,6 +67,8 @@ class LayerEstimate:
     """Forward and backward FLOPs by the model-FLOPs convention (`LayerWork.model_flops`)."""
     recompute_flops: float = 0.0
     """Model-convention FLOPs of what recomputation redoes (hardware FLOPs = model + these)."""
+    expert_params: int = 0
+    """Of `params`, the MoE experts' (sharded over the expert-parallel ranks only)."""
 
 
 def estimate_layers(arch: Architecture, hw: Hardware, settings: Settings) -> list[LayerEstimate]:
@@ -92,6 +95,7 @@ def _estimate(
         compute=sum(p.compute for p in phases),
         tp_comm=sum(p.tp_comm for p in phases),
         cp_comm=sum(p.cp_comm for p in phases),
+        ep_comm=sum(p.ep_comm for p in phases),
     )
     act, wact = work.act_bytes, work.wact_bytes
     redone, redone_flops = 0.0, 0.0
@@ -124,6 +128,7 @@ def _estimate(
         parts=replace(parts, recompute=redone),
         model_flops=forward_flops + backward_flops,
         recompute_flops=redone_flops,
+        expert_params=work.expert_params,
     )
 
 

@@ -34,6 +34,11 @@ class Settings:
     cp_across_nodes: bool = False
     """The context-parallel ranks of a group sit on different nodes, so ring attention's
     exchange runs over the network, not NVLink (the layout knows; `cluster.py`)."""
+    expert_parallel: int = 1
+    """Expert parallelism: the MoE layers' experts spread over this many data-parallel ranks,
+    tokens exchanged by all-to-alls (`layercost._moe`)."""
+    ep_across_nodes: bool = False
+    """The expert-parallel ranks of a group sit on different nodes (all-to-alls over the NICs)."""
     recompute: str = "none"
     """Activation recomputation: "none"; "selective" (Korthikanti et al. 2022: the attention
     core only, redone in the backward); "full" (every block keeps only its input and redoes its
@@ -66,6 +71,7 @@ class Settings:
             "micro_batch_size",
             "tensor_parallel",
             "context_parallel",
+            "expert_parallel",
             "activation_bytes",
         ):
             if getattr(self, name) < 1:

@@ -24,6 +24,8 @@ MATMUL, GROUPED, ATTENTION, MEMORY = "matmul", "grouped_matmul", "attention", "m
 TP_COMM = "tp_comm"
 CP_NVLINK, CP_NETWORK = "cp_nvlink", "cp_network"  # ring attention's exchange, by its link
 CP_COMM = (CP_NVLINK, CP_NETWORK)
+EP_NVLINK, EP_NETWORK = "ep_nvlink", "ep_network"  # MoE all-to-alls, by their link
+EP_COMM = (EP_NVLINK, EP_NETWORK)
 
 # FlashAttention's backward runs five matmuls to the forward's two (it recomputes the scores):
 # 2.5x the forward's FLOPs, all of it input-gradient work (attention has no weights).
@@ -71,9 +73,9 @@ def gemm_utilization(gemm: Gemm, hw: Hardware) -> float:
 
 def kernel_time(kernel: Kernel, hw: Hardware) -> float:
     """Roofline: the slower of compute and memory traffic; collectives by their link."""
-    if kernel.unit in (TP_COMM, CP_NVLINK):
+    if kernel.unit in (TP_COMM, CP_NVLINK, EP_NVLINK):
         return kernel.bytes / hw.tp_bandwidth
-    if kernel.unit == CP_NETWORK:
+    if kernel.unit in (CP_NETWORK, EP_NETWORK):
         return kernel.bytes / hw.link_bandwidth
     memory = kernel.bytes / (hw.memory_bandwidth * hw.memory_efficiency)
     if kernel.unit == MEMORY:
@@ -105,10 +107,11 @@ class PhaseTime:
     compute: float = 0.0
     tp_comm: float = 0.0
     cp_comm: float = 0.0
+    ep_comm: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp_comm + self.cp_comm
+        return self.compute + self.tp_comm + self.cp_comm + self.ep_comm
 
 
 @dataclass
@@ -126,6 +129,7 @@ class LayerWork:
     tp_overlap: bool = False
     kernels: list[Kernel] = field(default_factory=list)
     params: int = 0
+    expert_params: int = 0  # of which MoE experts' (held by one expert-parallel rank)
     act_bytes: float = 0.0
     wact_bytes: float = 0.0
     core_forward: list[Kernel] = field(default_factory=list)
@@ -197,6 +201,8 @@ class LayerWork:
         dw = Gemm(k, n, rows, experts)
         self.kernels.append(Kernel(W, unit, flops, tokens * (k + n) * a + 2 * weight, dw))
         self.params += experts * (k * n + (n if bias else 0))
+        if experts > 1:
+            self.expert_params += experts * (k * n + (n if bias else 0))
         if save_input:
             saved = tokens * k * a
             saved = self._shard_replicated(saved) if replicated_input else saved
@@ -327,6 +333,13 @@ class LayerWork:
             unit = CP_NETWORK if across_nodes else CP_NVLINK
             self.kernels.append(Kernel(phase, unit, 0.0, nbytes))
 
+    def ep_all_to_all(self, phase: str, nbytes: float, across_nodes: bool) -> None:
+        """An MoE layer's all-to-alls of one phase: `nbytes` sent (and as many received) per
+        rank, over NVLink or the network."""
+        if nbytes:
+            unit = EP_NETWORK if across_nodes else EP_NVLINK
+            self.kernels.append(Kernel(phase, unit, 0.0, nbytes))
+
     def without_input_gradient(self) -> None:
         """The layer's input needs no gradient (token ids, pixels): the backward through it
         only serves the weight gradients, so all of it is W work."""
@@ -336,7 +349,7 @@ class LayerWork:
 
     def phase(self, phase: str, hw: Hardware) -> PhaseTime:
         """The phase's seconds: compute, and the communication its kernels leave exposed."""
-        compute = gemms = attention = tp = cp = 0.0
+        compute = gemms = attention = tp = cp = ep = 0.0
         for k in self.kernels:
             if k.phase != phase:
                 continue
@@ -345,13 +358,15 @@ class LayerWork:
                 tp += t
             elif k.unit in CP_COMM:
                 cp += t
+            elif k.unit in EP_COMM:
+                ep += t
             else:
                 compute += t
                 gemms += t if k.unit in (MATMUL, GROUPED) else 0.0
                 attention += t if k.unit == ATTENTION else 0.0
         if self.tp_overlap:
             tp = max(0.0, tp - gemms)
-        return PhaseTime(compute, tp, max(0.0, cp - attention))
+        return PhaseTime(compute, tp, max(0.0, cp - attention), ep)
 
     def phase_time(self, phase: str, hw: Hardware) -> float:
         return self.phase(phase, hw).total

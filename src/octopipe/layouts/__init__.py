@@ -7,7 +7,7 @@
 """
 
 from octopipe.layouts.cluster import Cluster, parse_gpus
-from octopipe.layouts.costs import LayoutCosts, shard_optimizer
+from octopipe.layouts.costs import LayoutCosts
 from octopipe.layouts.layout import MAX_MICROBATCH_SIZE, Job, Layout, candidate_layouts, divisors
 from octopipe.layouts.reference import megatron_layout, reference_row
 from octopipe.layouts.search import LayoutReport, LayoutSearch, Row, plan_cluster
@@ -27,5 +27,4 @@ __all__ = [
     "parse_gpus",
     "plan_cluster",
     "reference_row",
-    "shard_optimizer",
 ]

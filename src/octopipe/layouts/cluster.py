@@ -119,6 +119,14 @@ class Cluster:
         """Whether a context-parallel group spans nodes (its ring then runs over the NICs)."""
         return cp > 1 and tp * cp > self.gpus_per_node
 
+    def ep_across_nodes(self, tp: int, cp: int, pp: int, ep: int) -> bool:
+        """Whether an expert-parallel group spans nodes: EP takes consecutive members of the
+        DP x CP ranks holding one TP rank of one pipeline device (CP rank fastest)."""
+        if ep == 1:
+            return False
+        members = [self.gpu(0, i % cp, 0, i // cp, tp, cp, pp) for i in range(ep)]
+        return len({self.node_of(g) for g in members}) > 1
+
     def replica_topology(
         self, tp: int, pp: int, dp: int, speed: dict[str, float] | None = None, cp: int = 1
     ) -> Topology:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from octopipe.costmodel.build import LayerEstimate, TimeParts, build_profile, estimate_layers
 from octopipe.costmodel.hardware import Hardware
 from octopipe.costmodel.hf_config import load_architecture
+from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
 from octopipe.layouts.layout import Job, Layout
 from octopipe.layouts.stack import layer_settings
@@ -52,17 +53,6 @@ def optimizer_seconds(params: float, grad_bytes: int, weight_bytes: int, hw: Har
     return traffic / (hw.memory_bandwidth * hw.memory_efficiency)
 
 
-def shard_optimizer(profile: Profile, dp: int, state_bytes: int, bytes_per_param: int) -> Profile:
-    """ZeRO-1: each replica keeps 1/dp of the optimizer state (`state_bytes` of the
-    `bytes_per_param` every parameter costs)."""
-    keep = (bytes_per_param - state_bytes + state_bytes / dp) / bytes_per_param
-    layers = tuple(
-        layer.model_copy(update={"param_bytes": math.ceil(layer.param_bytes * keep)})
-        for layer in profile.layers
-    )
-    return profile.model_copy(update={"layers": layers})
-
-
 class LayoutCosts:
     """Per-layer estimates and profiles of one job's layouts, built once per (TP, CP,
     microbatch size, recomputation, hardware)."""
@@ -73,7 +63,8 @@ class LayoutCosts:
         self._layers: dict[tuple, list[LayerEstimate]] = {}
         self._profiles: dict[tuple, Profile] = {}
 
-    def settings(self, layout: Layout):
+    def settings(self, layout: Layout) -> Settings:
+        cluster = self.job.cluster
         return layer_settings(
             tp=layout.tp,
             cp=layout.cp,
@@ -81,7 +72,22 @@ class LayoutCosts:
             recompute=layout.recompute,
             stack=self.job.stack,
             seq_len=self.job.seq_len,
-            cp_across_nodes=self.job.cluster.cp_across_nodes(layout.tp, layout.cp),
+            cp_across_nodes=cluster.cp_across_nodes(layout.tp, layout.cp),
+            ep=layout.ep,
+            ep_across_nodes=cluster.ep_across_nodes(layout.tp, layout.cp, layout.pp, layout.ep),
+        )
+
+    @staticmethod
+    def _key(layout: Layout, hw: Hardware) -> tuple:
+        """What a layout's layers depend on (not DP, nor the microbatch count)."""
+        return (
+            layout.tp,
+            layout.cp,
+            layout.pp,
+            layout.ep,
+            layout.microbatch_size,
+            layout.recompute,
+            hw.name,
         )
 
     def hardware(self, name: str | None = None) -> Hardware:
@@ -93,7 +99,7 @@ class LayoutCosts:
     def layers(self, layout: Layout, hardware: str | None = None) -> list[LayerEstimate]:
         """The layers' estimates for one microbatch of `layout` on one GPU of `hardware`."""
         hw = self.hardware(hardware)
-        key = (layout.tp, layout.cp, layout.microbatch_size, layout.recompute, hw.name)
+        key = self._key(layout, hw)
         if key not in self._layers:
             self._layers[key] = estimate_layers(self.arch, hw, self.settings(layout))
         return self._layers[key]
@@ -101,17 +107,18 @@ class LayoutCosts:
     def base_profile(self, layout: Layout, hardware: str | None = None) -> Profile:
         """The profile of `layout`'s layers on `hardware`, before topology."""
         hw = self.hardware(hardware)
-        key = (layout.tp, layout.cp, layout.microbatch_size, layout.recompute, hw.name)
+        key = self._key(layout, hw)
         if key not in self._profiles:
             self._profiles[key] = build_profile(
                 self.arch, hw, self.settings(layout), estimates=self.layers(layout, hardware)
             )
         return self._profiles[key]
 
-    def fits_degrees(self, tp: int, cp: int = 1) -> bool:
-        """Whether the model's heads (and experts) split `tp` ways and the sequence `cp`."""
+    def fits_degrees(self, tp: int, cp: int = 1, ep: int = 1) -> bool:
+        """Whether the model's heads (and experts) split `tp` ways, the sequence `cp` ways and
+        the experts `ep` ways."""
         try:
-            self.layers(Layout(tp, 1, 1, 1, 1, cp=cp))
+            self.layers(Layout(tp, 1, 1, 1, 1, cp=cp, ep=ep))
         except InputError:
             return False
         return True
@@ -144,19 +151,41 @@ class LayoutCosts:
         )
         zero = "-zero1" if layout.zero1 else ""
         cp = f"-cp{layout.cp}" if layout.cp > 1 else ""
+        ep = f"-ep{layout.ep}" if layout.ep > 1 else ""
+        usable = 1.0 - self.job.memory_headroom
+        devices = tuple(
+            d.model_copy(update={"memory_bytes": d.memory_bytes * usable}) for d in topo.devices
+        )
+        replicas = tuple(
+            tuple(d.model_copy(update={"memory_bytes": d.memory_bytes * usable}) for d in r)
+            for r in topo.replicas
+        )
         profile = base.model_copy(
             update={
-                "name": f"{base.name}{cp}-pp{layout.pp}-dp{layout.dp}{zero}",
-                "devices": topo.devices,
+                "name": f"{base.name}{cp}-pp{layout.pp}-dp{layout.dp}{ep}{zero}",
+                "devices": devices,
                 "links": topo.links,
                 "data_parallel": ring if ring.degree > 1 else topo.data_parallel,
                 "blocking_transfers": stack.p2p == "blocking",
             }
         )
         if layout.zero1 and ring.degree > 1:
-            s = self.settings(layout)
-            profile = shard_optimizer(profile, ring.degree, s.optimizer_bytes, s.bytes_per_param)
-        return profile, topo.replicas
+            profile = self._shard_optimizer(profile, layout, ring.degree)
+        return profile, replicas
+
+    def _shard_optimizer(self, profile: Profile, layout: Layout, ranks: int) -> Profile:
+        """ZeRO-1 (Megatron-LM's distributed optimizer): the optimizer state of dense weights
+        sharded over the `ranks` that hold them (DP x CP), of experts over the ranks that hold
+        each expert (DP x CP / EP)."""
+        s = self.settings(layout)
+        per_param, state = s.bytes_per_param, s.optimizer_bytes
+        dense = per_param - state + state / ranks
+        expert = per_param - state + state * layout.ep / ranks
+        layers = []
+        for layer, e in zip(profile.layers, self.layers(layout)):
+            bytes_ = (e.params - e.expert_params) * dense + e.expert_params * expert
+            layers.append(layer.model_copy(update={"param_bytes": math.ceil(bytes_)}))
+        return profile.model_copy(update={"layers": tuple(layers)})
 
     # --- the step ------------------------------------------------------------------------
 

@@ -16,6 +16,9 @@ from octopipe.layouts.cluster import Cluster
 from octopipe.layouts.stack import Stack
 
 MAX_MICROBATCH_SIZE = 8
+# A plan "fits" when its peak stays under this fraction less than each GPU's capacity: room for
+# the allocator's fragmentation, kernels' workspaces and the CUDA context, which no plan counts.
+DEFAULT_HEADROOM = 0.05
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Layout:
     zero1: bool = False  # optimizer state sharded across the DP (x CP) ranks
     cp: int = 1  # context parallelism: each rank holds seq_len / cp tokens of a sequence
     recompute: str = "none"  # activation recomputation: none, selective, full
+    ep: int = 1  # expert parallelism: MoE experts spread over this many of the DP x CP ranks
 
     @property
     def gpus(self) -> int:
@@ -38,9 +42,10 @@ class Layout:
     def describe(self) -> str:
         zero = ", ZeRO-1" if self.zero1 else ""
         cp = f" x CP {self.cp}" if self.cp > 1 else ""
+        ep = f" (EP {self.ep})" if self.ep > 1 else ""
         again = f", recompute {self.recompute}" if self.recompute != "none" else ""
         return (
-            f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}, "
+            f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}{ep}, "
             f"b {self.microbatch_size} x M {self.num_microbatches}{zero}{again}"
         )
 
@@ -54,6 +59,7 @@ class Job:
     global_batch: int
     seq_len: int = 4096
     stack: Stack = field(default_factory=Stack)  # how the training framework runs it
+    memory_headroom: float = DEFAULT_HEADROOM  # of each GPU's memory, left for what plans miss
 
     @property
     def tokens(self) -> int:

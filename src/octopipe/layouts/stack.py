@@ -79,6 +79,8 @@ def layer_settings(
     stack: Stack,
     seq_len: int,
     cp_across_nodes: bool = False,
+    ep: int = 1,
+    ep_across_nodes: bool = False,
 ) -> Settings:
     """The cost model's settings for one layout's layers under `stack`."""
     return Settings(
@@ -89,6 +91,8 @@ def layer_settings(
         split_boundary=stack.scatter_gather and tp > 1,
         context_parallel=cp,
         cp_across_nodes=cp_across_nodes,
+        expert_parallel=ep,
+        ep_across_nodes=ep_across_nodes,
         recompute=recompute,
         attention=stack.attention,
         dropout=stack.dropout,
