@@ -154,14 +154,9 @@ def _children(root: Path) -> list[Path]:
 
 def check_folder(root: str | Path) -> None:
     """`--checkpoint-dir` is a folder this process can write, or one it can create."""
-    root = Path(root)
-    if root.exists() and not root.is_dir():
-        raise InputError("--checkpoint-dir", f"{root} is a file, not a folder")
-    existing = next((p for p in (root, *root.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        raise InputError("--checkpoint-dir", f"{existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise InputError("--checkpoint-dir", f"{existing} is not writable")
+    from octopipe.commands._output_paths import check_output_folder  # plain path checks
+
+    check_output_folder("--checkpoint-dir", root)
 
 
 def check_room(root: str | Path, nbytes: int, what: str = "a checkpoint") -> None:
