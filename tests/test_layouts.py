@@ -235,8 +235,8 @@ def test_plan_gpus_with_overlapped_steps_ranks_by_the_steady_step(tmp_path, caps
     [
         (["--devices", "4"], "--devices: the cluster layout decides"),
         (["--tp", "2"], "--tp: the cluster layout decides"),
-        (["--global-batch", "0"], "--global-batch: must be at least 1"),
-        (["--gpus-per-node", "0"], "--gpus-per-node: must be at least 1"),
+        (["--global-batch", "0"], "argument --global-batch: expected an integer from 1 to"),
+        (["--gpus-per-node", "0"], "argument --gpus-per-node: expected an integer from 1 to"),
     ],
 )
 def test_plan_gpus_refuses_bad_input_in_one_line(tmp_path, capsys, extra, message):

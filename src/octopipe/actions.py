@@ -43,7 +43,7 @@ KIND_NAMES = {
     Kind.W: "backward (weight)",
 }
 NUM_KINDS = len(KINDS)
-_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
+_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$", re.ASCII)  # ASCII: "٣F0" is no action
 OVERLAP_F_B = "OVERLAP_F_B"
 _COMPOSITE = re.compile(r"^\((.*)\)([A-Z_]+)$")
 

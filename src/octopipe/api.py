@@ -56,11 +56,17 @@ def profile_from_config(
     (docs/COSTMODEL.md). Bandwidth in bytes/s, latency in seconds, memory in bytes.
     `layer_names="hf"` names the layers as transformers' causal LMs do (`model.layers.3`), so
     the plan runs on `--model hf:PATH`; the default is torchtitan's (`layers.3`)."""
+    from pydantic import ValidationError
+
     from octopipe.costmodel import load_architecture
     from octopipe.costmodel.build import build_profile
     from octopipe.costmodel.hardware import hardware_preset
     from octopipe.costmodel.settings import Settings
+    from octopipe.errors import InputError
+    from octopipe.limits import MAX_ESTIMATED_TOKENS, check_microbatch_tokens
+    from octopipe.profile import first_error
 
+    check_microbatch_tokens(seq_len, micro_batch_size, MAX_ESTIMATED_TOKENS)
     preset = hardware_preset(
         hardware,
         memory_bytes=memory_bytes,
@@ -75,7 +81,11 @@ def profile_from_config(
         recompute=recompute,
         optimizer_bytes=optimizer_bytes,
     )
-    profile = build_profile(load_architecture(str(config)), preset, settings, devices)
+    try:
+        profile = build_profile(load_architecture(str(config)), preset, settings, devices)
+    except ValidationError as exc:  # a figure beyond the profile format's bounds
+        place, message = first_error(exc)
+        raise InputError("settings", f"the estimate is out of range: {message}", place) from None
     return _renamed(profile, layer_names) if layer_names != "torchtitan" else profile
 
 

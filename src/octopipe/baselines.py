@@ -13,7 +13,7 @@ import math
 import time
 
 from octopipe.errors import InputError
-from octopipe.partition import METHODS
+from octopipe.partition import METHODS, OutOfTime
 from octopipe.partition import partition as split_layers
 from octopipe.plan import Plan, make_plan
 from octopipe.profile import Profile
@@ -29,6 +29,7 @@ def make_baseline(
     num_microbatches: int,
     chunks: int | None = None,
     simulator: Simulator | None = None,
+    deadline: float = math.inf,
 ) -> Plan:
     """The plan of `schedule` over the stages the `partition` method cuts, with `predicted` filled.
 
@@ -36,17 +37,21 @@ def make_baseline(
     """
     profile.device_list(num_devices)  # a device count the profile cannot serve is an input error
     spec = generate(schedule, num_devices, num_microbatches, chunks)
-    plan = baseline_plan(profile, spec, partition, num_microbatches)
+    plan = baseline_plan(profile, spec, partition, num_microbatches, deadline)
     result = (simulator or Simulator(profile)).run(plan, detail=False, check=False)
     return plan.with_predicted(result.predicted())
 
 
 def baseline_plan(
-    profile: Profile, spec: ScheduleSpec, partition: str, num_microbatches: int
+    profile: Profile,
+    spec: ScheduleSpec,
+    partition: str,
+    num_microbatches: int,
+    deadline: float = math.inf,
 ) -> Plan:
     """A generated schedule's plan over the stages the `partition` method cuts, not simulated
     (for callers that simulate it their own way; `spec` from `schedules.generate`)."""
-    ranges = split_layers(profile, spec.num_stages, partition, spec.placement)
+    ranges = split_layers(profile, spec.num_stages, partition, spec.placement, deadline)
     plan = make_plan(spec.num_devices, num_microbatches, ranges, spec.placement, spec.orders)
     return plan.with_layer_names(profile.layer_names)
 
@@ -56,7 +61,8 @@ def all_baselines(
 ) -> list[tuple[str, Plan]]:
     """Every schedule (default chunks) with every partitioner, labelled "schedule/partition";
     combinations the counts do not support (too few microbatches or layers) are skipped.
-    After `time_limit` seconds no further baseline is built (the first always is)."""
+    After `time_limit` seconds no further baseline is built, and one being partitioned is
+    abandoned (the first, uniform, always is built)."""
     profile.device_list(num_devices)  # wrong device count: an error, not an empty list
     simulator = Simulator(profile)
     started = time.perf_counter()
@@ -67,9 +73,17 @@ def all_baselines(
                 return out
             try:
                 plan = make_baseline(
-                    profile, schedule, method, num_devices, num_microbatches, simulator=simulator
+                    profile,
+                    schedule,
+                    method,
+                    num_devices,
+                    num_microbatches,
+                    simulator=simulator,
+                    deadline=started + time_limit if out else math.inf,
                 )
             except InputError:
                 continue
+            except OutOfTime:
+                return out
             out.append((f"{schedule}/{method}", plan))
     return out

@@ -26,6 +26,7 @@ from octopipe.errors import InputError
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim.graph import devices_for
+from octopipe.trace import TracedAction
 
 Durations = Mapping[tuple[int, str], Sequence[float]]  # (stage, kind) -> seconds, per action
 
@@ -135,6 +136,20 @@ def stage_scaled(
             x = layers[i]
             layers[i] = x.model_copy(update={"f": x.f * r.f, "b": x.b * r.b, "w": x.w * r.w})
     return profile.model_copy(update={"layers": tuple(layers)})
+
+
+def check_trace_of_plan(traced: Iterable[TracedAction], plan: Plan, where: str) -> None:
+    """A trace to fit is of this plan: each action one its schedule holds, on the device that
+    runs it (a trace of another plan would fit its times to the wrong stages)."""
+    scheduled = {(d, a) for d, acts in plan.schedule.items() for a in acts}
+    for t in traced:
+        e = t.event
+        if (e.device, e.action) not in scheduled:
+            raise InputError(
+                where,
+                f"action {e.action} on device {e.device} is not in the plan's schedule: a trace "
+                "of another plan",
+            )
 
 
 def _check(profile: Profile, plan: Plan, durations: Durations, where: str) -> None:

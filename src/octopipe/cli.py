@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
+import warnings
 
 from octopipe import commands
-from octopipe.errors import OctoPipeError
+from octopipe.errors import OctoPipeError, OctoPipeWarning
 
 
 class _DefaultsShown(argparse.HelpFormatter):
@@ -37,12 +39,24 @@ class _DefaultsShown(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with the one-line error contract: a bad flag is one line and exit 2 (the
+    usage stays behind --help), and no flag is taken for an abbreviation of another
+    (`--device 2` is not `--devices 2`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="octopipe",
         description="Plan, simulate and run pipeline-parallel training.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):  # a command's helper module, not a command
             continue
@@ -57,12 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a bad flag (its one line is out) or --help: the exit code
+        return int(exc.code or 0)
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warnings(args.command, warnings.showwarning)
+            return int(args._run(args) or 0)
     except OctoPipeError as exc:
         print(f"octopipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -72,6 +91,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _one_line_warnings(command: str, default):
+    """OctoPipe's warnings as one line each (`octopipe run: warning: ...`), once per job: under
+    torchrun only global rank 0 prints them. Other warnings keep Python's format."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, OctoPipeWarning):
+            return default(message, category, filename, lineno, file, line)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"octopipe {command}: warning: {message}", file=sys.stderr)
+
+    return show
 
 
 if __name__ == "__main__":

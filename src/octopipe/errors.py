@@ -20,3 +20,8 @@ class DeadlockError(OctoPipeError):
 
 class MemoryExceededError(OctoPipeError):
     """No plan fits the devices' memory."""
+
+
+class OctoPipeWarning(UserWarning):
+    """Something the user should know that does not stop the command; the CLI prints it as
+    one line (`octopipe run: warning: ...`)."""

@@ -20,6 +20,7 @@ nothing of schedules or time beyond a stage's work.
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left
 from collections.abc import Sequence
 
@@ -33,10 +34,19 @@ NON_BLOCK_KINDS = frozenset({"embedding", "vision_embed", "projector", "norm", "
 Ranges = list[tuple[int, int]]
 
 
+class OutOfTime(Exception):
+    """The min-max partitioner reached its deadline (huge profiles: it is O(S x L log L))."""
+
+
 def partition(
-    profile: Profile, num_stages: int, method: str, placement: Sequence[int] | None = None
+    profile: Profile,
+    num_stages: int,
+    method: str,
+    placement: Sequence[int] | None = None,
+    deadline: float = math.inf,
 ) -> Ranges:
-    """Layer ranges of `num_stages` stages by `method` (see the module docstring)."""
+    """Layer ranges of `num_stages` stages by `method` (see the module docstring). `deadline`
+    (a `time.perf_counter()` value) bounds the balanced method: past it, OutOfTime."""
     if method not in METHODS:
         known = ", ".join(METHODS)
         raise InputError("partition", f"unknown method {method!r}; choose one of {known}")
@@ -47,7 +57,7 @@ def partition(
             profile.name, f"{profile.num_layers} layers cannot fill {num_stages} stages", "layers"
         )
     if method == "balanced":
-        return balanced(profile, num_stages, placement)
+        return balanced(profile, num_stages, placement, deadline)
     blocks = block_positions(profile)
     has_input = bool(blocks) and blocks[0] > 0
     has_output = bool(blocks) and blocks[-1] < profile.num_layers - 1
@@ -107,6 +117,7 @@ def min_max_ranges(
     speeds: Sequence[float],
     devices: Sequence[int] | None = None,
     back_loaded: bool = False,
+    deadline: float = math.inf,
 ) -> tuple[tuple[int, int], ...]:
     """The split of the layers into `len(speeds)` non-empty contiguous stages, stage s running
     at `speeds[s]`, whose slowest stage (work / speed) is as fast as possible, with the tie-break
@@ -150,20 +161,22 @@ def min_max_ranges(
     num_layers, S = len(work) - 1, len(speeds)
     if not 1 <= S <= num_layers:
         raise ValueError(f"{S} stages need 1 to {num_layers} (the layer count) stages")
+    _check_clock(deadline)
     total = work[-1] - work[0]
     # The unit, at least the smallest float (a subnormal total would round it to 0).
     unit = max(math.ldexp(1.0, math.frexp(total)[1] - RESOLUTION_BITS), math.ulp(0.0))
     prefix = [0]  # integer work prefix
     for a, b in zip(work, work[1:]):
         prefix.append(prefix[-1] + max(0, round((b - a) / unit)))
+    _check_clock(deadline)
     # forward[s][j - s - 1]: the smallest bottleneck of layers [0, j) in stages 0..s.
-    forward = _prefix_bottlenecks(prefix, speeds)
+    forward = _prefix_bottlenecks(prefix, speeds, deadline)
     limit = forward[-1][-1]  # T*
     if back_loaded:
         return _back_loaded(prefix, speeds, forward, limit)
     # backward[m - 1][(L - j) - m]: that of layers [j, L) in the last m stages.
     backward = _prefix_bottlenecks(
-        [prefix[-1] - p for p in reversed(prefix)], list(reversed(speeds))
+        [prefix[-1] - p for p in reversed(prefix)], list(reversed(speeds)), deadline
     )
 
     # Per stage: the ends within T* from both sides.
@@ -193,7 +206,9 @@ def min_max_ranges(
         speed, row, offset = speeds[s], forward[s], s + 1
         chosen: dict[int, int] = {}
         found: dict[int, tuple[float, ...]] = {}
-        for j in ends_ok[s]:
+        for n, j in enumerate(ends_ok[s]):
+            if not n % _CLOCK_EVERY:
+                _check_clock(deadline)
             bound, pj = row[j - offset], prefix[j]
             top: tuple[float, ...] | None = None
             for idx in range(bisect_left(keys, j) - 1, -1, -1):  # latest start first
@@ -281,7 +296,17 @@ def _even_out_devices(
         _, k, bounds[k], times[k - 1], times[k] = best
 
 
-def _prefix_bottlenecks(prefix: Sequence[int], speeds: Sequence[float]) -> list[list[float]]:
+_CLOCK_EVERY = 4096  # iterations between looks at the clock
+
+
+def _check_clock(deadline: float) -> None:
+    if deadline < math.inf and time.perf_counter() > deadline:
+        raise OutOfTime
+
+
+def _prefix_bottlenecks(
+    prefix: Sequence[int], speeds: Sequence[float], deadline: float = math.inf
+) -> list[list[float]]:
     """out[s][j - s - 1]: the smallest bottleneck of layers [0, j) in stages 0..s, for every
     end j that leaves a layer to each later stage.
 
@@ -299,6 +324,8 @@ def _prefix_bottlenecks(prefix: Sequence[int], speeds: Sequence[float]) -> list[
         starts: list[int] = []  # undominated starts, ascending, with rising prev
         row = []
         for j in range(s + 1, num_layers - (S - 1 - s) + 1):
+            if not j % _CLOCK_EVERY:
+                _check_clock(deadline)
             last = prev[j - 1 - s]
             while starts and prev[starts[-1] - s] >= last:
                 starts.pop()
@@ -353,7 +380,12 @@ def bottleneck(profile: Profile, ranges: Ranges, speeds: Sequence[float]) -> flo
     return max((prefix[b] - prefix[a]) / sp for (a, b), sp in zip(ranges, speeds, strict=True))
 
 
-def balanced(profile: Profile, num_stages: int, placement: Sequence[int] | None = None) -> Ranges:
+def balanced(
+    profile: Profile,
+    num_stages: int,
+    placement: Sequence[int] | None = None,
+    deadline: float = math.inf,
+) -> Ranges:
     """The leximax split for the stages' device speeds (`min_max_ranges`)."""
     speeds = stage_speeds(profile, num_stages, placement)
-    return list(min_max_ranges(work_prefix(profile), speeds, placement))
+    return list(min_max_ranges(work_prefix(profile), speeds, placement, deadline=deadline))

@@ -7,7 +7,7 @@ A plan says what runs where and in which order; it does not say how long anythin
 from __future__ import annotations
 
 import csv
-import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,7 +16,14 @@ from typing import Any, NamedTuple
 
 from octopipe.actions import Action, B, F, I, Kind, W, format_entry, parse_entry
 from octopipe.errors import InputError
-from octopipe.profile import read_json
+from octopipe.jsonfile import read_json, write_json
+from octopipe.limits import (
+    MAX_DEVICES,
+    MAX_LAYERS,
+    MAX_MICROBATCHES,
+    MAX_PARALLEL_DEGREE,
+    MAX_STAGE_MICROBATCHES,
+)
 
 PLAN_FORMAT = "octopipe.plan/1"
 
@@ -221,18 +228,29 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
     fmt = data.get("format", PLAN_FORMAT)
     if fmt != PLAN_FORMAT:
         raise InputError(where, f"unknown format {fmt!r}, expected {PLAN_FORMAT!r}", "format")
-    nd = _positive_int(data, "num_devices", where)
-    nm = _positive_int(data, "num_microbatches", where)
+    nd = _positive_int(data, "num_devices", where, maximum=MAX_DEVICES)
+    nm = _positive_int(data, "num_microbatches", where, maximum=MAX_MICROBATCHES)
     raw_stages = data.get("stages")
     if not isinstance(raw_stages, list) or not raw_stages:
         raise InputError(where, "expected a non-empty list of stages", "stages")
+    if len(raw_stages) * nm > MAX_STAGE_MICROBATCHES:
+        raise InputError(
+            where,
+            f"{len(raw_stages):,} stages x {nm:,} microbatches; a plan holds at most "
+            f"{MAX_STAGE_MICROBATCHES:,} (stage, microbatch) pairs",
+            "stages",
+        )
     stages = []
     for i, st in enumerate(raw_stages):
         place = f"stages[{i}]"
         if not isinstance(st, dict):
             raise InputError(where, "expected an object with 'layers' and 'device'", place)
         rng, dev = st.get("layers"), st.get("device")
-        if not (isinstance(rng, list) and len(rng) == 2 and all(_is_int(x) for x in rng)):
+        if not (
+            isinstance(rng, list)
+            and len(rng) == 2
+            and all(_is_int(x) and 0 <= x <= MAX_LAYERS for x in rng)
+        ):
             raise InputError(
                 where, f"expected [start, end) as two integers, got {rng!r}", place + ".layers"
             )
@@ -258,13 +276,25 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
                 raise InputError(where, str(exc), f"schedule.{key}[{j}]") from None
         entries[int(key)] = parsed
     schedule, composites = flatten_entries(entries)
-    predicted = data.get("predicted")
-    predicted = predicted if isinstance(predicted, dict) else None
+    predicted = _predicted(data.get("predicted"), where)
     parallelism = _parallelism(data.get("parallelism"), nd, where)
     names = _layer_names(data.get("layer_names"), stages[-1].end, where)
     plan = Plan(nd, nm, tuple(stages), schedule, predicted, composites, parallelism, names)
     check_structure(plan, where, num_layers)
     return plan
+
+
+def check_layer_names(
+    names: Sequence[str] | None, expected: Sequence[str], where: str, of: str = "the profile"
+) -> None:
+    """A plan made for other layers must not be used: its `layer_names`, where it lists them,
+    are `expected` in order (absent, only the count was checked)."""
+    if names is None or list(names) == list(expected):
+        return
+    for i, (a, b) in enumerate(zip(names, expected)):
+        if a != b:
+            raise InputError(where, f"layer {i} is {a!r} in the plan but {b!r} in {of}")
+    raise InputError(where, f"the plan has {len(names)} layers, {of} {len(expected)}")
 
 
 def _layer_names(raw: Any, num_layers: int, where: str) -> tuple[str, ...] | None:
@@ -279,28 +309,48 @@ def _layer_names(raw: Any, num_layers: int, where: str) -> tuple[str, ...] | Non
     return tuple(raw)
 
 
+def _predicted(raw: Any, where: str) -> dict[str, Any] | None:
+    """The optional `predicted` figures, kept as written; the one a run reports
+    (`iteration_time`) must be a finite number >= 0 when given."""
+    if not isinstance(raw, dict):
+        return None
+    time = raw.get("iteration_time")
+    if time is not None and not (
+        isinstance(time, int | float) and not isinstance(time, bool) and 0 <= time < math.inf
+    ):
+        raise InputError(
+            where, f"expected a number of seconds, got {time!r}", "predicted.iteration_time"
+        )
+    return raw
+
+
 PARALLELISM_KEYS = ("tp", "pp", "dp", "microbatch_size")
 RECOMPUTE_KINDS = ("none", "selective", "full")  # as the cost model's settings name them
+MAX_ZERO_STAGE = 3  # ZeRO-1 to -3; what the optimizer state sharding of the memory figures is
 
 
 def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | None:
     """The optional `parallelism` object: positive `tp`, `pp`, `dp`, `microbatch_size`, with
-    `pp` the plan's device count, and an optional ZeRO stage `zero` (0 or 1)."""
+    `pp` the plan's device count; optional: a ZeRO stage `zero` (0 to 3), the degrees `cp` and
+    `ep` (default 1) and `recompute` (default none)."""
     if raw is None:
         return None
     if not isinstance(raw, dict):
         raise InputError(where, "expected an object of tp, pp, dp, microbatch_size", "parallelism")
-    out = {key: _positive_int(raw, key, where, "parallelism.") for key in PARALLELISM_KEYS}
+    out = {
+        key: _positive_int(raw, key, where, "parallelism.", MAX_PARALLEL_DEGREE)
+        for key in PARALLELISM_KEYS
+    }
     zero = raw.get("zero", 0)
-    if zero not in (0, 1) or isinstance(zero, bool):
-        raise InputError(where, f"expected 0 or 1, got {zero!r}", "parallelism.zero")
+    if not (_is_int(zero) and 0 <= zero <= MAX_ZERO_STAGE):
+        raise InputError(where, f"expected 0 to {MAX_ZERO_STAGE}, got {zero!r}", "parallelism.zero")
     if zero:
         out["zero"] = zero
     for key in ("cp", "ep"):  # optional degrees, 1 when absent
-        if key in raw and _positive_int(raw, key, where, "parallelism.") != 1:
+        if key in raw and _positive_int(raw, key, where, "parallelism.", MAX_PARALLEL_DEGREE) != 1:
             out[key] = raw[key]
     recompute = raw.get("recompute", "none")
-    if recompute not in RECOMPUTE_KINDS:
+    if not isinstance(recompute, str) or recompute not in RECOMPUTE_KINDS:
         kinds = ", ".join(RECOMPUTE_KINDS)
         raise InputError(
             where, f"expected one of {kinds}, got {recompute!r}", "parallelism.recompute"
@@ -388,7 +438,7 @@ def load_plan(path: str | Path, num_layers: int | None = None) -> Plan:
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+    write_json(path, plan.to_dict())
 
 
 def save_schedule_csv(plan: Plan, path: str | Path) -> None:
@@ -418,8 +468,12 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _positive_int(data: dict, key: str, where: str, prefix: str = "") -> int:
+def _positive_int(
+    data: dict, key: str, where: str, prefix: str = "", maximum: int | None = None
+) -> int:
     v = data.get(key)
     if not _is_int(v) or v < 1:
         raise InputError(where, f"expected a positive integer, got {v!r}", prefix + key)
+    if maximum is not None and v > maximum:
+        raise InputError(where, f"{v:,} is more than the {maximum:,} allowed", prefix + key)
     return v

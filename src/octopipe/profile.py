@@ -8,13 +8,28 @@ This module only describes a model's costs; it does not compute them (see `costm
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from octopipe.errors import InputError
+from octopipe.jsonfile import read_json, write_json
+from octopipe.limits import (
+    MAX_DEVICES,
+    MAX_LAYERS,
+    Bandwidth,
+    ByteCount,
+    Capacity,
+    Degree,
+    Flag,
+    Index,
+    MicroBatchSize,
+    Seconds,
+    SeqLen,
+    Speed,
+    Text,
+)
 
 PROFILE_FORMAT = "octopipe.profile/1"
 
@@ -27,16 +42,16 @@ class _Frozen(BaseModel):
 class LayerCost(_Frozen):
     """One layer's cost for one microbatch on a device of speed 1.0."""
 
-    name: str
-    kind: str = "layer"
-    f: float = Field(ge=0, allow_inf_nan=False, description="forward seconds")
-    b: float = Field(ge=0, allow_inf_nan=False, description="backward-for-input seconds")
-    w: float = Field(ge=0, allow_inf_nan=False, description="backward-for-weights seconds")
-    act_bytes: int = Field(ge=0, description="held from F until the backward")
-    wact_bytes: int = Field(ge=0, description="part of act_bytes still held after I until W")
-    param_bytes: int = Field(ge=0, description="static: weights, gradients, optimizer state")
-    out_bytes: int = Field(ge=0, description="output size: what crosses a stage boundary")
-    grad_bytes: int = Field(default=0, ge=0, description="gradients data parallelism reduces")
+    name: Text
+    kind: Text = "layer"
+    f: Seconds = Field(description="forward seconds")
+    b: Seconds = Field(description="backward-for-input seconds")
+    w: Seconds = Field(description="backward-for-weights seconds")
+    act_bytes: ByteCount = Field(description="held from F until the backward")
+    wact_bytes: ByteCount = Field(description="part of act_bytes still held after I until W")
+    param_bytes: ByteCount = Field(description="static: weights, gradients, optimizer state")
+    out_bytes: ByteCount = Field(description="output size: what crosses a stage boundary")
+    grad_bytes: ByteCount = Field(default=0, description="gradients data parallelism reduces")
 
     @model_validator(mode="after")
     def _wact_within_act(self) -> LayerCost:
@@ -50,16 +65,14 @@ class LayerCost(_Frozen):
 
 
 class Device(_Frozen):
-    speed: float = Field(
-        default=1.0, gt=0, allow_inf_nan=False, description="a device of speed s runs an op in t/s"
-    )
-    memory_bytes: float = Field(default=float("inf"), gt=0, description="capacity to fit")
-    node: int = Field(default=0, ge=0, description="the node (host) the device sits on")
+    speed: Speed = Field(default=1.0, description="a device of speed s runs an op in t/s")
+    memory_bytes: Capacity = Field(default=float("inf"), description="capacity to fit")
+    node: Index = Field(default=0, description="the node (host) the device sits on")
 
 
 class Link(_Frozen):
-    bandwidth: float = Field(default=float("inf"), gt=0, description="bytes per second")
-    latency: float = Field(default=0.0, ge=0, description="seconds per transfer")
+    bandwidth: Bandwidth = Field(default=float("inf"), description="bytes per second")
+    latency: Seconds = Field(default=0.0, description="seconds per transfer")
 
     def transfer_time(self, nbytes: float) -> float:
         return self.latency + nbytes / self.bandwidth
@@ -76,18 +89,17 @@ class DataParallel(_Frozen):
     """Replicas of the whole pipeline whose gradients are averaged by a ring all-reduce (or,
     with `sharded`, reduce-scattered to the optimizer's shards), per stage or per bucket."""
 
-    degree: int = Field(default=1, ge=1, description="pipeline replicas")
-    bandwidth: float = Field(default=float("inf"), gt=0, description="bytes per second")
-    latency: float = Field(default=0.0, ge=0, description="seconds per ring step")
-    bucket_bytes: int | None = Field(
+    degree: Degree = Field(default=1, description="pipeline replicas")
+    bandwidth: Bandwidth = Field(default=float("inf"), description="bytes per second")
+    latency: Seconds = Field(default=0.0, description="seconds per ring step")
+    bucket_bytes: Annotated[ByteCount, Field(ge=1)] | None = Field(
         default=None,
-        ge=1,
         description="reduce in buckets of this many gradient bytes as the backward fills them",
     )
-    sharded: bool = Field(
+    sharded: Flag = Field(
         default=False, description="reduce-scatter to a sharded optimizer (ZeRO-1) instead"
     )
-    at_end: bool = Field(
+    at_end: Flag = Field(
         default=False,
         description="a device starts its reductions only after its last action of the step",
     )
@@ -111,32 +123,39 @@ class DataParallel(_Frozen):
 
 
 class Profile(_Frozen):
-    name: str = "profile"
+    name: Text = "profile"
     layers: tuple[LayerCost, ...]
     devices: tuple[Device, ...] | None = None
     link: Link = Link()
     links: Links | None = None
     data_parallel: DataParallel = DataParallel()
-    microbatch_size: int | None = Field(
-        default=None, ge=1, description="samples in the microbatch the costs are for"
+    microbatch_size: MicroBatchSize | None = Field(
+        default=None, description="samples in the microbatch the costs are for"
     )
-    seq_len: int | None = Field(
-        default=None, ge=1, description="tokens per sample the costs are for"
+    seq_len: SeqLen | None = Field(default=None, description="tokens per sample the costs are for")
+    tensor_parallel: Degree = Field(
+        default=1, description="GPUs per pipeline device (one tensor-parallel group)"
     )
-    tensor_parallel: int = Field(
-        default=1, ge=1, description="GPUs per pipeline device (one tensor-parallel group)"
-    )
-    blocking_transfers: bool = Field(
+    blocking_transfers: Flag = Field(
         default=False,
         description="a stage's transfer to its neighbour occupies the sender until it is done",
     )
 
     @field_validator("layers")
     @classmethod
-    def _not_empty(cls, layers: tuple[LayerCost, ...]) -> tuple[LayerCost, ...]:
+    def _layers(cls, layers: tuple[LayerCost, ...]) -> tuple[LayerCost, ...]:
         if not layers:
             raise ValueError("the layer list is empty")
+        if len(layers) > MAX_LAYERS:
+            raise ValueError(f"{len(layers):,} layers; at most {MAX_LAYERS:,} are planned")
         return layers
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, devices: tuple[Device, ...] | None) -> tuple[Device, ...] | None:
+        if devices is not None and not 1 <= len(devices) <= MAX_DEVICES:
+            raise ValueError(f"{len(devices):,} devices; expected 1 to {MAX_DEVICES:,}")
+        return devices
 
     @property
     def layer_names(self) -> tuple[str, ...]:
@@ -152,8 +171,10 @@ class Profile(_Frozen):
             if self.devices is None:
                 raise InputError(self.name, "the profile lists no devices: give a device count")
             return self.devices
-        if num_devices < 1:
-            raise InputError(self.name, f"device count must be at least 1, got {num_devices}")
+        if not 1 <= num_devices <= MAX_DEVICES:
+            raise InputError(
+                self.name, f"device count must be 1 to {MAX_DEVICES:,}, got {num_devices:,}"
+            )
         if self.devices is None:
             return tuple(Device() for _ in range(num_devices))
         if len(self.devices) != num_devices:
@@ -227,18 +248,6 @@ def first_error(err: ValidationError) -> tuple[str, str]:
     return location(tuple(e["loc"])), msg
 
 
-def read_json(path: str | Path) -> Any:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(str(path), f"malformed JSON: {exc.msg}", f"line {exc.lineno}") from None
-
-
 def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
     if not isinstance(data, dict):
         raise InputError(where, "expected a JSON object")
@@ -246,10 +255,27 @@ def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
     if fmt != PROFILE_FORMAT:
         raise InputError(where, f"unknown format {fmt!r}, expected {PROFILE_FORMAT!r}", "format")
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data)
     except ValidationError as exc:
         place, msg = first_error(exc)
         raise InputError(where, msg, place) from None
+    _check_unique_names(profile, where)
+    return profile
+
+
+def _check_unique_names(profile: Profile, where: str) -> None:
+    """A file's layer names say which module of the model each layer is: one name, one layer.
+    (Profiles built in code, e.g. uniform test stacks, may repeat a name.)"""
+    names = profile.layer_names
+    if len(set(names)) == len(names):
+        return
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        first = seen.setdefault(name, i)
+        if first != i:
+            raise InputError(
+                where, f"{name!r} is also the name of layers[{first}]", f"layers[{i}].name"
+            )
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -257,4 +283,4 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+    write_json(path, profile.to_dict())

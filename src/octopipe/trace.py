@@ -17,7 +17,7 @@ executor's, with only the step in `args`). No plotting library is imported here.
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,8 +99,10 @@ def write_trace(
     path: str | Path, items: Iterable[Event | TracedAction], process_name: str = "octopipe"
 ) -> Path:
     """Write `trace_document(items, process_name)` to `path`; open it in ui.perfetto.dev."""
+    from octopipe.jsonfile import write_json
+
     path = Path(path)
-    path.write_text(json.dumps(trace_document(items, process_name)) + "\n")
+    write_json(path, trace_document(items, process_name), indent=None)
     return path
 
 
@@ -141,21 +143,22 @@ def parse_trace(
     for i, item in enumerate(raw):
         if not (isinstance(item, dict) and item.get("ph") == "X"):
             continue
-        args = item.get("args") or {}
+        args = item.get("args")
+        args = args if isinstance(args, dict) else {}
         try:
             if item.get("name") == WAIT or item.get("cat") == WAIT:
-                waiting[int(item["pid"])] = float(item["ts"]) / _US
+                waiting[_count(item, "pid")] = _seconds(item, "ts")
                 continue
             action = _action(item, args)
             if action is None:
                 continue
-            device = int(item["pid"])
-            start = float(item["ts"]) / _US
-            end = start + float(item["dur"]) / _US
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(where, f"malformed action event: {exc}", f"traceEvents[{i}]") from None
+            device = _count(item, "pid")
+            start = _seconds(item, "ts")
+            end = start + _seconds(item, "dur", minimum=0.0)
+        except _Malformed as exc:
+            raise InputError(where, str(exc), f"traceEvents[{i}]") from None
         step = args.get("step")
-        step = step if isinstance(step, int) else None
+        step = step if _is_count(step) else None
         wait_start = waiting.pop(device, None)
         if keep is not None and step not in keep:
             continue
@@ -163,11 +166,38 @@ def parse_trace(
     return tuple(out)
 
 
+class _Malformed(ValueError):
+    """An action event whose fields are not what the schema says."""
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _count(item: dict[str, Any], key: str) -> int:
+    value = item.get(key)
+    if not _is_count(value):
+        raise _Malformed(f"{key}: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _seconds(item: dict[str, Any], key: str, minimum: float = -math.inf) -> float:
+    """A microsecond field as seconds (strict JSON has made every number finite)."""
+    value = item.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        bound = "" if minimum == -math.inf else f" >= {minimum:g}"
+        raise _Malformed(f"{key}: expected a number of microseconds{bound}, got {value!r}")
+    return value / _US
+
+
 def _action(item: dict[str, Any], args: dict[str, Any]) -> Action | None:
     """The action an "X" event stands for, from its args or else its name; None for events
     that are no action."""
     if "stage" in args:
-        return Action(int(args["stage"]), Kind(str(args["kind"])), int(args["microbatch"]))
+        kind = args.get("kind")
+        if kind not in {str(k) for k in Kind}:
+            raise _Malformed(f"args.kind: expected one of F, B, I, W, got {kind!r}")
+        return Action(_count(args, "stage"), Kind(kind), _count(args, "microbatch"))
     try:
         return Action.parse(str(item.get("name", "")))
     except ValueError:
@@ -176,7 +206,7 @@ def _action(item: dict[str, Any], args: dict[str, Any]) -> Action | None:
 
 def read_trace(path: str | Path, steps: Iterable[int] | None = None) -> tuple[TracedAction, ...]:
     """`parse_trace` of a file; faults name the file."""
-    from octopipe.profile import read_json
+    from octopipe.jsonfile import read_json
 
     return parse_trace(read_json(path), str(path), steps)
 

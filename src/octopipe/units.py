@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from octopipe.errors import InputError
+from octopipe.limits import MAX_BYTES
 
 KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
 
@@ -75,6 +76,6 @@ def parse_size(text: str, where: str) -> float:
     if not m or unit not in _SIZE_UNITS:
         raise InputError(where, f"expected a size such as 40GiB or 80e9, got {text!r}")
     value = float(m.group(1)) * _SIZE_UNITS[unit]
-    if value <= 0:
-        raise InputError(where, f"must be positive, got {text!r}")
+    if not 0 < value <= MAX_BYTES:
+        raise InputError(where, f"must be from 1 byte to {MAX_BYTES:.3g} bytes, got {text!r}")
     return value

@@ -21,12 +21,21 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from octopipe.commands._plan_outputs import pictures_fit, since, write_outputs
+from octopipe.commands._flags import count, number
+from octopipe.commands._output_paths import check_output_folder
+from octopipe.commands._plan_outputs import (
+    pictures_fit,
+    since,
+    torchtitan_base,
+    torchtitan_report,
+    write_outputs,
+)
 from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
-from octopipe.errors import InputError
+from octopipe.errors import InputError, MemoryExceededError
 from octopipe.layouts import Job, LayoutReport, Row
 from octopipe.layouts.layout import DEFAULT_HEADROOM
 from octopipe.layouts.search import TUNE_EVALUATIONS
+from octopipe.limits import MAX_GLOBAL_BATCH
 from octopipe.units import GIB, fmt_bytes
 
 SHOWN_ROWS = 10
@@ -45,10 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="GPUs of the cluster: a count of --hardware GPUs (16) or counts of presets "
         "(4xh100,4xa100: whole nodes of each); plans the layout instead of one pipeline",
     )
-    g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
+    g.add_argument("--gpus-per-node", type=count(1, 1024), default=8, help="GPUs per node")
     g.add_argument(
         "--global-batch",
-        type=int,
+        type=count(1, MAX_GLOBAL_BATCH),
         default=512,
         help="samples (of --seq-len tokens) per step: DP x microbatches x microbatch size",
     )
@@ -60,13 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--memory-headroom",
-        type=float,
+        type=number(0, 1, below=True),
         default=DEFAULT_HEADROOM,
         help="fraction of each GPU's memory a plan leaves free (fragmentation, workspaces)",
     )
     g.add_argument(
         "--tune-evaluations",
-        type=int,
+        type=count(1, 10**7),
         default=TUNE_EVALUATIONS,
         help="the tuner's evaluations per tuned layout: the search's work, the same on any machine",
     )
@@ -86,19 +95,11 @@ def run(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in DECIDED if getattr(args, k, None) is not None]
     if given:
         raise InputError(given[0], "the cluster layout decides this itself; drop it or --gpus")
-    if args.global_batch < 1:
-        raise InputError("--global-batch", f"must be at least 1, got {args.global_batch}")
     cap = DEFAULT_TIME_CAP if args.time_budget is None else args.time_budget
-    if not cap > 0:
-        raise InputError("--time-budget", f"must be positive, got {cap}")
-    if not 0 <= args.memory_headroom < 1:
-        raise InputError("--memory-headroom", f"must lie in [0, 1), got {args.memory_headroom}")
-    if args.tune_evaluations < 1:
-        raise InputError("--tune-evaluations", f"must be at least 1, got {args.tune_evaluations}")
     spec = parse_layout(args.from_layout) if args.from_layout else None
     started = time.perf_counter()
     out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once
+    check_output_folder("--output", out)  # before the search: a bad folder fails at once
     show = not args.quiet and sys.stderr.isatty()
     with _progress(show) as report:
         result = plan_layout(
@@ -125,14 +126,13 @@ def run(args: argparse.Namespace) -> int:
     for note in result.notes:
         console.print(f"[yellow]note: {note}[/yellow]")
     best = result.best
-    if not best.sim.fits:
-        lay = best.layout
-        raise InputError(
-            "--gpus",
+    if not best.sim.fits:  # the table (stdout) shows the leanest first; the refusal is one line
+        raise MemoryExceededError(
             f"no layout fits {job.cluster.size} GPUs' memory (less {args.memory_headroom:.0%} "
-            f"headroom): the leanest, {lay.describe()}, lacks "
-            f"{fmt_bytes(best.memory_lacking_bytes)} a GPU",
+            f"headroom): the leanest, {best.layout.describe()}, lacks "
+            f"{fmt_bytes(best.memory_lacking_bytes)} a GPU"
         )
+    out.mkdir(parents=True, exist_ok=True)
     lay = best.layout
     plan = best.plan.with_parallelism(
         lay.tp, lay.dp, lay.microbatch_size, int(lay.zero1), lay.cp, lay.ep, lay.recompute
@@ -142,16 +142,60 @@ def run(args: argparse.Namespace) -> int:
 
     save_profile(best.profile, out / "profile.json")
     left = cap - since(started)
-    written = write_outputs(plan, best.profile, out, pictures=args.png and pictures_fit(plan, left))
+    titan = torchtitan_base(args, DEFAULT_MODEL)
+    written = write_outputs(
+        plan,
+        best.profile,
+        out,
+        pictures=args.png and pictures_fit(plan, left),
+        torchtitan=titan,
+        source=args.model or DEFAULT_MODEL,
+        gpus_per_node=args.gpus_per_node,
+    )
     console.print(
         f"{job.cluster.describe()}: {result.candidates} layouts, {result.unfit} set aside for "
         f"memory, {result.screened} screened, {result.pruned} left out by their bounds, "
         f"{result.tuned} tuned ({result.evaluations:,} evaluations) in {result.seconds:.1f} s; "
         "wrote profile.json, " + ", ".join(written)
     )
+    console.print("to run it:")
+    for line in launch_commands(out, args, lay, job):
+        console.print(f"  {line}", soft_wrap=True, highlight=False)
+    console.print(torchtitan_report(plan, best.profile, out, titan, args.gpus_per_node))
     if args.json:
         print(json.dumps(json_summary(result)))
     return 0
+
+
+def launch_commands(out: Path, args: argparse.Namespace, lay, job: Job) -> list[str]:
+    """`torchrun` on every node, for `octopipe run` of the written plan: each rank takes its
+    place from the plan's `parallelism` (docs/FORMATS.md)."""
+    import shlex
+
+    nodes = max(1, job.cluster.size // job.cluster.gpus_per_node)
+    per_node = min(job.cluster.size, job.cluster.gpus_per_node)
+    model = args.model or DEFAULT_MODEL
+    run = [
+        "-m", "octopipe", "run",
+        "--plan", str((out / "plan.json").resolve()),
+        "--model", model,
+        "--seq-len", str(job.seq_len),
+    ]  # fmt: skip
+    if lay.zero1:
+        run += ["--zero", "1"]
+    if nodes == 1:
+        head = ["torchrun", "--standalone", "--nproc-per-node", str(per_node)]
+        notes = []
+    else:
+        head = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(per_node)]
+        head += ["--node-rank", "$NODE_RANK", "--rdzv-backend", "c10d"]
+        head += ["--rdzv-endpoint", "$MASTER_ADDR:29500"]
+        notes = [f"(on each of the {nodes} nodes, NODE_RANK 0..{nodes - 1}, MASTER_ADDR node 0's)"]
+    words = [w if w.startswith("$") else shlex.quote(w) for w in [*head, *run]]
+    missing = []
+    if lay.cp > 1 or lay.ep > 1:
+        missing.append("context and expert parallelism are not run by `octopipe run` yet")
+    return [" ".join(words), *notes, *(f"note: {m}" for m in missing)]
 
 
 def json_summary(result: LayoutReport) -> dict:

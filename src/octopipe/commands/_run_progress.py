@@ -8,9 +8,10 @@ plain line per step, which logs keep.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
+
+from octopipe.jsonfile import dumps
 
 
 class RunProgress:
@@ -30,7 +31,7 @@ class RunProgress:
 
     def __call__(self, report) -> None:
         if self.json_lines:
-            print(json.dumps(report.as_json()), flush=True)
+            print(dumps(report.as_json()), flush=True)
         done = report.step + 1
         speed = f"{report.tokens_per_second:,.0f}"
         if not sys.stderr.isatty():

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+from octopipe.commands._flags import number
 from octopipe.costmodel.settings import ATTENTION_KERNELS
 from octopipe.layouts.stack import GRAD_DTYPE_BYTES, P2P_KINDS, Stack
+from octopipe.limits import MAX_BYTES
 
 MB = 2**20
 _DEFAULT = Stack()
@@ -42,13 +44,13 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--dropout",
-        type=float,
+        type=number(0, 1, below=True),
         default=_DEFAULT.dropout,
         help="dropout probability of attention and residual branches (GPT-2: 0.1)",
     )
     g.add_argument(
         "--grad-bucket-mb",
-        type=float,
+        type=number(0, MAX_BYTES / MB, above=True),
         help="reduce gradients in buckets of this many MiB as the backward fills them "
         "(DDP: 25); without it each stage reduces after its last backward",
     )

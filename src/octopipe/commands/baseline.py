@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from octopipe.commands._flags import count
+from octopipe.limits import MAX_CHUNKS, MAX_DEVICES, MAX_MICROBATCHES
 from octopipe.partition import METHODS
 from octopipe.schedules import DEFAULT_CHUNKS, SCHEDULES
 
@@ -20,19 +22,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=METHODS,
         help="uniform (Megatron-LM), titan (torchtitan), balanced (min-max stage time)",
     )
-    p.add_argument("--devices", type=int, help="device count (default: the profile's devices)")
-    p.add_argument("--microbatches", type=int, required=True)
+    p.add_argument(
+        "--devices",
+        type=count(1, MAX_DEVICES),
+        help="device count (default: the profile's devices)",
+    )
+    p.add_argument("--microbatches", type=count(1, MAX_MICROBATCHES), required=True)
     defaults = ", ".join(f"{name} {chunks}" for name, chunks in DEFAULT_CHUNKS.items())
-    p.add_argument("--chunks", type=int, help=f"stages per device (default: {defaults})")
+    p.add_argument(
+        "--chunks", type=count(1, MAX_CHUNKS), help=f"stages per device (default: {defaults})"
+    )
     p.add_argument("-o", "--output", required=True, help="plan JSON to write (octopipe.plan/1)")
 
 
 def run(args: argparse.Namespace) -> int:
     from octopipe.api import baseline
+    from octopipe.commands._output_paths import check_output_file
     from octopipe.plan import save_plan
     from octopipe.profile import load_profile
     from octopipe.units import fmt_time
 
+    check_output_file("--output", args.output)
     profile = load_profile(args.profile)
     num_devices = len(profile.device_list(args.devices))
     plan = baseline(

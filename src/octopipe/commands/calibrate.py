@@ -29,14 +29,25 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from octopipe.calibrate import collect_durations, fit_run, scaled, stage_ratios
-    from octopipe.plan import load_plan
+    from octopipe.calibrate import (
+        check_trace_of_plan,
+        collect_durations,
+        fit_run,
+        scaled,
+        stage_ratios,
+    )
+    from octopipe.commands._output_paths import check_output_file
+    from octopipe.plan import check_layer_names, load_plan
     from octopipe.profile import load_profile, save_profile
     from octopipe.trace import events_by_step, read_trace
 
+    check_output_file("--output", args.output)
     profile = load_profile(args.profile)
     plan = load_plan(args.plan, num_layers=profile.num_layers)
-    per_step = events_by_step(read_trace(args.trace))
+    check_layer_names(plan.layer_names, profile.layer_names, args.plan)
+    traced = read_trace(args.trace)
+    check_trace_of_plan(traced, plan, args.trace)
+    per_step = events_by_step(traced)
     steps = [s for s in per_step if s is not None]
     if not steps:
         raise InputError(args.trace, "no executor actions with a step in this trace")

@@ -8,12 +8,20 @@ line. The model behind it is `octopipe.layouts.estimate` (the one `plan --gpus` 
 from __future__ import annotations
 
 import argparse
-import json
 
+from octopipe.commands._flags import count
 from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
 from octopipe.costmodel.hardware import PRESETS
 from octopipe.costmodel.settings import RECOMPUTE_KINDS
 from octopipe.errors import InputError
+from octopipe.jsonfile import dumps
+from octopipe.limits import (
+    MAX_CHUNKS,
+    MAX_GLOBAL_BATCH,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_PARALLEL_DEGREE,
+    MAX_SEQ_LEN,
+)
 from octopipe.schedules import SCHEDULES
 
 NAME = "estimate"
@@ -28,26 +36,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="GPUs of the job: a count of --hardware GPUs, or counts of presets (4xh100,4xa100)",
     )
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
+    p.add_argument("--gpus-per-node", type=count(1, 1024), default=8, help="GPUs per node")
     g = p.add_argument_group("the layout")
     for flag, what in (
         ("--tp", "tensor-parallel degree"),
         ("--cp", "context-parallel degree"),
         ("--pp", "pipeline-parallel degree (devices of one pipeline)"),
     ):
-        g.add_argument(flag, type=int, default=1, help=what)
-    g.add_argument("--dp", type=int, help="data-parallel degree (default: the GPUs left)")
-    g.add_argument("--micro-batch-size", type=int, default=1, help="samples per microbatch")
-    g.add_argument("--global-batch", type=int, required=True, help="samples per step")
-    g.add_argument("--seq-len", type=int, default=4096, help="tokens per sample")
+        g.add_argument(flag, type=count(1, MAX_PARALLEL_DEGREE), default=1, help=what)
+    g.add_argument(
+        "--dp",
+        type=count(1, MAX_PARALLEL_DEGREE),
+        help="data-parallel degree (default: the GPUs left)",
+    )
+    g.add_argument(
+        "--micro-batch-size",
+        type=count(1, MAX_MICRO_BATCH_SIZE),
+        default=1,
+        help="samples per microbatch",
+    )
+    g.add_argument(
+        "--global-batch",
+        type=count(1, MAX_GLOBAL_BATCH),
+        required=True,
+        help="samples per step",
+    )
+    g.add_argument("--seq-len", type=count(1, MAX_SEQ_LEN), default=4096, help="tokens per sample")
     g.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
-    g.add_argument("--chunks", type=int, help="stages per device (interleaved, V schedules)")
+    g.add_argument(
+        "--chunks",
+        type=count(1, MAX_CHUNKS),
+        help="stages per device (interleaved, V schedules)",
+    )
     g.add_argument(
         "--recompute", choices=RECOMPUTE_KINDS, default="none", help="activation recomputation"
     )
     g.add_argument(
         "--zero",
-        type=int,
+        type=count(0, 1),
         choices=(0, 1),
         default=0,
         help="1: optimizer state sharded over DP x CP (distributed optimizer, ZeRO-1)",
@@ -89,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     result = estimate(job, Given(layout, args.schedule, args.chunks))
     _print(result)
     if args.json:
-        print(json.dumps(result.summary()))
+        print(dumps(result.summary()))
     return 0
 
 

@@ -10,7 +10,6 @@ itself lives in `octopipe.tuner`; this module only gathers inputs, reports and w
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,8 @@ from rich.table import Table
 
 from octopipe.api import profile_from_config, tune
 from octopipe.commands import _plan_cluster as plan_cluster
+from octopipe.commands._flags import count, number
+from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
     picture_seconds,
     pictures_fit,
@@ -31,6 +32,16 @@ from octopipe.commands._plan_outputs import (
 )
 from octopipe.errors import InputError, MemoryExceededError
 from octopipe.export import torchtitan_names
+from octopipe.limits import (
+    MAX_CHUNKS,
+    MAX_DEVICES,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_MICROBATCHES,
+    MAX_PARALLEL_DEGREE,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_SEQ_LEN,
+)
 from octopipe.profile import Device, Profile, load_profile
 from octopipe.tuner import Evaluated, TuneResult
 from octopipe.units import GIB, parse_size
@@ -51,21 +62,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--profile", help="profile JSON (octopipe.profile/1)")
     src.add_argument("--model", help=f"shipped model name or config.json (default {DEFAULT_MODEL})")
     src.add_argument("--hardware", default="h100", help="hardware preset for --model")
-    src.add_argument("--tp", type=int, help="tensor-parallel degree for --model (default 1)")
-    src.add_argument("--seq-len", type=int, default=4096, help="tokens per sample for --model")
+    src.add_argument(
+        "--tp",
+        type=count(1, MAX_PARALLEL_DEGREE),
+        help="tensor-parallel degree for --model (default 1)",
+    )
+    src.add_argument(
+        "--seq-len",
+        type=count(1, MAX_SEQ_LEN),
+        default=4096,
+        help="tokens per sample for --model",
+    )
     src.add_argument(
         "--micro-batch-size",
-        type=int,
+        type=count(1, MAX_MICRO_BATCH_SIZE),
         help="samples per microbatch for --model (default 1; recorded in the profile, so "
         "torchtitan.toml gets it)",
     )
     p.add_argument(
         "--devices",
-        type=int,
+        type=count(1, MAX_DEVICES),
         help=f"device count (default: the profile's; {DEFAULT_DEVICES} for --model)",
     )
     p.add_argument(
-        "--microbatches", type=int, help="microbatches per iteration (default 4 x devices)"
+        "--microbatches",
+        type=count(1, MAX_MICROBATCHES),
+        help="microbatches per iteration (default 4 x devices)",
     )
     p.add_argument(
         "--memory-limit",
@@ -80,11 +102,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--time-budget",
-        type=float,
+        type=number(0, MAX_SECONDS, above=True),
         help="seconds for the whole command: baselines, search and pictures (default 30; "
         "with --gpus a safety cap of 600: the search's work is counted in evaluations)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the search's random moves")
+    p.add_argument(
+        "--seed", type=count(0, MAX_SEED), default=0, help="seed of the search's random moves"
+    )
     p.add_argument(
         "--torchtitan",
         action="store_true",
@@ -101,7 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--action-overhead",
-        type=float,
+        type=number(0, MAX_SECONDS),
         default=0.0,
         metavar="SECONDS",
         help="a fixed cost every action pays on top of its layers' times, which the search "
@@ -131,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     if args.time_budget is None:
         args.time_budget = DEFAULT_TIME_BUDGET
     started = time.perf_counter()
+    out = Path(args.output)
+    check_output_folder("--output", out)  # before any work: a bad folder fails at once
     profile = _profile(args)
     titan = torchtitan_base(args, DEFAULT_MODEL)
     source = args.profile or args.model or DEFAULT_MODEL
@@ -143,19 +169,6 @@ def run(args: argparse.Namespace) -> int:
     profile = profile.with_devices(devices)
     P = len(devices)
     M = args.microbatches if args.microbatches is not None else 4 * P
-    if M < 1:
-        raise InputError("--microbatches", f"must be at least 1, got {M}")
-    if args.max_chunks is not None and args.max_chunks < 1:
-        raise InputError("--max-chunks", f"must be at least 1, got {args.max_chunks}")
-    if args.time_budget <= 0:
-        raise InputError("--time-budget", f"must be positive, got {args.time_budget}")
-    if not (math.isfinite(args.action_overhead) and args.action_overhead >= 0):
-        raise InputError(
-            "--action-overhead", f"must be a finite number >= 0, got {args.action_overhead}"
-        )
-
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)  # before the search: a bad folder fails at once
     show = not args.quiet and sys.stderr.isatty()
     # The budget covers the whole command: what the pictures will take is set aside first.
     drawing = picture_seconds(P * M * 3) if args.png else 0.0
@@ -175,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
+    out.mkdir(parents=True, exist_ok=True)
     console = Console()
     pictures = args.png and pictures_fit(result.best.plan, args.time_budget - since(started))
     written = write_outputs(result.best.plan, profile, out, pictures, titan, source)
@@ -278,9 +292,4 @@ class _progress:
 
 def _chunks(text: str) -> int | None:
     """`--max-chunks`: a count, or `auto` (None: as deep as it pays)."""
-    if text == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count or 'auto', got {text!r}") from None
+    return None if text == "auto" else count(1, MAX_CHUNKS)(text)

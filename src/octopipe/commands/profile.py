@@ -11,6 +11,9 @@ HELP = "Measure a model's per-layer costs (every layer by FQN) on this device; w
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from octopipe.commands._flags import count
+    from octopipe.limits import MAX_MICRO_BATCH_SIZE, MAX_PROCESSES, MAX_SEED, MAX_SEQ_LEN
+
     parser.add_argument(
         "--model",
         required=True,
@@ -19,21 +22,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where to run the layers"
     )
-    parser.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
-    parser.add_argument("--micro-batch-size", type=int, default=2, help="sequences per microbatch")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per layer (median)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed runs per layer first")
-    parser.add_argument("--seed", type=int, default=0, help="weights and data seed")
+    parser.add_argument(
+        "--seq-len", type=count(1, MAX_SEQ_LEN), default=32, help="tokens per sequence"
+    )
+    parser.add_argument(
+        "--micro-batch-size",
+        type=count(1, MAX_MICRO_BATCH_SIZE),
+        default=2,
+        help="sequences per microbatch",
+    )
+    parser.add_argument(
+        "--repeats", type=count(1, 10_000), default=5, help="timed runs per layer (median)"
+    )
+    parser.add_argument(
+        "--warmup", type=count(0, 10_000), default=2, help="untimed runs per layer first"
+    )
+    parser.add_argument("--seed", type=count(0, MAX_SEED), default=0, help="weights and data seed")
     parser.add_argument(
         "--threads",
-        type=int,
+        type=count(1, 1024),
         default=1,
         help="CPU threads for torch (default 1: small layers gain nothing from more, and "
         "timings stay steady on a shared machine)",
     )
     parser.add_argument(
         "--nproc",
-        type=int,
+        type=count(1, MAX_PROCESSES),
         default=1,
         help="processes measuring at once, as many as the run will have: each layer is timed "
         "in all of them together (the median is kept), so the contention of a run's ranks on "
@@ -45,8 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from octopipe.commands._output_paths import check_output_file
+    from octopipe.limits import MAX_MICROBATCH_TOKENS, check_microbatch_tokens
     from octopipe.profile import save_profile
     from octopipe.runtime.measure import measure_profile
+
+    check_output_file("--output", args.output)
+    check_microbatch_tokens(args.seq_len, args.micro_batch_size, MAX_MICROBATCH_TOKENS)
 
     profile = measure_profile(
         args.model,

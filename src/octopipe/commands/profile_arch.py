@@ -6,9 +6,19 @@ import argparse
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from octopipe.commands._flags import count, number
 from octopipe.costmodel.hardware import PRESETS
 from octopipe.costmodel.hf_config import shipped_models
-from octopipe.errors import InputError
+from octopipe.limits import (
+    MAX_BANDWIDTH,
+    MAX_BYTES,
+    MAX_DEVICES,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_PARALLEL_DEGREE,
+    MAX_SECONDS,
+    MAX_SEQ_LEN,
+    MIN_BANDWIDTH,
+)
 
 if TYPE_CHECKING:
     from octopipe.profile import Profile
@@ -26,27 +36,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"config.json path or shipped model: {', '.join(shipped_models())}",
     )
     parser.add_argument("--hardware", default="h100", help=f"preset: {', '.join(PRESETS)}")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    parser.add_argument(
+        "--tp", type=count(1, MAX_PARALLEL_DEGREE), default=1, help="tensor-parallel degree"
+    )
     parser.add_argument(
         "--sequence-parallel",
         action="store_true",
         help="Megatron sequence parallelism (split replicated activations)",
     )
-    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sample")
-    parser.add_argument("--micro-batch-size", type=int, default=1, help="samples per microbatch")
+    parser.add_argument(
+        "--seq-len", type=count(1, MAX_SEQ_LEN), default=4096, help="tokens per sample"
+    )
+    parser.add_argument(
+        "--micro-batch-size",
+        type=count(1, MAX_MICRO_BATCH_SIZE),
+        default=1,
+        help="samples per microbatch",
+    )
     parser.add_argument("--recompute", action="store_true", help="full activation recomputation")
     parser.add_argument(
         "--optimizer-bytes",
-        type=int,
+        type=count(0, 1024),
         default=12,
         help="optimizer-state bytes per parameter (mixed-precision Adam: 12)",
     )
-    parser.add_argument("--devices", type=int, help="list this many devices in the profile")
-    parser.add_argument("--memory-gb", type=float, help="override device memory (GB, 1e9 bytes)")
     parser.add_argument(
-        "--link-bandwidth", type=float, help="override inter-stage link bandwidth (GB/s)"
+        "--devices", type=count(1, MAX_DEVICES), help="list this many devices in the profile"
     )
-    parser.add_argument("--link-latency", type=float, help="override link latency (seconds)")
+    parser.add_argument(
+        "--memory-gb",
+        type=number(0, MAX_BYTES / GB, above=True),
+        help="override device memory (GB, 1e9 bytes)",
+    )
+    parser.add_argument(
+        "--link-bandwidth",
+        type=number(MIN_BANDWIDTH / GB, MAX_BANDWIDTH / GB),
+        help="override inter-stage link bandwidth (GB/s)",
+    )
+    parser.add_argument(
+        "--link-latency", type=number(0, MAX_SECONDS), help="override link latency (seconds)"
+    )
     parser.add_argument(
         "--layer-names",
         choices=("torchtitan", "hf"),
@@ -58,8 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.devices is not None and args.devices < 1:
-        raise InputError("--devices", f"must be at least 1 (got {args.devices})")
+    from octopipe.commands._output_paths import check_output_file
+
+    check_output_file("--output", args.output)
     from octopipe.api import profile_from_config
     from octopipe.costmodel.build import parameter_count
     from octopipe.costmodel.hf_config import load_architecture

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
+from octopipe.commands._flags import count, number
+from octopipe.jsonfile import dumps
+from octopipe.limits import (
+    MAX_MICRO_BATCH_SIZE,
+    MAX_PARALLEL_DEGREE,
+    MAX_PROCESSES,
+    MAX_RATE,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_SEQ_LEN,
+    MAX_STEPS,
+    MIN_TIMEOUT_S,
+)
 from octopipe.runtime import DEFAULT_TIMEOUT_S
 from octopipe.units import fmt_bytes
 
@@ -24,23 +36,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--nproc",
-        type=int,
+        type=count(1, MAX_PROCESSES),
         help="processes to spawn (default: TP x the plan's devices x DP; ignored under torchrun)",
     )
     parser.add_argument(
         "--dp",
-        type=_positive,
+        type=count(1, MAX_PARALLEL_DEGREE),
         help="data-parallel replicas of the plan (default: the plan's parallelism.dp, else 1)",
     )
     parser.add_argument(
         "--tp",
-        type=_positive,
+        type=count(1, MAX_PARALLEL_DEGREE),
         help="tensor-parallel ranks per pipeline device (default: the plan's parallelism.tp, "
         "else 1); rank = tp_rank + TP x (device + PP x replica)",
     )
     parser.add_argument(
         "--zero",
-        type=int,
+        type=count(0, 3),
         choices=(0, 1, 3),
         default=0,
         help="1: shard the optimizer state across the replicas (ZeRO-1); 3: also the weights "
@@ -55,22 +67,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--steps",
-        type=_positive,
+        type=count(1, MAX_STEPS),
         default=3,
         help="the run's last step: training steps, or where a resumed run stops",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    parser.add_argument(
+        "--seed", type=count(0, MAX_SEED), default=0, help="seed of the weights and the data"
+    )
     parser.add_argument(
         "--optimizer",
         choices=("sgd", "adam", "adamw"),
         default="sgd",
         help="optimizer of every stage",
     )
-    parser.add_argument("--lr", type=float, default=0.01, help="learning rate")
-    parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
-    parser.add_argument("--weight-decay", type=float, default=0.0, help="weight decay")
+    parser.add_argument("--lr", type=number(0, MAX_RATE), default=0.01, help="learning rate")
     parser.add_argument(
-        "--lr-warmup", type=int, default=0, help="steps of linear learning-rate warm-up"
+        "--momentum", type=number(0, 1, below=True), default=0.0, help="SGD momentum, in [0, 1)"
+    )
+    parser.add_argument(
+        "--weight-decay", type=number(0, MAX_RATE), default=0.0, help="weight decay"
+    )
+    parser.add_argument(
+        "--lr-warmup",
+        type=count(0, MAX_STEPS),
+        default=0,
+        help="steps of linear learning-rate warm-up",
     )
     parser.add_argument(
         "--lr-decay",
@@ -78,9 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="constant",
         help="after warm-up: constant, or cosine down to --min-lr at --steps",
     )
-    parser.add_argument("--min-lr", type=float, default=0.0, help="where the cosine ends")
     parser.add_argument(
-        "--clip-norm", type=float, help="clip gradients to this global norm (all stages, replicas)"
+        "--min-lr", type=number(0, MAX_RATE), default=0.0, help="where the cosine ends (<= --lr)"
+    )
+    parser.add_argument(
+        "--clip-norm",
+        type=number(0, MAX_RATE, above=True),
+        help="clip gradients to this global norm (all stages, replicas)",
     )
     parser.add_argument(
         "--bf16", action="store_true", help="forwards under torch.autocast to bfloat16"
@@ -93,7 +118,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--checkpoint-dir", help="write checkpoints here (DIR/step-N)")
     parser.add_argument(
-        "--checkpoint-every", type=int, default=0, help="save after every N steps (0: never)"
+        "--checkpoint-every",
+        type=count(0, MAX_STEPS),
+        default=0,
+        help="save after every N steps (0: never)",
     )
     parser.add_argument(
         "--resume",
@@ -108,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lookahead",
-        type=_positive,
+        type=count(1, 1_000_000),
         default=8,
         help="actions ahead whose receives are posted early",
     )
@@ -119,7 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=number(MIN_TIMEOUT_S, MAX_SECONDS),
         default=DEFAULT_TIMEOUT_S,
         help="seconds one wait of a rank (a transfer, a collective) may take before the run "
         "fails; the whole run has no deadline",
@@ -127,10 +155,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace", help="write a Chrome/Perfetto trace of every rank's actions here"
     )
-    parser.add_argument("--seq-len", type=_positive, help="tokens per sequence (default 32)")
+    parser.add_argument(
+        "--seq-len", type=count(1, MAX_SEQ_LEN), help="tokens per sequence (default 32)"
+    )
     parser.add_argument(
         "--micro-batch-size",
-        type=_positive,
+        type=count(1, MAX_MICRO_BATCH_SIZE),
         help="sequences per microbatch (default: the plan's parallelism key, else 2)",
     )
     parser.add_argument("--png", help="draw the last step's measured timeline here (.png or .svg)")
@@ -143,15 +173,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopipe.api import run as train
-    from octopipe.commands._output_paths import check_output_file
+    from octopipe.commands._output_paths import JSON, PICTURE, check_output_file
     from octopipe.commands._run_progress import RunProgress
     from octopipe.plan import load_plan
     from octopipe.runtime.launcher import RankFailure, Stopped, under_torchrun
     from octopipe.runtime.parallel.layout import RankLayout
     from octopipe.trace import from_records, write_trace
 
-    check_output_file("--trace", args.trace)
-    check_output_file("--png", args.png)
+    check_output_file("--trace", args.trace, JSON)
+    check_output_file("--png", args.png, PICTURE)
     plan = load_plan(args.plan)
     try:
         with RunProgress(args.steps, args.json) as progress:
@@ -192,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         if under_torchrun():
             _leave_rank(1, f"octopipe run: {exc}" if os.environ["RANK"] == "0" else None)
         print(f"octopipe run: {exc}", file=sys.stderr)
-        return 1
+        return 2 if exc.bad_input else 1
     except Stopped as exc:
         print(f"octopipe run: {exc}", file=sys.stderr)
         return 128 + exc.signum
@@ -214,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         _draw_last_step(result, args.png)
     summary = result.summary()
     if args.json:
-        print(json.dumps(summary))
+        print(dumps(summary))
     else:
         _print_human(summary)
         if dp > 1 or tp > 1:
@@ -275,10 +305,3 @@ def _print_human(summary: dict) -> None:
     print(f"peak memory ({summary['peak_memory_source']}): {mems}")
     held = ", ".join(f"rank {r}: {fmt_bytes(b)}" for r, b in enumerate(summary["state_bytes"]))
     print(f"weights, gradients and optimizer state held: {held}")
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
+from octopipe.commands._flags import number
+from octopipe.commands._output_paths import HTML, JSON, PICTURE, check_output_file
 from octopipe.errors import InputError
-from octopipe.plan import load_plan
+from octopipe.jsonfile import dumps
+from octopipe.limits import MAX_SECONDS
+from octopipe.plan import check_layer_names, load_plan
 from octopipe.profile import load_profile
 from octopipe.report import print_simulation
 from octopipe.sim import Simulator
@@ -35,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--action-overhead",
-        type=float,
+        type=number(0, MAX_SECONDS),
         default=0.0,
         metavar="SECONDS",
         help="beyond the default semantics: a fixed cost every action pays",
@@ -43,9 +46,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag, path, kinds in (
+        ("--png", args.png, PICTURE),
+        ("--html", args.html, HTML),
+        ("--trace", args.trace, JSON),
+        ("--memory-png", args.memory_png, PICTURE),
+    ):
+        check_output_file(flag, path, kinds)
     profile = load_profile(args.profile)
     plan = load_plan(args.plan, num_layers=profile.num_layers)
-    # load_plan checked the structure against the profile's layers
+    # load_plan checked the structure against the profile's layers; the names too, if it has them
+    check_layer_names(plan.layer_names, profile.layer_names, args.plan)
     if not (math.isfinite(args.action_overhead) and args.action_overhead >= 0):
         raise InputError(
             "--action-overhead", f"must be a finite number >= 0, got {args.action_overhead}"
@@ -69,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         summary = result.summary()
         if args.action_overhead:
             summary["action_overhead"] = args.action_overhead
-        print(json.dumps(summary))
+        print(dumps(summary))
     else:
         print_simulation(result, title=title)
     return 0

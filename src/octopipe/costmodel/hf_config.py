@@ -32,6 +32,7 @@ from octopipe.costmodel.arch import (
     VisionShape,
 )
 from octopipe.errors import InputError
+from octopipe.limits import MAX_LAYERS
 
 FAMILY_OF_MODEL_TYPE = {
     "llama": DENSE,
@@ -53,6 +54,7 @@ FAMILY_OF_MODEL_TYPE = {
 }
 
 _MISSING = object()
+MAX_CONFIG_INT = 2**31  # any shape of a config: widths, vocabularies, experts (limits.py: layers)
 
 
 class _Fields:
@@ -77,12 +79,16 @@ class _Fields:
             return default
         return value
 
-    def int(self, key: str, default: Any = _MISSING, minimum: int = 1) -> Any:
+    def int(
+        self, key: str, default: Any = _MISSING, minimum: int = 1, maximum: int = MAX_CONFIG_INT
+    ) -> Any:
         value = self._get(key, default)
         if value is default and default is not _MISSING:
             return value
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self.fault(key, f"expected an integer >= {minimum} (got {value!r})")
+        if value > maximum:
+            raise self.fault(key, f"{value:,} is more than the {maximum:,} allowed")
         return value
 
     def float(self, key: str, default: Any = _MISSING) -> Any:
@@ -138,7 +144,7 @@ def architecture_from_hf(data: Any, where: str, name: str) -> Architecture:
 
 def _text_stack(f: _Fields, model_type: str, family: str, name: str) -> Architecture:
     hidden = f.int("hidden_size")
-    num_layers = f.int("num_hidden_layers")
+    num_layers = f.int("num_hidden_layers", maximum=MAX_LAYERS)
     heads = f.int("num_attention_heads")
     kv_heads = f.int("num_key_value_heads", heads)
     if heads % kv_heads:
@@ -204,7 +210,7 @@ def _gpt_stack(f: _Fields, model_type: str, name: str) -> Architecture:
         family=GPT,
         vocab_size=f.int("vocab_size"),
         hidden_size=hidden,
-        num_layers=f.int("n_layer" if gpt2 else "num_hidden_layers"),
+        num_layers=f.int("n_layer" if gpt2 else "num_hidden_layers", maximum=MAX_LAYERS),
         intermediate_size=width,
         hidden_act=f.str("activation_function" if gpt2 else "hidden_act", "gelu"),
         attention=AttentionShape(
@@ -323,7 +329,7 @@ def _hybrid_pattern(f: _Fields, num_layers: int) -> str:
 
 def _with_vision(arch: Architecture, v: _Fields, text: _Fields) -> Architecture:
     global_layers = v.int("num_global_layers", 0, minimum=0)
-    layers = v.int("num_hidden_layers") + global_layers
+    layers = v.int("num_hidden_layers", maximum=MAX_LAYERS) + global_layers
     image, patch = v.int("image_size"), v.int("patch_size")
     if image % patch:
         raise v.fault("patch_size", f"{patch} does not divide image_size {image}")
@@ -378,7 +384,7 @@ def load_architecture(name_or_path: str | Path) -> Architecture:
     Raises InputError naming the file, the field and the fault for an unreadable or malformed
     config. Nothing is downloaded.
     """
-    from octopipe.profile import read_json
+    from octopipe.jsonfile import read_json
 
     path = config_path(name_or_path)
     if not path.is_file() and isinstance(name_or_path, str) and not path.suffix:

@@ -24,8 +24,10 @@ def split(n: int, tp: int) -> int:
     return math.ceil(n / tp)
 
 
-def split_heads(heads: int, tp: int, what: str) -> int:
-    if heads % tp and tp % heads:
+def split_heads(heads: int, tp: int, what: str, replicable: bool = False) -> int:
+    """This rank's heads: TP must divide them, or, for `replicable` ones (key-value heads,
+    Mamba groups), may be a multiple of them (each rank then keeps a replica)."""
+    if heads % tp and not (replicable and tp % heads == 0):
         raise InputError(
             "settings",
             f"tensor-parallel degree {tp} does not fit {heads} {what}",
@@ -109,7 +111,7 @@ def _self_attention(work: LayerWork, arch: Architecture, s: Settings, window: in
         s.activation_bytes,
     )
     heads = split_heads(att.num_heads, tp, "attention heads")
-    kv_heads = split_heads(att.num_kv_heads, tp, "key-value heads")
+    kv_heads = split_heads(att.num_kv_heads, tp, "key-value heads", replicable=True)
     d = att.head_dim
     work.linear(t, h, heads * d, bias=att.bias)
     work.linear(t, h, 2 * kv_heads * d, bias=att.bias, save_input=False)
@@ -258,7 +260,7 @@ def _mamba(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) ->
     m, tp, t, h, a = arch.mamba, s.tensor_parallel, s.tokens, arch.hidden_size, s.activation_bytes
     assert m is not None
     heads = split_heads(m.num_heads, tp, "Mamba heads")
-    groups = split_heads(m.n_groups, tp, "Mamba groups")
+    groups = split_heads(m.n_groups, tp, "Mamba groups", replicable=True)
     inner = heads * m.head_dim
     conv = inner + 2 * groups * m.state_size  # x, B and C: the channels the conv runs over
     work.norm(t, h)
@@ -284,7 +286,7 @@ def _cross_attention(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Se
     tp, t, h, a = s.tensor_parallel, s.tokens, arch.hidden_size, s.activation_bytes
     image_tokens = s.micro_batch_size * vision.num_tokens
     heads = split_heads(att.num_heads, tp, "attention heads")
-    kv_heads = split_heads(att.num_kv_heads, tp, "key-value heads")
+    kv_heads = split_heads(att.num_kv_heads, tp, "key-value heads", replicable=True)
     d = att.head_dim
     work.norm(t, h)
     work.linear(t, h, heads * d)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from octopipe.costmodel.hardware import Hardware, hardware_preset
 from octopipe.errors import InputError
+from octopipe.limits import MAX_GPUS
 from octopipe.profile import DataParallel, Device, Link, Links
 
 
@@ -31,13 +32,17 @@ def parse_gpus(spec: str, default_hardware: str = "h100") -> tuple[GpuGroup, ...
     """'16' (GPUs of `default_hardware`) or '4xh100,4xa100' (counts of presets, in order)."""
     groups = []
     for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:x\s*([A-Za-z0-9_-]+))?\s*", part)
+        # ASCII digits only: Python's int() would also read other scripts' digits.
+        m = re.fullmatch(r"\s*([0-9]{1,30})\s*(?:x\s*([A-Za-z0-9_-]+))?\s*", part)
         if m is None:
             raise InputError("--gpus", f"expected N or NxPRESET[,NxPRESET...], got {spec!r}")
         count = int(m.group(1))
         if count < 1:
             raise InputError("--gpus", f"a GPU count must be at least 1, got {part.strip()!r}")
         groups.append(GpuGroup(count, hardware_preset(m.group(2) or default_hardware)))
+    total = sum(g.count for g in groups)
+    if total > MAX_GPUS:  # before a cluster of that many is built
+        raise InputError("--gpus", f"{total:,} GPUs; at most {MAX_GPUS:,} are laid out")
     return tuple(groups)
 
 

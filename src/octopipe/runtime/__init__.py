@@ -12,7 +12,9 @@
 - `worker`: one rank running its action list, then the optimizer step; `reduce`: data-parallel
   gradient all-reduces; `optim`: optimizer, learning-rate schedule, global-norm clipping;
 - `overlap`: steps back to back with post-validated per-stage updates (`--overlap-steps`);
-- `checkpoint`: DCP checkpoints keyed by FQN, resumable under any plan and data parallelism;
+- `checkpoint`: DCP checkpoints keyed by FQN, resumable under any plan and data parallelism,
+  written whole; `checkpoint_folder`: which one to resume (damaged ones skipped), the folder's
+  lock and free space; `checkpoint_metadata`: DCP's index read without running code;
 - `session`: one rank's whole job, and the result assembled from every rank;
 - `launcher`: spawned processes or torchrun; failures propagate, nothing is left running;
 - `spawn`: one process per rank, watched; `lifeline`: a rank exits with its launcher;

@@ -12,6 +12,7 @@ and `GivenBatches` (global batches a caller hands in from Python).
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ class DataSource:
 
     def global_batch(self, step: int, sequences: int) -> GlobalBatch:
         raise NotImplementedError
+
+    def for_vocabulary(self, size: int | None) -> DataSource:
+        """This source for a model taking token ids below `size` (None: any input)."""
+        return self
 
 
 def sequence_generator(seed: int, step: int, index: int) -> torch.Generator:
@@ -99,7 +104,13 @@ class TokenFile(DataSource):
                 "--data", f"{path} holds {size // width} tokens, fewer than --seq-len + 1"
             )
         self.path, self.dtype, self.seq_len, self.seed = path, dtype, seq_len, seed
+        self.vocabulary: int | None = None  # ids at or above it are refused as they are read
         self._tokens: np.memmap | None = None
+
+    def for_vocabulary(self, size: int | None) -> TokenFile:
+        checked = copy.copy(self)
+        checked.vocabulary = size
+        return checked
 
     @property
     def tokens(self) -> np.memmap:
@@ -117,6 +128,15 @@ class TokenFile(DataSource):
             gen = sequence_generator(self.seed, step, i)
             at = int(torch.randint(0, starts, (1,), generator=gen))
             window = torch.from_numpy(self.tokens[at : at + self.seq_len + 1].astype(np.int64))
+            if self.vocabulary is not None and int(window.max()) >= self.vocabulary:
+                bad = int(torch.nonzero(window >= self.vocabulary)[0]) + at
+                raise InputError(
+                    "--data",
+                    f"{self.path} holds token id {int(self.tokens[bad])} at token {bad:,}, "
+                    f"beyond the model's vocabulary of {self.vocabulary:,} (is --data-dtype "
+                    f"{self.dtype} "
+                    "the file's?)",
+                )
             rows.append(((window[:-1],), window[1:]))
         return stack(rows)
 

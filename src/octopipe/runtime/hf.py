@@ -17,20 +17,31 @@ sequence; positions, masks and rotary embeddings stay the whole sequence's.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from octopipe.errors import InputError
+from octopipe.jsonfile import read_json
 from octopipe.runtime.parallel.tensor_parallel import tp_degree
 from octopipe.runtime.parallel.tp_plans import hf_plan
 from octopipe.runtime.recipe import Activation, ModelRecipe, token_chains
 
+# What every Llama-structured causal LM's config gives its shapes (transformers would fill a
+# missing one with its own default, e.g. hidden_size 4096: a model nobody asked for).
+_REQUIRED_SHAPES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
+
 
 def load_config(path: str):
-    """The transformers config of a config.json, or of the folder that holds one."""
+    """The transformers config of a config.json, or of the folder that holds one, read strictly
+    (the keys a model of its family needs, each of its type; no remote code)."""
     try:
         from transformers import AutoConfig
     except ImportError:
@@ -42,15 +53,49 @@ def load_config(path: str):
         file = file / "config.json"
     if not file.is_file():
         raise InputError("--model", f"no config.json at {path}")
+    raw = read_json(file)
+    check_config(raw, str(file))
+    from transformers import CONFIG_MAPPING
+
+    if raw["model_type"] not in CONFIG_MAPPING:
+        message = f"unknown model_type {raw['model_type']!r} (transformers has no such model)"
+        raise InputError(str(file), message, "model_type")
     try:
-        raw = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError("--model", f"{file} is not JSON: {exc}") from None
-    if "model_type" not in raw:
-        raise InputError("--model", f"{file} has no model_type: not a transformers config")
-    config = AutoConfig.for_model(**raw)
+        config = AutoConfig.for_model(**raw)
+    except (ValueError, TypeError, KeyError) as exc:  # an unknown model_type, a bad value
+        raise InputError(str(file), f"transformers refused it: {_first_line(exc)}") from None
     config._attn_implementation = "sdpa"
     return config
+
+
+def check_config(raw, where: str) -> None:
+    """A config OctoPipe builds a model from: an object with a `model_type`, no remote code,
+    and the shapes of its family, each a positive integer (the cost model's own checks for the
+    families it knows, which hold every key its estimate needs)."""
+    from octopipe.costmodel.hf_config import FAMILY_OF_MODEL_TYPE, architecture_from_hf
+
+    if not isinstance(raw, dict):
+        raise InputError(where, "expected a JSON object")
+    if not isinstance(raw.get("model_type"), str):
+        raise InputError(where, "no model_type: not a transformers config", "model_type")
+    if "auto_map" in raw:
+        raise InputError(
+            where, "names code of its own (auto_map); OctoPipe runs no remote code", "auto_map"
+        )
+    if raw["model_type"] in FAMILY_OF_MODEL_TYPE:
+        architecture_from_hf(raw, where, Path(where).stem)
+        return
+    for key in _REQUIRED_SHAPES:
+        value = raw.get(key)
+        if value is None:
+            raise InputError(where, "missing field", key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31:
+            raise InputError(where, f"expected a positive integer (got {value!r})", key)
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def hf_recipe(path: str) -> ModelRecipe:
@@ -58,7 +103,16 @@ def hf_recipe(path: str) -> ModelRecipe:
     from transformers import AutoModelForCausalLM
 
     def build() -> nn.Module:
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        from transformers.utils import logging
+
+        verbosity = logging.get_verbosity()
+        logging.set_verbosity_error()  # its advice on other model kinds; ours is one line
+        try:
+            return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        except ValueError as exc:  # a config of no causal LM (an encoder, a vision model)
+            raise InputError("--model", f"hf:{path}: {_first_line(exc)}") from None
+        finally:
+            logging.set_verbosity(verbosity)
 
     recipe = ModelRecipe(
         name=getattr(config, "name_or_path", "") or f"hf-{config.model_type}",

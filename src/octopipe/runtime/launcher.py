@@ -9,18 +9,31 @@ of jobs in one process group, so tests pay for process start-up once.
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from octopipe.errors import InputError
 from octopipe.runtime import DEFAULT_TIMEOUT_S, groups
+from octopipe.runtime.checkpoint_folder import hold_all
 from octopipe.runtime.deps import check_runnable
-from octopipe.runtime.preflight import check_overlap, check_parallelism, check_resumable
+from octopipe.runtime.preflight import (
+    check_checkpoint_room,
+    check_first_batch,
+    check_local_processes,
+    check_overlap,
+    check_parallelism,
+    check_resumable,
+    check_sizes,
+)
 from octopipe.runtime.progress import StepReport
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.spawn import (  # noqa: F401 - RankFailure, Stopped: raised through here
@@ -52,8 +65,10 @@ def choose_backend(requested: str, local_world_size: int) -> str:
     return "nccl" if gpus >= local_world_size else "gloo"
 
 
-def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
-    """Refuse, before any rank starts, a plan that does not fit its model or the world size."""
+def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
+    """Refuse, before any rank starts, a plan that does not fit its model or the world size,
+    and a checkpoint that cannot be resumed; the jobs with their checkpoints to resume chosen."""
+    checked = []
     for job in jobs:
         recipe = job.config.recipe()
         layers = recipe.layers
@@ -65,11 +80,25 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> None:
                 "--tp",
                 f"{dp} replicas of {tp} ranks per device do not divide the {world_size} processes",
             )
+        check_sizes(job.config)
         check_runnable(job.plan, len(layers), world_size // (dp * tp), job.source)
         check_plan_layer_names(job.plan.layer_names, layers)
         check_parallelism(job.config, recipe)
-        check_resumable(job.config, recipe)
         check_overlap(job.config)
+        config = check_resumable(job.config, recipe)
+        check_checkpoint_room(config, recipe)
+        check_first_batch(config, recipe, job.plan)
+        checked.append(replace(job, config=config))
+    return checked
+
+
+def checkpoint_folders(jobs: Sequence[Job]) -> list[str]:
+    """The folders the jobs write checkpoints to or resume from: each held for the run."""
+    return [
+        job.config.checkpoint_dir
+        for job in jobs
+        if job.config.checkpoint_dir and (job.config.checkpoint_every or job.config.resume)
+    ]
 
 
 def execute(
@@ -104,9 +133,13 @@ def run_under_torchrun(
     """Be one rank of a job started by torchrun (or anything that sets RANK and WORLD_SIZE)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    validate_jobs(jobs, world)
-    backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
-    return train_as_rank(jobs, rank, world, local_rank, init_method, backend, timeout_s, on_step)
+    # Rank 0 holds the checkpoint folders for the job; the others use its choice (session).
+    with hold_all(checkpoint_folders(jobs) if rank == 0 else ()):
+        jobs = validate_jobs(jobs, world)
+        backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
+        return train_as_rank(
+            jobs, rank, world, local_rank, init_method, backend, timeout_s, on_step
+        )
 
 
 def train_as_rank(
@@ -169,11 +202,34 @@ def launch(
 ) -> list[RunResult]:
     """Run the jobs on `nproc` spawned ranks; `on_step` gets every step's report here, as the
     steps finish. No deadline on the whole run: `timeout_s` bounds each wait inside it."""
-    validate_jobs(jobs, nproc)
-    backend = choose_backend(backend, nproc)
-    return spawn_ranks(
-        _train_jobs, (backend, list(jobs), timeout_s, on_step is not None), nproc, on_note=on_step
-    )
+    check_local_processes(nproc)
+    with no_empty_compile_cache(), hold_all(checkpoint_folders(jobs)):  # no writer meanwhile
+        jobs = validate_jobs(jobs, nproc)
+        backend = choose_backend(backend, nproc)
+        return spawn_ranks(
+            _train_jobs,
+            (backend, list(jobs), timeout_s, on_step is not None),
+            nproc,
+            on_note=on_step,
+        )
+
+
+@contextmanager
+def no_empty_compile_cache():
+    """torch makes its compile cache folder (TMPDIR/torchinductor_USER) whenever torch._dynamo
+    is imported, which building a model may do; nothing here compiles, so a folder this run
+    made and left empty is removed again (one holding anything, or made by another, stays)."""
+    # torch's default (torch._inductor.runtime.cache_dir_utils, not imported: importing it
+    # would make the folder).
+    default = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(default)
+    existed = os.path.exists(folder)
+    try:
+        yield
+    finally:
+        if not existed:
+            with suppress(OSError):  # not empty, or gone: not ours to remove
+                os.rmdir(folder)
 
 
 def _train_jobs(

@@ -9,9 +9,19 @@ refusing its learning rate), or not at all: a nan learning rate trains nan weigh
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from octopipe.errors import InputError
+from octopipe.limits import (
+    MAX_MICROBATCH_TOKENS,
+    MAX_PROCESSES,
+    MAX_RATE,
+    MAX_SECONDS,
+    MAX_STEPS,
+    MIN_TIMEOUT_S,
+    check_microbatch_tokens,
+)
 
 if TYPE_CHECKING:
     from octopipe.runtime.recipe import ModelRecipe
@@ -33,28 +43,38 @@ def check_run_settings(
     checkpoint_every: int = 0,
     resume: bool = False,
 ) -> None:
-    if nproc is not None and nproc < 1:
-        raise InputError("--nproc", f"must be at least 1, got {nproc}")
-    if steps < 1:
-        raise InputError("--steps", f"must be at least 1, got {steps}")
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise InputError("--timeout", f"must be a positive number of seconds, got {timeout}")
+    if nproc is not None and not 1 <= nproc <= MAX_PROCESSES:
+        raise InputError("--nproc", f"must be 1 to {MAX_PROCESSES:,}, got {nproc}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise InputError("--steps", f"must be 1 to {MAX_STEPS:,}, got {steps}")
+    if not (math.isfinite(timeout) and MIN_TIMEOUT_S <= timeout <= MAX_SECONDS):
+        raise InputError(
+            "--timeout",
+            f"must be {MIN_TIMEOUT_S:g} to {MAX_SECONDS:g} seconds, got {timeout}",
+        )
     for flag, value in (
         ("--lr", lr),
-        ("--momentum", momentum),
         ("--weight-decay", weight_decay),
         ("--min-lr", min_lr),
     ):
-        if not (math.isfinite(value) and value >= 0):
-            raise InputError(flag, f"must be a finite number >= 0, got {value}")
-    if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
+        if not (math.isfinite(value) and 0 <= value <= MAX_RATE):
+            raise InputError(flag, f"must be a finite number from 0 to {MAX_RATE:g}, got {value}")
+    if not (math.isfinite(momentum) and 0 <= momentum < 1):
+        raise InputError("--momentum", f"must be in [0, 1), got {momentum}")
+    if min_lr > lr:
+        raise InputError("--min-lr", f"{min_lr} is above --lr {lr}: the cosine would rise")
+    if clip_norm is not None and not (math.isfinite(clip_norm) and 0 < clip_norm <= MAX_RATE):
         raise InputError("--clip-norm", f"must be a positive number, got {clip_norm}")
     for flag, count in (("--lr-warmup", warmup_steps), ("--checkpoint-every", checkpoint_every)):
-        if count < 0:
-            raise InputError(flag, f"must be at least 0, got {count}")
+        if not 0 <= count <= MAX_STEPS:
+            raise InputError(flag, f"must be 0 to {MAX_STEPS:,}, got {count}")
     if (checkpoint_every or resume) and checkpoint_dir is None:
         flag = "--resume" if resume else "--checkpoint-every"
         raise InputError(flag, "needs --checkpoint-dir")
+    if checkpoint_dir is not None:
+        from octopipe.runtime.checkpoint_folder import check_folder
+
+        check_folder(checkpoint_dir)
 
 
 def check_overlap(config: RunConfig) -> None:
@@ -96,14 +116,65 @@ def check_parallelism(config: RunConfig, recipe: ModelRecipe) -> None:
     check_plan(recipe.tp_plan(config.tp), recipe.meta_model)
 
 
-def check_resumable(config: RunConfig, recipe: ModelRecipe) -> None:
-    """A checkpoint to resume must be of this model and before the run's last step."""
-    found = config.resume_from()
-    if found is None:
-        return
+def check_resumable(config: RunConfig, recipe: ModelRecipe) -> RunConfig:
+    """The config with the checkpoint to resume chosen (the newest complete one; damaged newer
+    ones are skipped with a warning), which must be of this model, seed and optimizer, and
+    before the run's last step."""
+    if not (config.resume and config.checkpoint_dir):
+        return config
     from octopipe.runtime.checkpoint import check_compatible
+    from octopipe.runtime.checkpoint_folder import choose, model_identity
 
-    path, step = found
-    check_compatible(path, recipe.layers, recipe.meta_model)
-    if step >= config.steps:
-        raise InputError("--steps", f"{path} is at step {step}; --steps {config.steps} is done")
+    found = choose(config.checkpoint_dir)
+    if found is None:
+        return config
+    check_compatible(
+        found,
+        recipe.layers,
+        recipe.meta_model,
+        seed=config.seed,
+        optimizer=config.optimizer.name,
+        model_id=model_identity(config.model),
+    )
+    if found.step >= config.steps:
+        raise InputError(
+            "--steps", f"{found.path} is at step {found.step}; --steps {config.steps} is done"
+        )
+    return replace(config, resume_checkpoint=str(found.path))
+
+
+def check_checkpoint_room(config: RunConfig, recipe: ModelRecipe) -> None:
+    """A run that will write checkpoints has room for one before it starts."""
+    if not (config.checkpoint_every and config.checkpoint_dir):
+        return
+    from octopipe.runtime.checkpoint_folder import check_room, checkpoint_bytes
+
+    optimizer = config.optimizer
+    nbytes = checkpoint_bytes(recipe.meta_model, optimizer.name, optimizer.momentum)
+    check_room(config.checkpoint_dir, nbytes)
+
+
+def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
+    """A token file is read for its first step before any rank starts: ids beyond the model's
+    vocabulary (a wrong --data-dtype, a file of another tokenizer) are one line here, not an
+    IndexError in a rank. Later steps are checked by the ranks as they read them."""
+    from octopipe.runtime.data import TokenFile
+
+    if isinstance(config.data, TokenFile):
+        config.data_source(recipe).global_batch(0, config.global_sequences(plan))
+
+
+def check_sizes(config: RunConfig) -> None:
+    """What every rank allocates per microbatch, bounded before any starts (docs/FORMATS.md,
+    Limits)."""
+    check_microbatch_tokens(config.seq_len, config.micro_batch_size, MAX_MICROBATCH_TOKENS)
+
+
+def check_local_processes(nproc: int) -> None:
+    """Ranks spawned on this host (under torchrun, the job's own business)."""
+    if not 1 <= nproc <= MAX_PROCESSES:
+        raise InputError(
+            "--nproc",
+            f"{nproc:,} processes (the plan's devices x --dp); 1 to {MAX_PROCESSES:,} "
+            "start on one host",
+        )

@@ -20,6 +20,8 @@ one module whose `forward(*inputs)` returns the stage's output tuple.
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -170,14 +172,20 @@ def _from_module(name: str, factory: Callable[[], nn.Module]) -> ModelRecipe:
     return recipe
 
 
+def vocabulary_size(recipe: ModelRecipe) -> int | None:
+    """The token ids a model whose first layer is a token embedding takes (0 to this - 1);
+    None for other models."""
+    first = recipe.meta_model.get_submodule(recipe.layers[0])
+    embedding = next((m for m in first.modules() if isinstance(m, nn.Embedding)), None)
+    return None if embedding is None else embedding.num_embeddings
+
+
 def token_chains(recipe: ModelRecipe) -> Synthetic | None:
     """Synthetic data for a model whose first layer is a token embedding: chains of its
     vocabulary that a model learns (`octopipe.models.synthetic`). None for other models."""
-    first = recipe.meta_model.get_submodule(recipe.layers[0])
-    embedding = next((m for m in first.modules() if isinstance(m, nn.Embedding)), None)
-    if embedding is None:
+    vocab = vocabulary_size(recipe)
+    if vocab is None:
         return None
-    vocab = embedding.num_embeddings
 
     def sequence(gen: torch.Generator, seq_len: int) -> tuple[Activation, torch.Tensor]:
         from octopipe.models import synthetic
@@ -188,7 +196,14 @@ def token_chains(recipe: ModelRecipe) -> Synthetic | None:
     return sequence
 
 
+_FACTORY_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
+
+
 def _factory(spec: str) -> Callable[[], nn.Module]:
+    """The function `module:factory` names (the user's own code, imported as Python imports
+    it), which must be callable with no arguments."""
+    if not _FACTORY_SPEC.fullmatch(spec):
+        raise InputError("--model", f"{spec!r} is not module:factory (e.g. mymodel:transformer)")
     module_name, _, attr = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
@@ -196,6 +211,12 @@ def _factory(spec: str) -> Callable[[], nn.Module]:
         raise InputError("--model", f"cannot load factory {spec!r}: {exc}") from None
     if not callable(factory):
         raise InputError("--model", f"{spec!r} is not callable: expected a factory()")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise InputError("--model", f"{spec!r} needs arguments: expected a factory()") from None
+    except ValueError:  # no signature to read (some builtins): calling it will tell
+        pass
     return factory
 
 

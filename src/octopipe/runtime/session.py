@@ -36,6 +36,7 @@ from octopipe.runtime.recipe import (
     ModelRecipe,
     ModelSpec,
     load_recipe,
+    vocabulary_size,
 )
 from octopipe.runtime.shapes import exchange_boundary_specs
 from octopipe.runtime.split import parameter_bytes
@@ -67,6 +68,7 @@ class RunConfig:
     checkpoint_dir: str | None = None  # where DIR/step-N checkpoints go
     checkpoint_every: int = 0  # save after every this many steps (0: never)
     resume: bool = False  # start from the latest checkpoint in checkpoint_dir, if any
+    resume_checkpoint: str | None = None  # the one chosen before the ranks start (preflight)
     overlap_steps: bool = False  # no barrier between steps; post-validated per-stage updates
 
     @property
@@ -78,16 +80,8 @@ class RunConfig:
 
     def data_source(self, recipe: ModelRecipe) -> DataSource:
         if self.data is not None:
-            return self.data
+            return self.data.for_vocabulary(vocabulary_size(recipe))
         return SyntheticData(recipe.synthetic_sequence, self.seq_len, self.seed)
-
-    def resume_from(self) -> tuple[Path, int] | None:
-        """The checkpoint this run starts from, and its step."""
-        if not (self.resume and self.checkpoint_dir):
-            return None
-        from octopipe.runtime.checkpoint import latest
-
-        return latest(self.checkpoint_dir)
 
     def global_sequences(self, plan: Plan) -> int:
         """Sequences per step, over all replicas: D x M x b."""
@@ -268,25 +262,32 @@ def run_job_on_rank(
 
 
 def _resume(cfg: RunConfig, modules: dict, worker: Worker) -> int:
-    """Load the latest checkpoint when resuming; the step to start at. Rank 0 picks the
-    checkpoint, so every rank loads the same one."""
-    chosen = [cfg.resume_from() if dist.get_rank() == 0 else None]
+    """Load the checkpoint chosen before the ranks started, if any; the step to start at. Rank
+    0's choice is everyone's (under torchrun each rank chose on its own)."""
+    chosen = [cfg.resume_checkpoint if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(chosen, src=0)
     if chosen[0] is None:
         return 0
     from octopipe.runtime.checkpoint import load
 
-    path, _ = chosen[0]
-    step = load(path, modules, worker.optimizer)
+    step = load(Path(chosen[0]), modules, worker.optimizer)
     dist.barrier()
     return step
 
 
 def _save(cfg: RunConfig, recipe: ModelRecipe, step: int, modules: dict, worker: Worker) -> None:
     from octopipe.runtime.checkpoint import save
+    from octopipe.runtime.checkpoint_folder import checkpoint_bytes, model_identity
 
-    about = {"model": str(cfg.model), "layers": list(recipe.layers), "seed": cfg.seed}
-    save(cfg.checkpoint_dir, step, modules, worker.optimizer, about)
+    about = {
+        "model": str(cfg.model) if isinstance(cfg.model, str) else model_identity(cfg.model),
+        "model_id": model_identity(cfg.model),
+        "layers": list(recipe.layers),
+        "seed": cfg.seed,
+        "optimizer": cfg.optimizer.name,
+    }
+    nbytes = checkpoint_bytes(recipe.meta_model, cfg.optimizer.name, cfg.optimizer.momentum)
+    save(cfg.checkpoint_dir, step, modules, worker.optimizer, about, nbytes)
 
 
 def assemble(

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from octopipe.errors import OctoPipeError
 from octopipe.runtime import lifeline
 
 _GRACE_S = 2.0  # how long a failed run's other ranks get to report or exit before they are killed
@@ -49,6 +50,7 @@ class RankFailure(RuntimeError):
     or is the whole story for a failure that needs none (a non-finite loss)."""
 
     exit_codes: tuple[int | None, ...] = ()  # every spawned rank's, once all are stopped
+    bad_input: bool = False  # a rank refused its input (OctoPipeError): the user's to mend
 
 
 class Stopped(KeyboardInterrupt):
@@ -77,7 +79,11 @@ def spawn_ranks(
     with _stop_on_signals(), tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         store = str(Path(tmp) / "store")
         try:
-            with _environment(CHILD_ENVIRONMENT), _children_ignore_sigint():
+            # torch._dynamo, imported on the way by torch.optim, makes its compile cache folder
+            # at import (TMPDIR/torchinductor_USER); nothing here compiles, so the ranks' goes
+            # in this run's folder, which goes with the run.
+            cache = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor")}
+            with _environment({**CHILD_ENVIRONMENT, **cache}), _children_ignore_sigint():
                 for rank in range(nproc):
                     p = ctx.Process(
                         target=_rank_main,
@@ -94,12 +100,16 @@ def spawn_ranks(
             raise
         finally:
             _stop(started)
+    # Not a file: the bytes rank 0 (our own child) put in this run's queue a moment ago.
+    # Results hold dataclasses, so they need the full unpickler; nothing from disk is read here.
     return torch.load(io.BytesIO(payload), weights_only=False)
 
 
 # --- inside a rank -----------------------------------------------------------------------------
 
 _to_parent: tuple[Any, int] | None = None  # (the message queue, this rank), set in a rank
+# What a rank's error message holds: a traceback, or a whole story (plain, or a bad input).
+_TRACEBACK, _WHOLE, _BAD_INPUT = "traceback", "whole", "bad input"
 
 
 def tell_parent(note: Any) -> None:
@@ -125,10 +135,13 @@ def _rank_main(
             torch.save(results, buf)
             messages.put(("ok", buf.getvalue()))
     except RankFailure as exc:  # says it all: no traceback
-        messages.put(("error", rank, str(exc), True))
+        messages.put(("error", rank, str(exc), _WHOLE))
+        code = 1
+    except OctoPipeError as exc:  # one line, as from the launcher (e.g. a file changed since)
+        messages.put(("error", rank, f"rank {rank}: {exc}", _BAD_INPUT))
         code = 1
     except BaseException:  # noqa: BLE001 - whatever it was, the parent must hear of it
-        messages.put(("error", rank, traceback.format_exc(), False))
+        messages.put(("error", rank, traceback.format_exc(), _TRACEBACK))
         code = 1
     messages.close()
     messages.join_thread()
@@ -190,8 +203,10 @@ def _failure(procs: list[mp.process.BaseProcess], messages, errors: list[tuple])
         if code is not None and code < 0 and rank not in reported:
             return RankFailure(f"rank {rank} was killed by {signal.Signals(-code).name}")
     if errors:
-        _, rank, text, whole = errors[0]
-        return RankFailure(text if whole else f"rank {rank} failed:\n{text}")
+        _, rank, text, kind = errors[0]
+        failure = RankFailure(f"rank {rank} failed:\n{text}" if kind == _TRACEBACK else text)
+        failure.bad_input = kind == _BAD_INPUT
+        return failure
     rank, code = next((r, c) for r, c in enumerate(codes) if c not in (None, 0))
     return RankFailure(f"rank {rank} died with exit code {code}")
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from octopipe.errors import InputError
+from octopipe.plan import check_layer_names
 from octopipe.runtime.parallel.dtensors import local
 from octopipe.runtime.parallel.init import holds_shards, init_sharded
 
@@ -96,16 +97,7 @@ def check_layers(model: nn.Module, layers: Sequence[str]) -> None:
 def check_plan_layer_names(plan_names: Sequence[str] | None, model_names: Sequence[str]) -> None:
     """A plan made for another model must not run: same layers, same order (by name when the
     plan lists them, else by count)."""
-    if plan_names is None:
-        return
-    if list(plan_names) == list(model_names):
-        return
-    for i, (a, b) in enumerate(zip(plan_names, model_names)):
-        if a != b:
-            raise InputError("--plan", f"layer {i} is {a!r} in the plan but {b!r} in the model")
-    raise InputError(
-        "--plan", f"the plan has {len(plan_names)} layers, the model {len(model_names)}"
-    )
+    check_layer_names(plan_names, model_names, "--plan", of="the model")
 
 
 def prune(model: nn.Module, layers: Sequence[str], keep: Iterable[str]) -> nn.Module:

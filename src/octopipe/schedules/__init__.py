@@ -18,6 +18,7 @@ from collections.abc import Callable
 from octopipe import placement as maps
 from octopipe.actions import Action
 from octopipe.errors import InputError
+from octopipe.limits import MAX_STAGE_MICROBATCHES
 from octopipe.schedules import one_f_one_b as family
 from octopipe.schedules.spec import ScheduleSpec
 from octopipe.schedules.v_shape import dualpipev_order, zbv_order
@@ -80,6 +81,12 @@ def check_supported(name: str, num_devices: int, num_microbatches: int, chunks: 
         if value < 1:
             raise InputError(name, f"needs at least 1 of {what}, got {value}")
     P, M, V = num_devices, num_microbatches, chunks
+    if P * V * M > MAX_STAGE_MICROBATCHES:  # before the orders are built
+        raise InputError(
+            name,
+            f"{P * V:,} stages x {M:,} microbatches; a plan holds at most "
+            f"{MAX_STAGE_MICROBATCHES:,} (stage, microbatch) pairs",
+        )
     if name in _ONE_CHUNK_ONLY and V != 1:
         raise InputError(name, f"runs one stage per device (chunks 1), got chunks {V}")
     if name in _V_ORDERS and V != 2:

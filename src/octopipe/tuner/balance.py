@@ -21,6 +21,7 @@ None looks at memory or at the schedule; the tuner does, by simulation.
 from __future__ import annotations
 
 import itertools
+import math
 from bisect import bisect_right
 from collections.abc import Sequence
 
@@ -97,15 +98,18 @@ def proportional_ranges(
 
 
 def balanced_ranges(
-    costs: CostTable, placement: Sequence[int], speeds: Sequence[float]
+    costs: CostTable,
+    placement: Sequence[int],
+    speeds: Sequence[float],
+    deadline: float = math.inf,
 ) -> list[tuple[str, Ranges]]:
     """The tuner's partition seeds for a placement, labelled: the back-loaded min-max split
     ("/back") and, where a device holds several stages, the proportional split too ("/fair"),
-    each then refined for device loads; duplicates once."""
+    each then refined for device loads; duplicates once. OutOfTime past `deadline`."""
     work = costs.work
     stage_speeds = [speeds[d] for d in placement]
     splits = [
-        ("/back", min_max_ranges(work, stage_speeds, back_loaded=True)),
+        ("/back", min_max_ranges(work, stage_speeds, back_loaded=True, deadline=deadline)),
     ]
     if len(set(placement)) < len(placement):
         splits = [(tag, refine_device_loads(work, r, placement, speeds)) for tag, r in splits]

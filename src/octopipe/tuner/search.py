@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from octopipe.errors import InputError
+from octopipe.partition import OutOfTime
 from octopipe.placement import seed_placements, torchtitan_style
 from octopipe.plan import Plan
 from octopipe.profile import Profile
@@ -150,7 +151,7 @@ def tune(
         if allowed(plan.placement)
     )
     depth = max_chunks or SEED_DEPTH
-    seeds = _seed_candidates(evaluator, depth) + [
+    seeds = _seed_candidates(evaluator, depth, deadline=search.deadline) + [
         Candidate(
             tuple((s.start, s.end) for s in e.plan.stages),
             e.plan.placement,
@@ -216,7 +217,8 @@ def _deepen(
         if chunk_count(search.best.candidate.placement) < depth:
             break  # shallower plans win: deeper would not pay
         depth += 1
-        seeds = [c for c in _seed_candidates(evaluator, depth, depth) if allowed(c.placement)]
+        seeds = _seed_candidates(evaluator, depth, depth, search.deadline)
+        seeds = [c for c in seeds if allowed(c.placement)]
         if overlap_steps:
             seeds = [with_fill_tails(evaluator, c) for c in seeds]
         search.run(seeds, DEEPER_STARTS, kicks=0)
@@ -246,19 +248,29 @@ def check_plan_size(profile: Profile, num_microbatches: int, num_devices: int) -
         )
 
 
-def _seed_candidates(evaluator: Evaluator, max_chunks: int, min_chunks: int = 1) -> list[Candidate]:
+def _seed_candidates(
+    evaluator: Evaluator, max_chunks: int, min_chunks: int = 1, deadline: float = math.inf
+) -> list[Candidate]:
+    """The seeds of each placement; those whose partitions the `deadline` leaves no time for
+    are left out (a huge profile's min-max splits take long; the baselines still seed)."""
     costs, speeds = evaluator.costs, evaluator.speeds
     # With data parallelism, finishing a stage's W early lets its all-reduce hide under the
     # device's remaining backward work; the seeds' variants try the other way too.
     early = evaluator.data_parallel
-    return [
-        Candidate(ranges, placement, warmup=warmup, reduce_early=early, label=label + tag)
-        for label, placement in seed_placements(
-            evaluator.devices, max_chunks, costs.num_layers, min_chunks
-        )
-        for tag, ranges in balanced_ranges(costs, placement, speeds)
-        for warmup in SEED_WARMUPS
-    ]
+    seeds = []
+    for label, placement in seed_placements(
+        evaluator.devices, max_chunks, costs.num_layers, min_chunks
+    ):
+        try:
+            options = balanced_ranges(costs, placement, speeds, deadline)
+        except OutOfTime:
+            break
+        seeds += [
+            Candidate(ranges, placement, warmup=warmup, reduce_early=early, label=label + tag)
+            for tag, ranges in options
+            for warmup in SEED_WARMUPS
+        ]
+    return seeds
 
 
 class _Search:
@@ -281,6 +293,11 @@ class _Search:
         self.best: Outcome | None = None
         self.converged = False  # every local search ran to its end within the budget
         self.time_cut = False  # the seconds ran out while evaluations were left
+
+    @property
+    def deadline(self) -> float:
+        """When the budget runs out, as a `time.perf_counter()` value."""
+        return self.started + self.budget
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

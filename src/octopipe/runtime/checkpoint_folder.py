@@ -1,0 +1,252 @@
+"""The checkpoint folder (`--checkpoint-dir`): which checkpoint a run resumes, the lock that
+keeps a second run out, and whether there is room for the next one.
+
+- `choose(root)`: the newest complete checkpoint. Complete means its marker (`octopipe.json`)
+  reads strictly and names the step its folder's name does, its index reads safely
+  (`checkpoint_metadata`) and every shard the index names is there, long enough. A newer
+  folder that fails is skipped with a one-line warning (`CheckpointSkipped`); if every one
+  fails, the run is refused. An index that would run code is refused, never skipped.
+- `hold(root)`: an exclusive lock (`DIR/.octopipe.lock`, `flock`) for the run's whole life. The
+  kernel drops it when the holder dies however it dies, so a dead run never blocks the next;
+  the file records the holder's pid, host and start, for the message a second run gets.
+- `check_room(root, nbytes)`: free space for one more checkpoint, refused in one line.
+
+Writing and loading the tensors is `checkpoint.py`'s; this module reads only markers, indices
+and file sizes.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from octopipe.errors import InputError, OctoPipeError, OctoPipeWarning
+from octopipe.jsonfile import read_json
+from octopipe.runtime.checkpoint_metadata import DamagedCheckpoint, read_metadata
+
+FORMAT = "octopipe.checkpoint/1"
+MARKER = "octopipe.json"
+LOCK = ".octopipe.lock"
+STEP_DIR = re.compile(r"step-([0-9]{1,18})")
+_PER_TENSOR_BYTES = 4096  # what DCP adds to each tensor's data (torch.save's header, the index)
+
+
+class CheckpointSkipped(OctoPipeWarning):
+    """A damaged or unfinished checkpoint passed over for an earlier complete one."""
+
+
+class NoSpace(OctoPipeError):
+    """Too little free space for a checkpoint; the message names the folder and the bytes."""
+
+
+class Marker(BaseModel):
+    """`octopipe.json`: what a run needs besides the tensors (docs/FORMATS.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    format: Literal["octopipe.checkpoint/1"]
+    step: int = Field(strict=True, ge=0)
+    model: str = Field(strict=True)
+    layers: tuple[str, ...]
+    seed: int = Field(strict=True)
+    model_id: str | None = Field(default=None, strict=True)
+    optimizer: str | None = Field(default=None, strict=True)
+
+
+@dataclass(frozen=True)
+class Resumable:
+    path: Path
+    step: int
+    marker: Marker
+
+
+def read_marker(folder: Path) -> Marker:
+    """The marker of checkpoint `folder`; DamagedCheckpoint (one line) if it is not sound."""
+    path = folder / MARKER
+    if not path.is_file():
+        raise DamagedCheckpoint(str(folder), f"no {MARKER}: the save did not finish")
+    try:
+        data = read_json(path)
+    except InputError as exc:  # unreadable: damaged, as a truncated shard is
+        raise DamagedCheckpoint(exc.where, exc.message, exc.place) from None
+    try:
+        return Marker.model_validate(data)
+    except ValidationError as exc:
+        from octopipe.profile import first_error
+
+        place, message = first_error(exc)
+        raise DamagedCheckpoint(str(path), message, place) from None
+
+
+def choose(root: str | Path) -> Resumable | None:
+    """The newest complete checkpoint in `root`, or None if it holds no `step-N` folder.
+    Newer incomplete ones are skipped with a warning; none complete is an InputError."""
+    root = Path(root)
+    found = sorted(
+        (
+            (int(m.group(1)), child)
+            for child in _children(root)
+            if (m := STEP_DIR.fullmatch(child.name))
+        ),
+        reverse=True,
+    )
+    faults = []
+    for step, folder in found:
+        try:
+            marker = read_marker(folder)
+            if marker.step != step:
+                raise DamagedCheckpoint(
+                    str(folder / MARKER), f"says step {marker.step}, its folder step {step}"
+                )
+            check_shards(folder)
+        except DamagedCheckpoint as exc:  # an UnsafeCheckpoint is not skipped: it propagates
+            faults.append(str(exc))
+            continue
+        for fault in faults:
+            warnings.warn(f"{fault}; skipped for {folder.name}", CheckpointSkipped, stacklevel=2)
+        return Resumable(folder, step, marker)
+    if faults:
+        raise InputError("--resume", f"no complete checkpoint in {root}: {'; '.join(faults[:3])}")
+    return None
+
+
+def check_shards(folder: Path) -> None:
+    """The index reads safely, and every shard file it names is there and long enough."""
+    index = read_metadata(folder)
+    needed: dict[str, int] = {}
+    for info in index.storage_data.values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, end in sorted(needed.items()):
+        shard = folder / name
+        size = shard.stat().st_size if shard.is_file() else None
+        if size is None or size < end:
+            state = "is missing" if size is None else f"holds {size:,} of {end:,} bytes"
+            raise DamagedCheckpoint(str(shard), f"shard {state}")
+
+
+def _children(root: Path) -> list[Path]:
+    try:
+        return [child for child in root.iterdir() if child.is_dir()]
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise InputError("--checkpoint-dir", f"{root}: {exc.strerror or exc}") from None
+
+
+# --- the folder a run writes to ---------------------------------------------------------------
+
+
+def check_folder(root: str | Path) -> None:
+    """`--checkpoint-dir` is a folder this process can write, or one it can create."""
+    from octopipe.commands._output_paths import check_output_folder  # plain path checks
+
+    check_output_folder("--checkpoint-dir", root)
+
+
+def check_room(root: str | Path, nbytes: int, what: str = "a checkpoint") -> None:
+    """Refuse, in one line naming the folder and the bytes, a checkpoint that will not fit."""
+    root = Path(root)
+    probe = next((p for p in (root, *root.parents) if p.exists()), Path("."))
+    free = shutil.disk_usage(probe).free
+    if free < nbytes:
+        raise NoSpace(no_space_message(root, nbytes, what, free))
+
+
+def no_space_message(root: Path, nbytes: int, what: str, free: int | None = None) -> str:
+    have = "" if free is None else f" ({free:,} bytes free)"
+    return f"no space for {what} in {root}{have}: it needs about {nbytes:,} bytes"
+
+
+def is_no_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def checkpoint_bytes(model, optimizer: str, momentum: float = 0.0) -> int:
+    """About how many bytes a checkpoint of `model` (a meta-device model will do) takes: every
+    parameter and its optimizer state (Adam: two moments and a step count; SGD: a momentum
+    buffer when momentum is on), each tensor with what DCP adds to it."""
+    adam = optimizer in ("adam", "adamw")
+    copies = 1 + (2 if adam else 0) + (1 if optimizer == "sgd" and momentum else 0)
+    tensors = copies + (1 if adam else 0)  # Adam's step is a tensor of its own
+    return sum(
+        copies * p.numel() * p.element_size() + tensors * _PER_TENSOR_BYTES
+        for p in model.parameters()
+    )
+
+
+@contextmanager
+def hold(root: str | Path) -> Iterator[None]:
+    """Keep every other run out of `root` while the block runs (module docstring)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError("--checkpoint-dir", _in_use(root, path)) from None
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def _in_use(root: Path, lock: Path) -> str:
+    try:
+        holder = json.loads(lock.read_text())
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder["since"])))
+        who = f"pid {int(holder['pid'])} on {holder['host']}, since {since}"
+    except (OSError, ValueError, KeyError, TypeError):
+        who = "another process"
+    return (
+        f"{root} is in use by another run ({who}); wait for it, or give another folder. The "
+        f"lock is released when that run ends, however it ends; if it persists (a host that "
+        f"went down with a network file system), remove {lock}"
+    )
+
+
+def model_identity(spec: object) -> str:
+    """What a checkpoint records as its model, to tell another `--model` on resume: a config
+    file by its content (a folder or checkpoint may move between machines, the model does not
+    change), a factory by its import path, a bundled model by its name."""
+    if callable(spec):
+        return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', spec)}"
+    text = str(spec)
+    path = Path(text.removeprefix("hf:"))
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return f"{'hf:' if text.startswith('hf:') else ''}sha256:{_sha256(path)}"
+    return text
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+@contextmanager
+def hold_all(roots: Iterable[str | Path]) -> Iterator[None]:
+    """`hold` every folder of `roots` (each once) for the duration."""
+    with ExitStack() as stack:
+        for root in sorted({str(Path(r)) for r in roots}):
+            stack.enter_context(hold(root))
+        yield

@@ -1,0 +1,41 @@
+"""The work a command does is bounded: the min-max partitioner stops at its deadline, and a
+tuning run out of time still returns a valid plan (timings themselves: benchmarks/bench_budget.py).
+"""
+
+import math
+import time
+
+import pytest
+
+from octopipe.api import tune
+from octopipe.baselines import all_baselines
+from octopipe.partition import OutOfTime, min_max_ranges, work_prefix
+from octopipe.plan import check_structure
+from tests.sim_helpers import uniform_profile
+
+
+def test_the_partitioner_stops_at_its_deadline_and_is_unchanged_without_one():
+    profile = uniform_profile(20_000, devices=4)
+    work = work_prefix(profile)
+    with pytest.raises(OutOfTime):
+        min_max_ranges(work, [1.0] * 8, deadline=time.perf_counter() - 1)
+    assert min_max_ranges(work, [1.0] * 8) == min_max_ranges(work, [1.0] * 8, deadline=math.inf)
+    assert min_max_ranges(work, [1.0] * 4) == (
+        (0, 5000),
+        (5000, 10000),
+        (10000, 15000),
+        (15000, 20000),
+    )
+
+
+def test_baselines_out_of_time_keep_the_first_and_stop():
+    profile = uniform_profile(2_000, devices=4)
+    labels = [label for label, _ in all_baselines(profile, 4, 8, time_limit=0.0)]
+    assert labels == ["gpipe/uniform"]
+
+
+def test_a_tuning_run_with_no_time_left_returns_a_valid_plan():
+    profile = uniform_profile(50_000, devices=4)
+    result = tune(profile, 8, time_budget=1e-9)
+    check_structure(result.best.plan, num_layers=profile.num_layers)
+    assert not result.converged
