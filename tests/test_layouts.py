@@ -307,3 +307,14 @@ def test_plan_gpus_json_names_the_chosen_and_the_reference_layouts(tmp_path, cap
     assert plan["parallelism"]["tp"] == summary["chosen"]["tp"]
     assert "torchrun" in out and "octopipe run" in out  # how to launch it
     assert summary["search"]["evaluations"] > 0 and not summary["search"]["cut_by_time"]
+
+
+def test_run_refuses_a_plan_with_degrees_it_does_not_run(tmp_path, capsys):
+    from octopipe.plan import save_plan
+
+    plan = api.baseline(api.profile_from_config("tiny-llama", devices=2), "1f1b", "uniform", 4)
+    save_plan(plan.with_parallelism(1, 1, 1, cp=2), tmp_path / "cp.json")
+    argv = ["run", "--plan", str(tmp_path / "cp.json"), "--model", "tiny-llama"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "context parallelism (cp 2)" in err
