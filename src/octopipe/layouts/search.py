@@ -49,10 +49,10 @@ FINALISTS = 4
 TUNE_EVALUATIONS = 1500  # the tuner's evaluations per tuned layout, at most
 # What one tuning may list-schedule in all: big pipelines get fewer evaluations (each schedules
 # stages x microbatches x 3 actions), never fewer than MIN_TUNE_EVALUATIONS.
-TUNE_ACTIONS = 10_000_000
+TUNE_ACTIONS = 4_000_000
 MIN_TUNE_EVALUATIONS = 100
 MAX_SCREENED = 300  # layouts screened at most, best bound first: a bound on the work
-SCREEN_ACTIONS = 20_000_000  # and the actions their screening simulates, at most
+SCREEN_ACTIONS = 8_000_000  # and the actions their screening simulates, at most
 
 
 @dataclass(frozen=True)
