@@ -153,6 +153,15 @@ def test_ring_attention_hides_its_exchange_over_nvlink_but_not_over_the_network(
     assert exposed(True, 8192) > exposed(True, 65536) / 8  # longer: more attention per byte
 
 
+def test_expert_parallelism_divides_the_experts_memory_and_pays_all_to_alls():
+    job = Job("mixtral-8x7b", Cluster(parse_gpus("64"), 8), 64, 4096, Stack())
+    dense = estimate(job, Given(Layout(1, 8, 8, 1, 1, zero1=True), "1f1b"))
+    spread = estimate(job, Given(Layout(1, 8, 8, 1, 1, zero1=True, ep=8), "1f1b"))
+    assert spread.peak_memory_bytes < dense.peak_memory_bytes
+    assert dense.breakdown.ep_comm == 0 < spread.breakdown.ep_comm
+    assert spread.model_flops == pytest.approx(dense.model_flops)
+
+
 def test_cli_prints_the_prediction_and_json_on_the_last_line(gpt, capsys):
     argv = ["estimate", "--model", gpt, "--hardware", "a100", "--gpus", "16", "--tp", "2"]
     argv += ["--pp", "4", "--micro-batch-size", "2", "--global-batch", "64", "--seq-len", "2048"]
@@ -165,6 +174,7 @@ def test_cli_prints_the_prediction_and_json_on_the_last_line(gpt, capsys):
         "cp": 1,
         "pp": 4,
         "dp": 2,
+        "ep": 1,
         "microbatch_size": 2,
         "microbatches": 16,
         "schedule": "i1f1b",
@@ -196,6 +206,8 @@ def test_cli_prints_the_prediction_and_json_on_the_last_line(gpt, capsys):
         (["--global-batch", "0"], "--global-batch"),
         (["--grad-bucket-mb", "0"], "--grad-bucket-mb"),
         (["--dropout", "1.5"], "--dropout"),
+        (["--dp", "16", "--ep", "3"], "--ep"),
+        (["--dp", "16", "--ep", "2"], "no MoE experts"),
     ],
 )
 def test_bad_layouts_are_one_line_and_exit_2(gpt, capsys, extra, flag):

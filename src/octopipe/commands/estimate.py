@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 
-from octopipe.commands._flags import count
+from octopipe.commands._flags import count, number
 from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
 from octopipe.costmodel.hardware import PRESETS
 from octopipe.costmodel.settings import RECOMPUTE_KINDS
 from octopipe.errors import InputError
 from octopipe.jsonfile import dumps
+from octopipe.layouts.layout import DEFAULT_HEADROOM
 from octopipe.limits import (
     MAX_CHUNKS,
     MAX_GLOBAL_BATCH,
@@ -42,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ("--tp", "tensor-parallel degree"),
         ("--cp", "context-parallel degree"),
         ("--pp", "pipeline-parallel degree (devices of one pipeline)"),
+        ("--ep", "expert-parallel degree (MoE experts over that many of the DP x CP ranks)"),
     ):
         g.add_argument(flag, type=count(1, MAX_PARALLEL_DEGREE), default=1, help=what)
     g.add_argument(
@@ -78,6 +80,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="1: optimizer state sharded over DP x CP (distributed optimizer, ZeRO-1)",
     )
+    g.add_argument(
+        "--memory-headroom",
+        type=number(0, 1, below=True),
+        default=DEFAULT_HEADROOM,
+        help="fraction of each GPU's memory a plan leaves free (fragmentation, workspaces)",
+    )
     add_stack_arguments(p)
     p.add_argument("--json", action="store_true", help="everything as JSON on the last line")
 
@@ -87,16 +95,11 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.layouts.estimate import Given, estimate
     from octopipe.layouts.layout import Job, Layout
 
-    for flag, value in (("--global-batch", args.global_batch), ("--seq-len", args.seq_len)):
-        if value < 1:
-            raise InputError(flag, f"must be at least 1, got {value}")
-    if args.micro_batch_size < 1:
-        raise InputError("--micro-batch-size", f"must be at least 1, got {args.micro_batch_size}")
     cluster = Cluster(parse_gpus(args.gpus, args.hardware), args.gpus_per_node)
     dp = args.dp
     if dp is None:
         group = args.tp * args.cp * args.pp
-        if group < 1 or cluster.size % group:
+        if cluster.size % group:
             raise InputError(
                 "--dp", f"TP x CP x PP = {group} does not divide the {cluster.size} GPUs"
             )
@@ -110,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
         zero1=args.zero == 1,
         cp=args.cp,
         recompute=args.recompute,
+        ep=args.ep,
     )
-    job = Job(args.model, cluster, args.global_batch, args.seq_len, stack_from_args(args))
+    stack = stack_from_args(args)
+    job = Job(args.model, cluster, args.global_batch, args.seq_len, stack, args.memory_headroom)
     result = estimate(job, Given(layout, args.schedule, args.chunks))
     _print(result)
     if args.json:
@@ -156,6 +161,7 @@ def _print(result) -> None:
         "recompute": "recomputation",
         "tp_comm": "exposed TP communication",
         "cp_comm": "exposed CP communication",
+        "ep_comm": "exposed EP all-to-alls",
         "bubble": "pipeline bubble and transfers",
         "dp_exposed": "exposed DP reduction",
         "optimizer": "optimizer step",

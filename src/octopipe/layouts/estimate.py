@@ -39,7 +39,7 @@ class Given:
 @dataclass(frozen=True)
 class Breakdown:
     """The step on the busiest device, in seconds: its compute, the forward it redoes, the
-    tensor- and context-parallel communication it leaves exposed, the time it waits in the
+    tensor-, context- and expert-parallel communication it leaves exposed, the time it waits in the
     pipeline (bubbles and transfers), the data-parallel reductions (and ZeRO-1's all-gather)
     not hidden behind compute, and the optimizer update. They add up to the step."""
 
@@ -47,6 +47,7 @@ class Breakdown:
     recompute: float
     tp_comm: float
     cp_comm: float
+    ep_comm: float
     bubble: float
     dp_exposed: float
     optimizer: float
@@ -98,6 +99,7 @@ class Estimate:
                 "cp": lay.cp,
                 "pp": lay.pp,
                 "dp": lay.dp,
+                "ep": lay.ep,
                 "microbatch_size": lay.microbatch_size,
                 "microbatches": lay.num_microbatches,
                 "schedule": self.given.schedule,
@@ -134,6 +136,10 @@ def check_given(job: Job, given: Given) -> None:
         raise InputError("--tp", f"{lay.tp} does not divide a node of {cluster.gpus_per_node}")
     if job.seq_len % lay.cp:
         raise InputError("--cp", f"{lay.cp} does not divide the sequence length {job.seq_len}")
+    if (lay.dp * lay.cp) % lay.ep:
+        raise InputError(
+            "--ep", f"{lay.ep} does not divide the DP x CP = {lay.dp * lay.cp} ranks of a device"
+        )
     per_step = lay.dp * lay.microbatch_size
     if job.global_batch % per_step:
         raise InputError(
@@ -152,11 +158,14 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
     lay = replace(lay, num_microbatches=job.global_batch // (lay.dp * lay.microbatch_size))
     given = replace(given, layout=lay)
     costs = costs or LayoutCosts(job)
+    if lay.ep > 1 and costs.arch.moe is None:
+        raise InputError("--ep", f"{job.config} has no MoE experts to spread over {lay.ep} ranks")
     try:
         profile, replicas = costs.profile(lay)
     except InputError as exc:  # the model's heads (or experts) do not split TP ways
-        if exc.place == "tensor_parallel":
-            raise InputError("--tp", exc.message) from None
+        flag = {"tensor_parallel": "--tp", "expert_parallel": "--ep"}.get(exc.place or "")
+        if flag is not None:
+            raise InputError(flag, exc.message) from None
         raise
     plan = make_baseline(
         profile, given.schedule, PARTITION, lay.pp, lay.num_microbatches, given.chunks
@@ -177,6 +186,7 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
         recompute=busiest.recompute,
         tp_comm=busiest.tp_comm,
         cp_comm=busiest.cp_comm,
+        ep_comm=busiest.ep_comm,
         bubble=pipeline - busiest.total,
         dp_exposed=sim.iteration_time - pipeline + tail.all_gather,
         optimizer=tail.optimizer,
