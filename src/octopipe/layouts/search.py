@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from octopipe.errors import InputError
-from octopipe.layouts.costs import LayoutCosts
-from octopipe.layouts.layout import Job, Layout, search_space
+from octopipe.layouts.costs import LayoutCosts, optimizer_seconds
+from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, search_space
 from octopipe.layouts.reference import from_layout_row, reference_row
 from octopipe.layouts.spec import LayoutSpec
 from octopipe.plan import Plan
@@ -233,8 +233,6 @@ class LayoutSearch:
         params = sum(e.params for e in self.costs.layers(layout)) / layout.pp
         s = self.costs.settings(layout)
         shards = layout.dp * layout.cp if layout.zero1 else 1
-        from octopipe.layouts.costs import optimizer_seconds
-
         update = optimizer_seconds(
             params / shards, s.grad_bytes, s.weight_bytes, self.costs.hardware()
         )
@@ -249,8 +247,9 @@ class LayoutSearch:
         return (static + one) / layout.pp
 
     def capacity(self) -> float:
-        profile, _ = self.profile(Layout(1, 1, self.job.cluster.size, 1, 1))
-        return min(d.memory_bytes for d in profile.device_list())
+        """What a plan may use of the smallest GPU's memory."""
+        smallest = min(g.hardware.memory_bytes for g in self.job.cluster.groups)
+        return smallest * (1.0 - self.job.memory_headroom)
 
 
 @dataclass(frozen=True)
@@ -307,7 +306,7 @@ def plan_cluster(
             f"no TP x CP x PP x DP layout of {job.cluster.size} GPUs divides the global batch "
             f"{job.global_batch} with at most one stage per layer",
         )
-    work = _Work(started, time_budget, progress, max_screened + (2 + finalists) * 1)
+    work = _Work(started, time_budget, progress, max_screened + 2 + finalists)
     rows: list[Row] = []
 
     # 1. The references, as their frameworks run them, then tuned.
@@ -389,16 +388,12 @@ def plan_cluster(
 
 
 def _heavier(recompute: str, than: str) -> bool:
-    from octopipe.layouts.layout import RECOMPUTE_ORDER
-
     return RECOMPUTE_ORDER.index(recompute) > RECOMPUTE_ORDER.index(than)
 
 
 def _order(layout: Layout) -> tuple:
     """Ties of the bound broken alike on every run: fewer devices and less recomputation,
     unsharded, smaller degrees first."""
-    from octopipe.layouts.layout import RECOMPUTE_ORDER
-
     return (
         layout.pp,
         RECOMPUTE_ORDER.index(layout.recompute),
