@@ -318,3 +318,14 @@ def test_run_refuses_a_plan_with_degrees_it_does_not_run(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "context parallelism (cp 2)" in err
+
+
+def test_plan_gpus_with_torchtitan_keeps_to_placements_torchtitan_builds(tmp_path, capsys):
+    from octopipe.placement import torchtitan_style
+
+    argv = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
+    argv += ["--global-batch", "16", "--seq-len", "256", "--no-png", "--quiet", "--torchtitan"]
+    assert main([*argv, "-o", str(tmp_path)]) == 0
+    plan = load_plan(tmp_path / "plan.json")
+    assert torchtitan_style(plan.placement, plan.num_devices) is not None
+    assert "torchtitan" in capsys.readouterr().out  # how to run it there, or why not
