@@ -231,7 +231,7 @@ def run(
     zero: int = 0,
     tp: int | None = None,
     data=None,
-    data_dtype: str = "uint16",
+    data_dtype: str | None = None,
     loss=None,
     nproc: int | None = None,
     backend: str = "auto",
@@ -249,7 +249,8 @@ def run(
 
     `model`: a bundled name, a config.json, `hf:PATH`, `module:factory`, or a factory (a
     picklable function returning an `nn.Module`; docs in the README). `data`: None (the model's
-    synthetic sequences), a token file's path (little-endian `data_dtype` ids), a
+    synthetic sequences), a token file's path (little-endian `data_dtype` ids; default: what a
+    meta.json beside it says, else uint16), a
     `octopipe.runtime.data.DataSource`, or the global batches themselves (a list, or any
     iterable, of `(inputs, targets)` holding dp x M x b sequences each). `loss(outputs,
     target)`: None for the model's own (next-token cross-entropy by default). The learning
@@ -336,7 +337,7 @@ def _planned(plan: Plan, degree: str) -> int:
     return plan.parallelism.get(degree, 1) if plan.parallelism else 1
 
 
-def _data_source(data, seq_len: int, seed: int, dtype: str, steps: int):
+def _data_source(data, seq_len: int, seed: int, dtype: str | None, steps: int):
     import itertools
 
     from octopipe.runtime.data import DataSource, GivenBatches, TokenFile

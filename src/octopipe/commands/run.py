@@ -63,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="flat file of little-endian token ids (nanoGPT style); default: synthetic data",
     )
     parser.add_argument(
-        "--data-dtype", choices=("uint16", "uint32"), default="uint16", help="--data's id type"
+        "--data-dtype",
+        choices=("uint16", "uint32"),
+        help="--data's id type (default: what the meta.json beside the file says, else uint16)",
     )
     parser.add_argument(
         "--steps",

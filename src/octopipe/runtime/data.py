@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from octopipe.errors import InputError
+from octopipe.tokens.meta import META, TokenMeta, meta_beside
 
 Activation = tuple[torch.Tensor, ...]
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -87,27 +88,50 @@ class SyntheticData(DataSource):
 
 
 class TokenFile(DataSource):
-    """Windows of `seq_len + 1` tokens at offsets drawn from (seed, step, index)."""
+    """Windows of `seq_len + 1` tokens at offsets drawn from (seed, step, index).
 
-    def __init__(self, path: str | Path, seq_len: int, seed: int, dtype: str = "uint16") -> None:
-        if dtype not in TOKEN_DTYPES:
-            raise InputError("--data-dtype", f"expected one of {sorted(TOKEN_DTYPES)}, got {dtype}")
+    A `meta.json` beside the file (`octopipe prepare-data`'s, `octopipe.tokens.meta`) says its
+    dtype, which is then the default, and its tokenizer's vocabulary, which the model's must
+    hold; the file must hold the tokens it says. `flag` names the file in messages."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        seq_len: int,
+        seed: int,
+        dtype: str | None = None,
+        flag: str = "--data",
+    ) -> None:
         path = Path(path)
         if not path.is_file():
-            raise InputError("--data", f"no such file: {path}")
+            raise InputError(flag, f"no such file: {path}")
+        described = meta_beside(path)
+        if dtype is None:
+            dtype = described[1].dtype if described else "uint16"
+        if dtype not in TOKEN_DTYPES:
+            raise InputError("--data-dtype", f"expected one of {sorted(TOKEN_DTYPES)}, got {dtype}")
         width = np.dtype(TOKEN_DTYPES[dtype]).itemsize
         size = path.stat().st_size
+        if described:
+            _check_described(path, dtype, size, *described)
         if size % width:
-            raise InputError("--data", f"{path} is {size} bytes, not a whole number of {dtype}")
+            raise InputError(flag, f"{path} is {size} bytes, not a whole number of {dtype}")
         if size // width < seq_len + 1:
-            raise InputError(
-                "--data", f"{path} holds {size // width} tokens, fewer than --seq-len + 1"
-            )
-        self.path, self.dtype, self.seq_len, self.seed = path, dtype, seq_len, seed
+            raise InputError(flag, f"{path} holds {size // width} tokens, fewer than --seq-len + 1")
+        self.path, self.dtype, self.seq_len, self.seed, self.flag = path, dtype, seq_len, seed, flag
         self.vocabulary: int | None = None  # ids at or above it are refused as they are read
+        self.tokenizer_vocabulary = described[1].vocab_size if described else None
         self._tokens: np.memmap | None = None
 
     def for_vocabulary(self, size: int | None) -> TokenFile:
+        vocab = self.tokenizer_vocabulary
+        if size is not None and vocab is not None and vocab > size:
+            raise InputError(
+                self.flag,
+                f"{self.path} holds ids of a tokenizer of {vocab:,} (its {META}); the model "
+                f"takes {size:,}: tokenize with the model's tokenizer, or give the model a "
+                "vocabulary as large",
+            )
         checked = copy.copy(self)
         checked.vocabulary = size
         return checked
@@ -131,7 +155,7 @@ class TokenFile(DataSource):
             if self.vocabulary is not None and int(window.max()) >= self.vocabulary:
                 bad = int(torch.nonzero(window >= self.vocabulary)[0]) + at
                 raise InputError(
-                    "--data",
+                    self.flag,
                     f"{self.path} holds token id {int(self.tokens[bad])} at token {bad:,}, "
                     f"beyond the model's vocabulary of {self.vocabulary:,} (is --data-dtype "
                     f"{self.dtype} "
@@ -139,6 +163,22 @@ class TokenFile(DataSource):
                 )
             rows.append(((window[:-1],), window[1:]))
         return stack(rows)
+
+
+def _check_described(path: Path, dtype: str, size: int, where: Path, meta: TokenMeta) -> None:
+    """The token file is what its meta.json says: ids of that dtype, and as many."""
+    if dtype != meta.dtype:
+        raise InputError(
+            "--data-dtype", f"{dtype}, but {where} says {path.name} holds {meta.dtype} ids"
+        )
+    entry = meta.files.get(path.name)
+    width = np.dtype(TOKEN_DTYPES[dtype]).itemsize
+    if entry is not None and entry.tokens * width != size:
+        raise InputError(
+            str(path),
+            f"holds {size:,} bytes; {where} says {entry.tokens:,} {dtype} tokens "
+            f"({entry.tokens * width:,} bytes): a file changed since it was written",
+        )
 
 
 class GivenBatches(DataSource):
