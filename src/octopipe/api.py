@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from octopipe.layouts import LayoutReport
     from octopipe.plan import Plan
     from octopipe.profile import Profile
-    from octopipe.runtime.progress import StepReport
+    from octopipe.runtime.progress import RunNote, StepReport
     from octopipe.runtime.session import RunResult
     from octopipe.sim import SimResult
     from octopipe.tuner import TuneResult
@@ -242,6 +242,12 @@ def run(
     init_method: str = "env://",
     where: str = "<plan>",
     on_step: Callable[[StepReport], None] | None = None,
+    on_note: Callable[[RunNote], None] | None = None,
+    val_data=None,
+    eval_every: int = 0,
+    eval_batches: int = 4,
+    keep_last: int = 0,
+    peak_tflops: float | None = None,
 ) -> RunResult | None:
     """Train `model` with `plan` for `steps` steps on spawned processes, `dp` replicas of one
     process per device (gloo on CPU, NCCL with a GPU per rank), and return what was measured:
@@ -263,9 +269,16 @@ def run(
     plan's `parallelism` degrees, else 1); `zero`: 1 shards the optimizer state over the
     replicas, 3 also the weights and gradients (FSDP2).
 
+    `val_data` (a token file's path, a `DataSource`, or global batches as for `data`) is
+    evaluated (forward only, held-out loss) after every `eval_every` steps and after the last,
+    on `eval_batches` global batches each time; `keep_last` keeps only that many checkpoints.
+    `peak_tflops`: one rank's dense peak, for MFU (default: its GPU's preset, none on a CPU).
+
     `timeout` (seconds) bounds each wait of a rank (a transfer, a collective), not the whole
-    run. `on_step(report)` is called with every step's `StepReport` (loss, step time, tokens)
-    as the steps finish, where the result comes back.
+    run. `on_step(report)` is called with every step's `StepReport` (loss, learning rate,
+    gradient norm, step time, tokens/s, MFU, held-out loss) as the steps finish, where the
+    result comes back; `on_note(note)` with each `RunNote` saying what the run is doing
+    (start-up stages, checkpoints saved and resumed).
 
     Inside a torchrun job this process is one rank instead (ranks meet by `init_method`) and only
     rank 0 gets the result (the others None). A failing rank raises
@@ -290,6 +303,11 @@ def run(
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         resume=resume,
+        keep_last=keep_last,
+        val_data=val_data,
+        eval_every=eval_every,
+        eval_batches=eval_batches,
+        peak_tflops=peak_tflops,
     )
     seq_len = seq_len or DEFAULT_SEQ_LEN
     config = RunConfig(
@@ -320,6 +338,11 @@ def run(
         checkpoint_every=checkpoint_every,
         resume=resume,
         overlap_steps=overlap_steps,
+        val_data=_data_source(val_data, seq_len, seed, data_dtype, eval_batches, "--val-data"),
+        eval_every=eval_every,
+        eval_batches=eval_batches,
+        keep_last=keep_last,
+        peak_flops=None if peak_tflops is None else peak_tflops * 1e12,
     )
     results = execute(
         [Job(plan, config, where)],
@@ -327,9 +350,24 @@ def run(
         backend,
         timeout,
         init_method,
-        on_step,
+        _reports_to(on_step, on_note),
     )
     return None if results is None else results[0]
+
+
+def _reports_to(on_step, on_note):
+    """One callback for the launcher: step reports to `on_step`, notes to `on_note`."""
+    from octopipe.runtime.progress import StepReport
+
+    if on_step is None and on_note is None:
+        return None
+
+    def report(item) -> None:
+        handler = on_step if isinstance(item, StepReport) else on_note
+        if handler is not None:
+            handler(item)
+
+    return report
 
 
 def _planned(plan: Plan, degree: str) -> int:
@@ -337,7 +375,10 @@ def _planned(plan: Plan, degree: str) -> int:
     return plan.parallelism.get(degree, 1) if plan.parallelism else 1
 
 
-def _data_source(data, seq_len: int, seed: int, dtype: str | None, steps: int):
+def _data_source(
+    data, seq_len: int, seed: int, dtype: str | None, steps: int, flag: str = "--data"
+):
+    """`steps`: how many batches an iterator is read for."""
     import itertools
 
     from octopipe.runtime.data import DataSource, GivenBatches, TokenFile
@@ -345,7 +386,7 @@ def _data_source(data, seq_len: int, seed: int, dtype: str | None, steps: int):
     if data is None or isinstance(data, DataSource):
         return data
     if isinstance(data, str | Path):
-        return TokenFile(data, seq_len, seed, dtype)
+        return TokenFile(data, seq_len, seed, dtype, flag)
     if not isinstance(data, Sequence):  # a generator cannot travel to spawned ranks: read it
         data = list(itertools.islice(iter(data), steps))
     return GivenBatches(data)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import nullcontext
 
 from octopipe.commands._flags import count, number
 from octopipe.jsonfile import dumps
 from octopipe.limits import (
+    MAX_EVAL_BATCHES,
     MAX_MICRO_BATCH_SIZE,
     MAX_PARALLEL_DEGREE,
     MAX_PROCESSES,
@@ -126,9 +128,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="save after every N steps (0: never)",
     )
     parser.add_argument(
+        "--keep-last",
+        type=count(0, MAX_STEPS),
+        default=0,
+        help="after each save, keep only the newest K checkpoints in --checkpoint-dir (0: all)",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="continue from the latest checkpoint in --checkpoint-dir (any plan, any --dp)",
+    )
+    parser.add_argument(
+        "--val-data",
+        help="held-out token file (as --data; prepare-data's val.bin): its loss and perplexity "
+        "after every --eval-every steps and after the last",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=count(0, MAX_STEPS),
+        default=0,
+        help="evaluate on --val-data after every N steps (0: after the last step only)",
+    )
+    parser.add_argument(
+        "--eval-batches",
+        type=count(1, MAX_EVAL_BATCHES),
+        default=4,
+        help="global batches of --val-data per evaluation (the same ones each time)",
+    )
+    parser.add_argument(
+        "--log-dir",
+        help="write DIR/log.jsonl (every step's JSON line) and TensorBoard event files "
+        "(with the tensorboard package: pip install 'octopipe[logs]')",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=number(0, MAX_RATE, above=True),
+        help="one rank's dense peak TFLOP/s, for MFU (default: an A100/H100/H200/H800's BF16 "
+        "peak by the GPU's name; none on a CPU)",
     )
     parser.add_argument(
         "--backend",
@@ -175,7 +211,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopipe.api import run as train
-    from octopipe.commands._output_paths import JSON, PICTURE, check_output_file
+    from octopipe.commands._output_paths import (
+        JSON,
+        PICTURE,
+        check_output_file,
+        check_output_folder,
+    )
     from octopipe.commands._run_progress import RunProgress
     from octopipe.plan import load_plan
     from octopipe.runtime.launcher import RankFailure, Stopped, under_torchrun
@@ -184,9 +225,12 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_file("--trace", args.trace, JSON)
     check_output_file("--png", args.png, PICTURE)
+    if args.log_dir is not None:
+        check_output_folder("--log-dir", args.log_dir)
     plan = load_plan(args.plan)
+    logs = _logs(args.log_dir)
     try:
-        with RunProgress(args.steps, args.json) as progress:
+        with logs or nullcontext(), RunProgress(args.steps, args.json, logs) as progress:
             result = train(
                 plan,
                 args.model,
@@ -219,6 +263,12 @@ def run(args: argparse.Namespace) -> int:
                 init_method=args.init_method,
                 where=args.plan,
                 on_step=progress,
+                on_note=progress,
+                val_data=args.val_data,
+                eval_every=args.eval_every,
+                eval_batches=args.eval_batches,
+                keep_last=args.keep_last,
+                peak_tflops=args.peak_tflops,
             )
     except RankFailure as exc:  # a non-finite loss too; under torchrun every rank raises it
         if under_torchrun():
@@ -259,6 +309,21 @@ def run(args: argparse.Namespace) -> int:
     if under_torchrun():
         _leave_rank()
     return 0
+
+
+def _logs(folder: str | None):
+    """The run's logs, on the process that reports (rank 0 under torchrun), if asked for."""
+    if folder is None or os.environ.get("RANK", "0") != "0":
+        return None
+    from octopipe.runtime.logs import RunLogs, tensorboard_available
+
+    if not tensorboard_available():
+        print(
+            f"octopipe run: note: {folder}: no TensorBoard event files without the tensorboard "
+            "package (pip install 'octopipe[logs]'); log.jsonl only",
+            file=sys.stderr,
+        )
+    return RunLogs(folder)
 
 
 def _leave_rank(code: int = 0, message: str | None = None) -> None:

@@ -170,7 +170,8 @@ def _prepare(root: Path, nbytes: int, step: int) -> str | None:
     """Rank 0, before a save: clear what crashed saves left (no other run writes here: the
     folder is locked), then the free-space verdict (None: room enough)."""
     root.mkdir(parents=True, exist_ok=True)
-    for leftover in [*root.glob(".step-*.partial"), *root.glob(".step-*.replaced")]:
+    leftovers = (".step-*.partial", ".step-*.replaced", ".step-*.removed")
+    for leftover in [p for pattern in leftovers for p in root.glob(pattern)]:
         shutil.rmtree(leftover, ignore_errors=True)
     try:
         check_room(root, nbytes, f"the checkpoint of step {step}")
