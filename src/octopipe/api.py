@@ -309,6 +309,9 @@ def run(
         eval_batches=eval_batches,
         peak_tflops=peak_tflops,
     )
+    _check_loss(loss)
+    if callable(model):
+        _check_picklable("model", model)
     seq_len = seq_len or DEFAULT_SEQ_LEN
     config = RunConfig(
         model,
@@ -353,6 +356,47 @@ def run(
         _reports_to(on_step, on_note),
     )
     return None if results is None else results[0]
+
+
+def _check_loss(loss) -> None:
+    """A loss is called `loss(outputs, target)` in the ranks: refused before any starts if it
+    cannot be, or cannot be sent to them."""
+    import inspect
+
+    from octopipe.errors import InputError
+
+    if loss is None:
+        return
+    if not callable(loss):
+        raise InputError("loss", f"expected a function loss(outputs, target), got {loss!r}")
+    _check_picklable("loss", loss)
+    try:
+        inspect.signature(loss).bind(None, None)
+    except TypeError:
+        raise InputError(
+            "loss",
+            f"{getattr(loss, '__qualname__', loss)} cannot be called as loss(outputs, target)",
+        ) from None
+    except ValueError:  # no signature to read: calling it will tell
+        pass
+
+
+def _check_picklable(what: str, fn) -> None:
+    """Spawned ranks get functions by reference (module and name): a lambda or a function
+    defined inside another cannot be sent."""
+    import pickle
+
+    from octopipe.errors import InputError
+
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise InputError(
+            what,
+            f"{name} cannot be sent to the ranks: define it at the top level of a module or "
+            "script (a lambda or a function inside another has no name to import it by)",
+        ) from None
 
 
 def _reports_to(on_step, on_note):

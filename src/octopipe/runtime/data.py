@@ -183,16 +183,36 @@ def _check_described(path: Path, dtype: str, size: int, where: Path, meta: Token
 
 class GivenBatches(DataSource):
     """Global batches from Python: a sequence (indexed by step) or any iterable (read in order;
-    a resumed run skips the steps before its first)."""
+    a resumed run skips the steps before its first). A batch is a `GlobalBatch` or a pair
+    `(inputs, targets)`: `inputs` the model's forward arguments, a tuple of tensors (or one
+    tensor), `targets` a tensor, every one with a row per sequence (dimension 0). A sequence
+    of batches is checked whole when it is given, an iterable's batches as they are read."""
 
     def __init__(self, batches: Sequence[GlobalBatch] | Iterable[GlobalBatch]) -> None:
+        if isinstance(batches, Sequence):
+            batches = [as_global_batch(b, step) for step, b in enumerate(batches)]
         self.batches = batches
+        self.vocabulary: int | None = None
         self._iterator: Iterable[GlobalBatch] | None = None
         self._next = 0
         self._last: tuple[int, GlobalBatch] | None = None  # a step read twice reads once
 
+    def check_length(self, needed: int, what: str) -> None:
+        """Refuse a sequence of batches shorter than the run reads (`what` says why)."""
+        if isinstance(self.batches, Sequence) and len(self.batches) < needed:
+            raise InputError("data", f"holds {len(self.batches)} batches; {what} reads {needed}")
+
+    def for_vocabulary(self, size: int | None) -> GivenBatches:
+        checked = copy.copy(self)
+        checked.vocabulary = size
+        return checked
+
     def global_batch(self, step: int, sequences: int) -> GlobalBatch:
         if isinstance(self.batches, Sequence):
+            if not 0 <= step < len(self.batches):
+                raise InputError(
+                    "data", f"holds {len(self.batches)} batches; step {step} needs one"
+                )
             batch = self.batches[step]
         elif self._last is not None and self._last[0] == step:
             batch = self._last[1]
@@ -202,12 +222,66 @@ class GivenBatches(DataSource):
             batch = next(itertools.islice(self._iterator, step - self._next, None))
             self._next = step + 1
             self._last = (step, batch)
-        batch = batch if isinstance(batch, GlobalBatch) else GlobalBatch(*batch)
+        batch = as_global_batch(batch, step)
         if batch.sequences != sequences:
             raise InputError(
-                "data", f"step {step}'s batch holds {batch.sequences} sequences, not {sequences}"
+                "data",
+                f"step {step}'s batch holds {batch.sequences} sequences, not {sequences} "
+                "(replicas x microbatches x microbatch size)",
             )
+        _check_ids(batch, self.vocabulary, step)
         return batch
+
+
+def as_global_batch(batch, step: int) -> GlobalBatch:
+    """A batch given from Python, checked: `(inputs, targets)` as `GivenBatches` says."""
+    if isinstance(batch, GlobalBatch):
+        return batch
+    if not (isinstance(batch, tuple | list) and len(batch) == 2):
+        raise InputError(
+            "data",
+            f"step {step}'s batch is a {type(batch).__name__}; expected (inputs, targets), e.g. "
+            "((tokens,), targets): the model's forward arguments and the loss's targets",
+        )
+    inputs, targets = batch
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)  # one forward argument
+    if not (
+        isinstance(inputs, tuple | list)
+        and inputs
+        and all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in inputs)
+    ):
+        raise InputError(
+            "data",
+            f"step {step}'s inputs: expected a tensor or a tuple of tensors (the model's "
+            "forward arguments), each with a row per sequence",
+        )
+    if not (isinstance(targets, torch.Tensor) and targets.dim() >= 1):
+        raise InputError(
+            "data", f"step {step}'s targets: expected a tensor with a row per sequence"
+        )
+    rows = {int(t.shape[0]) for t in (*inputs, targets)}
+    if len(rows) > 1:
+        raise InputError(
+            "data",
+            f"step {step}'s inputs and targets hold different numbers of rows: {sorted(rows)}",
+        )
+    return GlobalBatch(tuple(inputs), targets)
+
+
+def _check_ids(batch: GlobalBatch, vocabulary: int | None, step: int) -> None:
+    """Token ids a model's embedding cannot look up are refused, as from a token file."""
+    ids = batch.inputs[0]
+    if vocabulary is None or ids.is_floating_point() or ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocabulary:
+        bad = low if low < 0 else high
+        raise InputError(
+            "data",
+            f"step {step}'s inputs hold token id {bad}, outside the model's "
+            f"vocabulary of {vocabulary:,}",
+        )
 
 
 def replica_batch(

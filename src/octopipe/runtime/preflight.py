@@ -175,12 +175,19 @@ def check_checkpoint_room(config: RunConfig, recipe: ModelRecipe) -> None:
 
 
 def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
-    """A token file is read for its first step before any rank starts: ids beyond the model's
-    vocabulary (a wrong --data-dtype, a file of another tokenizer) are one line here, not an
-    IndexError in a rank. Later steps are checked by the ranks as they read them."""
-    from octopipe.runtime.data import TokenFile
+    """The data is read for its first step before any rank starts: ids beyond the model's
+    vocabulary (a wrong --data-dtype, a file of another tokenizer), a batch of Python's of the
+    wrong form or size are one line here, not an error in a rank. Later steps are checked by
+    the ranks as they read them."""
+    from octopipe.runtime.data import GivenBatches
 
-    if isinstance(config.data, TokenFile):
+    for data, needed, what in (
+        (config.data, config.steps, f"a run of {config.steps} steps"),
+        (config.val_data, config.eval_batches, f"--eval-batches {config.eval_batches}"),
+    ):
+        if isinstance(data, GivenBatches):
+            data.check_length(needed, what)
+    if config.data is not None:  # a token file, or batches from Python
         config.data_source(recipe).global_batch(0, config.global_sequences(plan))
     if config.val_data is not None:  # any source: its vocabulary check is in val_source
         config.val_source(recipe).global_batch(0, config.global_sequences(plan))

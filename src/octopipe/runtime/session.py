@@ -36,6 +36,7 @@ from octopipe.runtime.recipe import (
     Loss,
     ModelRecipe,
     ModelSpec,
+    explained,
     load_recipe,
     vocabulary_size,
 )
@@ -227,7 +228,7 @@ def run_job_on_rank(
     worker = Worker(
         plan,
         modules,
-        cfg.loss or recipe.loss,
+        explained(cfg.loss or recipe.loss),
         d,
         device,
         {s: specs[s] for s in range(1, plan.num_stages)},
