@@ -318,6 +318,22 @@ PLAN_FAULTS = {
         "predicted.iteration_time: expected a number of seconds",
     ),
     "format of another": ("format", "octopipe.plan/2", "format: unknown format"),
+    "profile devices not the plan's": (
+        "profile.devices",
+        3,
+        "profile.devices: the plan's profile lists 3 devices but the plan has 2",
+    ),
+    "profile microbatch size 0": (
+        "profile.microbatch_size",
+        0,
+        "profile.microbatch_size: expected a positive integer",
+    ),
+    "profile seq_len as text": (
+        "profile.seq_len",
+        "4096",
+        "profile.seq_len: expected a positive integer, got '4096'",
+    ),
+    "profile as list": ("profile", [], "profile: expected an object"),
 }
 TRACE_FAULTS = {
     "events not a list": ("traceEvents", {}, "expected a trace object with a 'traceEvents' list"),

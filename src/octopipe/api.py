@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -166,7 +167,9 @@ def tune(
         all_baselines(profile, num_microbatches, P, time_budget / 3) if with_baselines else ()
     )
     left = max(0.0, time_budget - (time.perf_counter() - started))
-    return search(profile, num_microbatches, P, baselines=extra, time_budget=left, **options)
+    result = search(profile, num_microbatches, P, baselines=extra, time_budget=left, **options)
+    best = replace(result.best, plan=result.best.plan.made_for(profile))
+    return replace(result, best=best)
 
 
 def plan_layout(
@@ -287,7 +290,6 @@ def run(
     from octopipe.runtime.launcher import execute
     from octopipe.runtime.optim import OptimizerConfig
     from octopipe.runtime.preflight import check_run_settings
-    from octopipe.runtime.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
     from octopipe.runtime.session import Job, RunConfig
 
     _check_runnable_degrees(plan, where)
@@ -313,7 +315,7 @@ def run(
     _check_loss(loss)
     if callable(model):
         _check_picklable("model", model)
-    seq_len = seq_len or DEFAULT_SEQ_LEN
+    seq_len, micro_batch_size = run_shape(plan, seq_len, micro_batch_size)
     config = RunConfig(
         model,
         seed,
@@ -331,7 +333,7 @@ def run(
         ),
         lookahead,
         seq_len=seq_len,
-        micro_batch_size=micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
+        micro_batch_size=micro_batch_size,
         dp=dp or _planned(plan, "dp"),
         zero=zero,
         tp=tp or _planned(plan, "tp"),
@@ -413,6 +415,25 @@ def _reports_to(on_step, on_note):
             handler(item)
 
     return report
+
+
+def planned_shape(plan: Plan) -> tuple[int | None, int | None]:
+    """The sequence length and microbatch size a plan was made for (its profile's; a cluster
+    plan's `parallelism` microbatch size first), each None where the plan does not say."""
+    b = plan.parallelism.get("microbatch_size") if plan.parallelism else None
+    return plan.made_for_value("seq_len"), b or plan.made_for_value("microbatch_size")
+
+
+def run_shape(plan: Plan, seq_len: int | None, micro_batch_size: int | None) -> tuple[int, int]:
+    """The tokens per sequence and sequences per microbatch a run of `plan` uses: those given,
+    else what the plan was made for, else the defaults (32 and 2)."""
+    from octopipe.runtime.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
+
+    planned_len, planned_b = planned_shape(plan)
+    return (
+        seq_len or planned_len or DEFAULT_SEQ_LEN,
+        micro_batch_size or planned_b or DEFAULT_MICRO_BATCH_SIZE,
+    )
 
 
 def _planned(plan: Plan, degree: str) -> int:

@@ -59,7 +59,7 @@ def write_outputs(
     also the torchtitan 0.3 config (launched over nodes of `gpus_per_node`, default one node),
     whose layer names must map to torchtitan's (else an InputError naming `source`, the
     profile's file or model)."""
-    plan = plan.with_layer_names(profile.layer_names)
+    plan = plan.with_layer_names(profile.layer_names).made_for(profile)
     save_plan(plan, out / "plan.json")
     save_schedule_csv(plan, out / "schedule.csv")
     # Absolute: torchtitan reads the CSV from wherever it is started.

@@ -194,12 +194,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trace", help="write a Chrome/Perfetto trace of every rank's actions here"
     )
     parser.add_argument(
-        "--seq-len", type=count(1, MAX_SEQ_LEN), help="tokens per sequence (default 32)"
+        "--seq-len",
+        type=count(1, MAX_SEQ_LEN),
+        help="tokens per sequence (default: what the plan was made for, its profile's, else 32)",
     )
     parser.add_argument(
         "--micro-batch-size",
         type=count(1, MAX_MICRO_BATCH_SIZE),
-        help="sequences per microbatch (default: the plan's parallelism key, else 2)",
+        help="sequences per microbatch (default: what the plan was made for, its parallelism "
+        "or profile key, else 2)",
     )
     parser.add_argument("--png", help="draw the last step's measured timeline here (.png or .svg)")
     parser.add_argument(
@@ -211,6 +214,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopipe.api import run as train
+    from octopipe.api import run_shape
     from octopipe.commands._output_paths import (
         JSON,
         PICTURE,
@@ -259,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
                 timeout=args.timeout,
                 lookahead=args.lookahead,
                 seq_len=args.seq_len,
-                micro_batch_size=args.micro_batch_size or _planned_micro_batch_size(plan),
+                micro_batch_size=args.micro_batch_size,
                 init_method=args.init_method,
                 where=args.plan,
                 on_step=progress,
@@ -294,11 +298,16 @@ def run(args: argparse.Namespace) -> int:
         write_trace(args.trace, from_records(result.records), "measured")
     if args.png:
         _draw_last_step(result, args.png)
+    comparable = _note_other_shape(args, plan)
     summary = result.summary()
+    summary["seq_len"], summary["micro_batch_size"] = run_shape(
+        plan, args.seq_len, args.micro_batch_size
+    )
+    summary["predicted_for"] = dict(plan.profile) if plan.profile else None
     if args.json:
         print(dumps(summary))
     else:
-        _print_human(summary)
+        _print_human(summary, comparable)
         if dp > 1 or tp > 1:
             print(RankLayout(tp, plan.num_devices, dp).describe())
         if args.trace and summary["predicted_iteration_time"] is not None:
@@ -348,23 +357,38 @@ def _draw_last_step(result, path: str) -> None:
     save_timeline(events, path, title=f"measured: last of {len(result.losses)} steps")
 
 
-def _planned_micro_batch_size(plan) -> int | None:
-    """The microbatch size a cluster plan was made for (its `parallelism`), if any."""
-    return _planned(plan, "microbatch_size")
+def _note_other_shape(args: argparse.Namespace, plan) -> bool:
+    """Say where the run's sequence length or microbatch size is not what the plan was made
+    for (its predicted time is then another job's); whether the prediction compares."""
+    from octopipe.api import planned_shape
+
+    planned = dict(zip(("--seq-len", "--micro-batch-size"), planned_shape(plan)))
+    comparable = True
+    for flag, ran in (("--seq-len", args.seq_len), ("--micro-batch-size", args.micro_batch_size)):
+        if ran is not None and planned[flag] not in (None, ran):
+            comparable = False
+            print(
+                f"octopipe run: note: {args.plan} was made for {flag} {planned[flag]} (its "
+                f"profile's); this ran {ran}: its predicted step time is for the other size",
+                file=sys.stderr,
+            )
+    return comparable
 
 
 def _planned(plan, key: str) -> int | None:
     return plan.parallelism.get(key) if plan.parallelism else None
 
 
-def _print_human(summary: dict) -> None:
+def _print_human(summary: dict, comparable: bool = True) -> None:
     losses = ", ".join(f"{x:.6g}" for x in summary["losses"])
     print(f"losses per step: {losses}")
     predicted = summary["predicted_iteration_time"]
     line = f"iteration time: {summary['iteration_time'] * 1e3:.3f} ms (median after the first step)"
-    if predicted is not None:
+    if predicted is not None and comparable:
         error = summary["iteration_time"] / predicted - 1
         line += f"; plan predicted {predicted * 1e3:.3f} ms ({error:+.1%})"
+    elif predicted is not None:
+        line += f"; plan predicted {predicted * 1e3:.3f} ms for another size (note above)"
     print(line)
     mems = ", ".join(
         f"rank {r}: {fmt_bytes(b)}" for r, b in enumerate(summary["peak_memory_bytes"])
