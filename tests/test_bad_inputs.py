@@ -1091,6 +1091,36 @@ HAND_WRITTEN = [
         ),
         "says 4,003 uint16 tokens",
     ),
+    Case(
+        "run --profile without --png",
+        lambda f: _run(f, "--profile", f["profile.json"]),
+        "--profile: is for --png",
+    ),
+    Case(
+        "run --profile of another model",
+        lambda f: _run(f, "--profile", f["profile.json"], "--png", _out(f, "t.png")),
+        "stages cover 8 layers but",
+    ),
+    Case(
+        "run --eval-every without --val-data",
+        lambda f: _run(f, "--eval-every", "2"),
+        "--eval-every: needs --val-data",
+    ),
+    Case(
+        "run --keep-last without --checkpoint-every",
+        lambda f: _run(f, "--keep-last", "2"),
+        "--keep-last: needs --checkpoint-every",
+    ),
+    Case(
+        "run --val-data with --overlap-steps",
+        lambda f: _run(f, "--val-data", f["tokens.bin"], "--overlap-steps"),
+        "--val-data: not supported with --overlap-steps yet",
+    ),
+    Case(
+        "run --log-dir a file",
+        lambda f: _run(f, "--log-dir", f["a-file"]),
+        "--log-dir: ",
+    ),
     Case("unknown command", lambda f: ["nosuch"], "invalid choice: 'nosuch'"),
     Case("no command", lambda f: [], ""),
 ]

@@ -72,12 +72,13 @@ def write_outputs(
     if not pictures:
         return written
     from octopipe.viz.html import save_html_timeline
+    from octopipe.viz.style import gpu_names
     from octopipe.viz.timeline import save_timeline
 
     result = Simulator(profile).run(plan, detail=True)
-    title = f"{profile.name}: tuned plan"
-    save_timeline(result, out / "timeline.png", title=title)
-    save_html_timeline(result, out / "timeline.html", title=title)
+    title, names = f"{profile.name}: tuned plan", gpu_names(profile)
+    save_timeline(result, out / "timeline.png", title=title, device_names=names)
+    save_html_timeline(result, out / "timeline.html", title=title, device_names=names)
     return [*written, "timeline.png", "timeline.html"]
 
 

@@ -206,6 +206,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--png", help="draw the last step's measured timeline here (.png or .svg)")
     parser.add_argument(
+        "--profile",
+        help="the profile the plan was made from: --png then sets the measured timeline above "
+        "the predicted one, on one time axis",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print one JSON line per step as it finishes, then the summary object (last line)",
@@ -232,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
     if args.log_dir is not None:
         check_output_folder("--log-dir", args.log_dir)
     plan = load_plan(args.plan)
+    profile = _prediction_profile(args, plan)
     logs = _logs(args.log_dir)
     try:
         with logs or nullcontext(), RunProgress(args.steps, args.json, logs) as progress:
@@ -297,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         write_trace(args.trace, from_records(result.records), "measured")
     if args.png:
-        _draw_last_step(result, args.png)
+        _draw_last_step(result, args.png, plan, profile, RankLayout(tp, plan.num_devices, dp))
     comparable = _note_other_shape(args, plan)
     summary = result.summary()
     summary["seq_len"], summary["micro_batch_size"] = run_shape(
@@ -347,14 +353,50 @@ def _leave_rank(code: int = 0, message: str | None = None) -> None:
     os._exit(code)
 
 
-def _draw_last_step(result, path: str) -> None:
-    """The measured timeline of the last step, drawn like a simulated one."""
-    from octopipe.trace import from_records
-    from octopipe.viz.timeline import save_timeline
+def _prediction_profile(args: argparse.Namespace, plan):
+    """The profile `--profile` names, checked against the plan before the run, or None."""
+    if args.profile is None:
+        return None
+    from octopipe.errors import InputError
 
-    last = len(result.losses) - 1
-    events = [t.event for t in from_records(result.records) if t.step == last]
-    save_timeline(events, path, title=f"measured: last of {len(result.losses)} steps")
+    if args.png is None:
+        raise InputError("--profile", "is for --png (it draws the prediction): give --png too")
+    from octopipe.plan import check_layer_names, check_structure
+    from octopipe.profile import load_profile
+
+    profile = load_profile(args.profile)
+    check_structure(plan, args.plan, profile.num_layers, layers_of=args.profile)
+    check_layer_names(plan.layer_names, profile.layer_names, args.plan, of=args.profile)
+    return profile
+
+
+def _draw_last_step(result, path: str, plan, profile, layout) -> None:
+    """The last step as measured: above the plan's prediction on its profile where there is
+    one, else drawn like a simulated timeline. The first replica's ranks (and of a
+    tensor-parallel group, its first), one per device (`layout` numbers the ranks)."""
+    from octopipe.actions import Event
+    from octopipe.trace import from_records
+
+    last = result.first_step + len(result.losses) - 1
+    device_of = {layout.rank(0, d): d for d in range(plan.num_devices)}
+    events = [
+        Event(device_of[t.event.device], t.event.action, t.event.start, t.event.end)
+        for t in from_records(result.records)
+        if t.step == last and t.event.device in device_of
+    ]
+    title = f"measured: the last of {len(result.losses)} steps"
+    if profile is None:
+        from octopipe.viz.timeline import save_timeline
+
+        save_timeline(events, path, title=title)
+        return
+    from octopipe.sim import Simulator
+    from octopipe.viz.compare import save_measured_and_predicted
+    from octopipe.viz.style import gpu_names
+
+    predicted = Simulator(profile).run(plan, detail=True)
+    title += f"; predicted: {profile.name}"
+    save_measured_and_predicted(events, predicted, path, title, gpu_names(profile))
 
 
 def _note_other_shape(args: argparse.Namespace, plan) -> bool:

@@ -90,15 +90,17 @@ def run(args: argparse.Namespace) -> int:
 def _draw(args: argparse.Namespace, result, plan, profile) -> None:
     """The pictures asked for; the only place this command imports a plotting library."""
 
-    title = f"{profile.name}: {args.plan}"
+    from octopipe.viz.style import gpu_names
+
+    title, names = f"{profile.name}: {args.plan}", gpu_names(profile)
     if args.png:
         from octopipe.viz.timeline import save_timeline
 
-        save_timeline(result, args.png, title=title)
+        save_timeline(result, args.png, title=title, device_names=names)
     if args.html:
         from octopipe.viz.html import save_html_timeline
 
-        save_html_timeline(result, args.html, title=title)
+        save_html_timeline(result, args.html, title=title, device_names=names)
     if args.memory_png:
         from octopipe.viz.memory import save_memory_plot
 
