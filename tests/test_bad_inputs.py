@@ -87,6 +87,9 @@ def files(tmp_path_factory) -> dict[str, str]:
     save_plan(one_f_one_b(2, 2, num_layers=layer_count("tiny-llama")), root / "tiny-plan.json")
     paths["tiny-plan.json"] = str(root / "tiny-plan.json")
     hf = HF_CONFIGS["llama"]
+    (root / "hf-llama").mkdir()
+    (root / "hf-llama" / "config.json").write_text(json.dumps(hf))
+    paths["hf-llama"] = f"hf:{root / 'hf-llama'}"
     for name, change in HF_MUTANTS.items():
         folder = root / name
         folder.mkdir()
@@ -1120,6 +1123,30 @@ HAND_WRITTEN = [
         "run --log-dir a file",
         lambda f: _run(f, "--log-dir", f["a-file"]),
         "--log-dir: ",
+    ),
+    Case(
+        "export-hf a checkpoint that would run code",
+        lambda f: (
+            ["export-hf", "--checkpoint", f["ckpt~code in index"], "--model", f["hf-llama"]]
+            + ["-o", _out(f, "hf")]
+        ),
+        "refused to load: it names posix.system",
+    ),
+    Case(
+        "export-hf a checkpoint of another model",
+        lambda f: (
+            ["export-hf", "--checkpoint", f["ckpt~another seed"], "--model"]
+            + [f["hf-llama"], "-o", _out(f, "hf")]
+        ),
+        "a checkpoint of another model: its layers differ",
+    ),
+    Case(
+        "export-hf a bundled model",
+        lambda f: (
+            ["export-hf", "--checkpoint", f["ckpt~another seed"], "--model", "tiny-llama"]
+            + ["-o", _out(f, "hf")]
+        ),
+        "is no transformers model",
     ),
     Case("unknown command", lambda f: ["nosuch"], "invalid choice: 'nosuch'"),
     Case("no command", lambda f: [], ""),

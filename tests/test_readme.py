@@ -7,6 +7,7 @@ plain text is the only thing the README asks the user to bring."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import shlex
 import subprocess
@@ -36,9 +37,19 @@ def commands() -> list[str]:
     return lines
 
 
+def _texts(folder: Path) -> None:
+    """A folder of plain text, about 600 kB in 3 files: sentences of a small vocabulary."""
+    rng = random.Random(0)
+    words = "a pipeline stage device bubble model layer forward backward weight the of and".split()
+    folder.mkdir()
+    for i in range(3):
+        lines = (" ".join(rng.choices(words, k=12)).capitalize() + ".\n" for _ in range(2500))
+        (folder / f"part-{i}.txt").write_text("".join(lines))
+
+
 def test_the_readme_names_its_files_and_commands():
     names = [name for _, name, _ in blocks() if name]
-    assert {"mymodel.py", "train.py", "tour.py"} <= set(names)
+    assert {"mymodel.py", "train.py", "tour.py", "config.json", "generate.py"} <= set(names)
     assert len(names) == len(set(names))
     assert any(c.startswith("octopipe run ") for c in commands())
 
@@ -47,10 +58,7 @@ def test_every_readme_example_runs_as_written(tmp_path):
     for _, name, text in blocks():
         if name:
             (tmp_path / name).write_text(text)
-    (tmp_path / "texts").mkdir()
-    (tmp_path / "texts" / "notes.txt").write_text(
-        "A pipeline splits a model into stages and keeps every device busy.\n" * 300
-    )
+    _texts(tmp_path / "texts")
     bin_dir = Path(sys.executable).parent  # this environment's `octopipe` and `python`
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     env.pop("PYTHONPATH", None)  # the folder's own modules must be found without it
@@ -64,6 +72,8 @@ def test_every_readme_example_runs_as_written(tmp_path):
         printed[command] = done.stdout
     for script in ("python train.py", "python tour.py"):
         assert printed[script].count("losses") == 1, printed[script]
+    assert printed["python generate.py"].startswith("A pipeline ")
+    assert (tmp_path / "logs" / "log.jsonl").is_file() and (tmp_path / "trained").is_dir()
 
 
 SCRIPT = """
