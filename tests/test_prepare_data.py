@@ -97,7 +97,21 @@ def test_a_line_longer_than_many_pieces_is_read_in_pieces(tmp_path, monkeypatch)
     assert "".join(p.text for p in got) == text
     assert [p.ends_document for p in got] == [False] * (len(got) - 1) + [True]
     assert sum(p.input_bytes for p in got) == path.stat().st_size
-    assert all(p.text.endswith(" ") for p in got[:-1])  # cut at spaces, not inside words
+    assert all(p.text.startswith(" ") for p in got[1:])  # cut before spaces, not in words
+
+
+def test_pieces_tokenize_as_the_whole_text_does(tokenizer_file, tmp_path, monkeypatch):
+    """Cut after line breaks and before spaces, a byte-level BPE gives the whole text's ids."""
+    monkeypatch.setattr(sources, "_BLOCK_BYTES", 5000)
+    words = "pipeline stage données ✓ bubble the of".split()
+    rng = np.random.default_rng(0)
+    line = " ".join(rng.choice(words, 6000))  # one long line: cut at spaces
+    text = f"{line}\n" + "\n".join(" ".join(rng.choice(words, 9)) for _ in range(3000)) + "\n"
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    argv = ["prepare-data", "--tokenizer", tokenizer_file, "--input", str(tmp_path / "t.txt")]
+    assert main([*argv, "-o", str(tmp_path / "out"), "--val-fraction", "0", "--eos", "none"]) == 0
+    whole = Tokenizer.from_file(tokenizer_file).encode(text, add_special_tokens=False).ids
+    assert _ids(tmp_path / "out" / "train.bin").tolist() == whole
 
 
 def test_the_byte_tokenizer_needs_nothing_installed(tmp_path):

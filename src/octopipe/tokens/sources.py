@@ -2,8 +2,8 @@
 large (one line of many gigabytes included), is ever held whole.
 
 - A text file is one document, read in blocks of bytes, decoded as UTF-8 incrementally and cut
-  into pieces of at most `PIECE_CHARS` characters at the last line break (else the last space)
-  of each block, so that no word is cut where the text has any break at all.
+  into pieces of at most `PIECE_CHARS` characters after the last line break (else before the
+  last space) of each block, so that no word is cut where the text has any break at all.
 - A `.jsonl` file holds one document per line: a JSON object with a `"text"` string (other keys
   are ignored, blank lines skipped). A record is one piece.
 
@@ -89,14 +89,16 @@ def _text_pieces(path: Path) -> Iterator[Piece]:
 
 
 def _cut(text: str) -> int:
-    """Where to end a piece of `text`: after the last line break within PIECE_CHARS, else the
-    last whitespace, else at PIECE_CHARS."""
+    """Where to end a piece of `text`: after the last line break within PIECE_CHARS, else
+    before the last space (so the space opens the next piece, as byte-level BPE and
+    SentencePiece tokenizers join a space to the word after it), else at PIECE_CHARS. Cut so,
+    pieces tokenize as the whole text does."""
     head = text[:PIECE_CHARS]
     newline = head.rfind("\n")
     if newline > 0:
         return newline + 1
     space = max(head.rfind(c) for c in " \t\r\f\v")
-    return space + 1 if space > 0 else PIECE_CHARS
+    return space if space > 0 else PIECE_CHARS
 
 
 def _jsonl_pieces(path: Path) -> Iterator[Piece]:
