@@ -5,9 +5,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 import octopipe as op
 from octopipe.cli import main
@@ -59,15 +56,3 @@ def test_the_cli_writes_what_the_api_returns(tmp_path):
         == 0
     )
     assert op.load_profile(out) == op.profile_from_config("tiny-llama", devices=2, seq_len=128)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_the_readme_example_runs(tmp_path, monkeypatch):
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    block = readme.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    monkeypatch.chdir(tmp_path)
-    names: dict = {}
-    exec(compile(block, "README.md", "exec"), names)
-    assert (tmp_path / "plan.json").exists()
-    assert len(names["run"].losses) == 5 and names["run"].iteration_time > 0

@@ -87,6 +87,9 @@ def files(tmp_path_factory) -> dict[str, str]:
     save_plan(one_f_one_b(2, 2, num_layers=layer_count("tiny-llama")), root / "tiny-plan.json")
     paths["tiny-plan.json"] = str(root / "tiny-plan.json")
     hf = HF_CONFIGS["llama"]
+    (root / "hf-llama").mkdir()
+    (root / "hf-llama" / "config.json").write_text(json.dumps(hf))
+    paths["hf-llama"] = f"hf:{root / 'hf-llama'}"
     for name, change in HF_MUTANTS.items():
         folder = root / name
         folder.mkdir()
@@ -103,6 +106,11 @@ def files(tmp_path_factory) -> dict[str, str]:
     put("tokens.bin", tokens.tobytes())
     put("odd.bin", tokens.tobytes()[:-1])
     paths.update(_checkpoints(root))
+    paths.update(_token_folders(root))
+    put("text.txt", "some text\n")
+    put("latin1.txt", "caf\xe9 au lait".encode("latin-1"))
+    put("no-text.jsonl", '{"text": "fine"}\n{"body": "no text key"}\n')
+    put("not-a-tokenizer.json", '{"model": 3}')
     paths["ran"] = str(root / "ran")  # what the crafted checkpoints would create
     put("a-file", "not a folder")
     return paths
@@ -313,6 +321,22 @@ PLAN_FAULTS = {
         "predicted.iteration_time: expected a number of seconds",
     ),
     "format of another": ("format", "octopipe.plan/2", "format: unknown format"),
+    "profile devices not the plan's": (
+        "profile.devices",
+        3,
+        "profile.devices: the plan's profile lists 3 devices but the plan has 2",
+    ),
+    "profile microbatch size 0": (
+        "profile.microbatch_size",
+        0,
+        "profile.microbatch_size: expected a positive integer",
+    ),
+    "profile seq_len as text": (
+        "profile.seq_len",
+        "4096",
+        "profile.seq_len: expected a positive integer, got '4096'",
+    ),
+    "profile as list": ("profile", [], "profile: expected an object"),
 }
 TRACE_FAULTS = {
     "events not a list": ("traceEvents", {}, "expected a trace object with a 'traceEvents' list"),
@@ -440,6 +464,23 @@ def _checkpoints(root: Path) -> dict[str, str]:
     return made
 
 
+def _token_folders(root: Path) -> dict[str, str]:
+    """Token files with a meta.json (prepare-data's), each at odds with a run in one way."""
+    made = {}
+    for name, vocab, extra in (
+        ("tokens~vocabulary of 1000", 1000, 0),
+        ("tokens~length changed", 512, 3),
+    ):
+        folder = root / name
+        folder.mkdir()
+        (np.arange(4000) % 500).astype(np.uint16).tofile(folder / "train.bin")
+        meta = {"format": "octopipe.tokens/1", "vocab_size": vocab, "dtype": "uint16"}
+        meta.update(tokenizer="t.json", files={"train.bin": {"tokens": 4000 + extra}})
+        (folder / "meta.json").write_text(json.dumps(meta))
+        made[name] = str(folder / "train.bin")
+    return made
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 
@@ -485,6 +526,10 @@ BASE: dict[str, Callable[[dict[str, str]], list[str]]] = {
     "estimate": lambda f: (
         ["estimate", "--model", "tiny-llama", "--gpus", "8", "--global-batch"]
         + ["16", "--seq-len", "64"]
+    ),
+    "prepare-data": lambda f: (
+        ["prepare-data", "--tokenizer", "byte", "--input", f["text.txt"]]
+        + ["-o", _out(f, "new-folder")]
     ),
     "calibrate": lambda f: (
         ["calibrate", "--profile", f["profile.json"], "--plan", f["plan.json"]]
@@ -982,6 +1027,126 @@ HAND_WRITTEN = [
         "estimate --tp not dividing",
         lambda f: BASE["estimate"](f) + ["--tp", "3"],
         "--dp: TP x CP x PP = 3 does not divide the 8 GPUs",
+    ),
+    Case(
+        "prepare-data not UTF-8",
+        lambda f: BASE["prepare-data"](f)[:4] + [f["latin1.txt"]] + BASE["prepare-data"](f)[5:],
+        "latin1.txt: not UTF-8 text (byte 3)",
+    ),
+    Case(
+        "prepare-data JSONL without text",
+        lambda f: BASE["prepare-data"](f)[:4] + [f["no-text.jsonl"]] + BASE["prepare-data"](f)[5:],
+        'no-text.jsonl: line 2: expected a JSON object with a "text" string',
+    ),
+    Case(
+        "prepare-data input nowhere",
+        lambda f: BASE["prepare-data"](f)[:4] + ["/no/such/text"] + BASE["prepare-data"](f)[5:],
+        "--input: no such file or folder: /no/such/text",
+    ),
+    Case(
+        "prepare-data a folder without text",
+        lambda f: BASE["prepare-data"](f)[:4] + [f["OUT"]] + BASE["prepare-data"](f)[5:],
+        "holds no text files",
+    ),
+    Case(
+        "prepare-data tokenizer nowhere",
+        lambda f: ["prepare-data", "--tokenizer", "/no/tok.json"] + BASE["prepare-data"](f)[3:],
+        "--tokenizer: no tokenizer file at /no/tok.json",
+    ),
+    Case(
+        "prepare-data not a tokenizer",
+        lambda f: (
+            ["prepare-data", "--tokenizer", f["not-a-tokenizer.json"]] + BASE["prepare-data"](f)[3:]
+        ),
+        "not a tokenizers file",
+    ),
+    Case(
+        "prepare-data --eos for bytes",
+        lambda f: BASE["prepare-data"](f) + ["--eos", "</s>"],
+        "--eos: the byte tokenizer has no special tokens",
+    ),
+    Case(
+        "prepare-data -o a file",
+        lambda f: BASE["prepare-data"](f)[:-1] + [f["a-file"]],
+        "is a file, not a folder",
+    ),
+    Case(
+        "run --data of a larger vocabulary (meta.json)",
+        lambda f: (
+            ["run", "--plan", f["tiny-plan.json"], "--model", "tiny-llama", "--data"]
+            + [f["tokens~vocabulary of 1000"]]
+        ),
+        "holds ids of a tokenizer of 1,000 (its meta.json); the model takes 512",
+    ),
+    Case(
+        "run --data-dtype not meta.json's",
+        lambda f: (
+            ["run", "--plan", f["tiny-plan.json"], "--model", "tiny-llama", "--data"]
+            + [f["tokens~vocabulary of 1000"], "--data-dtype", "uint32"]
+        ),
+        "--data-dtype: uint32, but",
+    ),
+    Case(
+        "run --data changed since meta.json",
+        lambda f: (
+            ["run", "--plan", f["tiny-plan.json"], "--model", "tiny-llama", "--data"]
+            + [f["tokens~length changed"]]
+        ),
+        "says 4,003 uint16 tokens",
+    ),
+    Case(
+        "run --profile without --png",
+        lambda f: _run(f, "--profile", f["profile.json"]),
+        "--profile: is for --png",
+    ),
+    Case(
+        "run --profile of another model",
+        lambda f: _run(f, "--profile", f["profile.json"], "--png", _out(f, "t.png")),
+        "stages cover 8 layers but",
+    ),
+    Case(
+        "run --eval-every without --val-data",
+        lambda f: _run(f, "--eval-every", "2"),
+        "--eval-every: needs --val-data",
+    ),
+    Case(
+        "run --keep-last without --checkpoint-every",
+        lambda f: _run(f, "--keep-last", "2"),
+        "--keep-last: needs --checkpoint-every",
+    ),
+    Case(
+        "run --val-data with --overlap-steps",
+        lambda f: _run(f, "--val-data", f["tokens.bin"], "--overlap-steps"),
+        "--val-data: not supported with --overlap-steps yet",
+    ),
+    Case(
+        "run --log-dir a file",
+        lambda f: _run(f, "--log-dir", f["a-file"]),
+        "--log-dir: ",
+    ),
+    Case(
+        "export-hf a checkpoint that would run code",
+        lambda f: (
+            ["export-hf", "--checkpoint", f["ckpt~code in index"], "--model", f["hf-llama"]]
+            + ["-o", _out(f, "hf")]
+        ),
+        "refused to load: it names posix.system",
+    ),
+    Case(
+        "export-hf a checkpoint of another model",
+        lambda f: (
+            ["export-hf", "--checkpoint", f["ckpt~another seed"], "--model"]
+            + [f["hf-llama"], "-o", _out(f, "hf")]
+        ),
+        "a checkpoint of another model: its layers differ",
+    ),
+    Case(
+        "export-hf a bundled model",
+        lambda f: (
+            ["export-hf", "--checkpoint", f["ckpt~another seed"], "--model", "tiny-llama"]
+            + ["-o", _out(f, "hf")]
+        ),
+        "is no transformers model",
     ),
     Case("unknown command", lambda f: ["nosuch"], "invalid choice: 'nosuch'"),
     Case("no command", lambda f: [], ""),

@@ -1,13 +1,30 @@
-"""What `octopipe run` shows per step: a JSON line on stdout with --json, and on stderr a plain
-line (not a terminal) or a progress bar (a terminal)."""
+"""What `octopipe run` shows per step: a JSON line on stdout with --json, and on stderr one line
+per step and per note, numbered as the JSON lines are, with a progress bar below the lines on a
+terminal."""
 
 import json
 import sys
 
+import pytest
+
 from octopipe.commands._run_progress import RunProgress
-from octopipe.runtime.progress import StepReport
+from octopipe.runtime.checkpoint_folder import keep_newest
+from octopipe.runtime.progress import RunNote, StepReport
 
 REPORT = StepReport(step=1, loss=2.5, step_time=0.25, tokens=1000)
+FULL = StepReport(
+    step=2,
+    loss=2.25,
+    step_time=0.5,
+    tokens=2000,
+    lr=3e-4,
+    grad_norm=0.8125,
+    peak_memory_bytes=3 * 2**20,
+    model_flops=4e12,
+    ranks=4,
+    peak_flops=1e12,
+    val_loss=1.5,
+)
 
 
 def test_each_step_is_a_json_line_and_a_plain_line_off_a_terminal(capsys):
@@ -19,14 +36,79 @@ def test_each_step_is_a_json_line_and_a_plain_line_off_a_terminal(capsys):
         "loss": 2.5,
         "step_time": 0.25,
         "tokens_per_second": 4000.0,
+        "lr": None,
+        "grad_norm": None,
+        "peak_memory_bytes": None,
+        "model_tflops_per_rank": None,
+        "mfu": None,
     }
-    assert captured.err == "step 2/4: loss 2.5, 250.0 ms, 4,000 tokens/s\n"
+    assert captured.err == "step 1/3: loss 2.5, 250.0 ms, 4,000 tokens/s\n"
 
 
-def test_on_a_terminal_a_bar_follows_the_steps(capsys, monkeypatch):
+def test_a_step_line_has_every_figure_and_the_evaluation_its_own(capsys):
+    with RunProgress(total_steps=10, json_lines=True) as show:
+        show(FULL)
+    captured = capsys.readouterr()
+    line = json.loads(captured.out)
+    # 4e12 FLOPs in 0.5 s over 4 ranks: 2 TFLOP/s each, of a 1 TFLOP/s peak... 200%.
+    assert line["model_tflops_per_rank"] == pytest.approx(2.0)
+    assert line["mfu"] == pytest.approx(2.0)
+    assert (line["step"], line["lr"], line["val_loss"]) == (2, 3e-4, 1.5)
+    assert line["perplexity"] == pytest.approx(4.4816890703)
+    assert captured.err.splitlines() == [
+        "step 2/9: loss 2.25, lr 0.0003, grad norm 0.8125, 500.0 ms, 4,000 tokens/s, "
+        "2 TFLOP/s per rank, MFU 200.0%, peak 3.0 MiB",
+        "step 2: held-out loss 1.5, perplexity 4.482",
+    ]
+
+
+def test_on_a_terminal_the_lines_stay_above_a_bar_that_counts_steps_done(capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     with RunProgress(total_steps=4, json_lines=False) as show:
+        show(RunNote("starting 2 processes (gloo on CPU)"))
         show(REPORT)
         (task,) = show._bar.tasks
-        assert (task.completed, task.total, task.fields["loss"]) == (2, 4, "2.5")
-    assert capsys.readouterr().out == ""  # no JSON lines without --json
+        assert (task.completed, task.total) == (2, 4)
+        assert task.fields["doing"] == "loss 2.5, 4,000 tokens/s"
+        show._bar.refresh()
+        drawn = capsys.readouterr()
+    # Each line is printed once, whole; the bar is drawn again after the last of them.
+    err = drawn.err
+    note, step = (
+        err.index("starting 2 processes (gloo on CPU)\n"),
+        err.index("step 1/3: loss 2.5, 250.0 ms, 4,000 tokens/s\n"),
+    )
+    assert note < step < err.rindex("steps done")
+    assert "2/4" in err[step:]
+    assert drawn.out == ""  # no JSON lines without --json
+
+
+def test_a_passing_note_is_no_line(capsys, monkeypatch):
+    with RunProgress(total_steps=2, json_lines=False) as show:
+        show(RunNote("checking the plan", passing=True))
+    assert capsys.readouterr().err == ""  # off a terminal: nothing
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with RunProgress(total_steps=2, json_lines=False) as show:
+        show(RunNote("checking the plan", passing=True))
+        assert show._bar.tasks[0].fields["doing"] == "checking the plan"
+
+
+def test_notes_say_when_they_happened(capsys):
+    with RunProgress(total_steps=2, json_lines=True) as show:
+        show(RunNote("saved ckpt/step-2 (2 steps done)"))
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("[0.") and captured.err.endswith(
+        " s] saved ckpt/step-2 (2 steps done)\n"
+    )
+
+
+def test_keep_newest_removes_older_checkpoints_only(tmp_path):
+    for step in (1, 2, 3, 4, 9):
+        (tmp_path / f"step-{step}").mkdir()
+        (tmp_path / f"step-{step}" / "x").write_text("x")
+    (tmp_path / "notes").mkdir()
+    removed = keep_newest(tmp_path, 2, saved=4)
+    assert [p.name for p in removed] == ["step-1", "step-2"]
+    # step-9 is newer than the save (a damaged leftover): not this save's to remove.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step-3", "step-4", "step-9"]

@@ -157,19 +157,23 @@ def test_32_devices_by_128_microbatches_fit_a_screen(split):
 
 
 def test_a_large_plan_draws_within_bounds(tmp_path):
-    """32 devices: a PNG within the bounds (and as the layout said), an SVG with an element
-    per action, and a measured-style run (clock times) alike."""
+    """32 devices: a PNG within the bounds (and as the layout said), and a measured-style run
+    (clock times) alike, drawn box by box when asked (by default a plan this size, its
+    boxes under 5 pixels, gets the overview: tests/test_viz_scale.py)."""
     from octopipe.baselines import make_baseline
 
     profile = layer_profile(64, 32)
     plan = make_baseline(profile, "zbv", "uniform", 32, 64)
     result = Simulator(profile).run(plan)
-    width, height = png_size(viz.save_timeline(result, tmp_path / "zbv.png", title="zbv"))
+    path = viz.save_timeline(result, tmp_path / "zbv.png", title="zbv", overview=False)
+    width, height = png_size(path)
     assert bounded(width, height)
     layout = viz.timeline_layout(viz.events_of(result), result.iteration_time, 32)
     assert (width, height) == layout.pixels
     shifted = [Event(e.device, e.action, e.start + 7.0, e.end + 7.0) for e in result.events]
-    assert bounded(*png_size(viz.save_timeline(shifted, tmp_path / "measured.png")))
+    measured = viz.save_timeline(shifted, tmp_path / "measured.png", overview=False)
+    assert bounded(*png_size(measured))
+    assert bounded(*png_size(viz.save_timeline(result, tmp_path / "overview.png")))
 
 
 def test_few_devices_long_run_wraps_into_bands_not_a_strip():

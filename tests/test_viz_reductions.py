@@ -235,10 +235,14 @@ _HOVER_HARNESS = """
 const script = %s, page = %s, on = {}, els = {};
 function el() {
   return {style: {}, clientWidth: 1000, scrollLeft: 0, addEventListener(t, f) { on[t] = f; },
-    getBoundingClientRect() { return {left: 0, width: 1000}; }};
+    getBoundingClientRect() { return {left: 0, top: 0, width: 1000}; },
+    querySelectorAll() { return []; }, setAttribute() {}};
 }
-global.document = {getElementById(id) { return els[id] ||= el(); }, addEventListener() {}};
-global.window = {innerWidth: 1600, addEventListener(t, f) { on[t] = f; }};
+global.document = {getElementById(id) { return els[id] ||= el(); }, addEventListener() {},
+  querySelectorAll() { return []; }};
+global.window = {innerWidth: 1600, innerHeight: 900, scrollY: 0,
+  addEventListener(t, f) { on[t] = f; }};
+global.requestAnimationFrame = (f) => f();
 eval(script);
 for (const id of process.argv.slice(2)) {
   const m = new RegExp('<rect id="' + id + '"[^>]* x="([^"]+)"[^>]* width="([^"]+)"').exec(page);

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from octopipe.layouts import LayoutReport
     from octopipe.plan import Plan
     from octopipe.profile import Profile
-    from octopipe.runtime.progress import StepReport
+    from octopipe.runtime.progress import RunNote, StepReport
     from octopipe.runtime.session import RunResult
     from octopipe.sim import SimResult
     from octopipe.tuner import TuneResult
@@ -166,7 +167,9 @@ def tune(
         all_baselines(profile, num_microbatches, P, time_budget / 3) if with_baselines else ()
     )
     left = max(0.0, time_budget - (time.perf_counter() - started))
-    return search(profile, num_microbatches, P, baselines=extra, time_budget=left, **options)
+    result = search(profile, num_microbatches, P, baselines=extra, time_budget=left, **options)
+    best = replace(result.best, plan=result.best.plan.made_for(profile))
+    return replace(result, best=best)
 
 
 def plan_layout(
@@ -231,7 +234,7 @@ def run(
     zero: int = 0,
     tp: int | None = None,
     data=None,
-    data_dtype: str = "uint16",
+    data_dtype: str | None = None,
     loss=None,
     nproc: int | None = None,
     backend: str = "auto",
@@ -242,6 +245,12 @@ def run(
     init_method: str = "env://",
     where: str = "<plan>",
     on_step: Callable[[StepReport], None] | None = None,
+    on_note: Callable[[RunNote], None] | None = None,
+    val_data=None,
+    eval_every: int = 0,
+    eval_batches: int = 4,
+    keep_last: int = 0,
+    peak_tflops: float | None = None,
 ) -> RunResult | None:
     """Train `model` with `plan` for `steps` steps on spawned processes, `dp` replicas of one
     process per device (gloo on CPU, NCCL with a GPU per rank), and return what was measured:
@@ -249,7 +258,8 @@ def run(
 
     `model`: a bundled name, a config.json, `hf:PATH`, `module:factory`, or a factory (a
     picklable function returning an `nn.Module`; docs in the README). `data`: None (the model's
-    synthetic sequences), a token file's path (little-endian `data_dtype` ids), a
+    synthetic sequences), a token file's path (little-endian `data_dtype` ids; default: what a
+    meta.json beside it says, else uint16), a
     `octopipe.runtime.data.DataSource`, or the global batches themselves (a list, or any
     iterable, of `(inputs, targets)` holding dp x M x b sequences each). `loss(outputs,
     target)`: None for the model's own (next-token cross-entropy by default). The learning
@@ -262,9 +272,16 @@ def run(
     plan's `parallelism` degrees, else 1); `zero`: 1 shards the optimizer state over the
     replicas, 3 also the weights and gradients (FSDP2).
 
+    `val_data` (a token file's path, a `DataSource`, or global batches as for `data`) is
+    evaluated (forward only, held-out loss) after every `eval_every` steps and after the last,
+    on `eval_batches` global batches each time; `keep_last` keeps only that many checkpoints.
+    `peak_tflops`: one rank's dense peak, for MFU (default: its GPU's preset, none on a CPU).
+
     `timeout` (seconds) bounds each wait of a rank (a transfer, a collective), not the whole
-    run. `on_step(report)` is called with every step's `StepReport` (loss, step time, tokens)
-    as the steps finish, where the result comes back.
+    run. `on_step(report)` is called with every step's `StepReport` (loss, learning rate,
+    gradient norm, step time, tokens/s, MFU, held-out loss) as the steps finish, where the
+    result comes back; `on_note(note)` with each `RunNote` saying what the run is doing
+    (start-up stages, checkpoints saved and resumed).
 
     Inside a torchrun job this process is one rank instead (ranks meet by `init_method`) and only
     rank 0 gets the result (the others None). A failing rank raises
@@ -273,7 +290,6 @@ def run(
     from octopipe.runtime.launcher import execute
     from octopipe.runtime.optim import OptimizerConfig
     from octopipe.runtime.preflight import check_run_settings
-    from octopipe.runtime.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
     from octopipe.runtime.session import Job, RunConfig
 
     _check_runnable_degrees(plan, where)
@@ -290,8 +306,16 @@ def run(
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         resume=resume,
+        keep_last=keep_last,
+        val_data=val_data,
+        eval_every=eval_every,
+        eval_batches=eval_batches,
+        peak_tflops=peak_tflops,
     )
-    seq_len = seq_len or DEFAULT_SEQ_LEN
+    _check_loss(loss)
+    if callable(model):
+        _check_picklable("model", model)
+    seq_len, micro_batch_size = run_shape(plan, seq_len, micro_batch_size)
     config = RunConfig(
         model,
         seed,
@@ -309,7 +333,7 @@ def run(
         ),
         lookahead,
         seq_len=seq_len,
-        micro_batch_size=micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
+        micro_batch_size=micro_batch_size,
         dp=dp or _planned(plan, "dp"),
         zero=zero,
         tp=tp or _planned(plan, "tp"),
@@ -320,6 +344,11 @@ def run(
         checkpoint_every=checkpoint_every,
         resume=resume,
         overlap_steps=overlap_steps,
+        val_data=_data_source(val_data, seq_len, seed, data_dtype, eval_batches, "--val-data"),
+        eval_every=eval_every,
+        eval_batches=eval_batches,
+        keep_last=keep_last,
+        peak_flops=None if peak_tflops is None else peak_tflops * 1e12,
     )
     results = execute(
         [Job(plan, config, where)],
@@ -327,9 +356,84 @@ def run(
         backend,
         timeout,
         init_method,
-        on_step,
+        _reports_to(on_step, on_note),
     )
     return None if results is None else results[0]
+
+
+def _check_loss(loss) -> None:
+    """A loss is called `loss(outputs, target)` in the ranks: refused before any starts if it
+    cannot be, or cannot be sent to them."""
+    import inspect
+
+    from octopipe.errors import InputError
+
+    if loss is None:
+        return
+    if not callable(loss):
+        raise InputError("loss", f"expected a function loss(outputs, target), got {loss!r}")
+    _check_picklable("loss", loss)
+    try:
+        inspect.signature(loss).bind(None, None)
+    except TypeError:
+        raise InputError(
+            "loss",
+            f"{getattr(loss, '__qualname__', loss)} cannot be called as loss(outputs, target)",
+        ) from None
+    except ValueError:  # no signature to read: calling it will tell
+        pass
+
+
+def _check_picklable(what: str, fn) -> None:
+    """Spawned ranks get functions by reference (module and name): a lambda or a function
+    defined inside another cannot be sent."""
+    import pickle
+
+    from octopipe.errors import InputError
+
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise InputError(
+            what,
+            f"{name} cannot be sent to the ranks: define it at the top level of a module or "
+            "script (a lambda or a function inside another has no name to import it by)",
+        ) from None
+
+
+def _reports_to(on_step, on_note):
+    """One callback for the launcher: step reports to `on_step`, notes to `on_note`."""
+    from octopipe.runtime.progress import StepReport
+
+    if on_step is None and on_note is None:
+        return None
+
+    def report(item) -> None:
+        handler = on_step if isinstance(item, StepReport) else on_note
+        if handler is not None:
+            handler(item)
+
+    return report
+
+
+def planned_shape(plan: Plan) -> tuple[int | None, int | None]:
+    """The sequence length and microbatch size a plan was made for (its profile's; a cluster
+    plan's `parallelism` microbatch size first), each None where the plan does not say."""
+    b = plan.parallelism.get("microbatch_size") if plan.parallelism else None
+    return plan.made_for_value("seq_len"), b or plan.made_for_value("microbatch_size")
+
+
+def run_shape(plan: Plan, seq_len: int | None, micro_batch_size: int | None) -> tuple[int, int]:
+    """The tokens per sequence and sequences per microbatch a run of `plan` uses: those given,
+    else what the plan was made for, else the defaults (32 and 2)."""
+    from octopipe.runtime.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
+
+    planned_len, planned_b = planned_shape(plan)
+    return (
+        seq_len or planned_len or DEFAULT_SEQ_LEN,
+        micro_batch_size or planned_b or DEFAULT_MICRO_BATCH_SIZE,
+    )
 
 
 def _planned(plan: Plan, degree: str) -> int:
@@ -352,7 +456,10 @@ def _check_runnable_degrees(plan: Plan, where: str) -> None:
             )
 
 
-def _data_source(data, seq_len: int, seed: int, dtype: str, steps: int):
+def _data_source(
+    data, seq_len: int, seed: int, dtype: str | None, steps: int, flag: str = "--data"
+):
+    """`steps`: how many batches an iterator is read for."""
     import itertools
 
     from octopipe.runtime.data import DataSource, GivenBatches, TokenFile
@@ -360,7 +467,7 @@ def _data_source(data, seq_len: int, seed: int, dtype: str, steps: int):
     if data is None or isinstance(data, DataSource):
         return data
     if isinstance(data, str | Path):
-        return TokenFile(data, seq_len, seed, dtype)
+        return TokenFile(data, seq_len, seed, dtype, flag)
     if not isinstance(data, Sequence):  # a generator cannot travel to spawned ranks: read it
         data = list(itertools.islice(iter(data), steps))
     return GivenBatches(data)

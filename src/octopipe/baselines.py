@@ -53,7 +53,7 @@ def baseline_plan(
     (for callers that simulate it their own way; `spec` from `schedules.generate`)."""
     ranges = split_layers(profile, spec.num_stages, partition, spec.placement, deadline)
     plan = make_plan(spec.num_devices, num_microbatches, ranges, spec.placement, spec.orders)
-    return plan.with_layer_names(profile.layer_names)
+    return plan.with_layer_names(profile.layer_names).made_for(profile)
 
 
 def all_baselines(

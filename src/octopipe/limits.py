@@ -33,6 +33,7 @@ MAX_PARALLEL_DEGREE = 2**17  # TP, DP, or any other degree
 MAX_CHUNKS = 64  # stages per device the tuner tries (--max-chunks)
 MAX_PROCESSES = 1024  # ranks one host starts (--nproc, the plan's devices x --dp)
 MAX_STEPS = 10**9  # training steps of a run (--steps)
+MAX_EVAL_BATCHES = 10**6  # held-out global batches per evaluation (--eval-batches)
 MAX_SEED = 2**63 - 1  # --seed: what torch's generators take
 
 # --- numbers ------------------------------------------------------------------------------------

@@ -9,19 +9,22 @@ from __future__ import annotations
 import csv
 import math
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from octopipe.actions import Action, B, F, I, Kind, W, format_entry, parse_entry
-from octopipe.errors import InputError
+from octopipe.errors import InputError, OctoPipeWarning
 from octopipe.jsonfile import read_json, write_json
 from octopipe.limits import (
     MAX_DEVICES,
     MAX_LAYERS,
+    MAX_MICRO_BATCH_SIZE,
     MAX_MICROBATCHES,
     MAX_PARALLEL_DEGREE,
+    MAX_SEQ_LEN,
     MAX_STAGE_MICROBATCHES,
 )
 
@@ -66,6 +69,9 @@ class Plan:
     # The profile's layer names, in order (docs/FORMATS.md): the executor checks them against
     # the model's before it starts. None: not recorded (then only the count is checked).
     layer_names: tuple[str, ...] | None = field(default=None, compare=False)
+    # What the plan's costs were for (docs/FORMATS.md, `profile`): the profile's name,
+    # microbatch size, sequence length and device count, those it knew. None: not recorded.
+    profile: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # Tuples of Actions with one kind type (Kind), whatever the caller built them with.
@@ -125,6 +131,22 @@ class Plan:
     def with_layer_names(self, names: Sequence[str]) -> Plan:
         return replace(self, layer_names=tuple(names))
 
+    def made_for(self, profile) -> Plan:
+        """The plan with what its profile's costs are for recorded (`profile` key): the name,
+        and the microbatch size, sequence length and device count the profile knows."""
+        devices = profile.devices
+        known = {
+            "name": profile.name,
+            "microbatch_size": profile.microbatch_size,
+            "seq_len": profile.seq_len,
+            "devices": len(devices) if devices and len(devices) == self.num_devices else None,
+        }
+        return replace(self, profile={k: v for k, v in known.items() if v is not None})
+
+    def made_for_value(self, key: str) -> Any:
+        """One figure of the `profile` key (`microbatch_size`, `seq_len`, `devices`), or None."""
+        return (self.profile or {}).get(key)
+
     def entries(self, device: int) -> list[tuple[Action, ...]]:
         """The device's schedule entries: one action each, or a composite's parts."""
         acts = self.schedule.get(device, ())
@@ -156,6 +178,8 @@ class Plan:
             data["parallelism"] = dict(self.parallelism)
         if self.layer_names is not None:
             data["layer_names"] = list(self.layer_names)
+        if self.profile is not None:
+            data["profile"] = dict(self.profile)
         return data
 
     def csv_rows(self) -> list[list[str]]:
@@ -279,7 +303,10 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
     predicted = _predicted(data.get("predicted"), where)
     parallelism = _parallelism(data.get("parallelism"), nd, where)
     names = _layer_names(data.get("layer_names"), stages[-1].end, where)
-    plan = Plan(nd, nm, tuple(stages), schedule, predicted, composites, parallelism, names)
+    made_for = _made_for(data.get("profile"), nd, where)
+    plan = Plan(
+        nd, nm, tuple(stages), schedule, predicted, composites, parallelism, names, made_for
+    )
     check_structure(plan, where, num_layers)
     return plan
 
@@ -297,6 +324,19 @@ def check_layer_names(
     raise InputError(where, f"the plan has {len(names)} layers, {of} {len(expected)}")
 
 
+def warn_if_made_for_another(plan: Plan, profile, where: str, of: str) -> None:
+    """A plan made from a profile of another microbatch size or sequence length still runs
+    on this one, but its figures are then this profile's: said as a warning."""
+    for key, what in (("microbatch_size", "microbatch size"), ("seq_len", "sequence length")):
+        planned, costed = plan.made_for_value(key), getattr(profile, key)
+        if planned is not None and costed is not None and planned != costed:
+            warnings.warn(
+                f"{where} was made for a {what} of {planned}; {of} costs {costed}",
+                OctoPipeWarning,
+                stacklevel=2,
+            )
+
+
 def _layer_names(raw: Any, num_layers: int, where: str) -> tuple[str, ...] | None:
     if raw is None:
         return None
@@ -307,6 +347,38 @@ def _layer_names(raw: Any, num_layers: int, where: str) -> tuple[str, ...] | Non
             where, f"{len(raw)} names for the stages' {num_layers} layers", "layer_names"
         )
     return tuple(raw)
+
+
+_MADE_FOR = (
+    ("microbatch_size", MAX_MICRO_BATCH_SIZE),
+    ("seq_len", MAX_SEQ_LEN),
+    ("devices", MAX_DEVICES),
+)
+
+
+def _made_for(raw: Any, num_devices: int, where: str) -> dict[str, Any] | None:
+    """The optional `profile` object: a `name` string and positive `microbatch_size`,
+    `seq_len` and `devices` (the plan's device count), each optional; other keys ignored."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InputError(where, "expected an object of the profile's figures", "profile")
+    out: dict[str, Any] = {}
+    name = raw.get("name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise InputError(where, f"expected a string, got {name!r}", "profile.name")
+        out["name"] = name
+    for key, maximum in _MADE_FOR:
+        if key in raw:
+            out[key] = _positive_int(raw, key, where, "profile.", maximum)
+    if out.get("devices", num_devices) != num_devices:
+        raise InputError(
+            where,
+            f"the plan's profile lists {out['devices']} devices but the plan has {num_devices}",
+            "profile.devices",
+        )
+    return out
 
 
 def _predicted(raw: Any, where: str) -> dict[str, Any] | None:

@@ -68,6 +68,9 @@ class Device(_Frozen):
     speed: Speed = Field(default=1.0, description="a device of speed s runs an op in t/s")
     memory_bytes: Capacity = Field(default=float("inf"), description="capacity to fit")
     node: Index = Field(default=0, description="the node (host) the device sits on")
+    name: Text | None = Field(
+        default=None, description="the accelerator's kind (a preset's name): for labels only"
+    )
 
 
 class Link(_Frozen):
@@ -198,7 +201,9 @@ class Profile(_Frozen):
         data: dict[str, Any] = {"format": PROFILE_FORMAT, "name": self.name}
         data["layers"] = [_given(layer.model_dump(), grad_bytes=0) for layer in self.layers]
         if self.devices is not None:
-            data["devices"] = [_given(_finite(d.model_dump()), node=0) for d in self.devices]
+            data["devices"] = [
+                _given(_finite(d.model_dump()), node=0, name=None) for d in self.devices
+            ]
         data["link"] = _finite(self.link.model_dump())
         if self.links is not None:
             data["links"] = {k: _finite(v) for k, v in self.links.model_dump().items()}

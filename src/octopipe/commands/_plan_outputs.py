@@ -59,7 +59,7 @@ def write_outputs(
     also the torchtitan 0.3 config (launched over nodes of `gpus_per_node`, default one node),
     whose layer names must map to torchtitan's (else an InputError naming `source`, the
     profile's file or model)."""
-    plan = plan.with_layer_names(profile.layer_names)
+    plan = plan.with_layer_names(profile.layer_names).made_for(profile)
     save_plan(plan, out / "plan.json")
     save_schedule_csv(plan, out / "schedule.csv")
     # Absolute: torchtitan reads the CSV from wherever it is started.
@@ -72,12 +72,13 @@ def write_outputs(
     if not pictures:
         return written
     from octopipe.viz.html import save_html_timeline
+    from octopipe.viz.style import gpu_names
     from octopipe.viz.timeline import save_timeline
 
     result = Simulator(profile).run(plan, detail=True)
-    title = f"{profile.name}: tuned plan"
-    save_timeline(result, out / "timeline.png", title=title)
-    save_html_timeline(result, out / "timeline.html", title=title)
+    title, names = f"{profile.name}: tuned plan", gpu_names(profile)
+    save_timeline(result, out / "timeline.png", title=title, device_names=names)
+    save_html_timeline(result, out / "timeline.html", title=title, device_names=names)
     return [*written, "timeline.png", "timeline.html"]
 
 

@@ -1,25 +1,31 @@
-"""What `octopipe run` shows while it trains, one call per finished step (on the process that
-speaks for the run: the launcher, or rank 0 under torchrun).
+"""What `octopipe run` shows while it trains (on the process that speaks for the run: the
+launcher, or rank 0 under torchrun): every note and every step as one line on stderr, and,
+when stderr is a terminal, a progress bar below the lines.
 
-With `--json`, each step is one JSON line on stdout as it finishes (the summary stays the last
-line). On stderr: a progress bar (step, loss, tokens/s) when stderr is a terminal, else one
-plain line per step, which logs keep.
+A step's line and its JSON line (`--json`, on stdout) number it alike, from 0; the bar counts
+the steps done. Notes (start-up stages, checkpoints saved and resumed) carry the seconds since
+the run began; a passing one (what is under way before the processes start) shows in the bar
+only, so that a run refused meanwhile prints its one error line and nothing else.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from octopipe.jsonfile import dumps
+from octopipe.units import fmt_bytes
 
 
 class RunProgress:
-    """A context around the run; called with each step's `StepReport`."""
+    """A context around the run; called with each `StepReport` and `RunNote`."""
 
-    def __init__(self, total_steps: int, json_lines: bool) -> None:
-        self.total, self.json_lines = total_steps, json_lines
-        self._bar: Any = None  # rich's Progress, started at the first step (rank 0 only)
+    def __init__(self, total_steps: int, json_lines: bool, also=None) -> None:
+        """`also`: called with every report too (the run's logs)."""
+        self.total, self.json_lines, self.also = total_steps, json_lines, also
+        self._started = time.perf_counter()
+        self._bar: Any = None  # rich's Progress, on a terminal only, from the first report
         self._task: Any = None
 
     def __enter__(self) -> RunProgress:
@@ -30,35 +36,88 @@ class RunProgress:
             self._bar.stop()
 
     def __call__(self, report) -> None:
+        from octopipe.runtime.progress import RunNote
+
+        if self.also is not None:
+            self.also(report)
+        if isinstance(report, RunNote):
+            if report.passing:
+                self._under_way(report.text)
+            else:
+                self._line(f"[{time.perf_counter() - self._started:.1f} s] {report.text}")
+            return
         if self.json_lines:
             print(dumps(report.as_json()), flush=True)
-        done = report.step + 1
-        speed = f"{report.tokens_per_second:,.0f}"
-        if not sys.stderr.isatty():
-            print(
-                f"step {done}/{self.total}: loss {report.loss:.6g}, "
-                f"{report.step_time * 1e3:.1f} ms, {speed} tokens/s",
-                file=sys.stderr,
-                flush=True,
+        self._line(step_line(report, self.total))
+        if report.val_loss is not None:
+            self._line(evaluation_line(report))
+        if self._bar is not None:
+            speed = f"{report.tokens_per_second:,.0f}"
+            self._bar.update(
+                self._task,
+                completed=report.step + 1,
+                doing=f"loss {report.loss:.4g}, {speed} tokens/s",
             )
+
+    def _under_way(self, text: str) -> None:
+        if sys.stderr.isatty():
+            if self._bar is None:
+                self._start_bar()
+            self._bar.update(self._task, doing=text)
+
+    def _line(self, text: str) -> None:
+        if not sys.stderr.isatty():
+            print(text, file=sys.stderr, flush=True)
             return
         if self._bar is None:
             self._start_bar()
-        self._bar.update(self._task, completed=done, loss=f"{report.loss:.4g}", speed=speed)
+        self._bar.console.print(text, markup=False, highlight=False)  # above the bar
 
     def _start_bar(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._bar = Progress(
-            TextColumn("[bold]training[/] step"),
+            TextColumn("[bold]steps done[/]"),
             MofNCompleteColumn(),
             BarColumn(),
-            TextColumn("loss {task.fields[loss]}, {task.fields[speed]} tokens/s"),
+            TextColumn("{task.fields[doing]}"),
+            TimeRemainingColumn(),
             console=Console(stderr=True),
             transient=True,
             # JSON lines on a terminal go above the bar; piped, stdout is left alone.
             redirect_stdout=sys.stdout.isatty(),
         )
         self._bar.start()
-        self._task = self._bar.add_task("", total=self.total, loss="-", speed="-")
+        self._task = self._bar.add_task("", total=self.total, doing="")
+
+
+def step_line(report, total_steps: int) -> str:
+    """`step 4/9: loss 5.21, lr 3e-04, grad norm 0.81, 12.3 ms, 5,570 tokens/s, MFU 31.2%`:
+    the step's number (from 0) over the run's last; unknown figures left out."""
+    parts = [f"loss {report.loss:.6g}"]
+    if report.lr is not None:
+        parts.append(f"lr {report.lr:.3g}")
+    if report.grad_norm is not None:
+        parts.append(f"grad norm {report.grad_norm:.4g}")
+    parts.append(f"{report.step_time * 1e3:.1f} ms")
+    parts.append(f"{report.tokens_per_second:,.0f} tokens/s")
+    if report.tflops_per_rank is not None:
+        parts.append(f"{report.tflops_per_rank:.3g} TFLOP/s per rank")
+    if report.mfu is not None:
+        parts.append(f"MFU {100 * report.mfu:.1f}%")
+    if report.peak_memory_bytes:
+        parts.append(f"peak {fmt_bytes(report.peak_memory_bytes)}")
+    return f"step {report.step}/{total_steps - 1}: " + ", ".join(parts)
+
+
+def evaluation_line(report) -> str:
+    ppl = report.perplexity
+    shown = f", perplexity {ppl:.4g}" if ppl is not None else ""
+    return f"step {report.step}: held-out loss {report.val_loss:.6g}{shown}"

@@ -11,7 +11,7 @@ from octopipe.commands._output_paths import HTML, JSON, PICTURE, check_output_fi
 from octopipe.errors import InputError
 from octopipe.jsonfile import dumps
 from octopipe.limits import MAX_SECONDS
-from octopipe.plan import check_layer_names, load_plan
+from octopipe.plan import check_layer_names, load_plan, warn_if_made_for_another
 from octopipe.profile import load_profile
 from octopipe.report import print_simulation
 from octopipe.sim import Simulator
@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, num_layers=profile.num_layers)
     # load_plan checked the structure against the profile's layers; the names too, if it has them
     check_layer_names(plan.layer_names, profile.layer_names, args.plan)
+    warn_if_made_for_another(plan, profile, args.plan, args.profile)
     if not (math.isfinite(args.action_overhead) and args.action_overhead >= 0):
         raise InputError(
             "--action-overhead", f"must be a finite number >= 0, got {args.action_overhead}"
@@ -89,15 +90,17 @@ def run(args: argparse.Namespace) -> int:
 def _draw(args: argparse.Namespace, result, plan, profile) -> None:
     """The pictures asked for; the only place this command imports a plotting library."""
 
-    title = f"{profile.name}: {args.plan}"
+    from octopipe.viz.style import gpu_names
+
+    title, names = f"{profile.name}: {args.plan}", gpu_names(profile)
     if args.png:
         from octopipe.viz.timeline import save_timeline
 
-        save_timeline(result, args.png, title=title)
+        save_timeline(result, args.png, title=title, device_names=names)
     if args.html:
         from octopipe.viz.html import save_html_timeline
 
-        save_html_timeline(result, args.html, title=title)
+        save_html_timeline(result, args.html, title=title, device_names=names)
     if args.memory_png:
         from octopipe.viz.memory import save_memory_plot
 

@@ -145,6 +145,7 @@ class Cluster:
                 speed=speed.get(hw.name, 1.0),
                 memory_bytes=hw.memory_bytes,
                 node=self.node_of(first),
+                name=hw.name,
             )
 
         every = (_renumbered(tuple(device(p, r) for p in range(pp))) for r in range(dp))

@@ -50,7 +50,7 @@ from octopipe.runtime.checkpoint_metadata import (
     require_tensors,
 )
 
-__all__ = ["FORMAT", "MARKER", "check_compatible", "load", "save", "step_dir"]
+__all__ = ["FORMAT", "MARKER", "check_compatible", "load", "load_weights", "save", "step_dir"]
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -170,7 +170,8 @@ def _prepare(root: Path, nbytes: int, step: int) -> str | None:
     """Rank 0, before a save: clear what crashed saves left (no other run writes here: the
     folder is locked), then the free-space verdict (None: room enough)."""
     root.mkdir(parents=True, exist_ok=True)
-    for leftover in [*root.glob(".step-*.partial"), *root.glob(".step-*.replaced")]:
+    leftovers = (".step-*.partial", ".step-*.replaced", ".step-*.removed")
+    for leftover in [p for pattern in leftovers for p in root.glob(pattern)]:
         shutil.rmtree(leftover, ignore_errors=True)
     try:
         check_room(root, nbytes, f"the checkpoint of step {step}")
@@ -228,6 +229,29 @@ def load(
         p = params[fqn]
         local.state[p][name] = state[key].to(p.device) if state[key].dim() else state[key]
     return read_marker(path).step
+
+
+def load_weights(path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter of `model` (a meta-device model will do: only names and shapes are
+    read) as saved in checkpoint `path`, whole, in this process, without a process group and
+    through the safe reader: FQN -> tensor, in the dtype it was saved in. The checkpoint must
+    have passed `check_compatible` for this model."""
+    saved = read_metadata(path)
+    names = [name for name, _ in model.named_parameters()]
+    require_tensors(saved, [f"model.{n}" for n in names], path)
+    entries = saved.state_dict_metadata
+    state = {
+        f"model.{n}": torch.empty(entries[f"model.{n}"].size, dtype=_dtype(entries, n))
+        for n in names
+    }
+    dcp.load(
+        state, storage_reader=CheckedReader(path, saved), planner=TensorsOnlyPlanner(), no_dist=True
+    )
+    return {n: state[f"model.{n}"] for n in names}
+
+
+def _dtype(entries, name: str) -> torch.dtype:
+    return entries[f"model.{name}"].properties.dtype
 
 
 def _load_target(param: torch.Tensor, meta) -> torch.Tensor:

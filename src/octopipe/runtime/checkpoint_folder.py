@@ -152,6 +152,26 @@ def _children(root: Path) -> list[Path]:
 # --- the folder a run writes to ---------------------------------------------------------------
 
 
+def keep_newest(root: str | Path, keep: int, saved: int) -> list[Path]:
+    """After the save of step `saved`: remove every `step-N` folder of `root` with N at most
+    `saved` but the newest `keep` (`--keep-last`); newer ones (damaged leftovers a resume
+    skipped, replaced when their step is saved) are not this save's business. Each is renamed
+    aside first, so that a crash midway leaves no half-removed `step-N` behind. The removed."""
+    root = Path(root)
+    steps = sorted(
+        (int(m.group(1)), child)
+        for child in _children(root)
+        if (m := STEP_DIR.fullmatch(child.name)) and int(m.group(1)) <= saved
+    )
+    removed = []
+    for _, folder in steps[: max(len(steps) - keep, 0)]:
+        aside = folder.with_name(f".{folder.name}.removed")
+        os.rename(folder, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 def check_folder(root: str | Path) -> None:
     """`--checkpoint-dir` is a folder this process can write, or one it can create."""
     from octopipe.commands._output_paths import check_output_folder  # plain path checks

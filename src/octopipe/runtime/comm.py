@@ -120,11 +120,13 @@ class P2P:
         before, after = plan.stages[key.boundary - 1].device, plan.stages[key.boundary].device
         return (after, before) if key.backward else (before, after)
 
-    def reset(self) -> None:
-        """Start a step: every channel expects its microbatches again, in the sender's order."""
+    def reset(self, orders: Plan | None = None) -> None:
+        """Start a step: every channel expects its microbatches again, in the sender's order
+        of the plan's schedule, or of `orders` (the same stages and placement in another
+        order: held-out evaluation's forwards)."""
         for ch in self._channels.values():
             assert not ch.posted, f"unconsumed receives on {ch.key}"
-            ch.order = deque(sender_order(self._plan, ch.key))
+            ch.order = deque(sender_order(orders or self._plan, ch.key))
 
     # --- the four transfers the worker needs ----------------------------------------------
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from octopipe.errors import InputError
+from octopipe.tokens.meta import META, TokenMeta, meta_beside
 
 Activation = tuple[torch.Tensor, ...]
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -87,27 +88,50 @@ class SyntheticData(DataSource):
 
 
 class TokenFile(DataSource):
-    """Windows of `seq_len + 1` tokens at offsets drawn from (seed, step, index)."""
+    """Windows of `seq_len + 1` tokens at offsets drawn from (seed, step, index).
 
-    def __init__(self, path: str | Path, seq_len: int, seed: int, dtype: str = "uint16") -> None:
-        if dtype not in TOKEN_DTYPES:
-            raise InputError("--data-dtype", f"expected one of {sorted(TOKEN_DTYPES)}, got {dtype}")
+    A `meta.json` beside the file (`octopipe prepare-data`'s, `octopipe.tokens.meta`) says its
+    dtype, which is then the default, and its tokenizer's vocabulary, which the model's must
+    hold; the file must hold the tokens it says. `flag` names the file in messages."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        seq_len: int,
+        seed: int,
+        dtype: str | None = None,
+        flag: str = "--data",
+    ) -> None:
         path = Path(path)
         if not path.is_file():
-            raise InputError("--data", f"no such file: {path}")
+            raise InputError(flag, f"no such file: {path}")
+        described = meta_beside(path)
+        if dtype is None:
+            dtype = described[1].dtype if described else "uint16"
+        if dtype not in TOKEN_DTYPES:
+            raise InputError("--data-dtype", f"expected one of {sorted(TOKEN_DTYPES)}, got {dtype}")
         width = np.dtype(TOKEN_DTYPES[dtype]).itemsize
         size = path.stat().st_size
+        if described:
+            _check_described(path, dtype, size, *described)
         if size % width:
-            raise InputError("--data", f"{path} is {size} bytes, not a whole number of {dtype}")
+            raise InputError(flag, f"{path} is {size} bytes, not a whole number of {dtype}")
         if size // width < seq_len + 1:
-            raise InputError(
-                "--data", f"{path} holds {size // width} tokens, fewer than --seq-len + 1"
-            )
-        self.path, self.dtype, self.seq_len, self.seed = path, dtype, seq_len, seed
+            raise InputError(flag, f"{path} holds {size // width} tokens, fewer than --seq-len + 1")
+        self.path, self.dtype, self.seq_len, self.seed, self.flag = path, dtype, seq_len, seed, flag
         self.vocabulary: int | None = None  # ids at or above it are refused as they are read
+        self.tokenizer_vocabulary = described[1].vocab_size if described else None
         self._tokens: np.memmap | None = None
 
     def for_vocabulary(self, size: int | None) -> TokenFile:
+        vocab = self.tokenizer_vocabulary
+        if size is not None and vocab is not None and vocab > size:
+            raise InputError(
+                self.flag,
+                f"{self.path} holds ids of a tokenizer of {vocab:,} (its {META}); the model "
+                f"takes {size:,}: tokenize with the model's tokenizer, or give the model a "
+                "vocabulary as large",
+            )
         checked = copy.copy(self)
         checked.vocabulary = size
         return checked
@@ -131,7 +155,7 @@ class TokenFile(DataSource):
             if self.vocabulary is not None and int(window.max()) >= self.vocabulary:
                 bad = int(torch.nonzero(window >= self.vocabulary)[0]) + at
                 raise InputError(
-                    "--data",
+                    self.flag,
                     f"{self.path} holds token id {int(self.tokens[bad])} at token {bad:,}, "
                     f"beyond the model's vocabulary of {self.vocabulary:,} (is --data-dtype "
                     f"{self.dtype} "
@@ -141,18 +165,54 @@ class TokenFile(DataSource):
         return stack(rows)
 
 
+def _check_described(path: Path, dtype: str, size: int, where: Path, meta: TokenMeta) -> None:
+    """The token file is what its meta.json says: ids of that dtype, and as many."""
+    if dtype != meta.dtype:
+        raise InputError(
+            "--data-dtype", f"{dtype}, but {where} says {path.name} holds {meta.dtype} ids"
+        )
+    entry = meta.files.get(path.name)
+    width = np.dtype(TOKEN_DTYPES[dtype]).itemsize
+    if entry is not None and entry.tokens * width != size:
+        raise InputError(
+            str(path),
+            f"holds {size:,} bytes; {where} says {entry.tokens:,} {dtype} tokens "
+            f"({entry.tokens * width:,} bytes): a file changed since it was written",
+        )
+
+
 class GivenBatches(DataSource):
     """Global batches from Python: a sequence (indexed by step) or any iterable (read in order;
-    a resumed run skips the steps before its first)."""
+    a resumed run skips the steps before its first). A batch is a `GlobalBatch` or a pair
+    `(inputs, targets)`: `inputs` the model's forward arguments, a tuple of tensors (or one
+    tensor), `targets` a tensor, every one with a row per sequence (dimension 0). A sequence
+    of batches is checked whole when it is given, an iterable's batches as they are read."""
 
     def __init__(self, batches: Sequence[GlobalBatch] | Iterable[GlobalBatch]) -> None:
+        if isinstance(batches, Sequence):
+            batches = [as_global_batch(b, step) for step, b in enumerate(batches)]
         self.batches = batches
+        self.vocabulary: int | None = None
         self._iterator: Iterable[GlobalBatch] | None = None
         self._next = 0
         self._last: tuple[int, GlobalBatch] | None = None  # a step read twice reads once
 
+    def check_length(self, needed: int, what: str) -> None:
+        """Refuse a sequence of batches shorter than the run reads (`what` says why)."""
+        if isinstance(self.batches, Sequence) and len(self.batches) < needed:
+            raise InputError("data", f"holds {len(self.batches)} batches; {what} reads {needed}")
+
+    def for_vocabulary(self, size: int | None) -> GivenBatches:
+        checked = copy.copy(self)
+        checked.vocabulary = size
+        return checked
+
     def global_batch(self, step: int, sequences: int) -> GlobalBatch:
         if isinstance(self.batches, Sequence):
+            if not 0 <= step < len(self.batches):
+                raise InputError(
+                    "data", f"holds {len(self.batches)} batches; step {step} needs one"
+                )
             batch = self.batches[step]
         elif self._last is not None and self._last[0] == step:
             batch = self._last[1]
@@ -162,12 +222,66 @@ class GivenBatches(DataSource):
             batch = next(itertools.islice(self._iterator, step - self._next, None))
             self._next = step + 1
             self._last = (step, batch)
-        batch = batch if isinstance(batch, GlobalBatch) else GlobalBatch(*batch)
+        batch = as_global_batch(batch, step)
         if batch.sequences != sequences:
             raise InputError(
-                "data", f"step {step}'s batch holds {batch.sequences} sequences, not {sequences}"
+                "data",
+                f"step {step}'s batch holds {batch.sequences} sequences, not {sequences} "
+                "(replicas x microbatches x microbatch size)",
             )
+        _check_ids(batch, self.vocabulary, step)
         return batch
+
+
+def as_global_batch(batch, step: int) -> GlobalBatch:
+    """A batch given from Python, checked: `(inputs, targets)` as `GivenBatches` says."""
+    if isinstance(batch, GlobalBatch):
+        return batch
+    if not (isinstance(batch, tuple | list) and len(batch) == 2):
+        raise InputError(
+            "data",
+            f"step {step}'s batch is a {type(batch).__name__}; expected (inputs, targets), e.g. "
+            "((tokens,), targets): the model's forward arguments and the loss's targets",
+        )
+    inputs, targets = batch
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)  # one forward argument
+    if not (
+        isinstance(inputs, tuple | list)
+        and inputs
+        and all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in inputs)
+    ):
+        raise InputError(
+            "data",
+            f"step {step}'s inputs: expected a tensor or a tuple of tensors (the model's "
+            "forward arguments), each with a row per sequence",
+        )
+    if not (isinstance(targets, torch.Tensor) and targets.dim() >= 1):
+        raise InputError(
+            "data", f"step {step}'s targets: expected a tensor with a row per sequence"
+        )
+    rows = {int(t.shape[0]) for t in (*inputs, targets)}
+    if len(rows) > 1:
+        raise InputError(
+            "data",
+            f"step {step}'s inputs and targets hold different numbers of rows: {sorted(rows)}",
+        )
+    return GlobalBatch(tuple(inputs), targets)
+
+
+def _check_ids(batch: GlobalBatch, vocabulary: int | None, step: int) -> None:
+    """Token ids a model's embedding cannot look up are refused, as from a token file."""
+    ids = batch.inputs[0]
+    if vocabulary is None or ids.is_floating_point() or ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocabulary:
+        bad = low if low < 0 else high
+        raise InputError(
+            "data",
+            f"step {step}'s inputs hold token id {bad}, outside the model's "
+            f"vocabulary of {vocabulary:,}",
+        )
 
 
 def replica_batch(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import getpass
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from datetime import timedelta
@@ -34,7 +34,7 @@ from octopipe.runtime.preflight import (
     check_resumable,
     check_sizes,
 )
-from octopipe.runtime.progress import StepReport
+from octopipe.runtime.progress import OnReport, say
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.spawn import (  # noqa: F401 - RankFailure, Stopped: raised through here
     CHILD_ENVIRONMENT,
@@ -44,6 +44,8 @@ from octopipe.runtime.spawn import (  # noqa: F401 - RankFailure, Stopped: raise
     tell_parent,
 )
 from octopipe.runtime.split import check_plan_layer_names
+
+_CHECKING = "checking the plan against the model, the data and the checkpoints"
 
 
 def under_torchrun() -> bool:
@@ -112,17 +114,18 @@ def execute(
     backend: str = "auto",
     timeout_s: float = DEFAULT_TIMEOUT_S,
     init_method: str = "env://",
-    on_step: Callable[[StepReport], None] | None = None,
+    on_report: OnReport | None = None,
 ) -> list[RunResult] | None:
     """Run the jobs on `nproc` fresh processes, or on the torchrun job this process belongs to
     (then `init_method` is how its ranks meet: torchrun's `env://`, or e.g. a shared `file://`).
 
     Returns the results on the process that speaks for the run (the parent, or rank 0), else None;
-    `on_step` is called there with every step's report as the steps finish.
+    `on_report` is called there with every step's report as the steps finish, and with notes
+    of what the run is doing (`progress.RunNote`).
     """
     if under_torchrun():
-        return run_under_torchrun(jobs, backend, timeout_s, init_method, on_step)
-    return launch(jobs, nproc, backend, timeout_s, on_step)
+        return run_under_torchrun(jobs, backend, timeout_s, init_method, on_report)
+    return launch(jobs, nproc, backend, timeout_s, on_report)
 
 
 # --- inside torchrun --------------------------------------------------------------------------
@@ -133,17 +136,18 @@ def run_under_torchrun(
     backend: str = "auto",
     timeout_s: float = DEFAULT_TIMEOUT_S,
     init_method: str = "env://",
-    on_step: Callable[[StepReport], None] | None = None,
+    on_report: OnReport | None = None,
 ) -> list[RunResult] | None:
     """Be one rank of a job started by torchrun (or anything that sets RANK and WORLD_SIZE)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     # Rank 0 holds the checkpoint folders for the job; the others use its choice (session).
     with hold_all(checkpoint_folders(jobs) if rank == 0 else ()):
+        say(on_report if rank == 0 else None, _CHECKING, passing=True)
         jobs = validate_jobs(jobs, world)
         backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
         return train_as_rank(
-            jobs, rank, world, local_rank, init_method, backend, timeout_s, on_step
+            jobs, rank, world, local_rank, init_method, backend, timeout_s, on_report
         )
 
 
@@ -155,13 +159,13 @@ def train_as_rank(
     init_method: str,
     backend: str,
     timeout_s: float,
-    on_step: Callable[[StepReport], None] | None = None,
+    on_report: OnReport | None = None,
 ) -> list[RunResult] | None:
     """Join the process group, train every job, leave; rank 0 returns the results and hands
-    every step's report to `on_step`."""
+    every step's report (and note) to `on_report`."""
     device = join_process_group(backend, rank, world, local_rank, init_method, timeout_s)
     results = [
-        run_job_on_rank(job, rank, world, device, backend == "nccl", _of_job(on_step, j, rank))
+        run_job_on_rank(job, rank, world, device, backend == "nccl", _of_job(on_report, j, rank))
         for j, job in enumerate(jobs)
     ]
     # Only on success: after a failure, tearing down may wait on dead peers; the error goes first.
@@ -171,11 +175,11 @@ def train_as_rank(
     return results if rank == 0 else None
 
 
-def _of_job(on_step, job: int, rank: int) -> Callable[[StepReport], None] | None:
+def _of_job(on_report, job: int, rank: int) -> OnReport | None:
     """Rank 0's reports of job `job`, labelled with it."""
-    if on_step is None or rank != 0:
+    if on_report is None or rank != 0:
         return None
-    return lambda report: on_step(replace(report, job=job))
+    return lambda report: on_report(replace(report, job=job))
 
 
 def join_process_group(
@@ -203,19 +207,23 @@ def launch(
     nproc: int,
     backend: str = "auto",
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    on_step: Callable[[StepReport], None] | None = None,
+    on_report: OnReport | None = None,
 ) -> list[RunResult]:
-    """Run the jobs on `nproc` spawned ranks; `on_step` gets every step's report here, as the
-    steps finish. No deadline on the whole run: `timeout_s` bounds each wait inside it."""
+    """Run the jobs on `nproc` spawned ranks; `on_report` gets every step's report (and the
+    run's notes) here, as the steps finish. No deadline on the whole run: `timeout_s` bounds
+    each wait inside it."""
     check_local_processes(nproc)
     with no_empty_compile_cache(), hold_all(checkpoint_folders(jobs)):  # no writer meanwhile
+        say(on_report, _CHECKING, passing=True)
         jobs = validate_jobs(jobs, nproc)
         backend = choose_backend(backend, nproc)
+        on_cpu = " on CPU" if backend == "gloo" else ""
+        say(on_report, f"starting {nproc} processes ({backend}{on_cpu})")
         return spawn_ranks(
             _train_jobs,
-            (backend, list(jobs), timeout_s, on_step is not None),
+            (backend, list(jobs), timeout_s, on_report is not None),
             nproc,
-            on_note=on_step,
+            on_note=on_report,
         )
 
 
@@ -246,8 +254,8 @@ def _train_jobs(
     timeout_s: float,
     report_steps: bool,
 ) -> list[RunResult] | None:
-    on_step = tell_parent if report_steps else None
-    return train_as_rank(jobs, rank, world, rank, f"file://{store}", backend, timeout_s, on_step)
+    on_report = tell_parent if report_steps else None
+    return train_as_rank(jobs, rank, world, rank, f"file://{store}", backend, timeout_s, on_report)
 
 
 def _device_for(backend: str, local_rank: int) -> torch.device:

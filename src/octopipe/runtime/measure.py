@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from octopipe.errors import InputError
-from octopipe.profile import Profile
+from octopipe.profile import Device, Profile
 from octopipe.units import GIB
 
 FP32_BYTES = 4
@@ -128,7 +128,11 @@ def _measure_in_child(rank: int, world: int, store: str, options: dict) -> Profi
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    return median_profile(every).model_copy(update={"link": link, "name": f"{name}-x{world}"})
+    # The times are those of `world` processes at once: the profile is of that many devices.
+    share = _device_memory(o.device) // (1 if o.device == "cuda" else world)
+    devices = tuple(Device(memory_bytes=float(share)) for _ in range(world))
+    update = {"link": link, "name": f"{name}-x{world}", "devices": devices}
+    return median_profile(every).model_copy(update=update)
 
 
 def _time_layers(

@@ -98,13 +98,12 @@ def squared_norm(
     return total
 
 
-def global_grad_norm(
-    params: Sequence[torch.Tensor], stage_ranks: int, device: torch.device | None = None
-) -> float:
-    """The norm of all gradients of the model: this rank's share, summed over the world (on
-    `device`, the one the backend reduces on: the GPU for NCCL); `stage_ranks` ranks hold each
-    stage (replicas x tensor-parallel degree)."""
-    total = squared_norm(params, device).reshape(1)
+def global_grad_norm(squares: torch.Tensor, stage_ranks: int) -> float:
+    """The norm of all gradients of the model from each rank's `squared_norm` (on the device
+    the backend reduces on: the GPU for NCCL), summed over the world (a collective; `squares`
+    itself is left as it was); `stage_ranks` ranks hold each stage (replicas x
+    tensor-parallel degree)."""
+    total = squares.clone().reshape(1)
     dist.all_reduce(total)
     return math.sqrt(float(total) / stage_ranks)
 

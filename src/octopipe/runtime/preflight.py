@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from octopipe.errors import InputError
 from octopipe.limits import (
+    MAX_EVAL_BATCHES,
     MAX_MICROBATCH_TOKENS,
     MAX_PROCESSES,
     MAX_RATE,
@@ -42,6 +43,11 @@ def check_run_settings(
     checkpoint_dir: object = None,
     checkpoint_every: int = 0,
     resume: bool = False,
+    keep_last: int = 0,
+    val_data: object = None,
+    eval_every: int = 0,
+    eval_batches: int = 1,
+    peak_tflops: float | None = None,
 ) -> None:
     if nproc is not None and not 1 <= nproc <= MAX_PROCESSES:
         raise InputError("--nproc", f"must be 1 to {MAX_PROCESSES:,}, got {nproc}")
@@ -65,12 +71,25 @@ def check_run_settings(
         raise InputError("--min-lr", f"{min_lr} is above --lr {lr}: the cosine would rise")
     if clip_norm is not None and not (math.isfinite(clip_norm) and 0 < clip_norm <= MAX_RATE):
         raise InputError("--clip-norm", f"must be a positive number, got {clip_norm}")
-    for flag, count in (("--lr-warmup", warmup_steps), ("--checkpoint-every", checkpoint_every)):
+    for flag, count in (
+        ("--lr-warmup", warmup_steps),
+        ("--checkpoint-every", checkpoint_every),
+        ("--keep-last", keep_last),
+        ("--eval-every", eval_every),
+    ):
         if not 0 <= count <= MAX_STEPS:
             raise InputError(flag, f"must be 0 to {MAX_STEPS:,}, got {count}")
+    if not 1 <= eval_batches <= MAX_EVAL_BATCHES:
+        raise InputError("--eval-batches", f"must be 1 to {MAX_EVAL_BATCHES:,}, got {eval_batches}")
+    if peak_tflops is not None and not (math.isfinite(peak_tflops) and 0 < peak_tflops <= 1e6):
+        raise InputError("--peak-tflops", f"must be a positive number, got {peak_tflops}")
     if (checkpoint_every or resume) and checkpoint_dir is None:
         flag = "--resume" if resume else "--checkpoint-every"
         raise InputError(flag, "needs --checkpoint-dir")
+    if keep_last and not checkpoint_every:
+        raise InputError("--keep-last", "needs --checkpoint-every (and --checkpoint-dir)")
+    if eval_every and val_data is None:
+        raise InputError("--eval-every", "needs --val-data (the held-out tokens)")
     if checkpoint_dir is not None:
         from octopipe.runtime.checkpoint_folder import check_folder
 
@@ -85,6 +104,7 @@ def check_overlap(config: RunConfig) -> None:
         ("--zero", config.zero),
         ("--checkpoint-every", config.checkpoint_every),
         ("--resume", config.resume),
+        ("--val-data", config.val_data is not None),
     ):
         if used:
             raise InputError(flag, "not supported with --overlap-steps yet")
@@ -155,13 +175,22 @@ def check_checkpoint_room(config: RunConfig, recipe: ModelRecipe) -> None:
 
 
 def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
-    """A token file is read for its first step before any rank starts: ids beyond the model's
-    vocabulary (a wrong --data-dtype, a file of another tokenizer) are one line here, not an
-    IndexError in a rank. Later steps are checked by the ranks as they read them."""
-    from octopipe.runtime.data import TokenFile
+    """The data is read for its first step before any rank starts: ids beyond the model's
+    vocabulary (a wrong --data-dtype, a file of another tokenizer), a batch of Python's of the
+    wrong form or size are one line here, not an error in a rank. Later steps are checked by
+    the ranks as they read them."""
+    from octopipe.runtime.data import GivenBatches
 
-    if isinstance(config.data, TokenFile):
+    for data, needed, what in (
+        (config.data, config.steps, f"a run of {config.steps} steps"),
+        (config.val_data, config.eval_batches, f"--eval-batches {config.eval_batches}"),
+    ):
+        if isinstance(data, GivenBatches):
+            data.check_length(needed, what)
+    if config.data is not None:  # a token file, or batches from Python
         config.data_source(recipe).global_batch(0, config.global_sequences(plan))
+    if config.val_data is not None:  # any source: its vocabulary check is in val_source
+        config.val_source(recipe).global_batch(0, config.global_sequences(plan))
 
 
 def check_sizes(config: RunConfig) -> None:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -70,6 +72,29 @@ def next_token_loss(outputs: Activation, target: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of the logits (the first output) against the target token ids."""
     logits = outputs[0]
     return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
+
+
+def explained(loss: Loss) -> Loss:
+    """`loss`, with a misuse of its arguments said in one line: a loss given by the user
+    (`loss=`, or the model's own `loss`) gets the outputs as a tuple, which a loss written for
+    one tensor trips over."""
+    if loss is next_token_loss:
+        return loss
+
+    def checked(outputs: Activation, target: torch.Tensor) -> torch.Tensor:
+        try:
+            return loss(outputs, target)
+        except (TypeError, AttributeError, IndexError) as exc:
+            name = getattr(loss, "__qualname__", "the loss")
+            shapes = [tuple(t.shape) for t in outputs]
+            raise InputError(
+                "loss",
+                f"{name}(outputs, target) raised {type(exc).__name__}: {exc}. It gets the "
+                f"last stage's outputs as a tuple ({len(outputs)} of shapes {shapes}: "
+                f"outputs[0] is the first) and the microbatch's targets {tuple(target.shape)}",
+            ) from None
+
+    return checked
 
 
 class StageModule(nn.Module):
@@ -205,6 +230,7 @@ def _factory(spec: str) -> Callable[[], nn.Module]:
     if not _FACTORY_SPEC.fullmatch(spec):
         raise InputError("--model", f"{spec!r} is not module:factory (e.g. mymodel:transformer)")
     module_name, _, attr = spec.partition(":")
+    _import_from_here()
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
@@ -218,6 +244,15 @@ def _factory(spec: str) -> Callable[[], nn.Module]:
     except ValueError:  # no signature to read (some builtins): calling it will tell
         pass
     return factory
+
+
+def _import_from_here() -> None:
+    """`module:factory` names the user's module in the folder they work in, as `python -m`
+    finds it; the `octopipe` command's own folder is not that one. Spawned ranks inherit the
+    search path."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def _bundled(name: str) -> ModelRecipe:

@@ -25,6 +25,8 @@ class ReferenceResult:
     losses: tuple[float, ...]  # per step, mean over microbatches
     params: dict[str, torch.Tensor]  # after the last step
     grads: dict[str, torch.Tensor]  # of the last step
+    grad_norms: tuple[float, ...] = ()  # per step, before clipping
+    evaluations: tuple[tuple[int, float], ...] = ()  # (step, held-out loss) where one was due
 
 
 def train_reference(config: RunConfig, num_microbatches: int) -> ReferenceResult:
@@ -49,14 +51,9 @@ def _train(config: RunConfig, num_microbatches: int) -> ReferenceResult:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = config.optimizer.build(params)
     count = config.dp * num_microbatches  # microbatches of one global batch
-    losses = []
+    losses, norms, evaluations = [], [], []
     for step in range(config.steps):
-        batch = replica_batch(
-            data.global_batch(step, count * config.micro_batch_size),
-            0,
-            count,
-            config.micro_batch_size,
-        )
+        batch = _microbatches(data, step, count, config.micro_batch_size)
         for p in params:
             p.grad = None
         step_losses = []
@@ -65,18 +62,49 @@ def _train(config: RunConfig, num_microbatches: int) -> ReferenceResult:
                 loss = loss_fn(model(*inputs), target)
             (loss / count).backward()
             step_losses.append(float(loss.detach()))
+        norm = math.sqrt(float(squared_norm(params)))
         if config.optimizer.clip_norm is not None:
-            norm = math.sqrt(float(squared_norm(params)))
             scale_grads(params, clip_factor(norm, config.optimizer.clip_norm))
         set_lr(opt, config.optimizer.lr_at(step))
         opt.step()
         losses.append(statistics.fmean(step_losses))
+        norms.append(norm)
+        if config.val_data is not None and _evaluates(config, step):
+            evaluations.append((step, _held_out_loss(config, recipe, model, count, loss_fn)))
     named = dict(model.part.named_parameters())
     return ReferenceResult(
         tuple(losses),
         {k: p.detach().clone() for k, p in named.items()},
         {k: p.grad.detach().clone() for k, p in named.items() if p.grad is not None},
+        tuple(norms),
+        tuple(evaluations),
     )
+
+
+def _microbatches(data, index: int, count: int, micro_batch_size: int):
+    """Global batch `index` of `data` as `count` microbatches, in order."""
+    sequences = data.global_batch(index, count * micro_batch_size)
+    return replica_batch(sequences, 0, count, micro_batch_size)
+
+
+def _evaluates(config: RunConfig, step: int) -> bool:
+    done = step + 1
+    return done == config.steps or (config.eval_every > 0 and done % config.eval_every == 0)
+
+
+def _held_out_loss(config: RunConfig, recipe, model, count: int, loss_fn) -> float:
+    """The mean loss over every microbatch of the held-out batches, forward only."""
+    val = config.val_source(recipe)
+    losses = []
+    with torch.no_grad():
+        for i in range(config.eval_batches):
+            batch = _microbatches(val, i, count, config.micro_batch_size)
+            for inputs, target in zip(batch.inputs, batch.targets, strict=True):
+                with torch.autocast(
+                    "cpu", config.autocast_dtype, enabled=config.autocast is not None
+                ):
+                    losses.append(float(loss_fn(model(*inputs), target)))
+    return statistics.fmean(losses)
 
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:

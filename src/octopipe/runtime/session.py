@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,8 @@ import torch.distributed as dist
 
 from octopipe.plan import Plan
 from octopipe.runtime.data import Batch, DataSource, SyntheticData, replica_batch
+from octopipe.runtime.evaluate import Evaluation
+from octopipe.runtime.flops import peak_flops, step_model_flops
 from octopipe.runtime.optim import OptimizerConfig
 from octopipe.runtime.overlap import OverlappedSteps
 from octopipe.runtime.parallel.dtensors import local, whole
@@ -28,13 +29,14 @@ from octopipe.runtime.parallel.fsdp import ShardedStages, fsdp_units
 from octopipe.runtime.parallel.layout import Place, RankLayout
 from octopipe.runtime.parallel.mesh import build_job_mesh
 from octopipe.runtime.parallel.parallelize import parallelizer
-from octopipe.runtime.progress import StepProgress, StepReport
+from octopipe.runtime.progress import OnReport, StepProgress, StepRates, StepReport, say
 from octopipe.runtime.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
     DEFAULT_SEQ_LEN,
     Loss,
     ModelRecipe,
     ModelSpec,
+    explained,
     load_recipe,
     vocabulary_size,
 )
@@ -71,6 +73,11 @@ class RunConfig:
     resume_checkpoint: str | None = None  # the one chosen before the ranks start (preflight)
     resume_at_start: bool = False  # an earlier job of the launch writes it: choose at the start
     overlap_steps: bool = False  # no barrier between steps; post-validated per-stage updates
+    val_data: DataSource | None = None  # held-out sequences to evaluate on (`evaluate.py`)
+    eval_every: int = 0  # evaluate after every this many steps (0: after the last only)
+    eval_batches: int = 4  # global batches of held-out data per evaluation
+    keep_last: int = 0  # checkpoints kept in checkpoint_dir after each save (0: all)
+    peak_flops: float | None = None  # one rank's dense peak FLOP/s for MFU (None: its GPU's)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -83,6 +90,11 @@ class RunConfig:
         if self.data is not None:
             return self.data.for_vocabulary(vocabulary_size(recipe))
         return SyntheticData(recipe.synthetic_sequence, self.seq_len, self.seed)
+
+    def val_source(self, recipe: ModelRecipe) -> DataSource | None:
+        return (
+            None if self.val_data is None else self.val_data.for_vocabulary(vocabulary_size(recipe))
+        )
 
     def global_sequences(self, plan: Plan) -> int:
         """Sequences per step, over all replicas: D x M x b."""
@@ -130,6 +142,7 @@ class RunResult:
     first_step: int = 0  # the step the run started at (a resumed run's checkpoint step)
     redone_steps: int = 0  # overlapped steps: how many were rolled back and run again
     state_bytes: tuple[int, ...] = ()  # per rank: weights, gradients, optimizer state held
+    reports: tuple[StepReport, ...] = ()  # per step, as rank 0 reported them
 
     @property
     def iteration_time(self) -> float:
@@ -149,7 +162,24 @@ class RunResult:
             "parameter_bytes": list(self.parameter_bytes),
             "state_bytes": list(self.state_bytes),
             "redone_steps": self.redone_steps,
+            "learning_rates": [r.lr for r in self.reports],
+            "grad_norms": [r.grad_norm for r in self.reports],
+            "evaluations": [
+                {"step": r.step, "val_loss": r.val_loss, "perplexity": r.perplexity}
+                for r in self.reports
+                if r.val_loss is not None
+            ],
+            "model_flops_per_step": self.reports[0].model_flops if self.reports else None,
+            "mfu": self.mfu,
         }
+
+    @property
+    def mfu(self) -> float | None:
+        """MFU at the median step time (`iteration_time`), or None where it is unknown."""
+        if not self.reports or self.reports[0].mfu is None:
+            return None
+        first = self.reports[0]
+        return first.mfu * first.step_time / self.iteration_time
 
 
 def run_job_on_rank(
@@ -158,10 +188,11 @@ def run_job_on_rank(
     world_size: int,
     device: torch.device,
     nccl: bool,
-    on_step: Callable[[StepReport], None] | None = None,
+    on_report: OnReport | None = None,
 ) -> RunResult | None:
     """Train the job on this rank; rank 0 returns the assembled result, the others None. After
-    every step all ranks check the loss together (`progress`); `on_step` gets the step's report.
+    every step all ranks check the loss together (`progress`); `on_report` gets the step's
+    report, and notes of what the run is doing (given on rank 0 only).
 
     Global rank `tp_rank + T * (d + P * replica)` runs TP rank `tp_rank` of device d of the plan
     (P devices) in that replica (`RankLayout`); ranks past the last replica (jobs of several
@@ -175,6 +206,7 @@ def run_job_on_rank(
     recipe = cfg.recipe()
     data = cfg.data_source(recipe)
     mine = plan.stages_on(d)
+    say(on_report, f"{world_size} processes joined; building each rank's stages")
     shard = parallelizer(groups, recipe.tp_plan(cfg.tp) if cfg.tp > 1 else None, cfg.zero)
     modules = {
         s: recipe.stage(
@@ -188,6 +220,7 @@ def run_job_on_rank(
     owners = [layout.rank(0, st.device) for st in plan.stages]  # replica 0's TP rank 0
     # FSDP2 gathers over the replicas inside the forward: then every replica runs its stages.
     runs = modules if replica == 0 or cfg.zero == 3 else {}
+    say(on_report, "stages built; running one microbatch to learn the shapes between stages")
     specs = exchange_boundary_specs(owners, runs, sample, device, cfg.tp, tp_rank)
     sharded = None
     if cfg.zero == 3:
@@ -196,7 +229,7 @@ def run_job_on_rank(
     worker = Worker(
         plan,
         modules,
-        cfg.loss or recipe.loss,
+        explained(cfg.loss or recipe.loss),
         d,
         device,
         {s: specs[s] for s in range(1, plan.num_stages)},
@@ -214,7 +247,10 @@ def run_job_on_rank(
         sharded=sharded,
     )
     first_step = _resume(cfg, modules, worker)
+    if first_step:
+        say(on_report, f"resumed from {cfg.resume_checkpoint} ({first_step} steps done)")
     needs_data = 0 in mine or plan.num_stages - 1 in mine
+    evaluation = _evaluation(cfg, worker, plan, replica, needs_data, recipe)
 
     def batch_of(k: int) -> Batch:
         if not needs_data:
@@ -225,21 +261,26 @@ def run_job_on_rank(
     dist.barrier()
     origin = time.perf_counter()
     redone = 0
-    progress = StepProgress(plan, cfg, rank, world_size, device, on_step)
+    progress = StepProgress(
+        plan, cfg, rank, world_size, device, on_report, _rates(cfg, plan, device)
+    )
+    say(on_report, f"training steps {first_step} to {cfg.steps - 1}")
     if cfg.overlap_steps:
         overlapped = OverlappedSteps(worker)
         steps = overlapped.run(batch_of, first_step, cfg.steps, origin)
         redone = overlapped.redone
         # Reported once the run is done: a collective after every step would be a barrier.
         for k, record in enumerate(steps, first_step):
-            progress.after_step(k, record)
+            progress.after_step(k, record, worker.peak_memory()[0])
     else:
         steps = []
         for k in range(first_step, cfg.steps):
             steps.append(worker.train_step(k, batch_of(k), origin))
-            progress.after_step(k, steps[-1])  # a non-finite loss stops every rank here
+            held_out = evaluation.after_step(k) if evaluation is not None else None
+            # A non-finite loss stops every rank here.
+            progress.after_step(k, steps[-1], worker.peak_memory()[0], held_out)
             if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
-                _save(cfg, recipe, k + 1, modules, worker)
+                _save(cfg, recipe, k + 1, modules, worker, on_report)
     # Whole tensors of sharded parameters are gathered by every rank holding a share (all
     # replicas under FSDP2); the first replica's TP rank 0 reports them.
     gathers = replica == 0 or cfg.zero == 3
@@ -259,7 +300,34 @@ def run_job_on_rank(
     dist.gather_object(report, reports, dst=0)
     if reports is None:
         return None
-    return assemble(plan, reports, cfg.dp, first_step, cfg.tp)
+    return assemble(plan, reports, cfg.dp, first_step, cfg.tp, tuple(progress.reports))
+
+
+def _evaluation(
+    cfg: RunConfig, worker: Worker, plan: Plan, replica: int, needs_data: bool, recipe
+) -> Evaluation | None:
+    val = cfg.val_source(recipe)
+    if val is None:
+        return None
+    return Evaluation(
+        worker,
+        val,
+        plan,
+        every=cfg.eval_every,
+        batches=cfg.eval_batches,
+        last_step=cfg.steps,
+        replica=replica,
+        sequences=cfg.global_sequences(plan),
+        micro_batch_size=cfg.micro_batch_size,
+        needs_data=needs_data,
+    )
+
+
+def _rates(cfg: RunConfig, plan: Plan, device: torch.device) -> StepRates:
+    """The model FLOPs of a step and a rank's peak, for MFU (`flops.py`)."""
+    microbatches = cfg.dp * plan.num_microbatches
+    flops = step_model_flops(cfg.model, cfg.seq_len, cfg.micro_batch_size, microbatches)
+    return StepRates(flops, peak_flops(device, cfg.peak_flops))
 
 
 def _resume(cfg: RunConfig, modules: dict, worker: Worker) -> int:
@@ -283,9 +351,16 @@ def _resume(cfg: RunConfig, modules: dict, worker: Worker) -> int:
     return step
 
 
-def _save(cfg: RunConfig, recipe: ModelRecipe, step: int, modules: dict, worker: Worker) -> None:
+def _save(
+    cfg: RunConfig,
+    recipe: ModelRecipe,
+    step: int,
+    modules: dict,
+    worker: Worker,
+    on_report: OnReport | None,
+) -> None:
     from octopipe.runtime.checkpoint import save
-    from octopipe.runtime.checkpoint_folder import checkpoint_bytes, model_identity
+    from octopipe.runtime.checkpoint_folder import checkpoint_bytes, keep_newest, model_identity
 
     about = {
         "model": str(cfg.model) if isinstance(cfg.model, str) else model_identity(cfg.model),
@@ -295,11 +370,20 @@ def _save(cfg: RunConfig, recipe: ModelRecipe, step: int, modules: dict, worker:
         "optimizer": cfg.optimizer.name,
     }
     nbytes = checkpoint_bytes(recipe.meta_model, cfg.optimizer.name, cfg.optimizer.momentum)
-    save(cfg.checkpoint_dir, step, modules, worker.optimizer, about, nbytes)
+    path = save(cfg.checkpoint_dir, step, modules, worker.optimizer, about, nbytes)
+    say(on_report, f"saved {path} ({step} steps done)")
+    if cfg.keep_last and dist.get_rank() == 0:  # the folder is rank 0's, as in `save`
+        for old in keep_newest(cfg.checkpoint_dir, cfg.keep_last, step):
+            say(on_report, f"removed {old} (--keep-last {cfg.keep_last})")
 
 
 def assemble(
-    plan: Plan, reports: list[RankReport], replicas: int = 1, first_step: int = 0, tp: int = 1
+    plan: Plan,
+    reports: list[RankReport],
+    replicas: int = 1,
+    first_step: int = 0,
+    tp: int = 1,
+    step_reports: tuple[StepReport, ...] = (),
 ) -> RunResult:
     reports = sorted(reports, key=lambda r: r.rank)
     layout = RankLayout(tp, plan.num_devices, replicas)
@@ -326,6 +410,7 @@ def assemble(
         first_step,
         max(r.redone_steps for r in reports),
         tuple(r.state_bytes for r in reports),
+        step_reports,
     )
 
 

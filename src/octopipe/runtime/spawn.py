@@ -13,8 +13,10 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_mod
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -73,6 +75,12 @@ def spawn_ranks(
     port) in a temporary folder the body may use too. What a rank passes to `tell_parent` while
     it runs is handed to `on_note` here, in order. The first rank to fail stops all of them and
     the cause is raised as RankFailure."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise OctoPipeError(
+            "a spawned process ran your script again, to find a function or class of it the "
+            "run uses, and the script called octopipe once more: put the script's work under "
+            '`if __name__ == "__main__":` (or move what the run uses into a module)'
+        )
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     started: list[mp.process.BaseProcess] = []
@@ -83,7 +91,11 @@ def spawn_ranks(
             # at import (TMPDIR/torchinductor_USER); nothing here compiles, so the ranks' goes
             # in this run's folder, which goes with the run.
             cache = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor")}
-            with _environment({**CHILD_ENVIRONMENT, **cache}), _children_ignore_sigint():
+            with (
+                _environment({**CHILD_ENVIRONMENT, **cache}),
+                _children_ignore_sigint(),
+                _script_left_alone(body, args),
+            ):
                 for rank in range(nproc):
                     p = ctx.Process(
                         target=_rank_main,
@@ -228,6 +240,46 @@ def _stop(procs: list[mp.process.BaseProcess]) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+
+
+@contextmanager
+def _script_left_alone(body, args: tuple):
+    """Spawned processes run the parent's main script again (as `__mp_main__`), so that they can
+    unpickle functions and classes it defines; without an `if __name__ == "__main__":` guard
+    the script would then start a run of its own in each of them. Ranks need nothing from the
+    script unless what they are handed refers to it, so unless it does, the script is hidden
+    from the processes while they start: a script without the guard works as written."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or _refers_to_main((body, args)):
+        yield
+        return
+    spec = main.__spec__
+    del main.__file__
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__file__, main.__spec__ = path, spec
+
+
+class _ReferenceFinder(pickle.Pickler):
+    """Pickles what the ranks are handed only to see which modules it names: tensors' data
+    is left out (no copy, and nothing put in shared memory as multiprocessing's pickler would)."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            return int, ()
+        return NotImplemented
+
+
+def _refers_to_main(obj) -> bool:
+    buffer = io.BytesIO()
+    try:
+        _ReferenceFinder(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except Exception:  # noqa: BLE001 - unsure: leave the start as multiprocessing makes it
+        return True
+    return b"__main__" in buffer.getvalue()
 
 
 @contextmanager

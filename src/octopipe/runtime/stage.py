@@ -88,6 +88,19 @@ class StageCompute:
         self._flight[mb] = _InFlight(inputs, roots, mask, calls)
         return outputs, None
 
+    def evaluate(
+        self, inputs: Activation, target: torch.Tensor | None
+    ) -> tuple[Activation, float | None]:
+        """Forward only, keeping nothing (held-out evaluation): the outputs as they cross a
+        boundary and, on the last stage, the loss."""
+        with torch.no_grad(), self._autocast(inputs):
+            outputs = self.module(*inputs)
+            with self._loss_context():
+                loss = self.loss_fn(outputs, target) if self.is_last else None
+        if loss is not None:
+            return outputs, float(loss)
+        return tuple(local(t) for t in outputs), None
+
     def backward(self, mb: int, output_grads: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
         """Full backward: weight gradients accumulate; returns the input gradients."""
         flight = self._flight.pop(mb)

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from octopipe.actions import Action, B, F, I
-from octopipe.plan import Plan
+from octopipe.plan import Plan, Stage
 from octopipe.runtime.comm import P2P
 from octopipe.runtime.data import Batch
 from octopipe.runtime.optim import (
@@ -30,6 +30,7 @@ from octopipe.runtime.optim import (
     global_grad_norm,
     scale_grads,
     set_lr,
+    squared_norm,
 )
 from octopipe.runtime.parallel.fsdp import ShardedStages
 from octopipe.runtime.parallel.layout import RankLayout
@@ -57,6 +58,9 @@ class StepRecord:
         float, ...
     ]  # per microbatch, unscaled; empty unless this rank holds the last stage
     duration: float  # from the step's start barrier to this rank's optimizer step end
+    # This rank's share of the squared gradient norm before clipping (`optim.squared_norm`);
+    # None where the step does not measure it (overlapped steps).
+    grad_squares: float | None = None
 
 
 class Worker:
@@ -94,7 +98,8 @@ class Worker:
         self.plan, self.rank, self.device = plan, rank, device
         self.lookahead = lookahead
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
-        last = plan.num_stages - 1
+        self._forward_only = forward_only(plan)  # the order held-out batches run in
+        self._last = last = plan.num_stages - 1
         layout = RankLayout(tp, plan.num_devices, replicas)
         context = loss_context if tp > 1 else nullcontext
         self.stages = {
@@ -141,13 +146,33 @@ class Worker:
             self.reducer.finish()
         if self.sharded is not None:
             self.sharded.finish()
-        self.grad_norm = self._clip()
+        squares = squared_norm(self.params, self.device)  # this rank's share, before clipping
+        self.grad_norm = self._clip(squares)
         if self.optimizer is not None:
             set_lr(self.optimizer, self.optimizer_config.lr_at(step))
             self.optimizer.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return StepRecord(losses, time.perf_counter() - began)
+        return StepRecord(losses, time.perf_counter() - began, float(squares))
+
+    def evaluate(self, batch: Batch) -> tuple[float, ...]:
+        """Forward only, without gradients, over a held-out batch (`evaluate.py`): each
+        microbatch's loss on the rank holding the last stage, none elsewhere. Every rank of
+        the job calls it at the same point, between steps."""
+        self._batch, self._losses = batch, {}
+        self.comm.reset(self._forward_only)
+        acts = self._forward_only.schedule.get(self.rank, ())
+        with torch.no_grad():
+            for i, act in enumerate(acts):
+                self._prefetch(acts[i + 1 : i + 1 + self.lookahead])
+                inputs = self._forward_inputs(act.stage, act.mb)
+                target = batch.targets[act.mb].to(self.device) if act.stage == self._last else None
+                outputs, loss = self.stages[act.stage].evaluate(inputs, target)
+                self._hand_on(act.stage, act.mb, outputs, loss)
+        self.comm.wait_sends()
+        if self.sharded is not None:
+            self.sharded.reshard_all()  # gathered by the forwards; the next step gathers anew
+        return tuple(self._losses[m] for m in sorted(self._losses))
 
     def run_actions(
         self,
@@ -191,12 +216,13 @@ class Worker:
         elif self.reducer is not None:
             self.reducer.launch(stage)
 
-    def _clip(self) -> float | None:
-        """Clip by the global norm (a collective: every rank takes part, stages or not)."""
+    def _clip(self, squares: torch.Tensor) -> float | None:
+        """Clip by the global norm (a collective: every rank takes part, stages or not);
+        `squares`: this rank's share of its square."""
         max_norm = self.optimizer_config.clip_norm
         if max_norm is None:
             return None
-        norm = global_grad_norm(self.params, self.stage_ranks, self.device)
+        norm = global_grad_norm(squares, self.stage_ranks)
         scale_grads(self.params, clip_factor(norm, max_norm))
         return norm
 
@@ -233,6 +259,10 @@ class Worker:
         assert self._batch is not None
         target = self._batch.targets[mb].to(self.device) if self.stages[stage].is_last else None
         outputs, loss = self.stages[stage].forward(mb, inputs, target)
+        self._hand_on(stage, mb, outputs, loss)
+
+    def _hand_on(self, stage: int, mb: int, outputs: Activation, loss: float | None) -> None:
+        """A forward's result: the loss kept, or the outputs to the next stage."""
         if loss is not None:
             self._losses[mb] = loss
         elif self._on_this_rank(stage + 1):
@@ -295,3 +325,15 @@ def _last_backwards(actions: tuple[Action, ...]) -> dict[int, list[int]]:
         if act.kind != F:
             last[act.stage] = i
     return {i: [stage] for stage, i in last.items()}
+
+
+def forward_only(plan: Plan) -> Plan:
+    """The plan's stages with forwards only, microbatch by microbatch and each device's stages
+    in model order: an order that cannot deadlock (it follows one global order in which every
+    forward comes after the one feeding it). Not a trainable plan: no backward."""
+    M = plan.num_microbatches
+    schedule = {
+        d: tuple(Action(s, F, m) for m in range(M) for s in plan.stages_on(d))
+        for d in range(plan.num_devices)
+    }
+    return Plan(plan.num_devices, M, tuple(Stage(*st) for st in plan.stages), schedule)

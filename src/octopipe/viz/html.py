@@ -7,9 +7,12 @@ id="action-d{device}-{action}">`, so the file can be checked and searched withou
 the browser does the hit-testing for the tooltip, and tens of thousands of rectangles (a
 32-device, 256-microbatch plan has 49k) still scroll and zoom smoothly. Rectangles sit in time
 coordinates (`viewBox` = the iteration by the devices, stretched to the page), so zooming only
-changes the drawing's width. A few lines of script, inline and offline, add the rest: hovering
-an action shows it, its device, start, end and duration; the mouse wheel (or + and -) zooms
-around the pointer, dragging or scrolling pans, 0 fits the page. No network, no libraries.
+changes the drawing's width. A few lines of script, inline and offline, add the rest: the rows
+grow to fill the window's height (from 14 to 120 pixels a row); every box wide enough for it
+carries its microbatch (drawn, for the boxes in view, in an overlay at screen scale, so text is
+never stretched); hovering an action shows it, its device, start, end and duration; the mouse
+wheel (or + and -) zooms around the pointer, dragging or scrolling pans, 0 fits the page. No
+network, no libraries. On a mixed cluster each row names its device's kind.
 
 A device with data-parallel gradient all-reduces gets a thin row just below its own, one
 `<rect id="reduce-d{device}-s{stage}">` per reduction; hovering one shows its stage, start, end
@@ -35,6 +38,7 @@ from octopipe.viz.style import (
     KIND_ORDER,
     REDUCE_COLOR,
     chunk_indices,
+    device_label,
     events_of,
     headline,
     hex_color,
@@ -48,8 +52,12 @@ from octopipe.viz.style import (
 _BAR_FILL = 0.82
 
 
-def html_timeline(result: SimResult | Sequence[Event], title: str | None = None) -> str:
-    """The page, as text (see the module's docstring)."""
+def html_timeline(
+    result: SimResult | Sequence[Event],
+    title: str | None = None,
+    device_names: Sequence[str] | None = None,
+) -> str:
+    """The page, as text (see the module's docstring); `device_names`: each device's kind."""
     events = events_of(result)
     if not events:
         raise ValueError("nothing to draw: no events")
@@ -59,7 +67,7 @@ def html_timeline(result: SimResult | Sequence[Event], title: str | None = None)
     chunk_of = chunk_indices(events)
     num_chunks = 1 + max(chunk_of.values())
     P = stats.num_devices
-    row_px = max(10, min(28, 640 // max(P, 1)))
+    row_px = max(14, min(64, 640 // max(P, 1)))  # before the script sizes the rows to the page
     span = stats.iteration_time * scale
     reductions = reductions_of(result)
     rows = timeline_rows(P, {r.device for r in reductions})
@@ -96,7 +104,7 @@ def html_timeline(result: SimResult | Sequence[Event], title: str | None = None)
             f'height="{_BAR_FILL}"/>'
         )
     rects += _reduction_rects(reductions, rows, scale)
-    labels = _row_labels(events, rows, row_px)
+    labels = _row_labels(events, rows, row_px, device_names)
     chips = "".join(
         f'<span class="chip"><i style="background:{color}"></i>{html.escape(text)}</span>'
         for color, text in legend
@@ -129,30 +137,40 @@ def _reduction_rects(reductions, rows: TimelineRows, scale: float) -> list[str]:
     ]
 
 
-def _row_labels(events: Sequence[Event], rows: TimelineRows, row_px: int) -> str:
-    """One label per row, as tall as its row, so the labels line up with the drawing."""
+def _row_labels(
+    events: Sequence[Event],
+    rows: TimelineRows,
+    row_px: int,
+    device_names: Sequence[str] | None = None,
+) -> str:
+    """One label per row, as tall as its row (`data-rows`: in rows, for the script that sizes
+    them), so the labels line up with the drawing."""
     stages_of = stages_per_device(events)
     out = []
     for d in range(len(rows.compute)):
         out.append(
-            f'<div class="lab" style="height:{row_px}px">device {d}'
+            f'<div class="lab" data-rows="1" style="height:{row_px}px">'
+            + html.escape(device_label(d, device_names))
             + (f" · {stage_list(stages_of[d])}" if d in stages_of else "")
             + "</div>"
         )
         if d in rows.reduce:
             out.append(
-                f'<div class="lab ar-lab" style="height:{row_px * REDUCE_ROW:g}px">'
-                f"device {d} all-reduce</div>"
+                f'<div class="lab ar-lab" data-rows="{REDUCE_ROW:g}" '
+                f'style="height:{row_px * REDUCE_ROW:g}px">device {d} all-reduce</div>'
             )
     return "".join(out)
 
 
 def save_html_timeline(
-    result: SimResult | Sequence[Event], path: str | Path, title: str | None = None
+    result: SimResult | Sequence[Event],
+    path: str | Path,
+    title: str | None = None,
+    device_names: Sequence[str] | None = None,
 ) -> Path:
-    """Write `html_timeline(result, title)` to `path` (one file, opens offline)."""
+    """Write `html_timeline(result, title, device_names)` to `path` (one file, opens offline)."""
     path = Path(path)
-    path.write_text(html_timeline(result, title), encoding="utf-8")
+    path.write_text(html_timeline(result, title, device_names), encoding="utf-8")
     return path
 
 
@@ -172,6 +190,9 @@ border:1px solid #999}}
 #scroll{{flex:1;overflow-x:auto;overflow-y:hidden;cursor:grab;position:relative}}
 #content{{position:relative;width:100%}}
 svg{{display:block;width:100%}}
+#txt{{position:absolute;left:0;top:0;pointer-events:none;overflow:visible}}
+#txt text{{font-size:11px;text-anchor:middle;dominant-baseline:central;fill:#fff}}
+#txt text.later{{fill:#222}}
 rect{{vector-effect:non-scaling-stroke}}
 #axis{{position:relative;height:24px;border-top:1px solid #999}}
 .tick{{position:absolute;top:0;font-size:10px;color:#444;border-left:1px solid #999;
@@ -189,16 +210,45 @@ pan, 0: fit.</div>
 <svg id="tl" viewBox="0 0 {span} {rows}" preserveAspectRatio="none" height="{height}"
  xmlns="http://www.w3.org/2000/svg">
 {rects}
-</svg><div id="axis"></div></div></div></div>
+</svg><svg id="txt" xmlns="http://www.w3.org/2000/svg"></svg>
+<div id="axis"></div></div></div></div>
 <div id="tip"></div>
 <script>
 (function(){{
-const SPAN={span}, UNIT="{unit}", kinds={kind_names};
+const SPAN={span}, ROWS={rows}, UNIT="{unit}", kinds={kind_names};
 const sc=document.getElementById("scroll"), ct=document.getElementById("content"),
   axis=document.getElementById("axis"), tip=document.getElementById("tip"),
-  svg=document.getElementById("tl");
-let zoom=1;
+  svg=document.getElementById("tl"), txt=document.getElementById("txt");
+// Boxes that may carry a label: [x, width, row centre, microbatch, later chunk].
+const boxes=[...svg.querySelectorAll('rect[id^="action-"]')].map(r=>{{
+  const m=/([0-9]+)$/.exec(r.id);
+  const y=+r.getAttribute("y")+(+r.getAttribute("height"))/2;
+  return [+r.getAttribute("x"), +r.getAttribute("width"), y, m[1],
+    !/^[A-Z]0(\\s|$)/.test(r.getAttribute("class"))];
+}});
+let zoom=1, rowPx=0, pending=false;
 function fmt(v){{return (+v.toPrecision(6)).toString()+" "+UNIT;}}
+function fitRows(){{
+  // Rows fill the window's height below the drawing's top, 14 to 120 pixels each.
+  const top=sc.getBoundingClientRect().top+window.scrollY;
+  rowPx=Math.max(14,Math.min(120,(window.innerHeight-top-40)/ROWS));
+  svg.setAttribute("height",rowPx*ROWS);
+  for(const l of document.querySelectorAll(".lab"))l.style.height=(rowPx*l.dataset.rows)+"px";
+}}
+function labels(){{
+  pending=false;
+  const px=ct.clientWidth/SPAN, left=sc.scrollLeft/px, right=(sc.scrollLeft+sc.clientWidth)/px;
+  txt.setAttribute("width",ct.clientWidth); txt.setAttribute("height",rowPx*ROWS);
+  const size=Math.min(11,rowPx*0.6);
+  let h="";
+  if(size>=7)for(const [x,w,y,mb,later] of boxes){{
+    if(x+w<left||x>right||w*px<size*0.62*mb.length+4)continue;
+    h+='<text x="'+((x+w/2)*px).toFixed(1)+'" y="'+(y*rowPx).toFixed(1)+'"'+
+      (later?' class="later"':'')+' style="font-size:'+size.toFixed(1)+'px">'+mb+'</text>';
+  }}
+  txt.innerHTML=h;
+}}
+function relabel(){{if(!pending){{pending=true;requestAnimationFrame(labels);}}}}
 function ticks(){{
   const px=ct.clientWidth, want=SPAN*90/px, p=Math.pow(10,Math.floor(Math.log10(want)));
   const step=[1,2,2.5,5,10].map(m=>m*p).find(s=>s>=want);
@@ -207,6 +257,7 @@ function ticks(){{
     h+='<div class="tick" style="left:'+(100*t/SPAN)+'%">'+(+t.toPrecision(6))+'</div>';
   }}
   axis.innerHTML=h+'<div class="tick" style="right:2px;border:0">'+UNIT+'</div>';
+  relabel();
 }}
 function setZoom(z,atX){{
   z=Math.max(1,Math.min(500,z));
@@ -215,6 +266,7 @@ function setZoom(z,atX){{
   zoom=z; ct.style.width=(100*z)+"%";
   sc.scrollLeft=frac*ct.clientWidth-x; ticks();
 }}
+sc.addEventListener("scroll",relabel);
 sc.addEventListener("wheel",e=>{{e.preventDefault();setZoom(zoom*Math.exp(-e.deltaY/300),e.clientX);}},
   {{passive:false}});
 document.addEventListener("keydown",e=>{{
@@ -240,7 +292,7 @@ window.addEventListener("mousemove",e=>{{
     tip.style.top=(e.clientY+14)+"px";
   }} else tip.style.display="none";
 }});
-window.addEventListener("resize",ticks); ticks();
+window.addEventListener("resize",()=>{{fitRows();ticks();}}); fitRows(); ticks();
 }})();
 </script></body></html>
 """

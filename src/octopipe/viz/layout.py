@@ -28,6 +28,11 @@ _MIN_AXES_WIDTH = 8.0
 _FLATTEST = 4.0  # width over height at most (about)
 INCHES_PER_TICK = 1.3
 REDUCE_ROW = 0.5  # an all-reduce row's height, as a share of a device's row
+# Past these the timeline is a barcode, and the picture is an overview instead (`overview.py`):
+# a typical action narrower than this many pixels (about a screen's width of actions a row),
+MIN_BOX_PX = 5.0
+# or more devices than rows a screen shows apart.
+MAX_TIMELINE_DEVICES = 96
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,9 @@ class TimelineLayout:
     def box_width_pt(self, seconds: float) -> float:
         return seconds / self.band_span * self.axes_width * 72.0 if self.span > 0 else 0.0
 
+    def box_width_px(self, seconds: float) -> float:
+        return self.box_width_pt(seconds) / 72.0 * self.dpi
+
     def label_size(self, event: Event) -> float | None:
         """Font size of the event's microbatch label, None where it does not fit."""
         return label_font_size(
@@ -141,3 +149,12 @@ def timeline_layout(
     flattest = (width + margins) / _FLATTEST - _figure_height(0.0, bands)
     row = max(_MIN_ROW, row, min(_MAX_ROW, rows_room / (units * bands), flattest / (units * bands)))
     return TimelineLayout(width, row, P, bands, span, dpi, tuple(sorted(reduce_devices)))
+
+
+def needs_overview(layout: TimelineLayout, events: Sequence[Event]) -> bool:
+    """Whether a box per action would make a barcode: a typical (median) action narrower than
+    `MIN_BOX_PX`, or more devices than `MAX_TIMELINE_DEVICES`."""
+    if layout.num_devices > MAX_TIMELINE_DEVICES:
+        return True
+    durations = sorted(d for e in events if (d := e.end - e.start) > 0)
+    return bool(durations) and layout.box_width_px(durations[len(durations) // 2]) < MIN_BOX_PX

@@ -22,7 +22,15 @@ from octopipe.profile import Profile  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
 from octopipe.sim.memory import memory_over_time  # noqa: E402
 from octopipe.units import byte_unit, time_unit  # noqa: E402
-from octopipe.viz.style import KIND_COLORS, image_format, summarize  # noqa: E402
+from octopipe.viz.style import (  # noqa: E402
+    KIND_COLORS,
+    device_label,
+    gpu_names,
+    image_format,
+    summarize,
+)
+
+CAPACITY_COLOR = "#990000"
 
 
 def save_memory_plot(
@@ -32,15 +40,19 @@ def save_memory_plot(
     path: str | Path,
     title: str | None = None,
 ) -> Path:
-    """One small panel per device, sharing the time axis: memory held over the iteration,
-    static memory shaded, the peak marked, the capacity dashed where it is in view."""
+    """One small panel per device, sharing the time axis and one memory scale: memory held
+    over the iteration, static memory shaded, the peak marked, the device's capacity dashed
+    (every device's, so the headroom shows); on a mixed cluster each panel names its kind."""
+    device_names = gpu_names(profile)
     path = Path(path)
     fmt = image_format(path)
     traces = memory_over_time(result, plan, profile)
     stats = summarize(result)
     unit, scale = time_unit(stats.iteration_time)
     top = max(max(t.peak_bytes for t in traces), 1.0)
-    bunit, bscale = byte_unit(top)
+    capacities = [t.capacity_bytes for t in traces if math.isfinite(t.capacity_bytes)]
+    ceiling = max([top, *capacities])  # one scale for all panels: peaks and capacities compare
+    bunit, bscale = byte_unit(ceiling)
     n = len(traces)
     fig, axes = plt.subplots(
         n,
@@ -63,21 +75,24 @@ def save_memory_plot(
         ax.plot(xs[peak_i], ys[peak_i], "o", color=KIND_COLORS["B"], markersize=3)
         note = f"peak {tr.peak_bytes / bscale:.3g} {bunit}"
         if math.isfinite(tr.capacity_bytes):
-            if tr.capacity_bytes <= 1.3 * top:
-                ax.axhline(
-                    tr.capacity_bytes / bscale, color="#990000", linestyle="--", linewidth=0.9
-                )
+            # Every device's capacity is drawn, in view: the headroom is part of the picture.
+            ax.axhline(tr.capacity_bytes / bscale, color=CAPACITY_COLOR, linestyle="--", lw=0.9)
             note += f"\nof {tr.capacity_bytes / bscale:.3g} {bunit}"
             if tr.peak_bytes > tr.capacity_bytes:
                 note += "  OVER"
         ax.text(1.005, 0.5, note, transform=ax.transAxes, fontsize=7, va="center", ha="left")
-        ax.set_ylabel(f"dev {tr.device}", rotation=0, ha="right", va="center", fontsize=8)
-        ax.set_ylim(0, 1.08 * max(top, min(tr.capacity_bytes, 1.3 * top)) / bscale)
+        ax.set_ylabel(
+            device_label(tr.device, device_names), rotation=0, ha="right", va="center", fontsize=8
+        )
+        ax.set_ylim(0, 1.08 * ceiling / bscale)
         ax.set_xlim(0, end)
         ax.tick_params(labelsize=7)
         ax.spines[["top", "right"]].set_visible(False)
     axes[-1, 0].set_xlabel(f"time ({unit})")
-    heading = f"memory per device ({bunit}); grey: static (weights, gradients, optimizer state)"
+    heading = (
+        f"memory per device ({bunit}); grey: static (weights, gradients, optimizer state); "
+        "dashed: capacity"
+    )
     fig.suptitle(f"{title}\n{heading}" if title else heading, fontsize=10, x=0.1, ha="left")
     fig.subplots_adjust(left=0.1, right=0.84, top=1.0 - 0.7 / fig.get_size_inches()[1])
     fig.savefig(path, format=fmt, dpi=130)

@@ -24,7 +24,9 @@ __all__ = [
     "REDUCE_COLOR",
     "TimelineSummary",
     "chunk_indices",
+    "device_label",
     "events_of",
+    "gpu_names",
     "headline",
     "hex_color",
     "image_format",
@@ -144,6 +146,21 @@ def headline(stats: TimelineSummary) -> str:
         parts.append(f"efficiency {100 * stats.efficiency:.1f}%")
     parts.append(f"{stats.num_devices} devices")
     return "   ".join(parts)
+
+
+def device_label(device: int, names: Sequence[str] | None = None) -> str:
+    """`device 3`, with its accelerator's kind on a mixed cluster: `device 3 · a100`."""
+    return f"device {device}" + (f" · {names[device]}" if names else "")
+
+
+def gpu_names(profile) -> tuple[str, ...] | None:
+    """Each device's accelerator kind (`devices[i].name`) when the profile's devices are of
+    more than one kind; None otherwise (rows then need no kind)."""
+    devices = profile.devices or ()
+    names = [d.name for d in devices]
+    if not names or None in names or len(set(names)) < 2:
+        return None
+    return tuple(names)  # type: ignore[arg-type]
 
 
 def stage_list(stages: list[int], limit: int = 4) -> str:

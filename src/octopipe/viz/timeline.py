@@ -1,12 +1,16 @@
 """The timeline picture (PNG or SVG): one row per device, one box per action.
 
 The picture fits a screen (sizes: `viz.layout`): within 2400 x 1800 pixels, long iterations
-wrapped into bands, microbatch labels only where they fit, time ticks with units. Every action
-is still drawn (boxes are one PolyCollection per band, so tens of thousands draw in seconds);
-the detail of a big plan is in the HTML timeline (`viz.html`). In an SVG each action is its
-own element with the id `action-d{device}-{action}`. A device with data-parallel gradient
-all-reduces gets a thin row just below its own, a bar per reduction (SVG id
-`reduce-d{device}-s{stage}`).
+wrapped into bands, microbatch labels only where they fit, time ticks with units. Where a box
+per action would make a barcode (a typical action under a few pixels, or more devices than a
+screen shows apart: `layout.needs_overview`) the picture is an overview instead
+(`viz.overview`: utilization per device, a heat map of the bubbles, one period zoomed in); the
+detail of a big plan is in the HTML timeline (`viz.html`). Boxes are one PolyCollection per
+band, so tens of thousands draw in seconds. In an SVG each action is its own element with the
+id `action-d{device}-{action}`. A device with data-parallel gradient all-reduces gets a thin
+row just below its own, a bar per reduction (SVG id `reduce-d{device}-s{stage}`). The critical
+path is outlined on boxes wide enough to show an outline, and marked by a thin dark strip at
+the foot of the narrower ones. On a mixed cluster each row names its device's kind.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from octopipe.viz.layout import (  # noqa: E402
     MARGIN_TOP,
     REDUCE_ROW,
     TimelineRows,
+    needs_overview,
     timeline_layout,
 )
 from octopipe.viz.style import (  # noqa: E402
@@ -46,6 +51,7 @@ from octopipe.viz.style import (  # noqa: E402
     REDUCE_COLOR,
     TimelineSummary,
     chunk_indices,
+    device_label,
     events_of,
     headline,
     image_format,
@@ -63,13 +69,17 @@ def save_timeline(
     path: str | Path,
     title: str | None = None,
     stage_labels: bool = True,
+    device_names: Sequence[str] | None = None,
+    overview: bool | None = None,
 ) -> Path:
     """Draw one row per device, one box per action, to a PNG or SVG (by the file suffix).
 
     Boxes are coloured by kind (F/B/I/W) and lightened per chunk, labelled with the
     microbatch where the label fits; grey is idle time. A SimResult's critical path is
     outlined, and its gradient all-reduces fill a thin row under their device, labelled with
-    the stage where the label fits. `stage_labels` names each row's stages next to its device.
+    the stage where the label fits. `stage_labels` names each row's stages next to its device;
+    `device_names` (one per device, `style.gpu_names`) the kind of each. `overview`: draw the
+    overview instead (`viz.overview`); None: where a box per action would be a barcode.
     """
     path = Path(path)
     fmt = image_format(path)
@@ -85,10 +95,12 @@ def save_timeline(
     layout = timeline_layout(
         events, stats.iteration_time, stats.num_devices, {r.device for r in reductions}
     )
+    if overview or (overview is None and needs_overview(layout, events)):
+        from octopipe.viz.overview import save_overview
+
+        return save_overview(result, path, title, device_names)
     rows = layout.rows
-    colors = {
-        (k, c): shade(KIND_COLORS[k], c, num_chunks) for k in KIND_ORDER for c in range(num_chunks)
-    }
+    colors = kind_colors(num_chunks)
 
     fig = plt.figure(figsize=layout.figure_size)
     fig_w, fig_h = layout.figure_size
@@ -107,10 +119,10 @@ def save_timeline(
         ax.set_xlim(lo * scale, hi * scale)
         ax.set_ylim(rows.height, 0.0)  # device 0 on top
         shown = [e for e in events if e.end >= lo and e.start <= hi]
-        _draw_band(ax, shown, layout, scale, (lo, hi), colors, chunk_of, critical, fmt, band)
+        draw_boxes(ax, shown, layout, scale, (lo, hi), colors, chunk_of, critical, fmt, band)
         reduced = [r for r in reductions if r.end >= lo and r.start <= hi]
         _draw_reductions(ax, reduced, layout, scale, (lo, hi), fmt, band)
-        _label_rows(ax, events, stats, stage_labels, rows, idle=band == 0)
+        _label_rows(ax, events, stats, stage_labels, rows, band == 0, device_names)
         ax.xaxis.set_major_locator(
             MaxNLocator(
                 nbins=max(3, round(layout.axes_width / INCHES_PER_TICK)),
@@ -138,9 +150,16 @@ def save_timeline(
     return path
 
 
-def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fmt, band) -> None:
+def kind_colors(num_chunks: int) -> dict:
+    """(kind, chunk) -> the box's colour."""
+    return {
+        (k, c): shade(KIND_COLORS[k], c, num_chunks) for k in KIND_ORDER for c in range(num_chunks)
+    }
+
+
+def draw_boxes(ax, events, layout, scale, window, colors, chunk_of, critical, fmt, band=0) -> None:
     """Idle rows, the boxes (one collection; one element each in an SVG), the critical path's
-    outlines and the labels that fit."""
+    marks and the labels that fit, for the events of one time window of the axes."""
     lo, hi = window
     half = BAR_FILL / 2
     ys = layout.rows.compute
@@ -155,12 +174,11 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
     ]
     ax.add_collection(PolyCollection(idle, facecolors=IDLE_COLOR, edgecolors="none", zorder=0))
     per_action = fmt == "svg"
-    # Thin white edges part neighbouring boxes, and outlines mark the critical path, only
-    # where boxes are wide enough to show them; else the path is a dark strip under its boxes.
+    # Thin white edges part neighbouring boxes only where boxes are wide enough to show them.
     wide = (
         bool(events) and layout.box_width_pt(sum(e.end - e.start for e in events) / len(events)) > 3
     )
-    boxes, faces, outlines = [], [], []
+    boxes, faces, outlines, strips = [], [], [], []
     for e in events:
         a = e.action
         x0, x1 = e.start * scale, e.end * scale
@@ -178,18 +196,23 @@ def _draw_band(ax, events, layout, scale, window, colors, chunk_of, critical, fm
             boxes.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
             faces.append(face)
         if a in critical:
-            if not wide:
-                y0 = y1 - 0.14
-            outlines.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
+            # An outline only where the box is wide enough to show it inside: on narrow boxes
+            # outlines merge into a black row; a strip at their foot marks them instead.
+            if layout.box_width_pt(e.end - e.start) > 4:
+                outlines.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
+            else:
+                strips.append([(x0, y1 - 0.14), (x1, y1 - 0.14), (x1, y1), (x0, y1)])
     _add_boxes(ax, boxes, faces, wide)
     if outlines:
         ax.add_collection(
             PolyCollection(
-                outlines,
-                facecolors="none" if wide else CRITICAL_EDGE,
-                edgecolors=CRITICAL_EDGE,
-                linewidths=1.1 if wide else 0.0,
-                zorder=3,
+                outlines, facecolors="none", edgecolors=CRITICAL_EDGE, linewidths=1.1, zorder=3
+            )
+        )
+    if strips:
+        ax.add_collection(
+            PolyCollection(
+                strips, facecolors=CRITICAL_EDGE, edgecolors="none", linewidths=0.0, zorder=3
             )
         )
     for e in events:
@@ -254,11 +277,12 @@ def _label_rows(
     stage_labels: bool,
     rows: TimelineRows,
     idle: bool,
+    device_names: Sequence[str] | None = None,
 ) -> None:
     stages_of = stages_per_device(events)
     labels = []
     for d in range(stats.num_devices):
-        label = f"device {d}"
+        label = device_label(d, device_names)
         if stage_labels and d in stages_of:
             label += "\n" + stage_list(stages_of[d])
         labels.append(label)
