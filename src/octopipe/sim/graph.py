@@ -68,6 +68,7 @@ def build_graph(
     """
     if check:
         check_structure(plan, where, costs.num_layers)
+    if plan.recompute:  # never skipped: costs the profile lacks cannot be simulated
         check_recompute(costs, plan, where)
     M = plan.num_microbatches
     stages = plan.stages
