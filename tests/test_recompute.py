@@ -48,7 +48,9 @@ def layer(name, act=4 * GB, wact=2 * GB, recompute=True) -> LayerCost:
 def stack(n=4, memory=math.inf, recompute=True, devices=2) -> Profile:
     layers = tuple(layer(f"layers.{i}", recompute=recompute) for i in range(n))
     return Profile(
-        name="stack", layers=layers, devices=tuple(Device(memory_bytes=memory) for _ in range(devices))
+        name="stack",
+        layers=layers,
+        devices=tuple(Device(memory_bytes=memory) for _ in range(devices)),
     )
 
 

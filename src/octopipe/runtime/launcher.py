@@ -35,6 +35,7 @@ from octopipe.runtime.preflight import (
     check_sizes,
 )
 from octopipe.runtime.progress import StepReport
+from octopipe.runtime.recompute import check_recomputable
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.spawn import (  # noqa: F401 - RankFailure, Stopped: raised through here
     CHILD_ENVIRONMENT,
@@ -84,6 +85,7 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
         check_runnable(job.plan, len(layers), world_size // (dp * tp), job.source)
         check_plan_layer_names(job.plan.layer_names, layers)
         check_parallelism(job.config, recipe)
+        check_recomputable(job.plan, recipe, job.source)
         check_overlap(job.config)
         config = check_resumable(job.config, recipe)
         check_checkpoint_room(config, recipe)

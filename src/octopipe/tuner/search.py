@@ -245,9 +245,7 @@ def _deepen(
     balanced for its placement), one start per chunk count, best-first turns, within
     DEEP_WORK_SHARE of `work` (the first search's). Whether the budget left it to its end."""
     seeds = [
-        c
-        for c in _seed_candidates(evaluator, last, first, search.deadline)
-        if allowed(c.placement)
+        c for c in _seed_candidates(evaluator, last, first, search.deadline) if allowed(c.placement)
     ]
     if overlap_steps:
         seeds = [with_fill_tails(evaluator, c) for c in seeds]
@@ -287,8 +285,7 @@ def _recompute(
             for c in _seed_candidates(evaluator, depth, deadline=search.deadline, recompute=kind)
         ]
         seeds += [
-            o.candidate.but(recompute=_everywhere(costs, o.candidate.ranges, kind))
-            for o in before
+            o.candidate.but(recompute=_everywhere(costs, o.candidate.ranges, kind)) for o in before
         ]
     seeds = [c for c in seeds if allowed(c.placement)]
     if overlap_steps:
