@@ -10,20 +10,20 @@
    aimed at the busiest, the idlest and the overflowing devices, most promising first; the first
    that improves is kept (slower candidates are abandoned mid-schedule); at a local optimum a
    seeded random `kick` perturbs the partition, a few times, before giving up.
-4. Deeper interleaving (`_deepen`), where the layers allow more than 4 stages per device and
-   memory does not bind (else step 5 instead): steps
-   1 to 3 again over the seeds of every deeper chunk count (up to `max_chunks`, by default 8),
-   each with its own re-balanced partitions, from one start per chunk count, the start that
-   stands best taking the next turn; the moves then make the counts uneven (a device hands a
-   stage to another, two of its stages merge). Its work is at most the first search's (in
-   stages x microbatches scheduled), and the first search's plans stay finalists, so the
-   result is never worse than with `max_chunks=4`.
-5. Recomputation per stage (`_recompute`), where the profile gives recomputation costs and
-   memory binds (the best plan does not fit, or a plan that does not was faster): what each stage recomputes becomes a variable of the search, as AdaPipe makes it
-   (Sun et al., ASPLOS 2024), jointly with the partition: seeds that recompute every stage
-   (each kind the layers offer) with partitions balanced for the recomputed work, and the best
-   plans so far; `moves.recompute_moves` first in every descent. Its work is bounded like the
-   deeper search's, and the plans before it stay finalists.
+4. Then one of two searches, each of at most the first search's work (in stages x
+   microbatches scheduled), each only adding finalists, so the result is never worse than the
+   first search's (`max_chunks=4`):
+   - where memory binds (the best plan does not fit, or one that does not was faster) and the
+     profile prices recomputation, recomputation per stage (`_recompute`): what each stage
+     recomputes becomes a variable of the search, as AdaPipe makes it (Sun et al., ASPLOS
+     2024), jointly with the partition: seeds that recompute every stage (each kind the
+     layers offer) with partitions balanced for the recomputed work, the best plans so far,
+     and `moves.recompute_moves` first in every descent;
+   - else, where the layers allow more than 4 stages per device, deeper interleaving
+     (`_deepen`): steps 1 to 3 over the seeds of every deeper chunk count (up to
+     `max_chunks`, by default 8), each with its own re-balanced partitions, from one start
+     per chunk count, the start that stands best taking the next turn; the moves then make
+     the counts uneven (a device hands a stage to another, two of its stages merge).
 
 Every plan reported is re-evaluated by the simulator, and the result is never worse (in the
 simulator) than the best baseline plan given: that plan itself is returned if nothing beats it.
