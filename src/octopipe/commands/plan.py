@@ -96,9 +96,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-chunks",
         type=_chunks,
-        default=4,
-        help="most stages per device to try (default 4), or `auto`: 4, then deeper while the "
-        "best plan is among the deepest (slower; BENCHMARKS.md)",
+        default=None,
+        help="most stages per device to try (default `auto`: up to 4 first, then up to 8 "
+        "where the layers allow and memory does not bind, uneven counts included; a count caps "
+        "it, 4 being the first search alone)",
     )
     p.add_argument(
         "--time-budget",
@@ -291,5 +292,5 @@ class _progress:
 
 
 def _chunks(text: str) -> int | None:
-    """`--max-chunks`: a count, or `auto` (None: as deep as it pays)."""
+    """`--max-chunks`: a count, or `auto` (None: the tuner's default depth)."""
     return None if text == "auto" else count(1, MAX_CHUNKS)(text)
