@@ -193,3 +193,19 @@ def test_where_memory_does_not_bind_nothing_is_recomputed_and_nothing_changes():
     without = tune(bare, 4, 2, time_budget=math.inf).best
     assert with_keys.plan.recompute == ()
     assert with_keys.plan == without.plan
+
+
+def test_plan_writes_and_reports_the_stages_it_recomputes(tmp_path, capsys):
+    from octopipe.cli import main
+
+    save_profile(stack(n=8, memory=14 * GB), tmp_path / "tight.json")
+    argv = ["plan", "--profile", str(tmp_path / "tight.json"), "--microbatches", "4"]
+    code = main([*argv, "--no-png", "--quiet", "-o", str(tmp_path / "out")])
+    assert code == 0
+    written = json.loads((tmp_path / "out" / "plan.json").read_text())
+    kinds = [st.get("recompute", "none") for st in written["stages"]]
+    assert "full" in kinds
+    recomputing = sum(k != "none" for k in kinds)
+    assert f"{recomputing} of {len(kinds)} stages recompute" in capsys.readouterr().out
+    simulated = Simulator(stack(n=8, memory=14 * GB)).run(load_plan(tmp_path / "out/plan.json"))
+    assert simulated.fits

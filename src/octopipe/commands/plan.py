@@ -32,6 +32,7 @@ from octopipe.commands._plan_outputs import (
 )
 from octopipe.errors import InputError, MemoryExceededError
 from octopipe.export import torchtitan_names
+from octopipe.export.titan_plan import recompute_summary
 from octopipe.limits import (
     MAX_CHUNKS,
     MAX_DEVICES,
@@ -199,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
     if args.overlap_steps:
         title += ", steps overlapped (time: per step, steady state)"
     console.print(comparison_table(result, title))
+    if result.best.plan.recompute:
+        console.print(f"the tuned plan: {recompute_summary(result.best.plan)}")
     console.print(
         f"searched {result.evaluations} candidates in {result.seconds:.1f} s"
         f"{'' if result.converged else ' (time budget reached)'}; wrote {', '.join(written)}"
