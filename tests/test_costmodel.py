@@ -39,6 +39,7 @@ def test_every_shipped_config_gives_a_valid_profile(name):
 PUBLISHED_PARAMS = {
     "llama3-8b": 8.03e9,
     "llama3-70b": 70.6e9,
+    "llama3-405b": 405e9,  # Llama 3 paper (Dubey et al. 2024), Table 3
     "qwen2.5-7b": 7.61e9,
     "mistral-7b": 7.24e9,
     "gemma2-9b": 9.24e9,

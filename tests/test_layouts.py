@@ -258,3 +258,63 @@ def test_the_tuner_refuses_plans_too_large_to_tune_in_bounded_time():
     profile = api.profile_from_config("tiny-llama", devices=16, seq_len=64)
     with pytest.raises(InputError, match="at most 262,144"):
         api.tune(profile, 300_000)
+
+
+def _burn(stop) -> None:
+    """Keep a core busy until `stop` is set (a loaded machine)."""
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
+
+
+def test_the_same_job_gives_the_same_plan_on_a_loaded_machine(tmp_path):
+    # The search counts its work in layouts and evaluations, not seconds: a second run with
+    # both cores busy elsewhere writes the same plan, byte for byte.
+    import multiprocessing as mp
+
+    argv = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
+    argv += ["--global-batch", "16", "--seq-len", "256", "--no-png", "--quiet"]
+    assert main([*argv, "-o", str(tmp_path / "quiet")]) == 0
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    burners = [ctx.Process(target=_burn, args=(stop,), daemon=True) for _ in range(2)]
+    for p in burners:
+        p.start()
+    try:
+        assert main([*argv, "-o", str(tmp_path / "loaded")]) == 0
+    finally:
+        stop.set()
+        for p in burners:
+            p.join(timeout=30)
+    for name in ("plan.json", "profile.json", "schedule.csv"):
+        assert (tmp_path / "quiet" / name).read_bytes() == (tmp_path / "loaded" / name).read_bytes()
+
+
+def test_plan_gpus_json_names_the_chosen_and_the_reference_layouts(tmp_path, capsys):
+    argv = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
+    argv += ["--global-batch", "16", "--seq-len", "256", "--no-png", "--quiet", "--json"]
+    argv += ["--from-layout", "tp2,pp2,b1", "-o", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    keys = {"tp", "cp", "pp", "dp", "ep", "microbatch_size", "microbatches", "recompute", "zero"}
+    keys |= {"step_time", "peak_memory_bytes", "fits"}
+    for who in ("chosen", "reference", "given"):
+        assert keys <= set(summary[who]), who
+    assert summary["chosen"]["step_time"] <= summary["reference"]["step_time"]
+    assert summary["chosen"]["step_time"] <= summary["given"]["step_time"]
+    assert summary["given"]["tp"] == 2 and summary["given"]["pp"] == 2
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["parallelism"]["tp"] == summary["chosen"]["tp"]
+    assert "torchrun" in out and "octopipe run" in out  # how to launch it
+    assert summary["search"]["evaluations"] > 0 and not summary["search"]["cut_by_time"]
+
+
+def test_run_refuses_a_plan_with_degrees_it_does_not_run(tmp_path, capsys):
+    from octopipe.plan import save_plan
+
+    plan = api.baseline(api.profile_from_config("tiny-llama", devices=2), "1f1b", "uniform", 4)
+    save_plan(plan.with_parallelism(1, 1, 1, cp=2), tmp_path / "cp.json")
+    argv = ["run", "--plan", str(tmp_path / "cp.json"), "--model", "tiny-llama"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "context parallelism (cp 2)" in err

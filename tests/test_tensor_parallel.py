@@ -166,7 +166,10 @@ def test_a_tensor_parallel_checkpoint_resumes_at_tp1_under_another_plan_and_back
     # One process group, the jobs in order: the second resumes what the first saved.
     at_tp1, at_zero3 = launch([tp1, zero3], 4, "gloo", timeout_s=120)
     straight = train_reference(job(LLAMA, three, tp=1, steps=6).config, 4)
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-2", "step-4"]
+    assert sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".")) == [
+        "step-2",
+        "step-4",
+    ]
     saved = runs["bundled llama, TP2 x PP2, interleaved, saves step 2"][1]
     assert saved.losses == pytest.approx(straight.losses[:2], rel=1e-5)
     assert (at_tp1.first_step, at_zero3.first_step) == (2, 4)

@@ -276,6 +276,7 @@ def run(
     from octopipe.runtime.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
     from octopipe.runtime.session import Job, RunConfig
 
+    _check_runnable_degrees(plan, where)
     check_run_settings(
         nproc=nproc,
         steps=steps,
@@ -334,6 +335,21 @@ def run(
 def _planned(plan: Plan, degree: str) -> int:
     """A degree (`tp`, `dp`) a cluster plan was made for (its `parallelism`), else 1."""
     return plan.parallelism.get(degree, 1) if plan.parallelism else 1
+
+
+def _check_runnable_degrees(plan: Plan, where: str) -> None:
+    """A plan laid out with degrees the executor does not run yet is refused in one line, not
+    run on fewer ranks as if it had none."""
+    from octopipe.errors import InputError
+
+    for degree, what in (("cp", "context"), ("ep", "expert")):
+        if _planned(plan, degree) > 1:
+            raise InputError(
+                where,
+                f"planned with {what} parallelism ({degree} {_planned(plan, degree)}), which "
+                "octopipe run does not run yet",
+                f"parallelism.{degree}",
+            )
 
 
 def _data_source(data, seq_len: int, seed: int, dtype: str, steps: int):

@@ -7,42 +7,20 @@ and reports use: parameter count and training FLOPs.
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, replace
 
 from octopipe.costmodel import arch as A
 from octopipe.costmodel.arch import Architecture, LayerSpec, layer_specs
 from octopipe.costmodel.hardware import Hardware
 from octopipe.costmodel.layercost import boundary_bytes, layer_work
 from octopipe.costmodel.settings import Settings
-from octopipe.costmodel.work import F, I, LayerWork, W
+from octopipe.costmodel.work import F, I, LayerWork, TimeParts, W
 from octopipe.profile import Device, LayerCost, Link, Profile, Recomputation, Recomputed
 
 # Blocks that full recomputation checkpoints: everything between two residual-stream boundaries.
 RECOMPUTED_KINDS = frozenset(
     {A.DECODER, A.MOE, A.MAMBA, A.ATTENTION, A.MLP, A.CROSS_ATTENTION, A.VISION_BLOCK}
 )
-
-
-@dataclass(frozen=True)
-class TimeParts:
-    """Where a layer's seconds (F + I + W of one microbatch) go: compute kernels, the redone
-    forward of recomputation, and exposed tensor-, context- and expert-parallel communication."""
-
-    compute: float = 0.0
-    recompute: float = 0.0
-    tp_comm: float = 0.0
-    cp_comm: float = 0.0
-    ep_comm: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
-
-    def __add__(self, other: TimeParts) -> TimeParts:
-        return TimeParts(*(a + b for a, b in zip(astuple(self), astuple(other))))
-
-    def scaled(self, factor: float) -> TimeParts:
-        return TimeParts(*(a * factor for a in astuple(self)))
 
 
 @dataclass(frozen=True)
@@ -94,12 +72,7 @@ def _estimate(
     phases = [work.phase(phase, hw) for phase in (F, I, W)]
     f, b, w = (p.total for p in phases)
     forward_flops, backward_flops = work.model_flops()
-    parts = TimeParts(
-        compute=sum(p.compute for p in phases),
-        tp_comm=sum(p.tp_comm for p in phases),
-        cp_comm=sum(p.cp_comm for p in phases),
-        ep_comm=sum(p.ep_comm for p in phases),
-    )
+    parts = sum(phases, TimeParts())
     act, wact = work.act_bytes, work.wact_bytes
     redone, redone_flops = 0.0, 0.0
     choices = _recompute_choices(arch, spec, work, hw, s, f, forward_flops)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 from octopipe.costmodel.hardware import Hardware
 
@@ -100,18 +100,26 @@ def mean_attended_keys(seq_len: int, window: int | None, causal: bool = True) ->
 
 
 @dataclass(frozen=True)
-class PhaseTime:
-    """A phase's seconds by where they go: compute kernels, and the communication left exposed
-    after overlap. `total` is what the phase takes."""
+class TimeParts:
+    """Seconds by where they go: compute kernels, the forward recomputation redoes, and the
+    tensor-, context- and expert-parallel communication left exposed after overlap. A phase's
+    time (`LayerWork.phase`), or a layer's over its F, I and W (`build.LayerEstimate.parts`)."""
 
     compute: float = 0.0
+    recompute: float = 0.0
     tp_comm: float = 0.0
     cp_comm: float = 0.0
     ep_comm: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp_comm + self.cp_comm + self.ep_comm
+        return self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
+
+    def __add__(self, other: TimeParts) -> TimeParts:
+        return TimeParts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def scaled(self, factor: float) -> TimeParts:
+        return TimeParts(*(a * factor for a in astuple(self)))
 
 
 @dataclass
@@ -347,7 +355,7 @@ class LayerWork:
             Kernel(W, k.unit, k.flops, k.bytes, k.gemm) if k.phase == I else k for k in self.kernels
         ]
 
-    def phase(self, phase: str, hw: Hardware) -> PhaseTime:
+    def phase(self, phase: str, hw: Hardware) -> TimeParts:
         """The phase's seconds: compute, and the communication its kernels leave exposed."""
         compute = gemms = attention = tp = cp = ep = 0.0
         for k in self.kernels:
@@ -366,7 +374,7 @@ class LayerWork:
                 attention += t if k.unit == ATTENTION else 0.0
         if self.tp_overlap:
             tp = max(0.0, tp - gemms)
-        return PhaseTime(compute, tp, max(0.0, cp - attention), ep)
+        return TimeParts(compute, 0.0, tp, max(0.0, cp - attention), ep)
 
     def phase_time(self, phase: str, hw: Hardware) -> float:
         return self.phase(phase, hw).total

@@ -48,11 +48,12 @@ SCREEN_BASELINES = (("zbh1", "balanced", None), ("i1f1b", "balanced", None))
 FINALISTS = 4
 TUNE_EVALUATIONS = 1500  # the tuner's evaluations per tuned layout, at most
 # What one tuning may list-schedule in all: big pipelines get fewer evaluations (each schedules
-# stages x microbatches x 3 actions), never fewer than MIN_TUNE_EVALUATIONS.
-TUNE_ACTIONS = 10_000_000
-MIN_TUNE_EVALUATIONS = 100
+# stages x microbatches x 3 actions); one that would get fewer than MIN_TUNE_EVALUATIONS keeps
+# its screened plan (the tuner's seeds alone take more).
+TUNE_ACTIONS = 4_000_000
+MIN_TUNE_EVALUATIONS = 20
 MAX_SCREENED = 300  # layouts screened at most, best bound first: a bound on the work
-SCREEN_ACTIONS = 20_000_000  # and the actions their screening simulates, at most
+SCREEN_ACTIONS = 8_000_000  # and the actions their screening simulates, at most
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,9 @@ class LayoutSearch:
         profile, _ = self.profile(layout)
         # Each evaluation list-schedules every action of the plan: a bound on the actions.
         actions = 3 * start.plan.num_stages * layout.num_microbatches
-        evaluations = max(MIN_TUNE_EVALUATIONS, min(evaluations, TUNE_ACTIONS // actions))
+        evaluations = min(evaluations, TUNE_ACTIONS // actions)
+        if evaluations < MIN_TUNE_EVALUATIONS:
+            return start, 0, False
         result = search(
             profile,
             layout.num_microbatches,
@@ -319,7 +322,7 @@ def plan_cluster(
         row, spent, cut = search.tune(start, tune_evaluations, work.left(), seed, max_chunks)
         work.tuner(spent, cut)
         rows.append(row)
-        tuned += 1
+        tuned += spent > 0
 
     # 2. Screening, best bound first.
     capacity = search.capacity()
@@ -366,7 +369,7 @@ def plan_cluster(
         row, spent, cut = search.tune(start, tune_evaluations, work.left(), seed, max_chunks)
         work.tuner(spent, cut)
         rows[rows.index(start)] = row
-        tuned += 1
+        tuned += spent > 0
     rows.sort(key=lambda r: r.score)
     return LayoutReport(
         job=job,

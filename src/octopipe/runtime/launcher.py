@@ -70,6 +70,7 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
     """Refuse, before any rank starts, a plan that does not fit its model or the world size,
     and a checkpoint that cannot be resumed; the jobs with their checkpoints to resume chosen."""
     checked = []
+    written: set[str] = set()  # checkpoint folders the jobs so far write to
     for job in jobs:
         recipe = job.config.recipe()
         layers = recipe.layers
@@ -88,6 +89,10 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
         check_recomputable(job.plan, recipe, job.source)
         check_overlap(job.config)
         config = check_resumable(job.config, recipe)
+        if config.resume and config.checkpoint_dir in written:  # not there yet: at its start
+            config = replace(config, resume_checkpoint=None, resume_at_start=True)
+        if config.checkpoint_every and config.checkpoint_dir:
+            written.add(config.checkpoint_dir)
         check_checkpoint_room(config, recipe)
         check_first_batch(config, recipe, job.plan)
         checked.append(replace(job, config=config))

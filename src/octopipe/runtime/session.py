@@ -70,6 +70,7 @@ class RunConfig:
     checkpoint_every: int = 0  # save after every this many steps (0: never)
     resume: bool = False  # start from the latest checkpoint in checkpoint_dir, if any
     resume_checkpoint: str | None = None  # the one chosen before the ranks start (preflight)
+    resume_at_start: bool = False  # an earlier job of the launch writes it: choose at the start
     overlap_steps: bool = False  # no barrier between steps; post-validated per-stage updates
 
     @property
@@ -266,8 +267,15 @@ def run_job_on_rank(
 
 def _resume(cfg: RunConfig, modules: dict, worker: Worker) -> int:
     """Load the checkpoint chosen before the ranks started, if any; the step to start at. Rank
-    0's choice is everyone's (under torchrun each rank chose on its own)."""
+    0's choice is everyone's (under torchrun each rank chose on its own). A job resuming what an
+    earlier job of the same launch writes chooses when it starts (the launcher checked the
+    folder's model and settings before any rank started)."""
     chosen = [cfg.resume_checkpoint if dist.get_rank() == 0 else None]
+    if cfg.resume_at_start and dist.get_rank() == 0:
+        from octopipe.runtime.checkpoint_folder import choose
+
+        found = choose(cfg.checkpoint_dir)
+        chosen = [None if found is None else str(found.path)]
     dist.broadcast_object_list(chosen, src=0)
     if chosen[0] is None:
         return 0
