@@ -19,11 +19,12 @@
      2024), jointly with the partition: seeds that recompute every stage (each kind the
      layers offer) with partitions balanced for the recomputed work, the best plans so far,
      and `moves.recompute_moves` first in every descent;
-   - else, where the layers allow more than 4 stages per device, deeper interleaving
-     (`_deepen`): steps 1 to 3 over the seeds of every deeper chunk count (up to
-     `max_chunks`, by default 8), each with its own re-balanced partitions, from one start
-     per chunk count, the start that stands best taking the next turn; the moves then make
-     the counts uneven (a device hands a stage to another, two of its stages merge).
+   - else, where the layers allow more than 4 stages per device and the best plan fits
+     (more stages per device never hold less), deeper interleaving (`_deepen`): steps 1 to 3
+     over the seeds of every deeper chunk count (up to `max_chunks`, by default 8), each with
+     its own re-balanced partitions, from one start per chunk count, the start that stands
+     best taking the next turn; the moves then make the counts uneven (a device hands a
+     stage to another, two of its stages merge).
 
 Every plan reported is re-evaluated by the simulator, and the result is never worse (in the
 simulator) than the best baseline plan given: that plan itself is returned if nothing beats it.
@@ -217,7 +218,7 @@ def tune(
         converged = _recompute(search, evaluator, depth, before, first, allowed, overlap_steps)
         recomputed = [o for o in search.best_outcomes(3) if o.candidate.recompute]
         finalists += finish(recomputed) if recomputed else []
-    elif not search.out_of_time() and deepest > depth:
+    elif not search.out_of_time() and deepest > depth and search.best and search.best.fits:
         converged = _deepen(search, evaluator, depth + 1, deepest, first, allowed, overlap_steps)
         deeper = [o for o in search.best_outcomes(3) if o not in shallow]
         finalists += finish(deeper) if deeper else []
