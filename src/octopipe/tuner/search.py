@@ -276,7 +276,7 @@ def _recompute(
     allowed: Callable[[tuple[int, ...]], bool],
     overlap_steps: bool,
 ) -> bool:
-    """The recomputation search (module docstring, 5): seeds of up to `depth` chunks that
+    """The recomputation search (module docstring, 4): seeds of up to `depth` chunks that
     recompute every stage one way, balanced for it; the `before` plans as they are and
     recomputing every stage; recomputation moves first; within RECOMPUTE_WORK_SHARE of `work`
     (the first search's). Whether the budget left it to its end."""
