@@ -242,6 +242,26 @@ PROFILE_FAULTS = {
         "data_parallel.sharded: Input should be a valid boolean",
     ),
     "links half": ("links", {"intra_node": {"bandwidth": 1e9}}, "links.inter_node: missing field"),
+    "recompute b as text": (
+        "layers.1.recompute.full.b",
+        "0.1",
+        "layers[1].recompute.full.b: Input should be a valid number",
+    ),
+    "recompute act negative": (
+        "layers.1.recompute.selective.act_bytes",
+        -1,
+        "layers[1].recompute.selective.act_bytes: Input should be greater",
+    ),
+    "recompute without b": (
+        "layers.1.recompute.full",
+        {"act_bytes": 1, "wact_bytes": 1},
+        "layers[1].recompute.full.b: missing field",
+    ),
+    "recompute as list": (
+        "layers.1.recompute",
+        ["full"],
+        "layers[1].recompute: Input should be a valid dictionary",
+    ),
     "format of another": ("format", "octopipe.profile/9", "format: unknown format"),
     "not an object": ("", None, ""),
 }
@@ -319,6 +339,24 @@ PLAN_FAULTS = {
         "predicted.iteration_time",
         "fast",
         "predicted.iteration_time: expected a number of seconds",
+    ),
+    "stage recompute unknown": (
+        "stages.0.recompute",
+        "half",
+        "stages[0].recompute: expected one of none, selective, full, got 'half'",
+    ),
+    "stage recompute as true": (
+        "stages.1.recompute",
+        True,
+        "stages[1].recompute: expected one of none, selective, full, got True",
+    ),
+    "stage recompute the profile does not price": (
+        "stages",
+        [
+            {"layers": [0, 1], "device": 0, "recompute": "full"},  # the embedding alone
+            {"layers": [1, 7], "device": 1},
+        ],
+        "stages[0].recompute: no layer of [0, 1) has full recomputation costs",
     ),
     "format of another": ("format", "octopipe.plan/2", "format: unknown format"),
     "profile devices not the plan's": (

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from octopipe.costs import StageCost, stage_costs
 from octopipe.plan import check_structure, make_plan
-from octopipe.profile import Device, LayerCost, Link, Profile
+from octopipe.profile import Device, LayerCost, Link, Profile, Recomputation, Recomputed
 from octopipe.schedules import generate
 from octopipe.schedules.list_scheduler import Rules, list_schedule
 from octopipe.sim import Simulator
@@ -166,3 +166,35 @@ def test_list_scheduler_and_simulator_agree_under_an_action_overhead(split):
     assert outcome.makespan == pytest.approx(sim.run(plan, detail=False).iteration_time)
     kinds = {a.kind for acts in plan.schedule.values() for a in acts}
     assert kinds == ({"F", "I", "W"} if split else {"F", "B"})
+
+
+@st.composite
+def recomputing_cases(draw):
+    """`cases()` whose layers price full recomputation (a longer I, less held from F, W's
+    inputs held from I, possibly more than F held) and whose stages choose it or not."""
+    profile, P, M, ranges, placement, rules = draw(cases())
+    alternative = st.builds(
+        Recomputed,
+        b=st.floats(0, 6),
+        act_bytes=st.integers(0, 20),
+        wact_bytes=st.integers(0, 60),
+    )
+    layers = tuple(
+        layer.model_copy(update={"recompute": Recomputation(full=draw(alternative))})
+        for layer in profile.layers
+    )
+    kinds = [draw(st.sampled_from(["none", "full"])) for _ in ranges]
+    return profile.model_copy(update={"layers": layers}), P, M, ranges, placement, rules, kinds
+
+
+@settings(max_examples=100, deadline=None)
+@given(recomputing_cases())
+def test_recomputing_stages_are_timed_and_held_alike_by_the_scheduler_and_the_simulator(case):
+    profile, P, M, ranges, placement, rules, kinds = case
+    stages = stage_costs(Simulator(profile).costs, ranges, placement, profile.devices, kinds)
+    sched = list_schedule(stages, P, M, rules)
+    plan = make_plan(P, M, ranges, placement, sched.orders, kinds)
+    result = Simulator(profile).run(plan, detail=False)
+    assert result.iteration_time == pytest.approx(sched.makespan, rel=1e-9, abs=1e-12)
+    dynamic_peaks = [p - s for p, s in zip(result.peak_memory_bytes, result.static_memory_bytes)]
+    assert dynamic_peaks == pytest.approx(sched.peak_activation_bytes)

@@ -22,9 +22,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from octopipe.actions import Action, B, F, I, W
+from octopipe.costs import CostTable
 from octopipe.errors import InputError
 from octopipe.plan import Plan
-from octopipe.profile import Profile
+from octopipe.profile import LayerCost, Profile
 from octopipe.sim.graph import devices_for
 from octopipe.trace import TracedAction
 
@@ -43,10 +44,10 @@ def collect_durations(
 
 def profiled_duration(profile: Profile, plan: Plan, stage: int, kind: str) -> float:
     """What the profile says one action of this stage and kind takes on its device (the
-    layers' times over the device's speed, as the simulator has it)."""
+    layers' times, recomputed as the plan says, over the device's speed, as the simulator has
+    it)."""
     st = plan.stages[stage]
-    layers = profile.layers[st.start : st.end]
-    f, b, w = (sum(getattr(x, k) for x in layers) for k in "fbw")
+    f, b, w = CostTable(profile).stage_times(st.start, st.end, plan.recompute_of(stage))
     speed = devices_for(profile, plan)[st.device].speed
     return {F: f, I: b, W: w, B: b + w}[kind] / speed
 
@@ -87,10 +88,7 @@ def fit_run(profile: Profile, plan: Plan, durations: Durations, where: str = "<r
 
 def scaled(profile: Profile, scale: float) -> Profile:
     """The profile with every layer's f, b, w times `scale` (memory figures kept)."""
-    layers = tuple(
-        x.model_copy(update={"f": x.f * scale, "b": x.b * scale, "w": x.w * scale})
-        for x in profile.layers
-    )
+    layers = tuple(_times_scaled(x, scale, scale, scale) for x in profile.layers)
     name = profile.name.removesuffix("-calibrated") + "-calibrated"
     return profile.model_copy(update={"layers": layers, "name": name})
 
@@ -133,9 +131,22 @@ def stage_scaled(
     layers = list(profile.layers)
     for stage, r in zip(plan.stages, stage_ratios(profile, plan, durations)):
         for i in range(stage.start, stage.end):
-            x = layers[i]
-            layers[i] = x.model_copy(update={"f": x.f * r.f, "b": x.b * r.b, "w": x.w * r.w})
+            layers[i] = _times_scaled(layers[i], r.f, r.b, r.w)
     return profile.model_copy(update={"layers": tuple(layers)})
+
+
+def _times_scaled(layer: LayerCost, f: float, b: float, w: float) -> LayerCost:
+    """The layer with its times scaled, its recomputed backwards (`recompute`) as its `b`."""
+    update: dict = {"f": layer.f * f, "b": layer.b * b, "w": layer.w * w}
+    if layer.recompute is not None:
+        update["recompute"] = layer.recompute.model_copy(
+            update={
+                kind: alt.model_copy(update={"b": alt.b * b})
+                for kind in ("full", "selective")
+                if (alt := layer.recompute.of(kind)) is not None
+            }
+        )
+    return layer.model_copy(update=update)
 
 
 def check_trace_of_plan(traced: Iterable[TracedAction], plan: Plan, where: str) -> None:

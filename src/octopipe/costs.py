@@ -3,7 +3,7 @@
 Below the simulator, the schedules and the tuner, and shared by all of them:
 
 - `CostTable`: prefix sums over a profile's layers, so any stage's times and bytes are O(1)
-  for any partition;
+  for any partition, with or without recomputation (`RecomputeTable`);
 - `StageCost`: one stage on its device, and the per-kind rules every timing engine applies
   (`duration[kind.code]`, `memory_change[kind.code]`, the transfer `lag_next`); the simulator
   (`sim/graph.py`) and the list scheduler (`schedules/list_scheduler.py`) read these tables
@@ -28,7 +28,20 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
 
-from octopipe.profile import Device, Profile
+from octopipe.profile import RECOMPUTATIONS, Device, Profile
+
+NO_RECOMPUTE = "none"
+
+
+@dataclass(frozen=True)
+class RecomputeTable:
+    """Prefix sums of the layers' costs under one kind of recomputation (a layer that does not
+    offer it counts with its own costs), and of how many layers offer it."""
+
+    b: list[float]
+    act: list[float]
+    wact: list[float]
+    offered: list[int]
 
 
 class CostTable:
@@ -55,12 +68,43 @@ class CostTable:
         self.grad = prefix_sums(l.grad_bytes for l in layers)
         self.out_bytes = [l.out_bytes for l in layers]
         self.num_layers = len(layers)
+        # Per kind of recomputation some layer offers (docs/FORMATS.md): its prefix sums.
+        self.recompute = {
+            kind: _recompute_table(profile, kind)
+            for kind in RECOMPUTATIONS
+            if any(l.recompute is not None and l.recompute.of(kind) for l in layers)
+        }
 
-    def stage_times(self, start: int, end: int) -> tuple[float, float, float]:
-        """(f, b, w) of layers [start, end) on a device of speed 1."""
+    def offers(self, start: int, end: int, kind: str) -> bool:
+        """Whether some layer of [start, end) can be recomputed so (always, for none)."""
+        if kind == NO_RECOMPUTE:
+            return True
+        table = self.recompute.get(kind)
+        return table is not None and table.offered[end] > table.offered[start]
+
+    def work_under(self, kind: str) -> list[float]:
+        """Prefix sums of layer work (f + b + w) with every layer recomputed by `kind` where
+        it offers it (the plain `work` for none)."""
+        table = self.recompute.get(kind)
+        if table is None:
+            return self.work
+        return [f + b + w for f, b, w in zip(self.f, table.b, self.w)]
+
+    def held_bytes(self, start: int, end: int, kind: str = NO_RECOMPUTE) -> tuple[float, float]:
+        """(act, wact) of layers [start, end): held from F, and after I until W."""
+        table = self.recompute.get(kind) if kind != NO_RECOMPUTE else None
+        act, wact = (table.act, table.wact) if table else (self.act, self.wact)
+        return act[end] - act[start], wact[end] - wact[start]
+
+    def stage_times(
+        self, start: int, end: int, kind: str = NO_RECOMPUTE
+    ) -> tuple[float, float, float]:
+        """(f, b, w) of layers [start, end) on a device of speed 1, recomputed by `kind`."""
+        table = self.recompute.get(kind) if kind != NO_RECOMPUTE else None
+        b = table.b if table else self.b
         return (
             self.f[end] - self.f[start],
-            self.b[end] - self.b[start],
+            b[end] - b[start],
             self.w[end] - self.w[start],
         )
 
@@ -72,6 +116,18 @@ class CostTable:
 def prefix_sums(values: Iterable[float]) -> list[float]:
     """[0, v0, v0 + v1, ...]: the sum over [i, j) is p[j] - p[i]."""
     return [0, *accumulate(values)]
+
+
+def _recompute_table(profile: Profile, kind: str) -> RecomputeTable:
+    rows = []
+    for layer in profile.layers:
+        alt = layer.recompute.of(kind) if layer.recompute is not None else None
+        if alt is None:
+            rows.append((layer.b, layer.act_bytes, layer.wact_bytes, 0))
+        else:
+            rows.append((alt.b, alt.act_bytes, alt.wact_bytes, 1))
+    b, act, wact, offered = zip(*rows)
+    return RecomputeTable(prefix_sums(b), prefix_sums(act), prefix_sums(wact), prefix_sums(offered))
 
 
 @dataclass(frozen=True)
@@ -88,7 +144,7 @@ class StageCost:
     i: float  # backward for the input
     w: float  # backward for the weights
     act: float  # held from F until the backward
-    wact: float  # of which still held after I until W
+    wact: float  # held after I until W (more than act where I recomputes W's inputs)
     lag_next: float  # transfer to the next stage (0 on the same device or for the last stage)
     overhead: float = 0.0  # fixed cost of one action, included in f, i and w
 
@@ -115,11 +171,14 @@ def stage_costs(
     ranges: Sequence[tuple[int, int]],
     placement: Sequence[int],
     devices: Sequence[Device],
+    recompute: Sequence[str] = (),
 ) -> tuple[StageCost, ...]:
     """The StageCost of each stage of a partition + placement (durations divided by speed;
     a transfer takes the link between the two devices, `Profile.link_between`). With the
     profile's `blocking_transfers`, the sender's action lasts until its transfer is done
-    (F sends forward, I or B sends the gradient back) and the data is there when it ends."""
+    (F sends forward, I or B sends the gradient back) and the data is there when it ends.
+    `recompute`: per stage, what it recomputes (empty: nothing); a recomputed layer takes its
+    `recompute` costs from the profile (docs/FORMATS.md)."""
     blocking = costs.profile.blocking_transfers
     out = []
     last = len(ranges) - 1
@@ -132,7 +191,9 @@ def stage_costs(
             lag = link.transfer_time(costs.boundary_bytes(b))
         lags.append(lag)
     for s, ((a, b), d) in enumerate(zip(ranges, placement, strict=True)):
-        f, bi, bw = costs.stage_times(a, b)
+        kind = recompute[s] if recompute else NO_RECOMPUTE
+        f, bi, bw = costs.stage_times(a, b, kind)
+        act, wact = costs.held_bytes(a, b, kind)
         speed = devices[d].speed
         send_forward = lags[s] if blocking else 0.0
         send_back = lags[s - 1] if blocking and s > 0 else 0.0
@@ -142,8 +203,8 @@ def stage_costs(
                 f=f / speed + extra + send_forward,
                 i=bi / speed + extra + send_back,
                 w=bw / speed + extra,
-                act=costs.act[b] - costs.act[a],
-                wact=costs.wact[b] - costs.wact[a],
+                act=act,
+                wact=wact,
                 lag_next=0.0 if blocking else lags[s],
                 overhead=extra,
             )
@@ -170,6 +231,7 @@ def reduction_buckets(
     ranges: Sequence[tuple[int, int]],
     placement: Sequence[int],
     devices: Sequence[Device],
+    recompute: Sequence[str] = (),
 ) -> tuple[tuple[GradBucket, ...], ...]:
     """Per stage: the reductions of its gradients across the data-parallel replicas, in the
     order they become ready (none with one replica or no `grad_bytes`).
@@ -181,24 +243,35 @@ def reduction_buckets(
     DDP's and Megatron-LM's overlapped reductions do (docs/FORMATS.md)."""
     dp = costs.profile.data_parallel
     out = []
-    for (a, b), d in zip(ranges, placement, strict=True):
+    for s, ((a, b), d) in enumerate(zip(ranges, placement, strict=True)):
         total = costs.grad[b] - costs.grad[a]
         if dp.degree == 1 or total == 0:
             out.append(())
         elif dp.bucket_bytes is None:
             out.append((GradBucket(dp.allreduce_time(total)),))
         else:
-            out.append(_buckets(costs, a, b, devices[d].speed, dp.bucket_bytes, dp.allreduce_time))
+            kind = recompute[s] if recompute else NO_RECOMPUTE
+            speed, size = devices[d].speed, dp.bucket_bytes
+            out.append(_buckets(costs, a, b, speed, size, dp.allreduce_time, kind))
     return tuple(out)
 
 
 def _buckets(
-    costs: CostTable, a: int, b: int, speed: float, size: int, seconds: Callable[[float], float]
+    costs: CostTable,
+    a: int,
+    b: int,
+    speed: float,
+    size: int,
+    seconds: Callable[[float], float],
+    kind: str = NO_RECOMPUTE,
 ) -> tuple[GradBucket, ...]:
     """The buckets of layers [a, b) (see `reduction_buckets`), filled in one pass over the
-    layers from the last to the first."""
+    layers from the last to the first (a recomputed layer's backward includes its redone
+    forward)."""
     total = costs.grad[b] - costs.grad[a]
-    both = [bi + wi for bi, wi in zip(costs.b, costs.w)]  # prefix sums of a layer's B
+    table = costs.recompute.get(kind)
+    backward = table.b if table else costs.b
+    both = [bi + wi for bi, wi in zip(backward, costs.w)]  # prefix sums of a layer's B
 
     def lead(time: list[float], layer: int, done: float) -> float:
         """Backward seconds left once `done` of `layer`'s backward has run."""

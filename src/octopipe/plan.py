@@ -29,6 +29,8 @@ from octopipe.limits import (
 )
 
 PLAN_FORMAT = "octopipe.plan/1"
+NO_RECOMPUTE = "none"
+RECOMPUTE_KINDS = (NO_RECOMPUTE, "selective", "full")  # as the cost model's settings name them
 
 _BIT = {k: 1 << k.code for k in Kind}  # check_structure's bit set of kinds
 _FULL, _SPLIT = _BIT[F] | _BIT[B], _BIT[F] | _BIT[I] | _BIT[W]
@@ -72,8 +74,15 @@ class Plan:
     # What the plan's costs were for (docs/FORMATS.md, `profile`): the profile's name,
     # microbatch size, sequence length and device count, those it knew. None: not recorded.
     profile: Mapping[str, Any] | None = field(default=None, compare=False)
+    # Per stage, what it recomputes in its backward: "none", "selective" or "full"
+    # (docs/FORMATS.md). Empty: no stage recomputes anything.
+    recompute: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if all(kind == NO_RECOMPUTE for kind in self.recompute):
+            object.__setattr__(self, "recompute", ())
+        elif len(self.recompute) != len(self.stages):
+            raise ValueError(f"{len(self.recompute)} recompute kinds for {len(self.stages)} stages")
         # Tuples of Actions with one kind type (Kind), whatever the caller built them with.
         if not all(
             type(acts) is tuple and all(type(a) is Action and type(a.kind) is Kind for a in acts)
@@ -93,6 +102,10 @@ class Plan:
     def placement(self) -> tuple[int, ...]:
         """Stage index -> device."""
         return tuple(s.device for s in self.stages)
+
+    def recompute_of(self, stage: int) -> str:
+        """What `stage` recomputes: "none", "selective" or "full"."""
+        return self.recompute[stage] if self.recompute else NO_RECOMPUTE
 
     def stages_on(self, device: int) -> list[int]:
         return [i for i, s in enumerate(self.stages) if s.device == device]
@@ -167,7 +180,10 @@ class Plan:
             "format": PLAN_FORMAT,
             "num_devices": self.num_devices,
             "num_microbatches": self.num_microbatches,
-            "stages": [{"layers": [s.start, s.end], "device": s.device} for s in self.stages],
+            "stages": [
+                {"layers": [s.start, s.end], "device": s.device, **self._recompute_key(i)}
+                for i, s in enumerate(self.stages)
+            ],
         }
         data["schedule"] = {
             str(d): [format_entry(e) for e in self.entries(d)] for d in sorted(self.schedule)
@@ -181,6 +197,11 @@ class Plan:
         if self.profile is not None:
             data["profile"] = dict(self.profile)
         return data
+
+    def _recompute_key(self, stage: int) -> dict[str, str]:
+        """A stage's optional `recompute` key: written only where it recomputes something."""
+        kind = self.recompute_of(stage)
+        return {} if kind == NO_RECOMPUTE else {"recompute": kind}
 
     def csv_rows(self) -> list[list[str]]:
         """One row per device (rank), as `_PipelineScheduleRuntime._load_csv` reads them."""
@@ -237,11 +258,13 @@ def make_plan(
     ranges: Sequence[tuple[int, int]],
     placement: Sequence[int],
     orders: Mapping[int, Iterable[Action]],
+    recompute: Sequence[str] = (),
 ) -> Plan:
-    """Assemble a plan from layer ranges, a stage->device map and per-device orders."""
+    """Assemble a plan from layer ranges, a stage->device map and per-device orders (and,
+    per stage, what it recomputes; empty: nothing)."""
     stages = tuple(Stage(a, b, d) for (a, b), d in zip(ranges, placement, strict=True))
     schedule = {d: tuple(orders.get(d, ())) for d in range(num_devices)}
-    return Plan(num_devices, num_microbatches, stages, schedule)
+    return Plan(num_devices, num_microbatches, stages, schedule, recompute=tuple(recompute))
 
 
 def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = None) -> Plan:
@@ -264,7 +287,7 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
             f"{MAX_STAGE_MICROBATCHES:,} (stage, microbatch) pairs",
             "stages",
         )
-    stages = []
+    stages, recompute = [], []
     for i, st in enumerate(raw_stages):
         place = f"stages[{i}]"
         if not isinstance(st, dict):
@@ -280,7 +303,12 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
             )
         if not _is_int(dev):
             raise InputError(where, f"expected a device index, got {dev!r}", place + ".device")
+        kind = st.get("recompute", NO_RECOMPUTE)
+        if not isinstance(kind, str) or kind not in RECOMPUTE_KINDS:
+            kinds = ", ".join(RECOMPUTE_KINDS)
+            raise InputError(where, f"expected one of {kinds}, got {kind!r}", place + ".recompute")
         stages.append(Stage(rng[0], rng[1], dev))
+        recompute.append(kind)
     raw_sched = data.get("schedule")
     if not isinstance(raw_sched, dict):
         raise InputError(where, "expected an object mapping device to its action list", "schedule")
@@ -305,7 +333,8 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
     names = _layer_names(data.get("layer_names"), stages[-1].end, where)
     made_for = _made_for(data.get("profile"), nd, where)
     plan = Plan(
-        nd, nm, tuple(stages), schedule, predicted, composites, parallelism, names, made_for
+        nd, nm, tuple(stages), schedule, predicted, composites, parallelism, names, made_for,
+        tuple(recompute),
     )
     check_structure(plan, where, num_layers)
     return plan
@@ -397,7 +426,6 @@ def _predicted(raw: Any, where: str) -> dict[str, Any] | None:
 
 
 PARALLELISM_KEYS = ("tp", "pp", "dp", "microbatch_size")
-RECOMPUTE_KINDS = ("none", "selective", "full")  # as the cost model's settings name them
 MAX_ZERO_STAGE = 3  # ZeRO-1 to -3; what the optimizer state sharding of the memory figures is
 
 

@@ -39,6 +39,29 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
 
+RECOMPUTATIONS = ("selective", "full")  # what a stage may recompute besides nothing
+
+
+class Recomputed(_Frozen):
+    """A layer's costs when its stage recomputes it: the backward for the input redoes (part
+    of) the forward first, and less is held from F. Under a split backward, `wact_bytes` may
+    exceed `act_bytes`: the recomputed inputs of the weight gradients are held from I to W."""
+
+    b: Seconds = Field(description="backward-for-input seconds, the redone forward included")
+    act_bytes: ByteCount = Field(description="held from F until the backward")
+    wact_bytes: ByteCount = Field(description="held after I until W")
+
+
+class Recomputation(_Frozen):
+    """The layer's costs under each kind of recomputation it offers (absent: not offered)."""
+
+    full: Recomputed | None = Field(default=None, description="the whole forward redone")
+    selective: Recomputed | None = Field(default=None, description="the attention core redone")
+
+    def of(self, kind: str) -> Recomputed | None:
+        return getattr(self, kind)
+
+
 class LayerCost(_Frozen):
     """One layer's cost for one microbatch on a device of speed 1.0."""
 
@@ -52,6 +75,9 @@ class LayerCost(_Frozen):
     param_bytes: ByteCount = Field(description="static: weights, gradients, optimizer state")
     out_bytes: ByteCount = Field(description="output size: what crosses a stage boundary")
     grad_bytes: ByteCount = Field(default=0, description="gradients data parallelism reduces")
+    recompute: Recomputation | None = Field(
+        default=None, description="its costs when its stage recomputes it, per kind"
+    )
 
     @model_validator(mode="after")
     def _wact_within_act(self) -> LayerCost:
@@ -199,7 +225,9 @@ class Profile(_Frozen):
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"format": PROFILE_FORMAT, "name": self.name}
-        data["layers"] = [_given(layer.model_dump(), grad_bytes=0) for layer in self.layers]
+        data["layers"] = [
+            _given(layer.model_dump(exclude_none=True), grad_bytes=0) for layer in self.layers
+        ]
         if self.devices is not None:
             data["devices"] = [
                 _given(_finite(d.model_dump()), node=0, name=None) for d in self.devices

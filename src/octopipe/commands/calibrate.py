@@ -37,14 +37,17 @@ def run(args: argparse.Namespace) -> int:
         stage_ratios,
     )
     from octopipe.commands._output_paths import check_output_file
+    from octopipe.costs import CostTable
     from octopipe.plan import check_layer_names, load_plan
     from octopipe.profile import load_profile, save_profile
+    from octopipe.sim.graph import check_recompute
     from octopipe.trace import events_by_step, read_trace
 
     check_output_file("--output", args.output)
     profile = load_profile(args.profile)
     plan = load_plan(args.plan, num_layers=profile.num_layers)
     check_layer_names(plan.layer_names, profile.layer_names, args.plan)
+    check_recompute(CostTable(profile), plan, args.plan)
     traced = read_trace(args.trace)
     check_trace_of_plan(traced, plan, args.trace)
     per_step = events_by_step(traced)

@@ -32,6 +32,7 @@ from octopipe.commands._plan_outputs import (
 )
 from octopipe.errors import InputError, MemoryExceededError
 from octopipe.export import torchtitan_names
+from octopipe.export.titan_plan import recompute_summary
 from octopipe.limits import (
     MAX_CHUNKS,
     MAX_DEVICES,
@@ -96,9 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-chunks",
         type=_chunks,
-        default=4,
-        help="most stages per device to try (default 4), or `auto`: 4, then deeper while the "
-        "best plan is among the deepest (slower; BENCHMARKS.md)",
+        default=None,
+        help="most stages per device to try (default `auto`: up to 4 first, then up to 8 "
+        "where the layers allow and memory does not bind, uneven counts included; a count caps "
+        "it, 4 being the first search alone)",
     )
     p.add_argument(
         "--time-budget",
@@ -198,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
     if args.overlap_steps:
         title += ", steps overlapped (time: per step, steady state)"
     console.print(comparison_table(result, title))
+    if result.best.plan.recompute:
+        console.print(f"the tuned plan: {recompute_summary(result.best.plan)}")
     console.print(
         f"searched {result.evaluations} candidates in {result.seconds:.1f} s"
         f"{'' if result.converged else ' (time budget reached)'}; wrote {', '.join(written)}"
@@ -291,5 +295,5 @@ class _progress:
 
 
 def _chunks(text: str) -> int | None:
-    """`--max-chunks`: a count, or `auto` (None: as deep as it pays)."""
+    """`--max-chunks`: a count, or `auto` (None: the tuner's default depth)."""
     return None if text == "auto" else count(1, MAX_CHUNKS)(text)

@@ -15,7 +15,7 @@ from octopipe.costmodel.hardware import Hardware
 from octopipe.costmodel.layercost import boundary_bytes, layer_work
 from octopipe.costmodel.settings import Settings
 from octopipe.costmodel.work import F, I, LayerWork, TimeParts, W
-from octopipe.profile import Device, LayerCost, Link, Profile
+from octopipe.profile import Device, LayerCost, Link, Profile, Recomputation, Recomputed
 
 # Blocks that full recomputation checkpoints: everything between two residual-stream boundaries.
 RECOMPUTED_KINDS = frozenset(
@@ -47,6 +47,9 @@ class LayerEstimate:
     """Model-convention FLOPs of what recomputation redoes (hardware FLOPs = model + these)."""
     expert_params: int = 0
     """Of `params`, the MoE experts' (sharded over the expert-parallel ranks only)."""
+    alternatives: dict[str, Recomputed] | None = None
+    """Without recomputation in the settings: the layer's `b`, `act_bytes` and `wact_bytes`
+    were its stage to recompute it, per kind it offers (a profile's `recompute` key)."""
 
 
 def estimate_layers(arch: Architecture, hw: Hardware, settings: Settings) -> list[LayerEstimate]:
@@ -72,19 +75,24 @@ def _estimate(
     parts = sum(phases, TimeParts())
     act, wact = work.act_bytes, work.wact_bytes
     redone, redone_flops = 0.0, 0.0
-    if s.recompute == "full" and spec.kind in RECOMPUTED_KINDS:
-        # Keep only the block's input; the backward first redoes the forward (part of I).
-        # The recomputed linear inputs then live from I to W: the profile format cannot show
-        # memory that rises at I, so they are counted as transient (docs/COSTMODEL.md).
-        act = wact = _checkpoint_bytes(arch, spec, s)
-        redone, redone_flops = f, forward_flops
-    elif s.recompute == "selective" and work.core_forward:
-        # Korthikanti et al. 2022: drop what the attention core saves beyond q, k and v, and
-        # redo its forward just before its backward.
-        core = LayerWork(work.tp, work.sequence_parallel, work.dtype_bytes, work.tp_overlap)
-        core.kernels = list(work.core_forward)
-        act -= work.core_saved_bytes
-        redone, redone_flops = core.phase_time(F, hw), work.attention_model_flops
+    choices = _recompute_choices(arch, spec, work, hw, s, f, forward_flops)
+    if s.recompute in choices:
+        redone, act, redone_flops = choices[s.recompute]
+        if s.recompute == "full":
+            # The recomputed linear inputs live from I to W: the profile's base entry cannot
+            # show memory that rises at I, so they are counted as transient (docs/COSTMODEL.md).
+            wact = act
+    alternatives = None
+    if s.recompute == "none":  # what a stage recomputing this layer would cost (per kind)
+        alternatives = {
+            kind: Recomputed(b=b + extra, act_bytes=int(held), wact_bytes=int(wact))
+            for kind, (extra, held, _) in choices.items()
+        }
+        if "selective" in alternatives:  # W's inputs are not recomputed: held from F as before
+            sel = alternatives["selective"]
+            alternatives["selective"] = sel.model_copy(
+                update={"wact_bytes": min(sel.wact_bytes, sel.act_bytes)}
+            )
     b += redone
     return LayerEstimate(
         spec=spec,
@@ -102,7 +110,33 @@ def _estimate(
         model_flops=forward_flops + backward_flops,
         recompute_flops=redone_flops,
         expert_params=work.expert_params,
+        alternatives=alternatives or None,
     )
+
+
+def _recompute_choices(
+    arch: Architecture,
+    spec: LayerSpec,
+    work: LayerWork,
+    hw: Hardware,
+    s: Settings,
+    forward: float,
+    forward_flops: float,
+) -> dict[str, tuple[float, float, float]]:
+    """Per kind of recomputation the layer offers: (seconds its backward redoes, bytes held from
+    F, model-convention FLOPs redone)."""
+    out = {}
+    if spec.kind in RECOMPUTED_KINDS:
+        # Keep only the block's input; the backward first redoes the forward (part of I).
+        out["full"] = (forward, _checkpoint_bytes(arch, spec, s), forward_flops)
+    if work.core_forward:
+        # Korthikanti et al. 2022: drop what the attention core saves beyond q, k and v, and
+        # redo its forward just before its backward.
+        core = LayerWork(work.tp, work.sequence_parallel, work.dtype_bytes, work.tp_overlap)
+        core.kernels = list(work.core_forward)
+        held = work.act_bytes - work.core_saved_bytes
+        out["selective"] = (core.phase_time(F, hw), held, work.attention_model_flops)
+    return out
 
 
 def _checkpoint_bytes(arch: Architecture, spec: LayerSpec, s: Settings) -> float:
@@ -137,6 +171,7 @@ def build_profile(
             param_bytes=e.param_bytes,
             grad_bytes=e.grad_bytes,
             out_bytes=e.out_bytes,
+            recompute=Recomputation(**e.alternatives) if e.alternatives else None,
         )
         for e in estimates or estimate_layers(arch, hardware, settings)
     )

@@ -99,7 +99,22 @@ def caveats(plan: Plan, profile: Profile) -> list[str]:
             "The plan was tuned for overlapped steps (no barrier between steps); torchtitan "
             "runs synchronous steps, each of which takes longer than step_time."
         )
+    if plan.recompute:
+        out.append(
+            f"The plan has {recompute_summary(plan)}; torchtitan's activation_checkpoint is one "
+            "setting for every layer, so the base config's (none under a split backward) is "
+            "left as it is: memory and time differ from the plan's where stages recompute."
+        )
     return out
+
+
+def recompute_summary(plan: Plan) -> str:
+    """What the plan's stages recompute, in words: "3 of 24 stages recompute (2 full, 1
+    selective)"."""
+    kinds = [plan.recompute_of(s) for s in range(plan.num_stages)]
+    counted = [f"{kinds.count(k)} {k}" for k in ("full", "selective") if k in kinds]
+    some = sum(k != "none" for k in kinds)
+    return f"{some} of {plan.num_stages} stages recompute ({', '.join(counted)})"
 
 
 def comment_lines(paragraphs: list[str], width: int = 92) -> str:

@@ -65,6 +65,22 @@ def attend(
     return scores.softmax(-1) @ v
 
 
+class AttentionCore(nn.Module):
+    """softmax(q k^T) v, weightless: a module of its own so that a stage recomputing its
+    attention cores only (selective recomputation) can checkpoint exactly this part."""
+
+    def __init__(self, scale: float, softcap: float | None = None, causal: bool = False):
+        super().__init__()
+        self.scale, self.softcap, self.causal = scale, softcap, causal
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if self.causal:  # the fused kernel's own mask
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        return attend(q, k, v, mask, self.scale, self.softcap)
+
+
 class SelfAttention(nn.Module):
     """Grouped-query self-attention; causal with RoPE for text, bidirectional without for vision."""
 
@@ -88,6 +104,7 @@ class SelfAttention(nn.Module):
         self.causal, self.rope_theta = causal, rope_theta
         self.window, self.softcap = window, softcap
         self.scale = scale if scale is not None else head_dim**-0.5
+        self.core = AttentionCore(self.scale, softcap)
         self.wq = nn.Linear(dim, n_heads * head_dim, bias=bias)
         self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
         self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
@@ -107,7 +124,7 @@ class SelfAttention(nn.Module):
         if self.rope_theta is not None:
             q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
         mask = causal_mask(x.shape[1], self.window, x.device) if self.causal else None
-        out = attend(q, k, v, mask, self.scale, self.softcap)
+        out = self.core(q, k, v, mask)
         return self.wo(out.transpose(1, 2).flatten(2))
 
 
@@ -124,6 +141,7 @@ class CrossAttention(nn.Module):
         self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
+        self.core = AttentionCore(head_dim**-0.5)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         # Heads counted from the width: under tensor parallelism a rank holds some of them.
@@ -133,7 +151,7 @@ class CrossAttention(nn.Module):
         q = self.q_norm(self._heads(self.wq(x)))
         k = self.k_norm(self._heads(self.wk(image)))
         v = self._heads(self.wv(image))
-        out = attend(q, k, v, None, self.head_dim**-0.5)
+        out = self.core(q, k, v)
         return self.wo(out.transpose(1, 2).flatten(2))
 
 
@@ -171,6 +189,7 @@ class LatentAttention(nn.Module):
         self.kv_norm = RMSNorm(kv_lora_rank)
         self.wkv_b = nn.Linear(kv_lora_rank, n_heads * (nope_dim + v_dim), bias=False)
         self.wo = nn.Linear(n_heads * v_dim, dim, bias=False)
+        self.core = AttentionCore(qk_dim**-0.5, causal=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -182,5 +201,5 @@ class LatentAttention(nn.Module):
         k_rope = apply_rope(k_rope[:, None], self.rope_theta).expand(-1, self.n_heads, -1, -1)
         q = torch.cat([q_nope, apply_rope(q_rope, self.rope_theta)], -1)
         k = torch.cat([k_nope, k_rope], -1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = self.core(q, k, v)
         return self.wo(out.transpose(1, 2).flatten(2))

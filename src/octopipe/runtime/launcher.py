@@ -35,6 +35,7 @@ from octopipe.runtime.preflight import (
     check_sizes,
 )
 from octopipe.runtime.progress import OnReport, say
+from octopipe.runtime.recompute import check_recomputable
 from octopipe.runtime.session import Job, RunResult, run_job_on_rank
 from octopipe.runtime.spawn import (  # noqa: F401 - RankFailure, Stopped: raised through here
     CHILD_ENVIRONMENT,
@@ -87,6 +88,7 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
         check_runnable(job.plan, len(layers), world_size // (dp * tp), job.source)
         check_plan_layer_names(job.plan.layer_names, layers)
         check_parallelism(job.config, recipe)
+        check_recomputable(job.plan, recipe, job.source)
         check_overlap(job.config)
         config = check_resumable(job.config, recipe)
         if config.resume and config.checkpoint_dir in written:  # not there yet: at its start

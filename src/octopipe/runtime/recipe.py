@@ -105,6 +105,8 @@ class StageModule(nn.Module):
         super().__init__()
         self.part = part
         self._run = run
+        # The modules it runs under activation checkpoint (`octopipe.runtime.recompute`).
+        self.recomputed: tuple[nn.Module, ...] = ()
 
     def forward(self, *inputs: torch.Tensor) -> Activation:
         return self._run(self.part, inputs)

@@ -40,6 +40,7 @@ from octopipe.runtime.recipe import (
     load_recipe,
     vocabulary_size,
 )
+from octopipe.runtime.recompute import apply_recompute, stage_layers
 from octopipe.runtime.shapes import exchange_boundary_specs
 from octopipe.runtime.split import parameter_bytes
 from octopipe.runtime.worker import ActionRecord, StepRecord, Worker
@@ -214,6 +215,8 @@ def run_job_on_rank(
         )
         for s in mine
     }
+    for s, module in modules.items():  # what the plan has each stage recompute
+        apply_recompute(module, *stage_layers(plan, recipe, s), plan.recompute_of(s))
     b = cfg.micro_batch_size
     first = data.global_batch(0, cfg.global_sequences(plan))
     sample = replica_batch(first, 0, 1, b).inputs[0]

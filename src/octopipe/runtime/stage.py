@@ -5,7 +5,9 @@ microbatch in flight, the autograd graph from its inputs to its outputs (or
 to the loss on the last stage). Full backward (B) runs the graph once. Split backward: I runs it
 once too, for everything but the linear and embedding weights, and frees it; W computes those
 weights' gradients from the layers' inputs and output gradients that I left (`weightgrad`).
-Weight gradients accumulate into `.grad` as ordinary training does. No communication of its
+Weight gradients accumulate into `.grad` as ordinary training does. A stage the plan has
+recompute (`octopipe.runtime.recompute`) redoes its checkpointed modules' forward in I or B,
+inside autograd; W then takes its inputs from that redone forward. No communication of its
 own: tensor-parallel modules communicate inside their forward and backward, and their stage's
 output crosses a boundary as each rank's local shard.
 """
@@ -65,7 +67,7 @@ class StageCompute:
         # The parameters the optimizer updates; under FSDP2 the sharded ones, while forward and
         # backward see the unsharded ones the module holds then (`_trainable`).
         self.params = self._trainable()
-        self._tape = WeightGradTape([module])
+        self._tape = WeightGradTape([module], module.recomputed)
         self._flight: dict[int, _InFlight] = {}
 
     def forward(
@@ -119,7 +121,7 @@ class StageCompute:
         """I: the input gradients, and every weight gradient but the deferred layers'."""
         flight = self._flight[mb]
         wanted = self._grad_inputs(flight)
-        with self._loss_context():
+        with self._loss_context(), self._tape.refilling(flight.calls):
             got, flight.pending = backward_input(
                 flight.roots,
                 self._root_grads(flight, output_grads),

@@ -16,10 +16,16 @@ from other parameters (`weight_norm`, `spectral_norm`). An input changed in plac
 and W is refused, as autograd refuses it. Out of scope, because invisible to the tape: a
 parameter used by a module that does not own it (`F.linear(x, other.weight)`), and reentrant
 activation checkpointing (`use_reentrant=True`), whose forward runs without autograd.
+
+Inside a module the stage recomputes (non-reentrant checkpoint, `octopipe.runtime.recompute`),
+F keeps no layer input: I redoes the module's forward, and the tape takes the inputs from that
+second forward (`refilling`), so what W holds lives from I to W, not from F. Such a module
+must run once per forward (two calls would be redone in the backward's order, not F's).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,13 +43,20 @@ class LayerCall:
     """One call of a deferred layer in F; `grad_output` is filled in by I."""
 
     module: nn.Module
-    input: torch.Tensor  # detached: holding it must not hold the graph behind it
+    # Detached: holding it must not hold the graph behind it. None until I's redone forward
+    # for a layer its stage recomputes.
+    input: torch.Tensor | None
     input_version: int  # to refuse an input changed in place after F
     node: Node | None  # autograd node that produced the output; dropped once I is done
     output_nr: int
     grad_output: torch.Tensor | None = None
 
     def check_input_unchanged(self) -> None:
+        if self.input is None:
+            raise RuntimeError(
+                f"the input of {type(self.module).__name__} was not recomputed before its weight "
+                "gradient (W) needed it"
+            )
         if self.input._version != self.input_version:
             raise RuntimeError(
                 f"the input of {type(self.module).__name__} was modified in place after the "
@@ -155,7 +168,8 @@ def _deferrable(module: nn.Module) -> bool:
 class WeightGradTape:
     """Notes the calls of the deferrable layers among `modules` made inside `recording()`."""
 
-    def __init__(self, modules: Iterable[nn.Module]) -> None:
+    def __init__(self, modules: Iterable[nn.Module], recomputed: Iterable[nn.Module] = ()) -> None:
+        recomputed = tuple(recomputed)
         every = list({id(m): m for top in modules for m in top.modules()}.values())
         owners: dict[int, int] = {}  # parameter -> how many modules hold it
         for module in every:
@@ -173,6 +187,14 @@ class WeightGradTape:
             m.register_forward_hook(self._note, prepend=True, with_kwargs=True)
             for m in self._layers
         ]
+        # Deferred layers inside recomputed modules: their inputs come from I's redone forward.
+        deferred = {id(m) for m in self._layers}
+        self._refilled = {id(m) for top in recomputed for m in top.modules() if id(m) in deferred}
+        self._waiting: dict[int, deque[LayerCall]] | None = None  # while refilling
+        self._runs: dict[int, int] = {}  # recorded forwards of each recomputed module
+        self._hooks += [
+            m.register_forward_pre_hook(self._count_run) for m in recomputed if self._refilled
+        ]
 
     def defers(self, param: torch.Tensor) -> bool:
         """Whether W, not I, computes this parameter's gradient."""
@@ -188,10 +210,35 @@ class WeightGradTape:
     def recording(self) -> Iterator[list[LayerCall]]:
         """The calls of one forward, appended as they happen."""
         outer, self._calls = self._calls, []
+        self._runs = {}
         try:
             yield self._calls
         finally:
             self._calls = outer
+
+    @contextmanager
+    def refilling(self, calls: Sequence[LayerCall]) -> Iterator[None]:
+        """Around I: the redone forwards of recomputed modules give `calls` their inputs, each
+        deferred layer's in the order F called it."""
+        waiting: dict[int, deque[LayerCall]] = {}
+        for call in calls:
+            if call.input is None:
+                waiting.setdefault(id(call.module), deque()).append(call)
+        outer, self._waiting = self._waiting, waiting
+        try:
+            yield
+        finally:
+            self._waiting = outer
+
+    def _count_run(self, module: nn.Module, args: tuple) -> None:
+        if self._calls is None:  # not F (a redone forward, or no recording)
+            return
+        runs = self._runs[id(module)] = self._runs.get(id(module), 0) + 1
+        if runs > 1:
+            raise RuntimeError(
+                f"{type(module).__name__} runs twice in one forward: a stage that recomputes "
+                "it with a split backward needs each recomputed module to run once"
+            )
 
     def remove(self) -> None:
         """Take the hooks off the modules (the tape records nothing after this)."""
@@ -200,9 +247,18 @@ class WeightGradTape:
         self._hooks = []
 
     def _note(self, module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
+        x = args[0] if args else kwargs["input"]
+        if self._waiting is not None and id(module) in self._refilled:  # I's redone forward
+            queue = self._waiting.get(id(module))
+            if queue:
+                call = queue.popleft()
+                call.input, call.input_version = x.detach(), x._version
+            return
         if self._calls is None or output.grad_fn is None:  # not recording, or no_grad
             return
-        x = args[0] if args else kwargs["input"]
+        if id(module) in self._refilled:  # recomputed: hold nothing from F
+            self._calls.append(LayerCall(module, None, 0, output.grad_fn, output.output_nr))
+            return
         self._calls.append(
             LayerCall(module, x.detach(), x._version, output.grad_fn, output.output_nr)
         )

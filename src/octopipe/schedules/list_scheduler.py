@@ -9,7 +9,8 @@ action that the rules rank first. The rules are what a tuner turns:
   (the warm-up depth; a 1F1B stage s of S has S - s);
 - `defer_w`: W waits until its device has nothing else ready (filling bubbles) or memory forces it;
 - `backward_first` and `oldest_first`: the ranking of ready backward and forward actions;
-- `memory_budget`: per device, activation bytes that may be held at once;
+- `memory_budget`: per device, activation bytes that may be held at once (an F waits for room;
+  so does an I that holds more than its F did, a recomputing stage's, while W can free some);
 - `tail_w`: per device, how many deferred W to keep for the end of the step rather than spend
   on idle time within it (run earlier only when memory needs them): with steps overlapped,
   they fill the wait for the next step's first forwards;
@@ -63,6 +64,7 @@ class ListSchedule:
     peak_activation_bytes: tuple[float, ...]
     last_backward: tuple[float, ...]  # per stage: when its last B or W ends (its all-reduce)
     device_ends: tuple[float, ...] = ()  # per device: when its last action ends
+    memory_waits: tuple[int, ...] = ()  # per device: how often memory held an action back
 
     @property
     def orders(self) -> dict[int, tuple[Action, ...]]:
@@ -118,6 +120,7 @@ class _Scheduler:
         # Per device: F and backward actions still to run (its W are all that is left at 0).
         self.left_fb = [2 * M * len(owned) for owned in self.on_device]
         self.memory_blocked = False  # the last _ready_forward skipped an F for memory
+        self.memory_waits = [0] * nd
         self.last_backward = [0.0] * S
         self.level = [0.0] * nd
         self.peak = [0.0] * nd
@@ -147,6 +150,7 @@ class _Scheduler:
             peak_activation_bytes=tuple(self.peak),
             last_backward=tuple(self.last_backward),
             device_ends=tuple(free_at),
+            memory_waits=tuple(self.memory_waits),
         )
 
     # --- choosing ------------------------------------------------------------------------
@@ -160,7 +164,7 @@ class _Scheduler:
         if rules.backward_first:
             s = self._ready_backward(d, now)
             if s is not None:
-                self._run_backward(s, d, now)
+                self._run_backward_or_free(s, d, now)
                 return
         s = self._ready_forward(d, now)
         if s is not None:
@@ -169,7 +173,7 @@ class _Scheduler:
         if not rules.backward_first:
             s = self._ready_backward(d, now)
             if s is not None:
-                self._run_backward(s, d, now)
+                self._run_backward_or_free(s, d, now)
                 return
         pending = self.pending_w[d]
         if pending and (
@@ -194,6 +198,7 @@ class _Scheduler:
             # first microbatch in flight is admitted anyway, so a tight budget cannot deadlock.
             if (inflight or self.pending_w[d]) and self.level[d] + self.act[s] > self.budget[d]:
                 self.memory_blocked = True
+                self.memory_waits[d] += 1
                 continue
             if not oldest_first:
                 return s
@@ -242,6 +247,17 @@ class _Scheduler:
             self._wake(s + 1, end + st.lag_next)
         else:  # the loss is part of the last stage: its backward may follow at once
             self.b_ready[s * self.M + m] = end
+
+    def _run_backward_or_free(self, s: int, d: int, now: float) -> None:
+        """The backward of stage s, unless it is an I that holds more than its F did (a stage
+        that recomputes W's inputs) with no room left: then a deferred W first, to make room."""
+        if self.rules.split_backward and self.pending_w[d]:
+            rise = self.stages[s].memory_change[I_CODE]
+            if rise > 0 and self.level[d] + rise > self.budget[d]:
+                self.memory_waits[d] += 1
+                self._run_w(d, now)
+                return
+        self._run_backward(s, d, now)
 
     def _run_backward(self, s: int, d: int, now: float) -> None:
         st = self.stages[s]

@@ -68,11 +68,13 @@ def build_graph(
     """
     if check:
         check_structure(plan, where, costs.num_layers)
+    if plan.recompute:  # never skipped: costs the profile lacks cannot be simulated
+        check_recompute(costs, plan, where)
     M = plan.num_microbatches
     stages = plan.stages
     S = len(stages)
     ranges = [(st.start, st.end) for st in stages]
-    per_stage = stage_costs(costs, ranges, plan.placement, devices)
+    per_stage = stage_costs(costs, ranges, plan.placement, devices, plan.recompute)
     dur = [c.duration for c in per_stage]  # by kind code, on the stage's device
     mem = [c.memory_change for c in per_stage]
     lag = [c.lag_next for c in per_stage]  # edge s <-> s+1, both ways; 0 on one device
@@ -113,9 +115,22 @@ def build_graph(
         rows.append(tuple(row))
 
     static = static_bytes(costs, ranges, plan.placement, plan.num_devices)
-    buckets = reduction_buckets(costs, ranges, plan.placement, devices)
+    buckets = reduction_buckets(costs, ranges, plan.placement, devices, plan.recompute)
     at_end = costs.profile.data_parallel.at_end
     return Graph(plan, devices, tuple(rows), n, tuple(static), tuple(mem_delta), buckets, at_end)
+
+
+def check_recompute(costs: CostTable, plan: Plan, where: str = "<plan>") -> None:
+    """A stage recomputes only what its profile layers offer: a kind none of them has costs
+    for cannot be simulated (docs/FORMATS.md)."""
+    for i, st in enumerate(plan.stages):
+        kind = plan.recompute_of(i)
+        if not costs.offers(st.start, st.end, kind):
+            raise InputError(
+                where,
+                f"no layer of [{st.start}, {st.end}) has {kind} recomputation costs in the profile",
+                f"stages[{i}].recompute",
+            )
 
 
 def devices_for(profile: Profile, plan: Plan, where: str = "<plan>") -> tuple[Device, ...]:

@@ -42,7 +42,7 @@ def repeat_steps(plan: Plan, steps: int) -> Plan:
         d: tuple(Action(a.stage, a.kind, k * M + a.mb) for k in range(steps) for a in acts)
         for d, acts in plan.schedule.items()
     }
-    return Plan(plan.num_devices, M * steps, plan.stages, schedule)
+    return Plan(plan.num_devices, M * steps, plan.stages, schedule, recompute=plan.recompute)
 
 
 def step_id(aid: int, step: int, num_microbatches: int, steps: int) -> int:

@@ -102,11 +102,13 @@ def balanced_ranges(
     placement: Sequence[int],
     speeds: Sequence[float],
     deadline: float = math.inf,
+    recompute: str = "none",
 ) -> list[tuple[str, Ranges]]:
     """The tuner's partition seeds for a placement, labelled: the back-loaded min-max split
     ("/back") and, where a device holds several stages, the proportional split too ("/fair"),
-    each then refined for device loads; duplicates once. OutOfTime past `deadline`."""
-    work = costs.work
+    each then refined for device loads; duplicates once. OutOfTime past `deadline`.
+    `recompute`: balance the work of every layer recomputed so (where it offers it)."""
+    work = costs.work_under(recompute)
     stage_speeds = [speeds[d] for d in placement]
     splits = [
         ("/back", min_max_ranges(work, stage_speeds, back_loaded=True, deadline=deadline)),

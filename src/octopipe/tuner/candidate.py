@@ -1,6 +1,7 @@
 """A point of the tuner's search space and its evaluation by the list scheduler.
 
-`Candidate` fixes partition (ranges), placement and the scheduling rules' knobs; `Evaluator`
+`Candidate` fixes partition (ranges), placement, what each stage recomputes and the scheduling
+rules' knobs; `Evaluator`
 turns it into per-device orders with the memory-aware list scheduler and scores it. Scores rank
 fitting plans by time and non-fitting ones by how much memory they lack, so the search walks
 towards a plan that fits first. The simulator re-checks every plan the tuner reports.
@@ -31,8 +32,9 @@ from octopipe.tuner.balance import Ranges
 
 @dataclass(frozen=True)
 class Candidate:
-    """Partition + placement + scheduling knobs. `warmup` scales every stage's in-flight cap
-    (1.0 = just enough microbatches to cover the stage's round trip); `extra` adds per device."""
+    """Partition + placement + recomputation + scheduling knobs. `warmup` scales every stage's
+    in-flight cap (1.0 = just enough microbatches to cover the stage's round trip); `extra` adds
+    per device. `recompute`: per stage, "none", "selective" or "full" (empty: none anywhere)."""
 
     ranges: Ranges
     placement: Placement
@@ -44,6 +46,7 @@ class Candidate:
     oldest_first: bool = True
     reduce_early: bool = False
     tail_w: tuple[int, ...] = ()  # overlapped steps: per device, W kept for the step's end
+    recompute: tuple[str, ...] = ()
     label: str = field(default="", compare=False)
 
     def but(self, **changes) -> Candidate:
@@ -149,6 +152,8 @@ class Evaluator:
         self.speeds = tuple(d.speed for d in devices)
         self.data_parallel = profile.data_parallel.degree > 1 and self.costs.grad[-1] > 0
         self.evaluations = 0
+        # (stage, microbatch) pairs scheduled so far: what the evaluations cost, on any machine.
+        self.work = 0
 
     @property
     def num_devices(self) -> int:
@@ -158,11 +163,12 @@ class Evaluator:
         return static_bytes(self.costs, cand.ranges, cand.placement, self.num_devices)
 
     def stages(self, cand: Candidate) -> tuple[StageCost, ...]:
-        return stage_costs(self.costs, cand.ranges, cand.placement, self.devices)
+        return stage_costs(self.costs, cand.ranges, cand.placement, self.devices, cand.recompute)
 
     def evaluate(self, cand: Candidate, give_up_after: float = math.inf) -> Outcome | None:
         """The candidate's outcome; None once it is sure to take longer than `give_up_after`."""
         self.evaluations += 1
+        self.work += len(cand.ranges) * self.M
         if self.overlap_simulator:  # one step's makespan does not bound the steady step time
             give_up_after = math.inf
         stages = self.stages(cand)
@@ -194,7 +200,9 @@ class Evaluator:
         """The step time of the candidate's orders repeated without a barrier, from a short run
         (the tuner re-simulates the plans it reports until they settle)."""
         assert self.overlap_simulator is not None
-        plan = make_plan(self.num_devices, self.M, cand.ranges, cand.placement, sched.orders)
+        plan = make_plan(
+            self.num_devices, self.M, cand.ranges, cand.placement, sched.orders, cand.recompute
+        )
         return self.overlap_simulator.run(
             plan, detail=False, check=False, overlap_steps=True, steps=ESTIMATE_STEPS
         )
@@ -203,7 +211,9 @@ class Evaluator:
         """When the last data-parallel all-reduce ends (0 without data parallelism)."""
         if not self.data_parallel:
             return 0.0
-        buckets = reduction_buckets(self.costs, cand.ranges, cand.placement, self.devices)
+        buckets = reduction_buckets(
+            self.costs, cand.ranges, cand.placement, self.devices, cand.recompute
+        )
         # The list scheduler splits every backward or none: the last is a W or a B.
         last = [(end, cand.split_backward) for end in sched.last_backward]
         ends = sched.device_ends if self.profile.data_parallel.at_end else None
@@ -213,4 +223,6 @@ class Evaluator:
     def to_plan(self, outcome: Outcome) -> Plan:
         cand = outcome.candidate
         orders = outcome.schedule.orders
-        return make_plan(self.num_devices, self.M, cand.ranges, cand.placement, orders)
+        return make_plan(
+            self.num_devices, self.M, cand.ranges, cand.placement, orders, cand.recompute
+        )

@@ -5,7 +5,8 @@ idle) and which lack memory. `neighbours` proposes the moves that address those:
 across a boundary of a bound or overflowing device's stages, hand one of its stages to (or trade
 one with) the idlest device, exchange two devices' roles, merge two adjacent stages of one
 device, deepen or shallow the warm-up (globally or of one device), and flip the scheduling rules.
-`kick` perturbs a candidate at random to leave a local optimum.
+`kick` perturbs a candidate at random to leave a local optimum. `recompute_moves` change what
+stages recompute where memory binds (AdaPipe's per-stage variable).
 All functions are pure; the search (`search.py`) decides what to keep.
 """
 
@@ -13,12 +14,15 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from octopipe.tuner.candidate import Candidate, Outcome
 
 WARMUP_STEPS = (0.8, 1.25)
 MAX_WARMUP = 8.0
+STRENGTHS = ("none", "selective", "full")  # recomputation, from least memory saved to most
+Offers = Callable[[int, int, str], bool]  # whether layers [a, b) can be recomputed so
 
 
 @dataclass(frozen=True)
@@ -102,14 +106,19 @@ def _take_layers(cand: Candidate, device: int) -> list[Candidate]:
 
 
 def _merges(cand: Candidate) -> list[Candidate]:
-    """Adjacent stages on one device become one (fewer stages there: uneven chunk counts)."""
+    """Adjacent stages on one device become one (fewer stages there: uneven chunk counts),
+    recomputing what the more recomputing of the two did."""
     out = []
     for s in range(len(cand.ranges) - 1):
         if cand.placement[s] == cand.placement[s + 1]:
             merged = (cand.ranges[s][0], cand.ranges[s + 1][1])
             ranges = cand.ranges[:s] + (merged,) + cand.ranges[s + 2 :]
             placement = cand.placement[: s + 1] + cand.placement[s + 2 :]
-            out.append(cand.but(ranges=ranges, placement=placement))
+            recompute = cand.recompute
+            if recompute:
+                both = max(recompute[s], recompute[s + 1], key=STRENGTHS.index)
+                recompute = recompute[:s] + (both,) + recompute[s + 2 :]
+            out.append(cand.but(ranges=ranges, placement=placement, recompute=recompute))
     return out
 
 
@@ -213,3 +222,49 @@ def kick(cand: Candidate, rng: random.Random, strength: int = 3) -> Candidate:
         if bounds[k - 1] < moved < bounds[k + 1]:
             bounds[k] = moved
     return _with_bounds(cand, bounds)
+
+
+def recompute_moves(outcome: Outcome, offers: Offers) -> list[Candidate]:
+    """What stages recompute, changed where memory binds: on each device that lacks memory, or
+    whose schedule memory held back (a deeper warm-up needs room), each stage recomputes one
+    kind more, or all of them everything; on the two busiest devices, each stage that
+    recomputes does one kind less, or nothing (time back once memory allows)."""
+    cand = outcome.candidate
+    diag = diagnose(outcome)
+    waits = outcome.schedule.memory_waits
+    tight = diag.overflowing or tuple(d for d in diag.bound if waits and waits[d])
+    kinds = cand.recompute or ("none",) * len(cand.ranges)
+    out = []
+    for d in tight:
+        mine = [s for s, dev in enumerate(cand.placement) if dev == d]
+        for s in mine:
+            stronger = _next_kind(kinds[s], cand.ranges[s], offers, +1)
+            if stronger is not None:
+                out.append(_recomputing(cand, kinds, {s: stronger}))
+        every = {s: "full" for s in mine if offers(*cand.ranges[s], "full")}
+        if len(every) > 1:
+            out.append(_recomputing(cand, kinds, every))
+    for d in diag.bound[:2]:
+        for s in (s for s, dev in enumerate(cand.placement) if dev == d):
+            if kinds[s] == "none":
+                continue
+            weaker = _next_kind(kinds[s], cand.ranges[s], offers, -1)
+            out.append(_recomputing(cand, kinds, {s: weaker or "none"}))
+            if weaker not in (None, "none"):
+                out.append(_recomputing(cand, kinds, {s: "none"}))
+    return out
+
+
+def _next_kind(kind: str, stage: tuple[int, int], offers: Offers, step: int) -> str | None:
+    """The next recomputation kind the stage's layers offer, one way or the other."""
+    i = STRENGTHS.index(kind) + step
+    while 0 <= i < len(STRENGTHS):
+        if offers(*stage, STRENGTHS[i]):
+            return STRENGTHS[i]
+        i += step
+    return None
+
+
+def _recomputing(cand: Candidate, kinds: tuple[str, ...], changes: dict[int, str]) -> Candidate:
+    recompute = tuple(changes.get(s, k) for s, k in enumerate(kinds))
+    return cand.but(recompute=() if all(k == "none" for k in recompute) else recompute)

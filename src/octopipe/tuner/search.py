@@ -1,16 +1,30 @@
 """The bubble-aware tuner: seeds, then iterated local search guided by where devices idle.
 
 1. Seeds: balanced partitions under sequential, interleaved and V-shaped placements for every
-   chunk count up to `max_chunks` (4 by default; None: 4, then deeper while the best plan found
-   is among the deepest) and device orders by memory and speed, plus the partition and
-   placement of every baseline given; each scheduled by the list scheduler at a moderate and a
-   deep warm-up.
+   chunk count up to 4 (or `max_chunks`, when lower) and device orders by memory and speed,
+   plus the partition and placement of every baseline given; each scheduled by the list
+   scheduler at a moderate and a deep warm-up.
 2. The best seeds get their scheduling rules varied (warm-up depth, split backward, W deferral,
    a lean memory-first setting).
 3. Local search from the best few distinct placements: `moves.neighbours` proposes changes
    aimed at the busiest, the idlest and the overflowing devices, most promising first; the first
    that improves is kept (slower candidates are abandoned mid-schedule); at a local optimum a
    seeded random `kick` perturbs the partition, a few times, before giving up.
+4. Then one of two searches, each of at most the first search's work (in stages x
+   microbatches scheduled), each only adding finalists, so the result is never worse than the
+   first search's (`max_chunks=4`):
+   - where memory binds (the best plan does not fit, or one that does not was faster) and the
+     profile prices recomputation, recomputation per stage (`_recompute`): what each stage
+     recomputes becomes a variable of the search, as AdaPipe makes it (Sun et al., ASPLOS
+     2024), jointly with the partition: seeds that recompute every stage (each kind the
+     layers offer) with partitions balanced for the recomputed work, the best plans so far,
+     and `moves.recompute_moves` first in every descent;
+   - else, where the layers allow more than 4 stages per device and the best plan fits
+     (more stages per device never hold less), deeper interleaving (`_deepen`): steps 1 to 3
+     over the seeds of every deeper chunk count (up to `max_chunks`, by default 8), each with
+     its own re-balanced partitions, from one start per chunk count, the start that stands
+     best taking the next turn; the moves then make the counts uneven (a device hands a
+     stage to another, two of its stages merge).
 
 Every plan reported is re-evaluated by the simulator, and the result is never worse (in the
 simulator) than the best baseline plan given: that plan itself is returned if nothing beats it.
@@ -28,21 +42,27 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from octopipe.costs import CostTable
 from octopipe.errors import InputError
 from octopipe.partition import OutOfTime
 from octopipe.placement import seed_placements, torchtitan_style
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.sim import SimResult, Simulator
-from octopipe.tuner.balance import balanced_ranges
+from octopipe.tuner.balance import Ranges, balanced_ranges
 from octopipe.tuner.candidate import Candidate, Evaluator, Outcome, fill_tails
-from octopipe.tuner.moves import device_moves, diagnose, kick, neighbours
+from octopipe.tuner.moves import device_moves, diagnose, kick, neighbours, recompute_moves
 from octopipe.tuner.reorder import reorder_critical
 
 Progress = Callable[[float, float], None]  # (best iteration time so far, seconds elapsed)
 
-SEED_DEPTH = 4  # chunk counts seeded first; deeper ones only while they pay (`_deepen`)
-DEEPER_STARTS = 2  # a deeper chunk count's local search: from its two best placements, no kicks
+SEED_DEPTH = 4  # chunk counts of the first search; deeper ones in a second (`_deepen`)
+AUTO_CHUNKS = 8  # the deepest chunk count searched unless `max_chunks` says otherwise
+DEEP_STARTS = 8  # the deeper search's starts: one per chunk count first
+DEEP_WORK_SHARE = 1.0  # its work, at most this times the first search's (stages x microbatches)
+RECOMPUTE_WORK_SHARE = 1.0  # the recomputation search's, likewise
+RECOMPUTE_FROM = 3  # it also starts from the best plans found before it, this many
+MEMORY_GAIN = 0.01  # memory binds where a plan that does not fit was this much faster
 
 RULE_VARIANTS = (
     {"warmup": 1.0},
@@ -85,6 +105,7 @@ class TuneResult:
     seconds: float
     converged: bool  # False when a budget cut the search short
     cut_by_time: bool = False  # the seconds ran out before the evaluations: machine-dependent
+    work: int = 0  # (stage, microbatch) pairs the evaluations scheduled: the same on any machine
 
 
 def tune(
@@ -92,7 +113,7 @@ def tune(
     num_microbatches: int,
     num_devices: int | None = None,
     *,
-    max_chunks: int | None = 4,
+    max_chunks: int | None = None,
     time_budget: float = 30.0,
     max_evaluations: int | None = None,
     seed: int = 0,
@@ -104,10 +125,10 @@ def tune(
 ) -> TuneResult:
     """Search partition, placement and schedule for the fastest plan that fits.
 
-    `max_chunks` caps the stages per device. None: seed up to SEED_DEPTH, then deeper one
-    chunk count at a time while the best plan is among the deepest tried (a lighter search
-    each); the shallower search and its result are kept as they were, so deepening never
-    loses, but it costs time (BENCHMARKS.md, deeper interleaving).
+    `max_chunks` caps the stages per device (None: AUTO_CHUNKS). Up to SEED_DEPTH the search
+    is the first one; deeper chunk counts get a second (`_deepen`) whose work is bounded by the
+    first's, and the first's plans stay finalists, so a deeper cap never loses to the capped
+    search (BENCHMARKS.md, deeper interleaving).
 
     `baselines` are evaluated as they are and also seed the search with their partition and
     placement; the result is never worse than the best of them. When no plan fits, `best` is the
@@ -150,7 +171,8 @@ def tune(
         for label, plan in baselines
         if allowed(plan.placement)
     )
-    depth = max_chunks or SEED_DEPTH
+    cap = AUTO_CHUNKS if max_chunks is None else max_chunks
+    depth = min(cap, SEED_DEPTH)
     seeds = _seed_candidates(evaluator, depth, deadline=search.deadline) + [
         Candidate(
             tuple((s.start, s.end) for s in e.plan.stages),
@@ -164,7 +186,9 @@ def tune(
     ]
     if overlap_steps:  # keep W for each step's end, where the next step's fill would idle
         seeds = [with_fill_tails(evaluator, c) for c in seeds]
-    search.run([c for c in seeds if allowed(c.placement)])
+    # Overlapped steps: every evaluation is a run of several steps and the budget binds, so
+    # the start that stands best takes the turns (BENCHMARKS.md, overlapped steps).
+    search.run([c for c in seeds if allowed(c.placement)], best_first=overlap_steps)
 
     def finish(outcomes: list[Outcome]) -> list[Evaluated]:
         """The best outcomes as plans, the very best also polished."""
@@ -185,11 +209,19 @@ def tune(
     shallow = search.best_outcomes(3)
     finalists = finish(shallow)
     converged = search.converged
-    if max_chunks is None:  # deeper interleaving, as long as it pays
-        converged = _deepen(search, evaluator, depth, allowed, overlap_steps) and converged
+    # The first search's work bounds the second: deeper interleaving where memory leaves room
+    # for it, else recomputation per stage (each only adds finalists).
+    first = evaluator.work
+    deepest = min(cap, profile.num_layers // P)
+    if not search.out_of_time() and _memory_binds(search):
+        before = search.best_outcomes(RECOMPUTE_FROM)
+        converged = _recompute(search, evaluator, depth, before, first, allowed, overlap_steps)
+        recomputed = [o for o in search.best_outcomes(3) if o.candidate.recompute]
+        finalists += finish(recomputed) if recomputed else []
+    elif not search.out_of_time() and deepest > depth and search.best and search.best.fits:
+        converged = _deepen(search, evaluator, depth + 1, deepest, first, allowed, overlap_steps)
         deeper = [o for o in search.best_outcomes(3) if o not in shallow]
-        if deeper:
-            finalists += finish(deeper)
+        finalists += finish(deeper) if deeper else []
     best = min([*finalists, *base], key=lambda e: e.score)
     label = best.label if best in finalists else f"{best.label} (kept)"
     exported = best.sim
@@ -198,32 +230,78 @@ def tune(
     plan = best.plan.with_predicted(exported.predicted()).with_layer_names(profile.layer_names)
     best = Evaluated(label, plan, best.sim)
     seconds = search.elapsed()
-    return TuneResult(best, base, evaluator.evaluations, seconds, converged, search.time_cut)
+    return TuneResult(
+        best, base, evaluator.evaluations, seconds, converged, search.time_cut, evaluator.work
+    )
 
 
 def _deepen(
     search: _Search,
     evaluator: Evaluator,
-    depth: int,
+    first: int,
+    last: int,
+    work: float,
     allowed: Callable[[tuple[int, ...]], bool],
     overlap_steps: bool,
 ) -> bool:
-    """While the best plan found has the deepest chunk count tried (stages per device) and the
-    layers allow one more, search the placements of that one more. Whether every search ran
-    to its end."""
-    P, L = evaluator.num_devices, evaluator.costs.num_layers
-    converged = True
-    while search.best is not None and not search.out_of_time() and P * (depth + 1) <= L:
-        if chunk_count(search.best.candidate.placement) < depth:
-            break  # shallower plans win: deeper would not pay
-        depth += 1
-        seeds = _seed_candidates(evaluator, depth, depth, search.deadline)
-        seeds = [c for c in seeds if allowed(c.placement)]
-        if overlap_steps:
-            seeds = [with_fill_tails(evaluator, c) for c in seeds]
-        search.run(seeds, DEEPER_STARTS, kicks=0)
-        converged = converged and search.converged
-    return converged
+    """The deeper search: seeds of every chunk count from `first` to `last` (each partition
+    balanced for its placement), one start per chunk count, best-first turns, within
+    DEEP_WORK_SHARE of `work` (the first search's). Whether the budget left it to its end."""
+    seeds = [
+        c for c in _seed_candidates(evaluator, last, first, search.deadline) if allowed(c.placement)
+    ]
+    if overlap_steps:
+        seeds = [with_fill_tails(evaluator, c) for c in seeds]
+    search.run(seeds, DEEP_STARTS, best_first=True, work=DEEP_WORK_SHARE * work)
+    return search.converged
+
+
+def _memory_binds(search: _Search) -> bool:
+    """Whether per-stage recomputation is worth a search: the profile prices it, and memory
+    kept the search from faster plans (the best plan does not fit, or one that does not was
+    faster by MEMORY_GAIN)."""
+    best = search.best
+    if not search.evaluator.costs.recompute or best is None:
+        return False
+    fastest = min(o.makespan for o in search.seen.values())
+    return not best.fits or fastest < (1 - MEMORY_GAIN) * best.makespan
+
+
+def _recompute(
+    search: _Search,
+    evaluator: Evaluator,
+    depth: int,
+    before: list[Outcome],
+    work: float,
+    allowed: Callable[[tuple[int, ...]], bool],
+    overlap_steps: bool,
+) -> bool:
+    """The recomputation search (module docstring, 4): seeds of up to `depth` chunks that
+    recompute every stage one way, balanced for it; the `before` plans as they are and
+    recomputing every stage; recomputation moves first; within RECOMPUTE_WORK_SHARE of `work`
+    (the first search's). Whether the budget left it to its end."""
+    costs = evaluator.costs
+    seeds = [o.candidate for o in before]
+    for kind in costs.recompute:
+        seeds += [
+            c.but(recompute=_everywhere(costs, c.ranges, kind), label=c.label + f"/{kind}")
+            for c in _seed_candidates(evaluator, depth, deadline=search.deadline, recompute=kind)
+        ]
+        seeds += [
+            o.candidate.but(recompute=_everywhere(costs, o.candidate.ranges, kind)) for o in before
+        ]
+    seeds = [c for c in seeds if allowed(c.placement)]
+    if overlap_steps:
+        seeds = [with_fill_tails(evaluator, c) for c in seeds]
+    search.recomputing = True
+    search.run(seeds, best_first=True, work=RECOMPUTE_WORK_SHARE * work)
+    search.recomputing = False
+    return search.converged
+
+
+def _everywhere(costs: CostTable, ranges: Ranges, kind: str) -> tuple[str, ...]:
+    """Every stage recomputing `kind`, where its layers offer it."""
+    return tuple(kind if costs.offers(a, b, kind) else "none" for a, b in ranges)
 
 
 def chunk_count(placement: Sequence[int]) -> int:
@@ -249,10 +327,15 @@ def check_plan_size(profile: Profile, num_microbatches: int, num_devices: int) -
 
 
 def _seed_candidates(
-    evaluator: Evaluator, max_chunks: int, min_chunks: int = 1, deadline: float = math.inf
+    evaluator: Evaluator,
+    max_chunks: int,
+    min_chunks: int = 1,
+    deadline: float = math.inf,
+    recompute: str = "none",
 ) -> list[Candidate]:
     """The seeds of each placement; those whose partitions the `deadline` leaves no time for
-    are left out (a huge profile's min-max splits take long; the baselines still seed)."""
+    are left out (a huge profile's min-max splits take long; the baselines still seed).
+    `recompute`: the partitions are balanced for the work of every layer recomputed so."""
     costs, speeds = evaluator.costs, evaluator.speeds
     # With data parallelism, finishing a stage's W early lets its all-reduce hide under the
     # device's remaining backward work; the seeds' variants try the other way too.
@@ -262,7 +345,7 @@ def _seed_candidates(
         evaluator.devices, max_chunks, costs.num_layers, min_chunks
     ):
         try:
-            options = balanced_ranges(costs, placement, speeds, deadline)
+            options = balanced_ranges(costs, placement, speeds, deadline, recompute)
         except OutOfTime:
             break
         seeds += [
@@ -293,6 +376,8 @@ class _Search:
         self.best: Outcome | None = None
         self.converged = False  # every local search ran to its end within the budget
         self.time_cut = False  # the seconds ran out while evaluations were left
+        self.work_limit = math.inf  # the running phase's own bound on `evaluator.work`
+        self.recomputing = False  # recomputation moves in every descent (`_recompute`)
 
     @property
     def deadline(self) -> float:
@@ -311,6 +396,11 @@ class _Search:
             self.time_cut = True
             return True
         return False
+
+    def phase_spent(self) -> bool:
+        """Whether the running phase has done the work it may (a rule of the search, not a
+        budget: it ends the phase the same way on every machine)."""
+        return self.evaluator.work >= self.work_limit
 
     def evaluate(self, cand: Candidate, give_up_after: float = math.inf) -> Outcome | None:
         """The candidate's outcome (cached), or None if it takes longer than `give_up_after`."""
@@ -340,9 +430,20 @@ class _Search:
     def best_outcomes(self, k: int) -> list[Outcome]:
         return sorted(self.seen.values(), key=lambda o: o.score)[:k]
 
-    def run(self, seeds: list[Candidate], starts: int = STARTS, kicks: int = KICKS) -> None:
+    def run(
+        self,
+        seeds: list[Candidate],
+        starts: int = STARTS,
+        kicks: int = KICKS,
+        best_first: bool = False,
+        work: float = math.inf,
+    ) -> None:
         """Seeds, their rule variants, then local search from `starts` distinct placements,
-        each kicked up to `kicks` times at its local optima."""
+        each kicked up to `kicks` times at its local optima: in turns, every start one step
+        each, or with `best_first` the start whose current point scores best (a start kicked
+        off its optimum waits while others stand better). `work`: the evaluator's work this
+        run may add (`Evaluator.work`); the seeds are evaluated in any case."""
+        self.work_limit = self.evaluator.work + work
         ranked = self._evaluate_all(seeds)
         varied = []
         for o in ranked[:SEEDS_TO_VARY]:
@@ -354,8 +455,9 @@ class _Search:
         active = dict(enumerate(_distinct_placements(ranked, starts)))
         kicked = dict.fromkeys(active, 0)
         anchors = dict(active)  # each start's best so far, to kick from
-        while active and not self.out_of_time():
-            for i in list(active):
+        while active and not self.out_of_time() and not self.phase_spent():
+            turns = [min(active, key=lambda i: active[i].score)] if best_first else list(active)
+            for i in turns:
                 improved = self._descend_step(active[i])
                 if improved is not None:
                     active[i] = improved
@@ -367,7 +469,8 @@ class _Search:
                     continue
                 kicked[i] += 1
                 active[i] = self.evaluate(kick(anchors[i].candidate, self.rng))
-        self.converged = not active and not self.out_of_time()
+        self.converged = not self.out_of_time()
+        self.work_limit = math.inf
 
     def _refine_warmup(self, start: Outcome) -> Outcome:
         """Overlapped steps: a pattern search on the warm-up depth alone, in steps halving
@@ -404,7 +507,10 @@ class _Search:
                 return swept
         # A fitting plan is only beaten by a faster one: give up on slower candidates early.
         cutoff = current.makespan if current.fits else math.inf
-        for cand in neighbours(current):
+        moves = neighbours(current)
+        if self.recomputing:
+            moves = recompute_moves(current, self.evaluator.costs.offers) + moves
+        for cand in moves:
             if not self.allowed(cand.placement):
                 continue
             if self.out_of_time():
