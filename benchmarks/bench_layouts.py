@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_layouts.py                        # every section
     .venv/bin/python benchmarks/bench_layouts.py --section published    # one of them
     .venv/bin/python benchmarks/bench_layouts.py --section models --gpus 64 --repeat 2
+    .venv/bin/python benchmarks/bench_layouts.py --section targets --only 128K --only DeepSeek
 
 Sections:
 
@@ -81,7 +82,12 @@ def _fingerprint(report) -> str:
     return json.dumps([best.summary(), best.plan.to_dict()], sort_keys=True)
 
 
-def published_section(repeat: int) -> None:
+def wanted(label: str, only: list[str] | None) -> bool:
+    """Whether the case named `label` runs: every case, or those naming one of `only`."""
+    return not only or any(part.lower() in label.lower() for part in only)
+
+
+def published_section(repeat: int, only: list[str] | None) -> None:
     print(
         "| run | GPUs | published layout: estimate | Megatron-LM | chosen | chosen / "
         "published | chosen / Megatron | screened / tuned of | evaluations | s | same |"
@@ -91,6 +97,8 @@ def published_section(repeat: int) -> None:
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     with tempfile.TemporaryDirectory() as tmp:
         for r in rows:
+            if not wanted(f"{r['model']} [{r['source']}] {r['gpus']}", only):
+                continue
             config = Path(tmp) / f"{r['model'].replace(' ', '_')}.json"
             config.write_text(json.dumps({
                 "model_type": "gpt2", "n_embd": int(r["hidden"]), "n_layer": int(r["layers"]),
@@ -135,7 +143,7 @@ def published_section(repeat: int) -> None:
             )
 
 
-def models_section(gpu_counts: list[int], repeat: int) -> None:
+def models_section(gpu_counts: list[int], repeat: int, only: list[str] | None) -> None:
     print(
         "| model | GPUs | Megatron-LM | chosen | chosen / Megatron | screened / tuned of "
         "| evaluations | s | same |"
@@ -143,6 +151,8 @@ def models_section(gpu_counts: list[int], repeat: int) -> None:
     print("|---|---:|---|---|---:|---|---:|---:|---|")
     for model in [m for m in shipped_models() if not m.startswith("tiny")]:
         for n in gpu_counts:
+            if not wanted(f"{model} {n}", only):
+                continue
             job = Job(model, Cluster(parse_gpus(str(n)), 8), SAMPLES_PER_GPU * n, 4096)
             report, seconds, same = search(job, repeat)
             best, ref = report.best, report.reference
@@ -163,13 +173,16 @@ LLAMA3_RUNS = ((8192, 8, 1, 16, 64, 8192, 430), (16384, 8, 1, 16, 128, 8192, 400
 LLAMA3_TOKENS = 16 * 2**20  # 16M tokens a step in all three runs
 
 
-def targets_section(repeat: int) -> None:
+def targets_section(repeat: int, only: list[str] | None) -> None:
     print(
         "| case | published layout: estimate | Megatron-LM | chosen | fits | chosen / "
         "published | s | same |"
     )
     print("|---|---|---|---|---|---:|---:|---|")
     for gpus, tp, cp, pp, dp, seq, _ in LLAMA3_RUNS:
+        label = f"Llama-3-405B, {gpus} H100, {seq // 1024}K tokens"
+        if not wanted(label, only):
+            continue
         batch = LLAMA3_TOKENS // seq
         job = Job("llama3-405b", Cluster(parse_gpus(str(gpus)), 8), batch, seq)
         lay = Layout(tp, pp, dp, 1, 1, zero1=True, cp=cp)
@@ -177,19 +190,22 @@ def targets_section(repeat: int) -> None:
         report, seconds, same = search(job, repeat)
         best = report.best
         print(
-            f"| Llama-3-405B, {gpus} H100, {seq // 1024}K tokens | {describe(given.given.layout)}: "
+            f"| {label} | {describe(given.given.layout)}: "
             f"{given.step_time:.2f} s | {cell(report.reference)} | {cell(best)} | "
             f"{'yes' if best.sim.fits else 'no'} | {given.step_time / best.step_time:.2f}x | "
             f"{seconds:.0f} | {same} |",
             flush=True,
         )
     for gpus in (64, 256, 1024):
+        label = f"DeepSeek-V3, {gpus} H100, 4 samples of 4K a GPU"
+        if not wanted(label, only):
+            continue
         job = Job("deepseek-v3", Cluster(parse_gpus(str(gpus)), 8), 4 * gpus, 4096)
         report, seconds, same = search(job, repeat)
         best = report.best
         lacking = f" (lacks {best.memory_lacking_bytes / GIB:.0f} GiB)" if not best.sim.fits else ""
         print(
-            f"| DeepSeek-V3, {gpus} H100, 4 samples of 4K a GPU | - | {cell(report.reference)} | "
+            f"| {label} | - | {cell(report.reference)} | "
             f"{cell(best)} | {'yes' if best.sim.fits else 'no'}{lacking} | - | {seconds:.0f} | "
             f"{same} |",
             flush=True,
@@ -201,17 +217,18 @@ def main() -> int:
     p.add_argument("--section", choices=("published", "models", "targets"), action="append")
     p.add_argument("--gpus", default="16,256", help="GPU counts of the models section")
     p.add_argument("--repeat", type=int, default=1, help="run each case this many times")
+    p.add_argument("--only", action="append", help="only the cases whose name holds this text")
     args = p.parse_args()
     sections = args.section or ["published", "targets", "models"]
     started = time.perf_counter()
     for section in sections:
         print(f"\n### {section}\n")
         if section == "published":
-            published_section(args.repeat)
+            published_section(args.repeat, args.only)
         elif section == "models":
-            models_section([int(x) for x in args.gpus.split(",")], args.repeat)
+            models_section([int(x) for x in args.gpus.split(",")], args.repeat, args.only)
         else:
-            targets_section(args.repeat)
+            targets_section(args.repeat, args.only)
     print(f"\n{time.perf_counter() - started:.0f} s in all")
     return 0
 
