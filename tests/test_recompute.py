@@ -187,6 +187,24 @@ def test_where_memory_binds_the_tuner_recomputes_some_stages_and_fits():
     assert Simulator(profile).run(best.plan).iteration_time == best.sim.iteration_time
 
 
+def test_a_stage_left_with_no_layer_offering_its_kind_recomputes_nothing_in_the_plan():
+    """A move can shift a recomputing stage's boundaries onto layers that offer nothing; the
+    plan then says none there (priced alike), so the simulator's strict check passes."""
+    from octopipe.tuner.candidate import Candidate, Evaluator
+
+    layers = (*stack(n=2).layers, *stack(n=2, recompute=False).layers[:2])
+    layers = tuple(lay.model_copy(update={"name": f"layers.{i}"}) for i, lay in enumerate(layers))
+    profile = Profile(name="half", layers=layers, devices=(Device(), Device()))
+    evaluator = Evaluator(profile, profile.device_list(2), 2)
+    cand = Candidate(((0, 2), (2, 4)), (0, 1), recompute=("full", "full"))
+    outcome = evaluator.evaluate(cand)
+    plan = evaluator.to_plan(outcome)
+    assert plan.recompute == ("full", "none")
+    assert Simulator(profile).run(plan, check=True).iteration_time == pytest.approx(
+        outcome.makespan
+    )
+
+
 def test_where_memory_does_not_bind_nothing_is_recomputed_and_nothing_changes():
     roomy, bare = stack(n=8), stack(n=8, recompute=False)
     with_keys = tune(roomy, 4, 2, time_budget=math.inf).best

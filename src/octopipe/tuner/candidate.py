@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from octopipe.costs import (
+    NO_RECOMPUTE,
     CostTable,
     StageCost,
     reduction_buckets,
@@ -221,8 +222,12 @@ class Evaluator:
         return max((end for *_, end in windows), default=0.0)
 
     def to_plan(self, outcome: Outcome) -> Plan:
+        """The outcome as a plan. A stage whose moved boundaries left it no layer that offers
+        its kind recomputes nothing in the plan: priced alike, and a plan may not say so."""
         cand = outcome.candidate
         orders = outcome.schedule.orders
-        return make_plan(
-            self.num_devices, self.M, cand.ranges, cand.placement, orders, cand.recompute
+        recompute = tuple(
+            kind if self.costs.offers(a, b, kind) else NO_RECOMPUTE
+            for (a, b), kind in zip(cand.ranges, cand.recompute)
         )
+        return make_plan(self.num_devices, self.M, cand.ranges, cand.placement, orders, recompute)

@@ -10,15 +10,16 @@
    aimed at the busiest, the idlest and the overflowing devices, most promising first; the first
    that improves is kept (slower candidates are abandoned mid-schedule); at a local optimum a
    seeded random `kick` perturbs the partition, a few times, before giving up.
-4. Then one of two searches, each of at most the first search's work (in stages x
-   microbatches scheduled), each only adding finalists, so the result is never worse than the
-   first search's (`max_chunks=4`):
+4. Then one of two searches, each bounded by the first search's work (in stages x
+   microbatches scheduled; the recomputation search by twice it), each only adding
+   finalists, so the result is never worse than the first search's (`max_chunks=4`):
    - where memory binds (the best plan does not fit, or one that does not was faster) and the
      profile prices recomputation, recomputation per stage (`_recompute`): what each stage
      recomputes becomes a variable of the search, as AdaPipe makes it (Sun et al., ASPLOS
      2024), jointly with the partition: seeds that recompute every stage (each kind the
      layers offer) with partitions balanced for the recomputed work, the best plans so far,
-     and `moves.recompute_moves` first in every descent;
+     and `moves.recompute_moves` first in every descent; then, per kind, the search of
+     every stage recomputing it, as the profile's global flag would have it;
    - else, where the layers allow more than 4 stages per device and the best plan fits
      (more stages per device never hold less), deeper interleaving (`_deepen`): steps 1 to 3
      over the seeds of every deeper chunk count (up to `max_chunks`, by default 8), each with
@@ -60,7 +61,8 @@ SEED_DEPTH = 4  # chunk counts of the first search; deeper ones in a second (`_d
 AUTO_CHUNKS = 8  # the deepest chunk count searched unless `max_chunks` says otherwise
 DEEP_STARTS = 8  # the deeper search's starts: one per chunk count first
 DEEP_WORK_SHARE = 1.0  # its work, at most this times the first search's (stages x microbatches)
-RECOMPUTE_WORK_SHARE = 1.0  # the recomputation search's, likewise
+RECOMPUTE_WORK_SHARE = 1.0  # the joint recomputation search's, likewise
+KIND_WORK_SHARE = 0.5  # then each kind's everywhere, likewise
 RECOMPUTE_FROM = 3  # it also starts from the best plans found before it, this many
 MEMORY_GAIN = 0.01  # memory binds where a plan that does not fit was this much faster
 
@@ -247,11 +249,8 @@ def _deepen(
     """The deeper search: seeds of every chunk count from `first` to `last` (each partition
     balanced for its placement), one start per chunk count, best-first turns, within
     DEEP_WORK_SHARE of `work` (the first search's). Whether the budget left it to its end."""
-    seeds = [
-        c for c in _seed_candidates(evaluator, last, first, search.deadline) if allowed(c.placement)
-    ]
-    if overlap_steps:
-        seeds = [with_fill_tails(evaluator, c) for c in seeds]
+    seeds = _seed_candidates(evaluator, last, first, search.deadline)
+    seeds = _startable(evaluator, seeds, allowed, overlap_steps)
     search.run(seeds, DEEP_STARTS, best_first=True, work=DEEP_WORK_SHARE * work)
     return search.converged
 
@@ -276,27 +275,51 @@ def _recompute(
     allowed: Callable[[tuple[int, ...]], bool],
     overlap_steps: bool,
 ) -> bool:
-    """The recomputation search (module docstring, 4): seeds of up to `depth` chunks that
-    recompute every stage one way, balanced for it; the `before` plans as they are and
-    recomputing every stage; recomputation moves first; within RECOMPUTE_WORK_SHARE of `work`
-    (the first search's). Whether the budget left it to its end."""
+    """The recomputation search (module docstring, 4). First jointly: seeds of up to `depth`
+    chunks that recompute every stage one way, balanced for it, and the `before` plans as they
+    are and recomputing every stage, recomputation moves first, within RECOMPUTE_WORK_SHARE of
+    `work` (the first search's). Then one search per kind with every stage recomputing it and
+    no recomputation moves (what the profile's global flag would give), each within
+    KIND_WORK_SHARE of `work`: the joint descent, led by the moves that take recomputation
+    back where memory allows, can settle far from a plan that recomputes alike everywhere
+    (BENCHMARKS.md, per-stage recomputation). Whether the budget left it to its end."""
     costs = evaluator.costs
-    seeds = [o.candidate for o in before]
-    for kind in costs.recompute:
-        seeds += [
+    everywhere = {
+        kind: [
             c.but(recompute=_everywhere(costs, c.ranges, kind), label=c.label + f"/{kind}")
             for c in _seed_candidates(evaluator, depth, deadline=search.deadline, recompute=kind)
         ]
-        seeds += [
+        for kind in costs.recompute
+    }
+    joint = [o.candidate for o in before]
+    for kind, seeds in everywhere.items():
+        joint += seeds
+        joint += [
             o.candidate.but(recompute=_everywhere(costs, o.candidate.ranges, kind)) for o in before
         ]
-    seeds = [c for c in seeds if allowed(c.placement)]
-    if overlap_steps:
-        seeds = [with_fill_tails(evaluator, c) for c in seeds]
     search.recomputing = True
-    search.run(seeds, best_first=True, work=RECOMPUTE_WORK_SHARE * work)
+    starts = _startable(evaluator, joint, allowed, overlap_steps)
+    search.run(starts, best_first=True, work=RECOMPUTE_WORK_SHARE * work)
     search.recomputing = False
-    return search.converged
+    converged = search.converged
+    for seeds in everywhere.values():
+        if search.out_of_time():
+            return False
+        starts = _startable(evaluator, seeds, allowed, overlap_steps)
+        search.run(starts, best_first=True, work=KIND_WORK_SHARE * work)
+        converged = converged and search.converged
+    return converged
+
+
+def _startable(
+    evaluator: Evaluator,
+    seeds: list[Candidate],
+    allowed: Callable[[tuple[int, ...]], bool],
+    overlap_steps: bool,
+) -> list[Candidate]:
+    """The seeds the search may start from, with W kept for the step's end under overlap."""
+    seeds = [c for c in seeds if allowed(c.placement)]
+    return [with_fill_tails(evaluator, c) for c in seeds] if overlap_steps else seeds
 
 
 def _everywhere(costs: CostTable, ranges: Ranges, kind: str) -> tuple[str, ...]:
