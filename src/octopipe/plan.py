@@ -333,7 +333,15 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
     names = _layer_names(data.get("layer_names"), stages[-1].end, where)
     made_for = _made_for(data.get("profile"), nd, where)
     plan = Plan(
-        nd, nm, tuple(stages), schedule, predicted, composites, parallelism, names, made_for,
+        nd,
+        nm,
+        tuple(stages),
+        schedule,
+        predicted,
+        composites,
+        parallelism,
+        names,
+        made_for,
         tuple(recompute),
     )
     check_structure(plan, where, num_layers)
