@@ -45,6 +45,20 @@ class Layout:
     def gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
 
+    def degrees(self) -> dict[str, int | str]:
+        """The layout's keys as the `--json` lines of `estimate` and `plan --gpus` name them."""
+        return {
+            "tp": self.tp,
+            "cp": self.cp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "ep": self.ep,
+            "microbatch_size": self.microbatch_size,
+            "microbatches": self.num_microbatches,
+            "recompute": self.recompute,
+            "zero": int(self.zero1),
+        }
+
     def describe(self) -> str:
         zero = ", ZeRO-1" if self.zero1 else ""
         cp = f" x CP {self.cp}" if self.cp > 1 else ""

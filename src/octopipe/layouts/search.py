@@ -89,17 +89,8 @@ class Row:
 
     def summary(self) -> dict:
         """The row as `plan --gpus --json` puts it on its last line."""
-        lay = self.layout
         return {
-            "tp": lay.tp,
-            "cp": lay.cp,
-            "pp": lay.pp,
-            "dp": lay.dp,
-            "ep": lay.ep,
-            "microbatch_size": lay.microbatch_size,
-            "microbatches": lay.num_microbatches,
-            "recompute": lay.recompute,
-            "zero": int(lay.zero1),
+            **self.layout.degrees(),
             "step_time": self.step_time,
             "peak_memory_bytes": self.peak_memory_bytes,
             "fits": self.sim.fits,
