@@ -59,6 +59,9 @@ def test_max_chunks_is_a_cap():
     profile = uniform_profile(64, devices=4, link=FREE_LINK)
     for cap in (2, 5):
         assert chunk_count(tuned(profile, 4, 8, max_chunks=cap).best.plan.placement) <= cap
+    # A slow device: the moves handing stages between devices once gave one of them 4 of 3.
+    uneven = stack(24, head=2.0, speeds=(1.0, 0.5, 1.0, 1.0))
+    assert chunk_count(tuned(uneven, 4, 4, max_chunks=3).best.plan.placement) <= 3
 
 
 def test_the_deeper_search_is_bounded_by_the_first_searchs_work():

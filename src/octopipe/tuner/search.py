@@ -127,10 +127,11 @@ def tune(
 ) -> TuneResult:
     """Search partition, placement and schedule for the fastest plan that fits.
 
-    `max_chunks` caps the stages per device (None: AUTO_CHUNKS). Up to SEED_DEPTH the search
-    is the first one; deeper chunk counts get a second (`_deepen`) whose work is bounded by the
-    first's, and the first's plans stay finalists, so a deeper cap never loses to the capped
-    search (BENCHMARKS.md, deeper interleaving).
+    `max_chunks` caps the stages on any one device (None: AUTO_CHUNKS); baselines placed
+    deeper are left out. Up to SEED_DEPTH the search is the first one; deeper chunk counts get
+    a second (`_deepen`) whose work is bounded by the first's, and the first's plans stay
+    finalists, so a deeper cap never loses to the capped search (BENCHMARKS.md, deeper
+    interleaving).
 
     `baselines` are evaluated as they are and also seed the search with their partition and
     placement; the result is never worse than the best of them. When no plan fits, `best` is the
@@ -163,7 +164,15 @@ def tune(
         return simulator.run(plan, detail=False, check=check, overlap_steps=overlap_steps)
 
     P = len(devices)
-    allowed = (lambda p: torchtitan_style(p, P) is not None) if torchtitan else (lambda p: True)
+    cap = AUTO_CHUNKS if max_chunks is None else max_chunks
+
+    def allowed(placement: tuple[int, ...]) -> bool:
+        """Within the cap on every device (moves can deepen one device past the seeds'), and
+        one torchtitan builds where asked."""
+        if chunk_count(placement) > cap:
+            return False
+        return not torchtitan or torchtitan_style(placement, P) is not None
+
     search = _Search(
         evaluator, time_budget, random.Random(seed), progress, allowed, max_evaluations
     )
@@ -173,7 +182,6 @@ def tune(
         for label, plan in baselines
         if allowed(plan.placement)
     )
-    cap = AUTO_CHUNKS if max_chunks is None else max_chunks
     depth = min(cap, SEED_DEPTH)
     seeds = _seed_candidates(evaluator, depth, deadline=search.deadline) + [
         Candidate(
