@@ -46,8 +46,9 @@ def test_many_cheap_layers_interleave_deeper_than_4_by_default():
         uniform_profile(48, devices=4, link=FREE_LINK),
         stack(60, head=6.0),
         stack(40, head=3.0, speeds=(1.0, 0.5, 1.0, 1.0)),
+        stack(24, head=2.0, speeds=(1.0, 0.5, 1.0, 1.0)),  # moves deepen one device
     ],
-    ids=["uniform", "heavy head", "a slow device"],
+    ids=["uniform", "heavy head", "a slow device", "few layers, a slow device"],
 )
 def test_the_default_never_loses_to_the_search_capped_at_4(profile):
     capped = tuned(profile, 4, 4, max_chunks=4).best.sim.iteration_time

@@ -166,15 +166,22 @@ def tune(
     P = len(devices)
     cap = AUTO_CHUNKS if max_chunks is None else max_chunks
 
-    def allowed(placement: tuple[int, ...]) -> bool:
-        """Within the cap on every device (moves can deepen one device past the seeds'), and
-        one torchtitan builds where asked."""
-        if chunk_count(placement) > cap:
-            return False
-        return not torchtitan or torchtitan_style(placement, P) is not None
+    def within(limit: int) -> Callable[[tuple[int, ...]], bool]:
+        """Placements with at most `limit` stages on any device (moves can deepen one device
+        past the seeds'), and only those torchtitan builds where asked."""
 
+        def allowed(placement: tuple[int, ...]) -> bool:
+            if chunk_count(placement) > limit:
+                return False
+            return not torchtitan or torchtitan_style(placement, P) is not None
+
+        return allowed
+
+    allowed, depth = within(cap), min(cap, SEED_DEPTH)
+    # The first search keeps to `depth` stages a device: the capped search's own, so a deeper
+    # cap only adds finalists to it.
     search = _Search(
-        evaluator, time_budget, random.Random(seed), progress, allowed, max_evaluations
+        evaluator, time_budget, random.Random(seed), progress, within(depth), max_evaluations
     )
 
     base = tuple(
@@ -182,7 +189,6 @@ def tune(
         for label, plan in baselines
         if allowed(plan.placement)
     )
-    depth = min(cap, SEED_DEPTH)
     seeds = _seed_candidates(evaluator, depth, deadline=search.deadline) + [
         Candidate(
             tuple((s.start, s.end) for s in e.plan.stages),
@@ -198,7 +204,7 @@ def tune(
         seeds = [with_fill_tails(evaluator, c) for c in seeds]
     # Overlapped steps: every evaluation is a run of several steps and the budget binds, so
     # the start that stands best takes the turns (BENCHMARKS.md, overlapped steps).
-    search.run([c for c in seeds if allowed(c.placement)], best_first=overlap_steps)
+    search.run([c for c in seeds if search.allowed(c.placement)], best_first=overlap_steps)
 
     def finish(outcomes: list[Outcome]) -> list[Evaluated]:
         """The best outcomes as plans, the very best also polished."""
@@ -223,6 +229,7 @@ def tune(
     # for it, else recomputation per stage (each only adds finalists).
     first = evaluator.work
     deepest = min(cap, profile.num_layers // P)
+    search.allowed = allowed
     if not search.out_of_time() and _memory_binds(search):
         before = search.best_outcomes(RECOMPUTE_FROM)
         converged = _recompute(search, evaluator, depth, before, first, allowed, overlap_steps)
