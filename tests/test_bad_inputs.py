@@ -690,6 +690,11 @@ def _run(f, *extra) -> list[str]:
     return ["run", "--plan", f["toy-plan.json"], "--model", TOY, *extra]
 
 
+def _run_llama(f, *extra) -> list[str]:
+    """`run` of the tiny Llama, whose vocabulary the token-file cases check against."""
+    return ["run", "--plan", f["tiny-plan.json"], "--model", "tiny-llama", *extra]
+
+
 HAND_WRITTEN = [
     # the hardening issue's list, and their neighbours
     Case(
@@ -716,23 +721,12 @@ HAND_WRITTEN = [
     Case("run --model a b:c", lambda f: _run(f)[:4] + ["a b:c"], "is not module:factory"),
     Case(
         "run --data ids beyond the vocabulary",
-        lambda f: [
-            "run",
-            "--plan",
-            f["tiny-plan.json"],
-            "--model",
-            "tiny-llama",
-            "--data",
-            f["tokens.bin"],
-        ],
+        lambda f: _run_llama(f, "--data", f["tokens.bin"]),
         "beyond the model's vocabulary of 512",
     ),
     Case(
         "run --data-dtype of another file",
-        lambda f: (
-            ["run", "--plan", f["tiny-plan.json"], "--model", "tiny-llama", "--data"]
-            + [f["tokens.bin"], "--data-dtype", "uint32"]
-        ),
+        lambda f: _run_llama(f, "--data", f["tokens.bin"], "--data-dtype", "uint32"),
         "(is --data-dtype uint32 the file's?)",
     ),
     Case(
@@ -1110,26 +1104,17 @@ HAND_WRITTEN = [
     ),
     Case(
         "run --data of a larger vocabulary (meta.json)",
-        lambda f: (
-            ["run", "--plan", f["tiny-plan.json"], "--model", "tiny-llama", "--data"]
-            + [f["tokens~vocabulary of 1000"]]
-        ),
+        lambda f: _run_llama(f, "--data", f["tokens~vocabulary of 1000"]),
         "holds ids of a tokenizer of 1,000 (its meta.json); the model takes 512",
     ),
     Case(
         "run --data-dtype not meta.json's",
-        lambda f: (
-            ["run", "--plan", f["tiny-plan.json"], "--model", "tiny-llama", "--data"]
-            + [f["tokens~vocabulary of 1000"], "--data-dtype", "uint32"]
-        ),
+        lambda f: _run_llama(f, "--data", f["tokens~vocabulary of 1000"], "--data-dtype", "uint32"),
         "--data-dtype: uint32, but",
     ),
     Case(
         "run --data changed since meta.json",
-        lambda f: (
-            ["run", "--plan", f["tiny-plan.json"], "--model", "tiny-llama", "--data"]
-            + [f["tokens~length changed"]]
-        ),
+        lambda f: _run_llama(f, "--data", f["tokens~length changed"]),
         "says 4,003 uint16 tokens",
     ),
     Case(

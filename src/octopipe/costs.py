@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
 
+from octopipe.plan import NO_RECOMPUTE
 from octopipe.profile import RECOMPUTATIONS, Device, Profile
-
-NO_RECOMPUTE = "none"
 
 
 @dataclass(frozen=True)

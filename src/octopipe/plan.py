@@ -30,7 +30,8 @@ from octopipe.limits import (
 
 PLAN_FORMAT = "octopipe.plan/1"
 NO_RECOMPUTE = "none"
-RECOMPUTE_KINDS = (NO_RECOMPUTE, "selective", "full")  # as the cost model's settings name them
+# As the cost model names them, from least memory saved to most.
+RECOMPUTE_KINDS = (NO_RECOMPUTE, "selective", "full")
 
 _BIT = {k: 1 << k.code for k in Kind}  # check_structure's bit set of kinds
 _FULL, _SPLIT = _BIT[F] | _BIT[B], _BIT[F] | _BIT[I] | _BIT[W]

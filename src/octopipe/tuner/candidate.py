@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from octopipe.costs import (
-    NO_RECOMPUTE,
     CostTable,
     StageCost,
     reduction_buckets,
@@ -23,7 +22,7 @@ from octopipe.costs import (
     static_bytes,
 )
 from octopipe.placement import Placement
-from octopipe.plan import Plan, make_plan
+from octopipe.plan import NO_RECOMPUTE, Plan, make_plan
 from octopipe.profile import Device, Profile
 from octopipe.schedules.list_scheduler import ListSchedule, Rules, list_schedule
 from octopipe.sim import SimResult, Simulator

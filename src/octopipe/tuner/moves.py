@@ -17,11 +17,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from octopipe.plan import NO_RECOMPUTE, RECOMPUTE_KINDS
 from octopipe.tuner.candidate import Candidate, Outcome
 
 WARMUP_STEPS = (0.8, 1.25)
 MAX_WARMUP = 8.0
-STRENGTHS = ("none", "selective", "full")  # recomputation, from least memory saved to most
+STRENGTHS = RECOMPUTE_KINDS  # recomputation, from least memory saved to most
 Offers = Callable[[int, int, str], bool]  # whether layers [a, b) can be recomputed so
 
 
@@ -233,7 +234,7 @@ def recompute_moves(outcome: Outcome, offers: Offers) -> list[Candidate]:
     diag = diagnose(outcome)
     waits = outcome.schedule.memory_waits
     tight = diag.overflowing or tuple(d for d in diag.bound if waits and waits[d])
-    kinds = cand.recompute or ("none",) * len(cand.ranges)
+    kinds = cand.recompute or (NO_RECOMPUTE,) * len(cand.ranges)
     out = []
     for d in tight:
         mine = [s for s, dev in enumerate(cand.placement) if dev == d]
@@ -246,12 +247,12 @@ def recompute_moves(outcome: Outcome, offers: Offers) -> list[Candidate]:
             out.append(_recomputing(cand, kinds, every))
     for d in diag.bound[:2]:
         for s in (s for s, dev in enumerate(cand.placement) if dev == d):
-            if kinds[s] == "none":
+            if kinds[s] == NO_RECOMPUTE:
                 continue
             weaker = _next_kind(kinds[s], cand.ranges[s], offers, -1)
-            out.append(_recomputing(cand, kinds, {s: weaker or "none"}))
-            if weaker not in (None, "none"):
-                out.append(_recomputing(cand, kinds, {s: "none"}))
+            out.append(_recomputing(cand, kinds, {s: weaker or NO_RECOMPUTE}))
+            if weaker not in (None, NO_RECOMPUTE):
+                out.append(_recomputing(cand, kinds, {s: NO_RECOMPUTE}))
     return out
 
 
@@ -267,4 +268,4 @@ def _next_kind(kind: str, stage: tuple[int, int], offers: Offers, step: int) -> 
 
 def _recomputing(cand: Candidate, kinds: tuple[str, ...], changes: dict[int, str]) -> Candidate:
     recompute = tuple(changes.get(s, k) for s, k in enumerate(kinds))
-    return cand.but(recompute=() if all(k == "none" for k in recompute) else recompute)
+    return cand.but(recompute=() if all(k == NO_RECOMPUTE for k in recompute) else recompute)

@@ -47,7 +47,7 @@ from octopipe.costs import CostTable
 from octopipe.errors import InputError
 from octopipe.partition import OutOfTime
 from octopipe.placement import seed_placements, torchtitan_style
-from octopipe.plan import Plan
+from octopipe.plan import NO_RECOMPUTE, Plan
 from octopipe.profile import Profile
 from octopipe.sim import SimResult, Simulator
 from octopipe.tuner.balance import Ranges, balanced_ranges
@@ -339,7 +339,7 @@ def _startable(
 
 def _everywhere(costs: CostTable, ranges: Ranges, kind: str) -> tuple[str, ...]:
     """Every stage recomputing `kind`, where its layers offer it."""
-    return tuple(kind if costs.offers(a, b, kind) else "none" for a, b in ranges)
+    return tuple(kind if costs.offers(a, b, kind) else NO_RECOMPUTE for a, b in ranges)
 
 
 def chunk_count(placement: Sequence[int]) -> int:
