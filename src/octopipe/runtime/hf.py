@@ -12,7 +12,9 @@ layers it holds; the norm and the head if it holds them. Llama, Qwen2/Qwen3, Mis
 models of the same structure (Qwen2-MoE, Mixtral) fit. The MoE router's auxiliary loss is not
 added (transformers adds it only with `output_router_logits`). Under tensor parallelism
 (`parallel.tp_plans.hf_plan`) the hidden states between layers are the rank's share of the
-sequence; positions, masks and rotary embeddings stay the whole sequence's.
+sequence; positions, masks and rotary embeddings stay the whole sequence's. The model's
+attention goes through OctoPipe's attention implementation (`runtime.hf_attention`), which runs
+the config's own (sdpa) and lets a selective stage recompute the attention core alone.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import nn
 
 from octopipe.errors import InputError
 from octopipe.jsonfile import read_json
+from octopipe.runtime.hf_attention import route_attention
 from octopipe.runtime.parallel.tensor_parallel import tp_degree
 from octopipe.runtime.parallel.tp_plans import hf_plan
 from octopipe.runtime.recipe import Activation, ModelRecipe, token_chains
@@ -108,11 +111,13 @@ def hf_recipe(path: str) -> ModelRecipe:
         verbosity = logging.get_verbosity()
         logging.set_verbosity_error()  # its advice on other model kinds; ours is one line
         try:
-            return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         except ValueError as exc:  # a config of no causal LM (an encoder, a vision model)
             raise InputError("--model", f"hf:{path}: {_first_line(exc)}") from None
         finally:
             logging.set_verbosity(verbosity)
+        route_attention(model.config)  # its attention cores run where a stage may recompute them
+        return model
 
     recipe = ModelRecipe(
         name=getattr(config, "name_or_path", "") or f"hf-{config.model_type}",

@@ -105,7 +105,8 @@ class StageModule(nn.Module):
         super().__init__()
         self.part = part
         self._run = run
-        # The modules it runs under activation checkpoint (`octopipe.runtime.recompute`).
+        # The modules whose whole forward it redoes under activation checkpoint
+        # (`octopipe.runtime.recompute`); not those whose attention core alone it redoes.
         self.recomputed: tuple[nn.Module, ...] = ()
 
     def forward(self, *inputs: torch.Tensor) -> Activation:

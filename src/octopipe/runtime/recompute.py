@@ -5,8 +5,10 @@ and redoes at the start of its backward.
   that names no kinds) runs under torch's non-reentrant activation checkpoint: F keeps only
   the block's inputs, the backward (I or B) first redoes its forward. Under a split backward,
   that redone forward is also where W's inputs come from (`weightgrad.WeightGradTape`).
-- `selective`: only the attention cores are checkpointed (Korthikanti et al. 2022), the
-  `AttentionCore` modules of OctoPipe's bundled models.
+- `selective`: only the attention cores are checkpointed (Korthikanti et al. 2022): the
+  `AttentionCore` modules of OctoPipe's bundled models, and, in an `hf:` model, the attention
+  function each transformers attention module calls (`runtime.hf_attention`: its projections
+  run once). A stage with neither (a `module:factory` model's) cannot recompute selectively.
 
 The checkpoint is torch's composable one (`torch.distributed._composable.checkpoint`): forward
 hooks on the module, so its FQNs, and with them checkpoints, tensor-parallel plans and FSDP2,
@@ -25,6 +27,7 @@ from octopipe.costmodel.build import RECOMPUTED_KINDS
 from octopipe.errors import InputError
 from octopipe.models.attention import AttentionCore
 from octopipe.plan import Plan
+from octopipe.runtime.hf_attention import recompute_core, routed_attention
 from octopipe.runtime.recipe import ModelRecipe, StageModule
 
 UNNAMED_KIND = "layer"  # a model's layer whose kind it does not say: a block, to recompute
@@ -33,7 +36,8 @@ UNNAMED_KIND = "layer"  # a model's layer whose kind it does not say: a block, t
 def recomputed_modules(
     part: nn.Module, layers: Sequence[str], kinds: Sequence[str], kind: str
 ) -> list[nn.Module]:
-    """The modules of a stage (its `layers`, of `kinds`) that `kind` checkpoints."""
+    """The modules of a stage (its `layers`, of `kinds`) that `kind` recomputes: blocks, or
+    attention modules whose core it recomputes."""
     if kind == "full":
         return [
             part.get_submodule(name)
@@ -45,20 +49,25 @@ def recomputed_modules(
             m
             for name in layers
             for m in part.get_submodule(name).modules()
-            if isinstance(m, AttentionCore)
+            if isinstance(m, AttentionCore) or routed_attention(m)
         ]
     return []
 
 
 def apply_recompute(stage: StageModule, layers: Sequence[str], kinds: Sequence[str], kind: str):
     """Checkpoint what `kind` recomputes in `stage` (whose `part` holds `layers`); the stage
-    remembers those modules (`StageModule.recomputed`), which its split backward needs."""
-    modules = recomputed_modules(stage.part, layers, kinds, kind)
-    for module in modules:
+    remembers the modules whose whole forward is redone (`StageModule.recomputed`), which its
+    split backward needs."""
+    redone = []
+    for module in recomputed_modules(stage.part, layers, kinds, kind):
+        if routed_attention(module):  # its core alone, inside; its projections run once
+            recompute_core(module)
+            continue
         # early_stop=False: the whole forward is redone, so every deferred layer's input is
         # recorded again for W (an early stop ends the forward at its last saved tensor).
         checkpoint(module, early_stop=False)
-    stage.recomputed = tuple(modules)
+        redone.append(module)
+    stage.recomputed = tuple(redone)
 
 
 def stage_layers(plan: Plan, recipe: ModelRecipe, stage: int) -> tuple[list[str], list[str]]:
@@ -70,7 +79,7 @@ def stage_layers(plan: Plan, recipe: ModelRecipe, stage: int) -> tuple[list[str]
 
 def check_recomputable(plan: Plan, recipe: ModelRecipe, where: str) -> None:
     """Before any rank starts: every stage that recomputes has something the executor can
-    checkpoint so (a selective stage, an attention core of OctoPipe's models)."""
+    checkpoint so (a selective stage, an attention core of OctoPipe's or a transformers model)."""
     for s in range(plan.num_stages):
         kind = plan.recompute_of(s)
         if kind == "none":
@@ -78,7 +87,8 @@ def check_recomputable(plan: Plan, recipe: ModelRecipe, where: str) -> None:
         layers, kinds = stage_layers(plan, recipe, s)
         if not recomputed_modules(recipe.meta_model, layers, kinds, kind):
             what = (
-                "attention core to recompute alone (OctoPipe's bundled models have them; use full)"
+                "attention core to recompute alone (OctoPipe's bundled models and hf: models have "
+                "them; use full)"
                 if kind == "selective"
                 else "block to recompute"
             )
