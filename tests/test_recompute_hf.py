@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 from executor_helpers import batch_of, greedy, layer_count, stage_of
-from model_zoo import write_hf_config
+from model_zoo import titan_style, write_hf_config
 
 import octopipe as op
 from octopipe.actions import B, I
@@ -187,16 +187,25 @@ def test_the_cost_model_offers_each_recomputation_where_the_executor_runs_it(hf_
             assert offered == bool(runnable), (layer.name, kind)
 
 
-def test_a_selective_stage_without_attention_is_refused_in_one_line(hf_models):
-    recipe = load_recipe(hf_models["llama"])
-    plan = greedy([0, 1, 0], 2, 2, num_layers=len(recipe.layers))  # stage 2: norm and head
-    plan = replace(plan, recompute=("selective", "none", "selective"))
+@pytest.mark.parametrize("model, refused_stage", [("hf llama", 2), ("titan_style", 1)])
+def test_a_selective_stage_without_an_attention_core_is_refused_in_one_line(
+    hf_models, model, refused_stage
+):
+    """hf llama's stage 2 holds a norm and the head; titan_style's stage 1 holds decoder blocks
+    that compute their attention inline (no module to recompute alone)."""
+    recipe = load_recipe(hf_models["llama"] if model == "hf llama" else titan_style)
+    plan = greedy([0, 1, 0], 2, 2, num_layers=len(recipe.layers))
+    kinds = ["none"] * 3
+    kinds[refused_stage] = "selective"
+    plan = replace(plan, recompute=tuple(kinds))
     with pytest.raises(InputError) as refused:
         check_recomputable(plan, recipe, "plan.json")
     message = str(refused.value)
+    st = plan.stages[refused_stage]
     assert "\n" not in message
-    assert "model.norm to lm_head hold no attention core" in message
-    assert "stages[2].recompute" in message
+    assert f"layers {recipe.layers[st.start]} to {recipe.layers[st.end - 1]} hold no" in message
+    assert "attention core to recompute alone" in message
+    assert f"stages[{refused_stage}].recompute" in message
 
 
 # --- on real process groups ------------------------------------------------------------------
