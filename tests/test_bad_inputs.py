@@ -100,6 +100,8 @@ def files(tmp_path_factory) -> dict[str, str]:
     )
     for name, change in ARCH_MUTANTS.items():
         put(name, change(dict(arch)))
+    for name, config in NOT_HF.items():
+        put(name, config)
     for name, content in RAW_FILES.items():
         put(f"raw~{name}", content)
     tokens = np.arange(0, 5000, dtype=np.uint16)
@@ -432,6 +434,8 @@ HF_MUTANTS = {
     "hf~heads not dividing": lambda c: {**c, "num_key_value_heads": 3},
     "hf~layers beyond a million": lambda c: {**c, "num_hidden_layers": 2_000_000},
     "hf~no causal LM": lambda c: {**c, "model_type": "bert"},
+    "hf~gpt2": lambda c: {**c, "model_type": "gpt2"},
+    "hf~nemotron_h": lambda c: {**c, "model_type": "nemotron_h"},
 }
 HF_EXPECT = {
     "hf~no hidden_size": "hidden_size: missing field",
@@ -443,6 +447,8 @@ HF_EXPECT = {
     "hf~heads not dividing": "num_key_value_heads: 3 does not divide 4 heads",
     "hf~layers beyond a million": "num_hidden_layers: 2,000,000 is more than the 1,000,000",
     "hf~no causal LM": "is not a decoder-only causal LM of the Llama structure",
+    "hf~gpt2": "model_type: 'gpt2' models do not run on `--model hf:` (it runs Llama,",
+    "hf~nemotron_h": "model_type: 'nemotron_h' models do not run on `--model hf:`",
 }
 ARCH_MUTANTS = {
     "arch~no hidden_size": lambda c: {k: v for k, v in c.items() if k != "hidden_size"},
@@ -462,6 +468,29 @@ ARCH_EXPECT = {
     "arch~unknown model_type": "model_type: unsupported model_type 'nosuch'",
     "arch~rope as text": "rope_theta: expected a positive number (got '1e4')",
 }
+# Families `hf:` does not run (no `model.layers`): `profile-arch --layer-names hf` names no
+# layers for them, refused in the words `run --model hf:` uses (above), naming what it runs.
+NOT_HF = {
+    "not-hf~gpt2": {
+        "model_type": "gpt2",
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "vocab_size": 96,
+        "n_positions": 64,
+    },
+    "not-hf~gpt_neox": {
+        "model_type": "gpt_neox",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 96,
+        "max_position_embeddings": 64,
+    },
+}
+NOT_HF_TYPES = {"not-hf~gpt2": "gpt2", "not-hf~gpt_neox": "gpt_neox", "nemotron-h-8b": "nemotron_h"}
+HF_FAMILIES = "(it runs Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE)"
 
 
 def _checkpoints(root: Path) -> dict[str, str]:
@@ -668,6 +697,18 @@ def file_cases() -> list[Case]:
     for name, expect in ARCH_EXPECT.items():
         cases.append(
             Case(name, lambda f, n=name: ["profile-arch", f[n], "-o", _out(f, "old.json")], expect)
+        )
+    for config, model_type in NOT_HF_TYPES.items():  # a file of NOT_HF's, or a shipped name
+        cases.append(
+            Case(
+                f"profile-arch --layer-names hf {config}",
+                lambda f, c=config: (
+                    ["profile-arch", f.get(c, c), "--layer-names", "hf"]
+                    + ["-o", _out(f, "old.json")]
+                ),
+                f"--layer-names hf: model_type: {model_type!r} models do not run on "
+                f"`--model hf:` {HF_FAMILIES}",
+            )
         )
     return cases
 

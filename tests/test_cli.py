@@ -38,6 +38,9 @@ def test_light_commands_import_neither_torch_nor_matplotlib(tmp_path):
     ]
     for argv in steps:
         assert _run_in_fresh_process(argv) == (0, []), argv
+    # Refusing transformers' names for a model `hf:` cannot run takes no torch either.
+    refused = ["profile-arch", "nemotron-h-8b", "--layer-names", "hf", "-o", profile]
+    assert _run_in_fresh_process(refused) == (2, [])
 
 
 def test_a_picture_is_the_only_reason_to_load_matplotlib(tmp_path):

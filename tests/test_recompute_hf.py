@@ -16,6 +16,7 @@ from model_zoo import titan_style, write_hf_config
 
 import octopipe as op
 from octopipe.actions import B, I
+from octopipe.costmodel.hf_config import HF_RUNNABLE
 from octopipe.errors import InputError
 from octopipe.runtime.hf_attention import route_attention
 from octopipe.runtime.launcher import launch
@@ -41,6 +42,14 @@ FAMILIES = {
     "qwen2_moe": ("qwen2_moe", {}),
     "qwen3_moe": ("qwen2_moe", {"model_type": "qwen3_moe", "head_dim": 8}),
 }
+
+
+def test_the_families_tested_here_are_those_hf_runs():
+    # HF_RUNNABLE is the one rule `hf:` and `profile-arch --layer-names hf` refuse by: a model
+    # type joins it with a family here, which holds its recomputation and its layer names.
+    assert set(FAMILIES) == set(HF_RUNNABLE)
+
+
 CUT = 3  # stage 0: the embedding and layers 0, 1; stage 1: layer 2, the norm and the head
 
 

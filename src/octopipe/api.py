@@ -56,12 +56,14 @@ def profile_from_config(
     `config.json`) on a hardware preset, listing `devices` devices when given
     (docs/COSTMODEL.md). Bandwidth in bytes/s, latency in seconds, memory in bytes.
     `layer_names="hf"` names the layers as transformers' causal LMs do (`model.layers.3`), so
-    the plan runs on `--model hf:PATH`; the default is torchtitan's (`layers.3`)."""
+    the plan runs on `--model hf:PATH` (an InputError for a family `hf:` does not run); the
+    default is torchtitan's (`layers.3`)."""
     from pydantic import ValidationError
 
     from octopipe.costmodel import load_architecture
     from octopipe.costmodel.build import build_profile
     from octopipe.costmodel.hardware import hardware_preset
+    from octopipe.costmodel.hf_config import check_hf_runnable
     from octopipe.costmodel.settings import Settings
     from octopipe.errors import InputError
     from octopipe.limits import MAX_ESTIMATED_TOKENS, check_microbatch_tokens
@@ -82,8 +84,11 @@ def profile_from_config(
         recompute=recompute,
         optimizer_bytes=optimizer_bytes,
     )
+    arch = load_architecture(str(config))
+    if layer_names == "hf":  # transformers' names for a model `hf:` cannot run: plans for nothing
+        check_hf_runnable(arch.model_type, "--layer-names hf", "model_type")
     try:
-        profile = build_profile(load_architecture(str(config)), preset, settings, devices)
+        profile = build_profile(arch, preset, settings, devices)
     except ValidationError as exc:  # a figure beyond the profile format's bounds
         place, message = first_error(exc)
         raise InputError("settings", f"the estimate is out of range: {message}", place) from None

@@ -81,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("torchtitan", "hf"),
         default="torchtitan",
         help="torchtitan's FQNs (layers.3, default) or transformers' (model.layers.3), so that "
-        "plans run on `octopipe run --model hf:PATH` of the same config.json",
+        "plans run on `octopipe run --model hf:PATH` of the same config.json (the families "
+        "hf: runs only: Llama, Qwen2/3, Mistral, Mixtral, Qwen2/3-MoE)",
     )
     parser.add_argument("-o", "--output", required=True, help="profile JSON to write")
 

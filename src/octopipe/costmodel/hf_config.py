@@ -53,6 +53,29 @@ FAMILY_OF_MODEL_TYPE = {
     "gpt_neox": GPT,
 }
 
+# The model types `--model hf:` runs (runtime/hf.py's adapter: transformers' Llama structure,
+# each held by tests/test_recompute_hf.py), named as messages name them. One rule, here where
+# no torch is imported: `hf:` refuses the others the cost model knows, and `profile-arch
+# --layer-names hf` names no layers for them, so no profile promises a run that cannot start.
+HF_RUNNABLE = {
+    "llama": "Llama",
+    "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
+    "mistral": "Mistral",
+    "mixtral": "Mixtral",
+    "qwen2_moe": "Qwen2-MoE",
+    "qwen3_moe": "Qwen3-MoE",
+}
+
+
+def check_hf_runnable(model_type: str, where: str, place: str | None = None) -> None:
+    """An InputError unless `--model hf:` runs models of `model_type`."""
+    if model_type not in HF_RUNNABLE:
+        families = ", ".join(HF_RUNNABLE.values())
+        message = f"{model_type!r} models do not run on `--model hf:` (it runs {families})"
+        raise InputError(where, message, place)
+
+
 _MISSING = object()
 MAX_CONFIG_INT = 2**31  # any shape of a config: widths, vocabularies, experts (limits.py: layers)
 

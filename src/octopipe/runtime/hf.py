@@ -75,7 +75,11 @@ def check_config(raw, where: str) -> None:
     """A config OctoPipe builds a model from: an object with a `model_type`, no remote code,
     and the shapes of its family, each a positive integer (the cost model's own checks for the
     families it knows, which hold every key its estimate needs)."""
-    from octopipe.costmodel.hf_config import FAMILY_OF_MODEL_TYPE, architecture_from_hf
+    from octopipe.costmodel.hf_config import (
+        FAMILY_OF_MODEL_TYPE,
+        architecture_from_hf,
+        check_hf_runnable,
+    )
 
     if not isinstance(raw, dict):
         raise InputError(where, "expected a JSON object")
@@ -86,6 +90,9 @@ def check_config(raw, where: str) -> None:
             where, "names code of its own (auto_map); OctoPipe runs no remote code", "auto_map"
         )
     if raw["model_type"] in FAMILY_OF_MODEL_TYPE:
+        # The cost model's other families (GPT-2, Nemotron-H, ...) are refused here, by the rule
+        # `profile-arch --layer-names hf` keeps; a type it does not know meets _check_structure.
+        check_hf_runnable(raw["model_type"], where, "model_type")
         architecture_from_hf(raw, where, Path(where).stem)
         return
     for key in _REQUIRED_SHAPES:
