@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -116,7 +115,7 @@ def long_reference(profile: Profile) -> tuple[float, str, float]:
     simulator = Simulator(profile)
     for chunks in range(3, min(9, profile.num_layers // P) + 1):
         evaluator = Evaluator(profile, profile.device_list(), M, simulator.costs)
-        search = _Search(evaluator, math.inf, random.Random(0), None, lambda _: True)
+        search = _Search(evaluator, math.inf, 0, None, lambda _: True)
         search.run(_seed_candidates(evaluator, chunks, chunks), starts=8, kicks=5)
         plan = evaluator.to_plan(search.best)
         seconds = simulator.run(plan, detail=False).iteration_time

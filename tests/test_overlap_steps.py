@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import random
 from pathlib import Path
 
 import pytest
@@ -228,7 +227,7 @@ def test_refining_the_warm_up_finds_what_the_coarse_scan_misses():
     evaluator = Evaluator(profile, profile.device_list(), m, simulator.costs, simulator)
     one_per_device = Candidate(tuple((i, i + 1) for i in range(p)), tuple(range(p)))
     start = with_fill_tails(evaluator, one_per_device)
-    search = _Search(evaluator, math.inf, random.Random(0), None, lambda placement: True)
+    search = _Search(evaluator, math.inf, 0, None, lambda placement: True)
     scanned = [search.evaluate(start.but(warmup=w)) for w in OVERLAP_WARMUPS]
     coarse = min(scanned, key=lambda o: o.score)
     refined = search._refine_warmup(coarse)

@@ -26,6 +26,14 @@
      its own re-balanced partitions, from one start per chunk count, the start that stands
      best taking the next turn; the moves then make the counts uneven (a device hands a
      stage to another, two of its stages merge).
+5. Where the cap and the layers allow more than 4 stages a device, the first search once more
+   from its seeds, its moves now free to give a device a fifth stage (`_one_deeper`, bounded
+   by the first search's work; cached where it retraces the first's path): uneven plans near
+   the seeds, such as 4/4/4/4/3/4/4/5 on a cluster of mixed speeds, are far from the deeper
+   search's starts (BENCHMARKS.md, the tuner against the one before it).
+
+Each search of steps 3 to 5 kicks from a random generator seeded afresh, so its path does not
+hang on how many kicks the searches before it drew.
 
 Every plan reported is re-evaluated by the simulator, and the result is never worse (in the
 simulator) than the best baseline plan given: that plan itself is returned if nothing beats it.
@@ -63,6 +71,7 @@ DEEP_STARTS = 8  # the deeper search's starts: one per chunk count first
 DEEP_WORK_SHARE = 1.0  # its work, at most this times the first search's (stages x microbatches)
 RECOMPUTE_WORK_SHARE = 1.0  # the joint recomputation search's, likewise
 KIND_WORK_SHARE = 0.5  # then each kind's everywhere, likewise
+ONE_DEEPER_WORK_SHARE = 1.0  # then the first search's walk one stage deeper, likewise
 RECOMPUTE_FROM = 3  # it also starts from the best plans found before it, this many
 MEMORY_GAIN = 0.01  # memory binds where a plan that does not fit was this much faster
 
@@ -129,9 +138,9 @@ def tune(
 
     `max_chunks` caps the stages on any one device (None: AUTO_CHUNKS); baselines placed
     deeper are left out. Up to SEED_DEPTH the search is the first one; deeper chunk counts get
-    a second (`_deepen`) whose work is bounded by the first's, and the first's plans stay
-    finalists, so a deeper cap never loses to the capped search (BENCHMARKS.md, deeper
-    interleaving).
+    a second (`_deepen`) and a walk one stage deeper (`_one_deeper`), each bounded by the
+    first's work, and the first's plans stay finalists, so a deeper cap never loses to the
+    capped search (BENCHMARKS.md, deeper interleaving).
 
     `baselines` are evaluated as they are and also seed the search with their partition and
     placement; the result is never worse than the best of them. When no plan fits, `best` is the
@@ -180,9 +189,7 @@ def tune(
     allowed, depth = within(cap), min(cap, SEED_DEPTH)
     # The first search keeps to `depth` stages a device: the capped search's own, so a deeper
     # cap only adds finalists to it.
-    search = _Search(
-        evaluator, time_budget, random.Random(seed), progress, within(depth), max_evaluations
-    )
+    search = _Search(evaluator, time_budget, seed, progress, within(depth), max_evaluations)
 
     base = tuple(
         Evaluated(label, plan, simulate(plan))
@@ -204,7 +211,8 @@ def tune(
         seeds = [with_fill_tails(evaluator, c) for c in seeds]
     # Overlapped steps: every evaluation is a run of several steps and the budget binds, so
     # the start that stands best takes the turns (BENCHMARKS.md, overlapped steps).
-    search.run([c for c in seeds if search.allowed(c.placement)], best_first=overlap_steps)
+    seeds = [c for c in seeds if search.allowed(c.placement)]
+    search.run(seeds, best_first=overlap_steps)
 
     def finish(outcomes: list[Outcome]) -> list[Evaluated]:
         """The best outcomes as plans, the very best also polished."""
@@ -239,6 +247,12 @@ def tune(
         converged = _deepen(search, evaluator, depth + 1, deepest, first, allowed, overlap_steps)
         deeper = [o for o in search.best_outcomes(3) if o not in shallow]
         finalists += finish(deeper) if deeper else []
+    if not search.out_of_time() and deepest > depth:
+        before = search.best_outcomes(3)
+        walk = _one_deeper(search, seeds, within(depth + 1), first, overlap_steps)
+        converged = converged and walk
+        reached = [o for o in search.best_outcomes(3) if o not in before]
+        finalists += finish(reached) if reached else []
     best = min([*finalists, *base], key=lambda e: e.score)
     label = best.label if best in finalists else f"{best.label} (kept)"
     exported = best.sim
@@ -267,6 +281,22 @@ def _deepen(
     seeds = _seed_candidates(evaluator, last, first, search.deadline)
     seeds = _startable(evaluator, seeds, allowed, overlap_steps)
     search.run(seeds, DEEP_STARTS, best_first=True, work=DEEP_WORK_SHARE * work)
+    return search.converged
+
+
+def _one_deeper(
+    search: _Search,
+    seeds: list[Candidate],
+    allowed: Callable[[tuple[int, ...]], bool],
+    work: float,
+    overlap_steps: bool,
+) -> bool:
+    """The first search again, from its seeds (and, as every run, with the same seeded kicks),
+    its moves now free to give a device one stage more than the seeds hold (module docstring,
+    5), within ONE_DEEPER_WORK_SHARE of `work` (the first search's); where its path retraces the
+    first's, the evaluations are cached. Whether the budget left it to its end."""
+    search.allowed = allowed
+    search.run(seeds, best_first=overlap_steps, work=ONE_DEEPER_WORK_SHARE * work)
     return search.converged
 
 
@@ -401,12 +431,13 @@ class _Search:
         self,
         evaluator: Evaluator,
         budget: float,
-        rng: random.Random,
+        seed: int,
         progress: Progress | None,
         allowed: Callable[[tuple[int, ...]], bool],
         max_evaluations: int | None = None,
     ):
-        self.evaluator, self.budget, self.rng, self.progress = evaluator, budget, rng, progress
+        self.evaluator, self.budget, self.seed, self.progress = evaluator, budget, seed, progress
+        self.rng = random.Random(seed)  # the kicks'; each `run` starts it afresh
         self.allowed = allowed  # which placements the search may visit
         self.max_evaluations = max_evaluations
         self.started = time.perf_counter()
@@ -482,6 +513,8 @@ class _Search:
         off its optimum waits while others stand better). `work`: the evaluator's work this
         run may add (`Evaluator.work`); the seeds are evaluated in any case."""
         self.work_limit = self.evaluator.work + work
+        # Each run kicks as if it ran alone: its path does not hang on the runs before it.
+        self.rng = random.Random(self.seed)
         ranked = self._evaluate_all(seeds)
         varied = []
         for o in ranked[:SEEDS_TO_VARY]:
