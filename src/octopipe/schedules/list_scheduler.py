@@ -102,6 +102,12 @@ class _Scheduler:
         if len(rules.inflight) != S:
             raise ValueError(f"rules give {len(rules.inflight)} in-flight caps for {S} stages")
         self.stages, self.nd, self.M, self.S, self.rules = stages, nd, M, S, rules
+        # The rules and the stages' figures as plain attributes and lists: the loop below runs
+        # millions of times in a search, and attribute chains are most of its cost.
+        self.split, self.defer_w = rules.split_backward, rules.defer_w
+        self.backward_first, self.oldest_first = rules.backward_first, rules.oldest_first
+        self.reduce_early = rules.reduce_early
+        self.device_of = [st.device for st in stages]
         self.cap = [max(1, c) for c in rules.inflight]
         self.budget = list(rules.memory_budget) if rules.memory_budget else [INF] * nd
         self.on_device = [[s for s in range(S) if stages[s].device == d] for d in range(nd)]
@@ -157,11 +163,11 @@ class _Scheduler:
 
     def _dispatch(self, d: int, now: float) -> None:
         """Start the best ready action on free device `d`, if any."""
-        rules = self.rules
-        if self.urgent_w[d] or (self.pending_w[d] and not rules.defer_w):
+        pending = self.pending_w[d]
+        if self.urgent_w[d] or (pending and not self.defer_w):
             self._run_w(d, now)
             return
-        if rules.backward_first:
+        if self.backward_first:
             s = self._ready_backward(d, now)
             if s is not None:
                 self._run_backward_or_free(s, d, now)
@@ -170,12 +176,11 @@ class _Scheduler:
         if s is not None:
             self._run_forward(s, d, now)
             return
-        if not rules.backward_first:
+        if not self.backward_first:
             s = self._ready_backward(d, now)
             if s is not None:
                 self._run_backward_or_free(s, d, now)
                 return
-        pending = self.pending_w[d]
         if pending and (
             len(pending) > self.tail_w[d] or self.memory_blocked or not self.left_fb[d]
         ):
@@ -183,8 +188,7 @@ class _Scheduler:
 
     def _ready_forward(self, d: int, now: float) -> int | None:
         M, next_f, next_bwd, f_ready = self.M, self.next_f, self.next_bwd, self.f_ready
-        cap = self.cap
-        oldest_first = self.rules.oldest_first
+        cap, oldest_first = self.cap, self.oldest_first
         best, best_mb = None, M
         self.memory_blocked = False
         for s in self.on_device[d]:
@@ -207,7 +211,7 @@ class _Scheduler:
 
     def _ready_backward(self, d: int, now: float) -> int | None:
         M, next_f, next_bwd, b_ready = self.M, self.next_f, self.next_bwd, self.b_ready
-        oldest_first = self.rules.oldest_first
+        oldest_first = self.oldest_first
         best, best_mb = None, M
         for s in self.on_device[d]:
             m = next_bwd[s]
@@ -227,14 +231,16 @@ class _Scheduler:
         self.orders[d].append(action)
         self.free_at[d] = end
         self.busy[d] += duration
-        self.level[d] += mem_delta
-        self.peak[d] = max(self.peak[d], self.level[d])
+        level = self.level[d] + mem_delta
+        self.level[d] = level
+        if level > self.peak[d]:
+            self.peak[d] = level
         self.remaining -= 1
         heapq.heappush(self.wakeups, (end, d))
         return end
 
     def _wake(self, stage: int, at: float) -> None:
-        heapq.heappush(self.wakeups, (at, self.stages[stage].device))
+        heapq.heappush(self.wakeups, (at, self.device_of[stage]))
 
     def _run_forward(self, s: int, d: int, now: float) -> None:
         st = self.stages[s]
@@ -251,7 +257,7 @@ class _Scheduler:
     def _run_backward_or_free(self, s: int, d: int, now: float) -> None:
         """The backward of stage s, unless it is an I that holds more than its F did (a stage
         that recomputes W's inputs) with no room left: then a deferred W first, to make room."""
-        if self.rules.split_backward and self.pending_w[d]:
+        if self.split and self.pending_w[d]:
             rise = self.stages[s].memory_change[I_CODE]
             if rise > 0 and self.level[d] + rise > self.budget[d]:
                 self.memory_waits[d] += 1
@@ -264,10 +270,10 @@ class _Scheduler:
         m = self.next_bwd[s]
         self.next_bwd[s] = m + 1
         self.left_fb[d] -= 1
-        if self.rules.split_backward:
+        if self.split:
             end = self._start(d, now, (s, I_CODE, m), st.duration[I_CODE], st.memory_change[I_CODE])
             self.pending_w[d].append((s, m))
-            if self.rules.reduce_early and m == self.M - 1:
+            if self.reduce_early and m == self.M - 1:
                 self._hurry_w(s, d)
         else:
             end = self._start(d, now, (s, B_CODE, m), st.duration[B_CODE], st.memory_change[B_CODE])
