@@ -84,6 +84,7 @@ RULE_VARIANTS = (
     {"warmup": 0.01, "defer_w": False},  # lean: one microbatch in flight per stage
 )
 OVERLAP_WARMUPS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
+OVERLAP_FAIR_EVERY = 4  # overlapped steps' first search: every start a step every 4th round
 REFINE_STEPS = (0.25, 0.015)  # overlapped steps: the warm-up's first and smallest refinement
 SEED_WARMUPS = (1.5, 3.0)  # every seed is scheduled with a moderate and a deep warm-up
 # Devices x microbatches the tuner takes on: each of its evaluations is atomic and grows with
@@ -210,9 +211,10 @@ def tune(
     if overlap_steps:  # keep W for each step's end, where the next step's fill would idle
         seeds = [with_fill_tails(evaluator, c) for c in seeds]
     # Overlapped steps: every evaluation is a run of several steps and the budget binds, so
-    # the start that stands best takes the turns (BENCHMARKS.md, overlapped steps).
+    # the start that stands best takes the turns, and every few rounds each start one (the
+    # start standing best may lead to a worse optimum; BENCHMARKS.md, overlapped steps).
     seeds = [c for c in seeds if search.allowed(c.placement)]
-    search.run(seeds, best_first=overlap_steps)
+    search.run(seeds, best_first=overlap_steps, fair_every=OVERLAP_FAIR_EVERY)
 
     def finish(outcomes: list[Outcome]) -> list[Evaluated]:
         """The best outcomes as plans, the very best also polished."""
@@ -296,7 +298,12 @@ def _one_deeper(
     5), within ONE_DEEPER_WORK_SHARE of `work` (the first search's); where its path retraces the
     first's, the evaluations are cached. Whether the budget left it to its end."""
     search.allowed = allowed
-    search.run(seeds, best_first=overlap_steps, work=ONE_DEEPER_WORK_SHARE * work)
+    search.run(
+        seeds,
+        best_first=overlap_steps,
+        work=ONE_DEEPER_WORK_SHARE * work,
+        fair_every=OVERLAP_FAIR_EVERY,
+    )
     return search.converged
 
 
@@ -506,11 +513,13 @@ class _Search:
         kicks: int = KICKS,
         best_first: bool = False,
         work: float = math.inf,
+        fair_every: int = 0,
     ) -> None:
         """Seeds, their rule variants, then local search from `starts` distinct placements,
         each kicked up to `kicks` times at its local optima: in turns, every start one step
         each, or with `best_first` the start whose current point scores best (a start kicked
-        off its optimum waits while others stand better). `work`: the evaluator's work this
+        off its optimum waits while others stand better); `fair_every`: with `best_first`,
+        every this many rounds every start takes a step. `work`: the evaluator's work this
         run may add (`Evaluator.work`); the seeds are evaluated in any case."""
         self.work_limit = self.evaluator.work + work
         # Each run kicks as if it ran alone: its path does not hang on the runs before it.
@@ -526,8 +535,13 @@ class _Search:
         active = dict(enumerate(_distinct_placements(ranked, starts)))
         kicked = dict.fromkeys(active, 0)
         anchors = dict(active)  # each start's best so far, to kick from
+        rounds = 0
         while active and not self.out_of_time() and not self.phase_spent():
-            turns = [min(active, key=lambda i: active[i].score)] if best_first else list(active)
+            rounds += 1
+            if best_first and (not fair_every or rounds % fair_every):
+                turns = [min(active, key=lambda i: active[i].score)]
+            else:
+                turns = list(active)
             for i in turns:
                 improved = self._descend_step(active[i])
                 if improved is not None:
