@@ -195,6 +195,37 @@ def greedy(
     return make_plan(num_devices, num_mb, ranges, placement, orders)
 
 
+def recomputing_job(
+    model: str,
+    placement: Sequence[int],
+    kinds: Sequence[str],
+    backward: Callable[[int, int], str],
+    microbatches: int = 4,
+    steps: int = 2,
+    **options,
+):
+    """A training job of `greedy`'s plan whose stages recompute `kinds`, with SGD and state
+    collected, to compare with `train_reference`."""
+    from dataclasses import replace
+
+    from octopipe.runtime.optim import OptimizerConfig
+    from octopipe.runtime.session import Job, RunConfig
+
+    plan = greedy(
+        list(placement), microbatches, 2, backward=backward, num_layers=layer_count(model)
+    )
+    config = RunConfig(
+        model,
+        steps=steps,
+        optimizer=OptimizerConfig("sgd", lr=0.05, momentum=0.9),
+        collect_state=True,
+        seq_len=8,
+        micro_batch_size=2,
+        **options,
+    )
+    return Job(replace(plan, recompute=tuple(kinds)), config)
+
+
 # --- stages in one process ----------------------------------------------------------------
 
 

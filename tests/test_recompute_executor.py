@@ -2,42 +2,25 @@
 weights of single-process training without recomputation, under split and full backwards,
 interleaving, tensor parallelism and FSDP2."""
 
-from dataclasses import replace
 
 import pytest
-from executor_helpers import greedy, layer_count
+from executor_helpers import recomputing_job
 
 from octopipe.actions import B, I
 from octopipe.runtime.launcher import launch
-from octopipe.runtime.optim import OptimizerConfig
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.session import Job, RunConfig
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 
 STEPS = 2
-SGD = OptimizerConfig("sgd", lr=0.05, momentum=0.9)
 
 
 def mixed(stage: int, mb: int) -> str:
     return I if (stage + mb) % 2 else B
 
 
-def recomputing(model, placement, kinds, backward=mixed, microbatches=4, **options) -> Job:
-    plan = greedy(
-        list(placement), microbatches, 2, backward=backward, num_layers=layer_count(model)
-    )
-    plan = replace(plan, recompute=tuple(kinds))
-    config = RunConfig(
-        model,
-        steps=STEPS,
-        optimizer=SGD,
-        collect_state=True,
-        seq_len=8,
-        micro_batch_size=2,
-        **options,
-    )
-    return Job(plan, config)
+def recomputing(model, placement, kinds, backward=mixed, **options):
+    return recomputing_job(model, placement, kinds, backward, steps=STEPS, **options)
 
 
 JOBS = {

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from executor_helpers import batch_of, greedy, layer_count, stage_of
+from executor_helpers import batch_of, greedy, recomputing_job, stage_of
 from model_zoo import titan_style, write_hf_config
 
 import octopipe as op
@@ -20,11 +20,9 @@ from octopipe.costmodel.hf_config import HF_RUNNABLE
 from octopipe.errors import InputError
 from octopipe.runtime.hf_attention import route_attention
 from octopipe.runtime.launcher import launch
-from octopipe.runtime.optim import OptimizerConfig
 from octopipe.runtime.recipe import load_recipe
 from octopipe.runtime.recompute import apply_recompute, check_recomputable, recomputed_modules
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.session import Job, RunConfig
 from octopipe.runtime.stage import StageCompute, as_leaves
 
 pytest.importorskip("transformers")
@@ -220,7 +218,6 @@ def test_a_selective_stage_without_an_attention_core_is_refused_in_one_line(
 # --- on real process groups ------------------------------------------------------------------
 
 STEPS = 2
-SGD = OptimizerConfig("sgd", lr=0.05, momentum=0.9)
 
 
 def mixed(stage: int, mb: int) -> str:
@@ -251,20 +248,10 @@ JOBS = {
 
 @pytest.fixture(scope="module")
 def runs(hf_models):
-    jobs = {}
-    for name, (family, placement, kinds, backward, options) in JOBS.items():
-        model = hf_models[family]
-        plan = greedy(list(placement), 4, 2, backward=backward, num_layers=layer_count(model))
-        config = RunConfig(
-            model,
-            steps=STEPS,
-            optimizer=SGD,
-            collect_state=True,
-            seq_len=8,
-            micro_batch_size=2,
-            **options,
-        )
-        jobs[name] = Job(replace(plan, recompute=kinds), config)
+    jobs = {
+        name: recomputing_job(hf_models[family], placement, kinds, backward, steps=STEPS, **options)
+        for name, (family, placement, kinds, backward, options) in JOBS.items()
+    }
     results = launch(list(jobs.values()), 4, "gloo", timeout_s=120)
     return {name: (jobs[name], result) for name, result in zip(jobs, results)}
 
