@@ -73,6 +73,7 @@ def training(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group: a Ctrl-C can be sent to it alone
+        preexec_fn=as_from_a_terminal,
     )
     try:
         first = proc.stdout.readline()  # a step line: both ranks are training
@@ -84,6 +85,13 @@ def training(tmp_path):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.communicate()
+
+
+def as_from_a_terminal() -> None:
+    """In the child before exec: SIGINT at its default, as a terminal starts a command. A
+    suite started in the background by a shell (`pytest &`) has SIGINT ignored, which its
+    children inherit, and the launcher leaves an ignored signal ignored (`runtime/spawn.py`)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_folders(temp: Path) -> list[Path]:
