@@ -2,7 +2,6 @@
 weights of single-process training without recomputation, under split and full backwards,
 interleaving, tensor parallelism and FSDP2."""
 
-
 import pytest
 from executor_helpers import recomputing_job
 

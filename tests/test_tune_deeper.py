@@ -80,7 +80,7 @@ def test_the_walk_one_stage_deeper_finds_what_the_deeper_seeds_miss(monkeypatch)
     # under llama3-70b, BENCHMARKS.md).
     profile = stack(20, head=1.0, speeds=(1.0, 1.0, 0.5, 0.5))
     walked = tuned(profile, 4, 4).best
-    monkeypatch.setattr(search, "_one_deeper", lambda *args: True)  # the tuner without it
+    monkeypatch.setattr(search, "ONE_DEEPER_WORK_SHARE", 0.0)  # the tuner without the walk
     without = tuned(profile, 4, 4).best
     assert walked.sim.iteration_time < without.sim.iteration_time
     assert chunk_count(walked.plan.placement) == 5

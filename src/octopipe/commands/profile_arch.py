@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from octopipe.commands._flags import count, number
 from octopipe.costmodel.hardware import PRESETS
-from octopipe.costmodel.hf_config import shipped_models
+from octopipe.costmodel.hf_config import HF_RUNNABLE, shipped_models
 from octopipe.limits import (
     MAX_BANDWIDTH,
     MAX_BYTES,
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="torchtitan",
         help="torchtitan's FQNs (layers.3, default) or transformers' (model.layers.3), so that "
         "plans run on `octopipe run --model hf:PATH` of the same config.json (the families "
-        "hf: runs only: Llama, Qwen2/3, Mistral, Mixtral, Qwen2/3-MoE)",
+        f"hf: runs only: {', '.join(HF_RUNNABLE.values())})",
     )
     parser.add_argument("-o", "--output", required=True, help="profile JSON to write")
 

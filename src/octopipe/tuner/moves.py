@@ -22,7 +22,6 @@ from octopipe.tuner.candidate import Candidate, Outcome
 
 WARMUP_STEPS = (0.8, 1.25)
 MAX_WARMUP = 8.0
-STRENGTHS = RECOMPUTE_KINDS  # recomputation, from least memory saved to most
 Offers = Callable[[int, int, str], bool]  # whether layers [a, b) can be recomputed so
 
 
@@ -117,7 +116,7 @@ def _merges(cand: Candidate) -> list[Candidate]:
             placement = cand.placement[: s + 1] + cand.placement[s + 2 :]
             recompute = cand.recompute
             if recompute:
-                both = max(recompute[s], recompute[s + 1], key=STRENGTHS.index)
+                both = max(recompute[s], recompute[s + 1], key=RECOMPUTE_KINDS.index)
                 recompute = recompute[:s] + (both,) + recompute[s + 2 :]
             out.append(cand.but(ranges=ranges, placement=placement, recompute=recompute))
     return out
@@ -258,10 +257,10 @@ def recompute_moves(outcome: Outcome, offers: Offers) -> list[Candidate]:
 
 def _next_kind(kind: str, stage: tuple[int, int], offers: Offers, step: int) -> str | None:
     """The next recomputation kind the stage's layers offer, one way or the other."""
-    i = STRENGTHS.index(kind) + step
-    while 0 <= i < len(STRENGTHS):
-        if offers(*stage, STRENGTHS[i]):
-            return STRENGTHS[i]
+    i = RECOMPUTE_KINDS.index(kind) + step
+    while 0 <= i < len(RECOMPUTE_KINDS):
+        if offers(*stage, RECOMPUTE_KINDS[i]):
+            return RECOMPUTE_KINDS[i]
         i += step
     return None
 

@@ -214,10 +214,16 @@ def tune(
     # the start that stands best takes the turns, and every few rounds each start one (the
     # start standing best may lead to a worse optimum; BENCHMARKS.md, overlapped steps).
     seeds = [c for c in seeds if search.allowed(c.placement)]
-    search.run(seeds, best_first=overlap_steps, fair_every=OVERLAP_FAIR_EVERY)
+
+    def first_search(work: float = math.inf) -> None:
+        search.run(seeds, best_first=overlap_steps, fair_every=OVERLAP_FAIR_EVERY, work=work)
+
+    first_search()
 
     def finish(outcomes: list[Outcome]) -> list[Evaluated]:
-        """The best outcomes as plans, the very best also polished."""
+        """The best outcomes as plans, the very best also polished (none: none)."""
+        if not outcomes:
+            return []
         done = []
         for outcome in outcomes:
             plan = evaluator.to_plan(outcome)
@@ -244,17 +250,14 @@ def tune(
         before = search.best_outcomes(RECOMPUTE_FROM)
         converged = _recompute(search, evaluator, depth, before, first, allowed, overlap_steps)
         recomputed = [o for o in search.best_outcomes(3) if o.candidate.recompute]
-        finalists += finish(recomputed) if recomputed else []
+        finalists += finish(recomputed)
     elif not search.out_of_time() and deepest > depth and search.best and search.best.fits:
         converged = _deepen(search, evaluator, depth + 1, deepest, first, allowed, overlap_steps)
-        deeper = [o for o in search.best_outcomes(3) if o not in shallow]
-        finalists += finish(deeper) if deeper else []
+        finalists += finish([o for o in search.best_outcomes(3) if o not in shallow])
     if not search.out_of_time() and deepest > depth:
-        before = search.best_outcomes(3)
-        walk = _one_deeper(search, seeds, within(depth + 1), first, overlap_steps)
-        converged = converged and walk
-        reached = [o for o in search.best_outcomes(3) if o not in before]
-        finalists += finish(reached) if reached else []
+        known = search.best_outcomes(3)
+        converged = _one_deeper(search, first_search, within(depth + 1), first) and converged
+        finalists += finish([o for o in search.best_outcomes(3) if o not in known])
     best = min([*finalists, *base], key=lambda e: e.score)
     label = best.label if best in finalists else f"{best.label} (kept)"
     exported = best.sim
@@ -288,22 +291,17 @@ def _deepen(
 
 def _one_deeper(
     search: _Search,
-    seeds: list[Candidate],
+    first_search: Callable[[float], None],
     allowed: Callable[[tuple[int, ...]], bool],
     work: float,
-    overlap_steps: bool,
 ) -> bool:
-    """The first search again, from its seeds (and, as every run, with the same seeded kicks),
-    its moves now free to give a device one stage more than the seeds hold (module docstring,
-    5), within ONE_DEEPER_WORK_SHARE of `work` (the first search's); where its path retraces the
-    first's, the evaluations are cached. Whether the budget left it to its end."""
+    """The first search again (`first_search(work)`: its seeds, its turns and, as every run,
+    its seeded kicks), its moves now free to give a device one stage more than the seeds hold
+    (module docstring, 5), within ONE_DEEPER_WORK_SHARE of `work` (the first search's); where
+    its path retraces the first's, the evaluations are cached. Whether the budget left it to
+    its end."""
     search.allowed = allowed
-    search.run(
-        seeds,
-        best_first=overlap_steps,
-        work=ONE_DEEPER_WORK_SHARE * work,
-        fair_every=OVERLAP_FAIR_EVERY,
-    )
+    first_search(ONE_DEEPER_WORK_SHARE * work)
     return search.converged
 
 
