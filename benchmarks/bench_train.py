@@ -44,10 +44,10 @@ import torch
 
 import octopipe as op
 from octopipe.profile import DataParallel
-from octopipe.runtime.data import TokenFile
-from octopipe.runtime.launcher import launch
-from octopipe.runtime.session import Job, RunConfig
-from octopipe.runtime.worker import OptimizerConfig
+from octopipe.runtime.data.batches import TokenFile
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import launch
+from octopipe.runtime.step.worker import OptimizerConfig
 
 DEVICES = 2
 SEQ_LEN, MICRO_BATCH, MICROBATCHES = 64, 4, 4
@@ -135,8 +135,8 @@ def predictions(model: str, plan) -> dict[int, float]:
     """The simulator's step time of `plan` at D = 1 and D = 2 on a profile measured here (2
     processes at once, the link between them measured too), each layer's gradient its fp32
     parameters, the all-reduce over the measured link."""
-    from octopipe.runtime.recipe import load_recipe
-    from octopipe.runtime.split import parameter_bytes
+    from octopipe.runtime.model.load import load_recipe
+    from octopipe.runtime.model.split import parameter_bytes
 
     measured = op.measure_profile(
         model,

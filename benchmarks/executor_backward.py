@@ -9,10 +9,11 @@ from dataclasses import dataclass
 import torch
 from executor_runs import MODELS
 
-from octopipe.runtime.data import SyntheticData, replica_batch
-from octopipe.runtime.profiler import time_layer
-from octopipe.runtime.recipe import ModelRecipe, load_recipe
-from octopipe.runtime.stage import StageCompute, as_leaves
+from octopipe.runtime.data.batches import SyntheticData, replica_batch
+from octopipe.runtime.measure.profiler import time_layer
+from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.model.recipe import ModelRecipe
+from octopipe.runtime.step.stage import StageCompute, as_leaves
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from octopipe.baselines import make_baseline
 from octopipe.calibrate import RunFit, fit_run, scaled
 from octopipe.plan import Plan, load_plan
 from octopipe.profile import Profile, load_profile, save_profile
-from octopipe.runtime.session import Job, RunConfig, RunResult
+from octopipe.runtime.job.session import Job, RunConfig, RunResult
+from octopipe.runtime.step.worker import ActionRecord
 from octopipe.runtime.torch_pipelining import CSV_RUNTIME, TorchJob, TorchResult, launch_torch
-from octopipe.runtime.worker import ActionRecord
 from octopipe.sim import Simulator
 
 DEVICES = 2

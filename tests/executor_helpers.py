@@ -19,8 +19,8 @@ from torch import nn
 from octopipe.actions import Action, B, F, I, W
 from octopipe.models.base import PipelineModel
 from octopipe.plan import Plan, dependencies, make_plan
-from octopipe.runtime.data import SyntheticData, replica_batch
-from octopipe.runtime.recipe import load_recipe
+from octopipe.runtime.data.batches import SyntheticData, replica_batch
+from octopipe.runtime.model.load import load_recipe
 
 TOY = "executor_helpers:toy_model"
 TOY_LAYERS = 8
@@ -208,8 +208,8 @@ def recomputing_job(
     collected, to compare with `train_reference`."""
     from dataclasses import replace
 
-    from octopipe.runtime.optim import OptimizerConfig
-    from octopipe.runtime.session import Job, RunConfig
+    from octopipe.runtime.job.session import Job, RunConfig
+    from octopipe.runtime.step.optim import OptimizerConfig
 
     plan = greedy(
         list(placement), microbatches, 2, backward=backward, num_layers=layer_count(model)

@@ -30,8 +30,8 @@ import octopipe as op
 from octopipe.cli import build_parser, main
 from octopipe.plan import save_plan
 from octopipe.profile import save_profile
-from octopipe.runtime.checkpoint_folder import FORMAT, MARKER
-from octopipe.runtime.recipe import load_recipe
+from octopipe.runtime.checkpoint.folder import FORMAT, MARKER
+from octopipe.runtime.model.load import load_recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 

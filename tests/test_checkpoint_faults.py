@@ -24,8 +24,8 @@ from executor_helpers import TOY, gpipe
 from octopipe.cli import main
 from octopipe.errors import InputError
 from octopipe.plan import save_plan
-from octopipe.runtime import checkpoint
-from octopipe.runtime.checkpoint_folder import (
+from octopipe.runtime.checkpoint import store as checkpoint
+from octopipe.runtime.checkpoint.folder import (
     LOCK,
     CheckpointSkipped,
     NoSpace,
@@ -33,7 +33,7 @@ from octopipe.runtime.checkpoint_folder import (
     choose,
     hold,
 )
-from octopipe.runtime.recipe import load_recipe
+from octopipe.runtime.model.load import load_recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -194,7 +194,7 @@ def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from octopipe.runtime.checkpoint_folder import hold\n"
+            "import sys, time; from octopipe.runtime.checkpoint.folder import hold\n"
             f"with hold({str(ckpt)!r}):\n    print('held', flush=True); time.sleep(60)",
         ],
         stdout=subprocess.PIPE,
@@ -331,9 +331,9 @@ def test_a_disk_that_fills_during_a_save_is_one_line_and_leaves_no_partial_folde
 def test_a_run_resumes_from_the_last_complete_checkpoint_when_the_latest_is_damaged(
     tmp_path, run_argv, capsys
 ):
-    from octopipe.runtime.optim import OptimizerConfig
+    from octopipe.runtime.job.session import RunConfig
     from octopipe.runtime.reference import train_reference
-    from octopipe.runtime.session import RunConfig
+    from octopipe.runtime.step.optim import OptimizerConfig
 
     ckpt = tmp_path / "ckpt"
     assert main(run_argv(ckpt, "--steps", "4", "--checkpoint-every", "2", "--json")) == 0

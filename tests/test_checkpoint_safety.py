@@ -21,15 +21,15 @@ import octopipe as op
 from octopipe.cli import main
 from octopipe.errors import InputError
 from octopipe.plan import save_plan
-from octopipe.runtime import checkpoint
-from octopipe.runtime.checkpoint_folder import choose
-from octopipe.runtime.checkpoint_metadata import (
+from octopipe.runtime.checkpoint import store as checkpoint
+from octopipe.runtime.checkpoint.folder import choose
+from octopipe.runtime.checkpoint.metadata import (
     ALLOWED_GLOBALS,
     DamagedCheckpoint,
     UnsafeCheckpoint,
     read_metadata,
 )
-from octopipe.runtime.recipe import load_recipe
+from octopipe.runtime.model.load import load_recipe
 
 # DCP warns that it runs in one process when no process group is up: these tests mean that.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -239,7 +239,7 @@ def test_an_optimizer_state_larger_than_its_parameter_is_refused(tmp_path, toy):
 
 def test_the_planner_refuses_bytes_even_past_every_other_check(tmp_path, toy):
     """The last line of defence: DCP itself, handed the bytes entry, does not unpickle it."""
-    from octopipe.runtime.checkpoint_metadata import CheckedReader, TensorsOnlyPlanner
+    from octopipe.runtime.checkpoint.metadata import CheckedReader, TensorsOnlyPlanner
 
     witness = tmp_path / "ran"
     folder = crafted_bytes_entry(tmp_path / "ckpt", toy, witness)

@@ -170,8 +170,8 @@ def test_run_as_ranks_of_an_existing_job(tmp_path):
 def test_run_at_the_sizes_the_profile_was_measured_at(tmp_path, capsys):
     """--seq-len and --micro-batch-size size the data: the first step's loss is that of the
     model at those sizes (the default sizes give another)."""
+    from octopipe.runtime.job.session import RunConfig
     from octopipe.runtime.reference import train_reference
-    from octopipe.runtime.session import RunConfig
 
     layers, M = layer_count("tiny-llama"), 3
     save_plan(one_f_one_b(2, M, num_layers=layers), tmp_path / "plan.json")

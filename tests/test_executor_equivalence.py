@@ -10,10 +10,10 @@ from executor_helpers import TOY, gpipe, greedy, layer_count, one_f_one_b
 
 from octopipe.actions import Action
 from octopipe.plan import make_plan
-from octopipe.runtime.launcher import launch
-from octopipe.runtime.optim import OptimizerConfig
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.session import Job, RunConfig
+from octopipe.runtime.step.optim import OptimizerConfig
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 

@@ -9,10 +9,10 @@ import pytest
 from executor_helpers import TOY, TOY_LAYERS
 
 from octopipe.runtime.fuzz import random_plan
-from octopipe.runtime.launcher import launch
-from octopipe.runtime.optim import OptimizerConfig
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.session import Job, RunConfig
+from octopipe.runtime.step.optim import OptimizerConfig
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 

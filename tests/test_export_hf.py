@@ -13,10 +13,10 @@ from executor_helpers import one_f_one_b
 from model_zoo import write_hf_config
 
 from octopipe.cli import main
-from octopipe.runtime.launcher import launch
-from octopipe.runtime.optim import OptimizerConfig
-from octopipe.runtime.recipe import load_recipe
-from octopipe.runtime.session import Job, RunConfig
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import launch
+from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.step.optim import OptimizerConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from octopipe.runtime.launcher import CHILD_ENVIRONMENT, RankFailure, spawn_ranks
+from octopipe.runtime.launch.launcher import CHILD_ENVIRONMENT, RankFailure, spawn_ranks
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 

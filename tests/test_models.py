@@ -7,10 +7,11 @@ import torch
 
 from octopipe.costmodel.arch import layer_specs
 from octopipe.costmodel.hf_config import load_architecture
-from octopipe.models import build_model, bundled_models
+from octopipe.models import bundled_models
 from octopipe.models.mamba import ssd_scan
-from octopipe.runtime.data import SyntheticData, replica_batch
-from octopipe.runtime.recipe import load_recipe
+from octopipe.runtime.data.batches import SyntheticData, replica_batch
+from octopipe.runtime.model.bundled import build_model
+from octopipe.runtime.model.load import load_recipe
 
 # The fast subset runs each per-model test on tiny-llama; the other families in the full suite.
 MODELS = [

@@ -13,10 +13,10 @@ from executor_helpers import TOY, TOY_LAYERS, ToyModel, _Swap, greedy, one_f_one
 
 from octopipe.actions import B, I
 from octopipe.random_plans import random_plan
-from octopipe.runtime.launcher import RankFailure, launch
-from octopipe.runtime.optim import OptimizerConfig
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import RankFailure, launch
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.session import Job, RunConfig
+from octopipe.runtime.step.optim import OptimizerConfig
 
 pytestmark = pytest.mark.slow  # real process groups
 

@@ -12,11 +12,11 @@ from executor_helpers import layer_count, one_f_one_b
 from model_zoo import titan_style, tp_titan_style, write_hf_config
 
 from octopipe.errors import InputError
-from octopipe.runtime.launcher import validate_jobs
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import validate_jobs
+from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.parallel.layout import Place, RankLayout
 from octopipe.runtime.parallel.tensor_parallel import check_plan, matches, resolve
-from octopipe.runtime.recipe import load_recipe
-from octopipe.runtime.session import Job, RunConfig
 
 
 def test_ranks_number_tp_fastest_then_pp_then_dp():

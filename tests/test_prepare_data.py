@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from octopipe.cli import main
 from octopipe.errors import InputError
-from octopipe.runtime.data import TokenFile
+from octopipe.runtime.data.batches import TokenFile
 from octopipe.tokens import sources
 from octopipe.tokens.sources import PIECE_CHARS, pieces
 

@@ -7,18 +7,18 @@ import torch
 from torch import nn
 
 from octopipe.cli import main
-from octopipe.models import build_model
 from octopipe.profile import LayerCost, Profile, load_profile, save_profile
-from octopipe.runtime.data import SyntheticData, replica_batch
-from octopipe.runtime.profiler import (
+from octopipe.runtime.data.batches import SyntheticData, replica_batch
+from octopipe.runtime.measure.profiler import (
     as_layer_inputs,
     measure_memory,
     median_profile,
     profile_model,
     run_layer,
 )
-from octopipe.runtime.recipe import load_recipe
-from octopipe.runtime.weightgrad import WeightGradTape, backward_input
+from octopipe.runtime.model.bundled import build_model
+from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.model.weightgrad import WeightGradTape, backward_input
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 

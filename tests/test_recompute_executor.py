@@ -6,7 +6,7 @@ import pytest
 from executor_helpers import recomputing_job
 
 from octopipe.actions import B, I
-from octopipe.runtime.launcher import launch
+from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`

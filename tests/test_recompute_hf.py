@@ -1,4 +1,4 @@
-"""Selective recomputation of Hugging Face `transformers` models (`runtime/hf_attention.py`):
+"""Selective recomputation of Hugging Face `transformers` models (`runtime/model/hf_attention.py`):
 the attention function each attention module calls is redone in the backward, and only it; the
 gradients are those of no recomputation, in one process for every Llama-structured family and
 on real gloo process groups (split backward, interleaving, TP, FSDP2) against single-process
@@ -18,12 +18,12 @@ import octopipe as op
 from octopipe.actions import B, I
 from octopipe.costmodel.hf_config import HF_RUNNABLE
 from octopipe.errors import InputError
-from octopipe.runtime.hf_attention import route_attention
-from octopipe.runtime.launcher import launch
-from octopipe.runtime.recipe import load_recipe
-from octopipe.runtime.recompute import apply_recompute, check_recomputable, recomputed_modules
+from octopipe.runtime.launch.launcher import launch
+from octopipe.runtime.model.hf_attention import route_attention
+from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.model.recompute import apply_recompute, check_recomputable, recomputed_modules
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.stage import StageCompute, as_leaves
+from octopipe.runtime.step.stage import StageCompute, as_leaves
 
 pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""A stage that recomputes (`runtime/recompute.py`), in one process: the same gradients as no
+"""A stage that recomputes (`runtime/model/recompute.py`), in one process: the same gradients as no
 recomputation under B and under I then W, less held from F (measured by torch's profiler), and
 W's inputs taken from I's redone forward."""
 
@@ -8,9 +8,10 @@ from executor_helpers import TOY, batch_of, stage_of
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from octopipe.runtime.recipe import StageModule, load_recipe
-from octopipe.runtime.recompute import apply_recompute, recomputed_modules
-from octopipe.runtime.stage import StageCompute, as_leaves
+from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.model.recipe import StageModule
+from octopipe.runtime.model.recompute import apply_recompute, recomputed_modules
+from octopipe.runtime.step.stage import StageCompute, as_leaves
 
 LLAMA = "tiny-llama"
 

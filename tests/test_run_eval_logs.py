@@ -18,12 +18,12 @@ from executor_helpers import TOY, greedy, layer_count, one_f_one_b
 
 from octopipe.cli import main
 from octopipe.plan import save_plan
-from octopipe.runtime.data import GivenBatches, SyntheticData, TokenFile
-from octopipe.runtime.launcher import launch
-from octopipe.runtime.optim import OptimizerConfig
-from octopipe.runtime.recipe import load_recipe
+from octopipe.runtime.data.batches import GivenBatches, SyntheticData, TokenFile
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import launch
+from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.session import Job, RunConfig
+from octopipe.runtime.step.optim import OptimizerConfig
 
 pytestmark = [
     pytest.mark.slow,

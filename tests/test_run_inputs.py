@@ -9,7 +9,7 @@ import torch
 
 import octopipe as op
 from octopipe.errors import InputError
-from octopipe.runtime.data import GivenBatches, as_global_batch
+from octopipe.runtime.data.batches import GivenBatches, as_global_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -65,7 +65,7 @@ def test_a_loss_that_cannot_be_called_or_sent_is_refused(plan):
 
 
 def test_a_loss_given_a_tuple_it_did_not_expect_says_what_it_gets():
-    from octopipe.runtime.recipe import explained
+    from octopipe.runtime.model.recipe import explained
 
     def loss(outputs, target):
         return torch.nn.functional.cross_entropy(outputs, target)  # outputs is a tuple

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from octopipe.commands._run_progress import RunProgress
-from octopipe.runtime.checkpoint_folder import keep_newest
-from octopipe.runtime.progress import RunNote, StepReport
+from octopipe.runtime.checkpoint.folder import keep_newest
+from octopipe.runtime.job.progress import RunNote, StepReport
 
 REPORT = StepReport(step=1, loss=2.5, step_time=0.25, tokens=1000)
 FULL = StepReport(

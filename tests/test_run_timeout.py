@@ -5,8 +5,8 @@ import multiprocessing as mp
 import pytest
 from executor_helpers import gpipe
 
-from octopipe.runtime.launcher import RankFailure, launch
-from octopipe.runtime.session import Job, RunConfig
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import RankFailure, launch
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 

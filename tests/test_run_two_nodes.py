@@ -20,8 +20,8 @@ import pytest
 from executor_helpers import gpipe, layer_count
 
 from octopipe.plan import save_plan
+from octopipe.runtime.job.session import RunConfig
 from octopipe.runtime.reference import train_reference
-from octopipe.runtime.session import RunConfig
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 

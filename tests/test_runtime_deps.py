@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from octopipe.actions import Action, B, F, I, W
 from octopipe.errors import InputError
 from octopipe.plan import make_plan
-from octopipe.runtime.deps import check_runnable, dependencies, find_cycle
 from octopipe.runtime.fuzz import random_plan
+from octopipe.runtime.step.deps import check_runnable, dependencies, find_cycle
 
 
 def two_stage_plan(order0, order1, num_mb=2):

@@ -4,9 +4,9 @@ import dataclasses
 
 from executor_helpers import TOY
 
-from octopipe.runtime.optim import OptimizerConfig
+from octopipe.runtime.job.session import RunConfig, RunResult
 from octopipe.runtime.reference import mismatches, relative_difference, train_reference
-from octopipe.runtime.session import RunConfig, RunResult
+from octopipe.runtime.step.optim import OptimizerConfig
 
 SGD = OptimizerConfig("sgd", lr=0.1)
 

@@ -6,8 +6,8 @@ import torch
 from executor_helpers import TOY, TOY_LAYERS, batch_of, stage_of, toy_model
 
 from octopipe.models import bundled_models
-from octopipe.runtime.recipe import load_recipe
-from octopipe.runtime.stage import StageCompute, as_leaves
+from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.step.stage import StageCompute, as_leaves
 
 
 def stage_compute(recipe, start, end, seed, num_mb):

@@ -9,8 +9,8 @@ from model_zoo import TitanStyle
 from torch import nn
 
 from octopipe.errors import InputError
-from octopipe.runtime.recipe import load_recipe
-from octopipe.runtime.split import (
+from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.model.split import (
     check_layers,
     check_plan_layer_names,
     default_layer_names,

@@ -21,10 +21,10 @@ from octopipe.costmodel import load_architecture
 from octopipe.costmodel.build import build_profile
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.settings import Settings
-from octopipe.runtime.launcher import launch
-from octopipe.runtime.optim import OptimizerConfig
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.session import Job, RunConfig
+from octopipe.runtime.step.optim import OptimizerConfig
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`

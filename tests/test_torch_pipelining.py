@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from octopipe.plan import make_plan
-from octopipe.runtime.recipe import load_recipe
-from octopipe.runtime.session import Job, RunConfig, RunResult
+from octopipe.runtime.job.session import Job, RunConfig, RunResult
+from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.torch_pipelining import (
     CSV_RUNTIME,
     TorchJob,

@@ -16,7 +16,7 @@ from tests.viz_samples import interleaved_1f1b, layer_profile
 
 
 @dataclass(frozen=True)
-class Record:  # the fields of the executor's ActionRecord (runtime/worker.py)
+class Record:  # the fields of the executor's ActionRecord (runtime/step/worker.py)
     step: int
     action: str
     wait_start: float

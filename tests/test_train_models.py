@@ -19,13 +19,13 @@ import octopipe as op
 from octopipe.cli import main
 from octopipe.errors import InputError
 from octopipe.plan import save_plan
-from octopipe.runtime.data import GivenBatches, TokenFile, replica_batch
-from octopipe.runtime.launcher import launch
-from octopipe.runtime.optim import OptimizerConfig
-from octopipe.runtime.recipe import load_recipe
+from octopipe.runtime.data.batches import GivenBatches, TokenFile, replica_batch
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import launch
+from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.model.split import parameter_bytes
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.session import Job, RunConfig
-from octopipe.runtime.split import parameter_bytes
+from octopipe.runtime.step.optim import OptimizerConfig
 
 pytest.importorskip("transformers")
 
@@ -252,8 +252,8 @@ def test_a_checkpoint_resumes_under_another_plan_and_another_d_with_identical_lo
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
-    from octopipe.runtime.checkpoint import check_compatible
-    from octopipe.runtime.checkpoint_folder import Marker, Resumable
+    from octopipe.runtime.checkpoint.folder import Marker, Resumable
+    from octopipe.runtime.checkpoint.store import check_compatible
 
     marker = Marker(format="octopipe.checkpoint/1", step=2, model="m", layers=("a",), seed=0)
     recipe = load_recipe(titan_style)

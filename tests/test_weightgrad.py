@@ -1,4 +1,4 @@
-"""The split backward's tape (`runtime/weightgrad.py`) against plain autograd, on the module
+"""The split backward's tape (`runtime/model/weightgrad.py`) against plain autograd, on the module
 shapes that could fool it: reparametrized weights, aliasing gradients, hooks, keyword inputs,
 inputs changed in place, and what it keeps alive."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from octopipe.runtime.weightgrad import WeightGradTape, backward_input
+from octopipe.runtime.model.weightgrad import WeightGradTape, backward_input
 
 
 def split_grads(module: nn.Module, inputs: list[torch.Tensor], call=None) -> dict:

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from octopipe.layouts import LayoutReport
     from octopipe.plan import Plan
     from octopipe.profile import Profile
-    from octopipe.runtime.progress import RunNote, StepReport
-    from octopipe.runtime.session import RunResult
+    from octopipe.runtime.job.progress import RunNote, StepReport
+    from octopipe.runtime.job.session import RunResult
     from octopipe.sim import SimResult
     from octopipe.tuner import TuneResult
 
@@ -209,9 +209,9 @@ def plan_layout(
 
 def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
     """A measured profile of a bundled model (or config.json) on this machine, every layer
-    timed in `nproc` processes at once; options as `octopipe.runtime.measure.MeasureOptions`
+    timed in `nproc` processes at once; options as `octopipe.runtime.measure.profile_job.MeasureOptions`
     (device, seq_len, micro_batch_size, repeats, warmup, seed, threads, progress)."""
-    from octopipe.runtime.measure import measure_profile as measure
+    from octopipe.runtime.measure.profile_job import measure_profile as measure
 
     return measure(model, nproc=nproc, **options)
 
@@ -265,7 +265,7 @@ def run(
     picklable function returning an `nn.Module`; docs in the README). `data`: None (the model's
     synthetic sequences), a token file's path (little-endian `data_dtype` ids; default: what a
     meta.json beside it says, else uint16), a
-    `octopipe.runtime.data.DataSource`, or the global batches themselves (a list, or any
+    `octopipe.runtime.data.batches.DataSource`, or the global batches themselves (a list, or any
     iterable, of `(inputs, targets)` holding dp x M x b sequences each). `loss(outputs,
     target)`: None for the model's own (next-token cross-entropy by default). The learning
     rate warms up over `warmup_steps`, then stays or follows a cosine to `min_lr` at `steps`;
@@ -292,10 +292,10 @@ def run(
     rank 0 gets the result (the others None). A failing rank raises
     `octopipe.runtime.RankFailure` (a loss turned nan or inf: its `NonFiniteLoss`); SIGTERM or
     Ctrl-C stops every spawned rank and raises `Stopped` (a KeyboardInterrupt)."""
-    from octopipe.runtime.launcher import execute
-    from octopipe.runtime.optim import OptimizerConfig
-    from octopipe.runtime.preflight import check_run_settings
-    from octopipe.runtime.session import Job, RunConfig
+    from octopipe.runtime.job.session import Job, RunConfig
+    from octopipe.runtime.launch.launcher import execute
+    from octopipe.runtime.launch.preflight import check_run_settings
+    from octopipe.runtime.step.optim import OptimizerConfig
 
     _check_runnable_degrees(plan, where)
     check_run_settings(
@@ -409,7 +409,7 @@ def _check_picklable(what: str, fn) -> None:
 
 def _reports_to(on_step, on_note):
     """One callback for the launcher: step reports to `on_step`, notes to `on_note`."""
-    from octopipe.runtime.progress import StepReport
+    from octopipe.runtime.job.progress import StepReport
 
     if on_step is None and on_note is None:
         return None
@@ -432,7 +432,7 @@ def planned_shape(plan: Plan) -> tuple[int | None, int | None]:
 def run_shape(plan: Plan, seq_len: int | None, micro_batch_size: int | None) -> tuple[int, int]:
     """The tokens per sequence and sequences per microbatch a run of `plan` uses: those given,
     else what the plan was made for, else the defaults (32 and 2)."""
-    from octopipe.runtime.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
+    from octopipe.runtime.model.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
 
     planned_len, planned_b = planned_shape(plan)
     return (
@@ -467,7 +467,7 @@ def _data_source(
     """`steps`: how many batches an iterator is read for."""
     import itertools
 
-    from octopipe.runtime.data import DataSource, GivenBatches, TokenFile
+    from octopipe.runtime.data.batches import DataSource, GivenBatches, TokenFile
 
     if data is None or isinstance(data, DataSource):
         return data

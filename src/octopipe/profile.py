@@ -3,7 +3,7 @@
 Load, validate, save.
 
 This module only describes a model's costs; it does not compute them (see `costmodel/` and
-`runtime/profiler.py`) nor interpret them (see `sim/`).
+`runtime/measure/profiler.py`) nor interpret them (see `sim/`).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class TracedAction:
         return 0.0 if self.wait_start is None else self.event.start - self.wait_start
 
 
-class _Record(Protocol):  # the executor's ActionRecord (runtime/worker.py), without torch
+class _Record(Protocol):  # the executor's ActionRecord (runtime/step/worker.py), without torch
     step: int
     action: str
     wait_start: float

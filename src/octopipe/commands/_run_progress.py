@@ -36,7 +36,7 @@ class RunProgress:
             self._bar.stop()
 
     def __call__(self, report) -> None:
-        from octopipe.runtime.progress import RunNote
+        from octopipe.runtime.job.progress import RunNote
 
         if self.also is not None:
             self.also(report)

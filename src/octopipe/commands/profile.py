@@ -1,6 +1,6 @@
 """`octopipe profile`: measure a real model layer by layer on this machine, write a profile.
 
-The measuring is `octopipe.runtime.measure.measure_profile`; this module parses and reports."""
+The measuring is `octopipe.runtime.measure.profile_job.measure_profile`; this module parses and reports."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.commands._output_paths import check_output_file
     from octopipe.limits import MAX_MICROBATCH_TOKENS, check_microbatch_tokens
     from octopipe.profile import save_profile
-    from octopipe.runtime.measure import measure_profile
+    from octopipe.runtime.measure.profile_job import measure_profile
 
     check_output_file("--output", args.output)
     check_microbatch_tokens(args.seq_len, args.micro_batch_size, MAX_MICROBATCH_TOKENS)

@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from octopipe.commands._run_progress import RunProgress
     from octopipe.plan import load_plan
-    from octopipe.runtime.launcher import RankFailure, Stopped, under_torchrun
+    from octopipe.runtime.launch.launcher import RankFailure, Stopped, under_torchrun
     from octopipe.runtime.parallel.layout import RankLayout
     from octopipe.trace import from_records, write_trace
 
@@ -330,7 +330,7 @@ def _logs(folder: str | None):
     """The run's logs, on the process that reports (rank 0 under torchrun), if asked for."""
     if folder is None or os.environ.get("RANK", "0") != "0":
         return None
-    from octopipe.runtime.logs import RunLogs, tensorboard_available
+    from octopipe.runtime.job.logs import RunLogs, tensorboard_available
 
     if not tensorboard_available():
         print(

@@ -53,7 +53,7 @@ FAMILY_OF_MODEL_TYPE = {
     "gpt_neox": GPT,
 }
 
-# The model types `--model hf:` runs (runtime/hf.py's adapter: transformers' Llama structure,
+# The model types `--model hf:` runs (runtime/model/hf.py's adapter: transformers' Llama structure,
 # each held by tests/test_recompute_hf.py), named as messages name them. One rule, here where
 # no torch is imported: `hf:` refuses the others the cost model knows, and `profile-arch
 # --layer-names hf` names no layers for them, so no profile promises a run that cannot start.

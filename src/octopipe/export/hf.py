@@ -37,10 +37,11 @@ class Exported:
 
 def export_hf(checkpoint: str | Path, model: str, out: str | Path, dtype: str = "float32"):
     """Write the checkpoint's weights of the `hf:` model `model` into the folder `out`."""
-    from octopipe.runtime.checkpoint import check_compatible, load_weights
-    from octopipe.runtime.checkpoint_folder import model_identity
-    from octopipe.runtime.hf import load_config
-    from octopipe.runtime.recipe import HF_PREFIX, load_recipe
+    from octopipe.runtime.checkpoint.folder import model_identity
+    from octopipe.runtime.checkpoint.store import check_compatible, load_weights
+    from octopipe.runtime.model.hf import load_config
+    from octopipe.runtime.model.load import load_recipe
+    from octopipe.runtime.model.recipe import HF_PREFIX
 
     if not model.startswith(HF_PREFIX):
         raise InputError(
@@ -100,7 +101,7 @@ def _with_weights(config, weights: dict[str, torch.Tensor], dtype: torch.dtype):
 
 def _checkpoint(path: Path):
     """A `step-K` folder, or the newest complete checkpoint of a folder of them."""
-    from octopipe.runtime.checkpoint_folder import (
+    from octopipe.runtime.checkpoint.folder import (
         MARKER,
         STEP_DIR,
         Resumable,

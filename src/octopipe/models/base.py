@@ -3,7 +3,7 @@
 A pipeline model registers its layers in order (FQNs such as `tok_embeddings`, `layers.3`,
 `norm`, `output`, matching the profile the cost model produces for the same config) and its
 `forward` runs those it still holds, so a copy pruned to a stage's layers
-(`octopipe.runtime.split`) runs that stage unchanged. Activations between layers are tuples of
+(`octopipe.runtime.model.split`) runs that stage unchanged. Activations between layers are tuples of
 tensors, so several streams (text hidden states, image features) can cross a stage boundary.
 """
 

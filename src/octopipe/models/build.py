@@ -2,21 +2,18 @@
 
 The config is the single source of shapes, and `layer_specs` the single source of names and
 order, so the cost model's profile and the real model of one config list the same layers.
-The model is built on the meta device and split like any other (`octopipe.runtime.split`);
+The model is built on the meta device and split like any other (`octopipe.runtime.model.split`);
 every module with tensors of its own has a `reset_parameters()` for the initialization after.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from octopipe.costmodel.arch import Architecture, layer_specs
-from octopipe.costmodel.hf_config import load_architecture, shipped_models
-from octopipe.models import synthetic
+from octopipe.costmodel.hf_config import shipped_models
+from octopipe.models.synthetic import chain_tokens, pixels
 from octopipe.models.base import Activation, PipelineModel
 from octopipe.models.layers import build_layer
 
@@ -57,23 +54,10 @@ class ArchModel(PipelineModel):
         self, gen: torch.Generator, seq_len: int
     ) -> tuple[Activation, torch.Tensor]:
         """One sequence of `seq_len` tokens and its next tokens (and an image, for a VLM)."""
-        tokens = synthetic.chain_tokens(gen, 1, seq_len + 1, self.arch.vocab_size)[0]
+        tokens = chain_tokens(gen, 1, seq_len + 1, self.arch.vocab_size)[0]
         inputs: Activation = (tokens[:-1],)
         if self.arch.vision is not None:
             v = self.arch.vision
-            image = synthetic.pixels(gen, 1, v.max_num_tiles, v.num_channels, v.image_size)[0]
+            image = pixels(gen, 1, v.max_num_tiles, v.num_channels, v.image_size)[0]
             inputs = (tokens[:-1], image)
         return inputs, tokens[1:]
-
-
-def build_model(name_or_config: str | Path | Architecture, seed: int = 0) -> nn.Module:
-    """The whole model of a shipped config name, a config.json path, or an Architecture, on the
-    CPU, initialized as every pipeline rank initializes its share (per module FQN and seed)."""
-    from octopipe.runtime.recipe import arch_recipe
-
-    arch = (
-        name_or_config
-        if isinstance(name_or_config, Architecture)
-        else load_architecture(name_or_config)
-    )
-    return arch_recipe(arch).whole(torch.device("cpu"), seed).part

@@ -1,31 +1,26 @@
 """The executor: trains any model with any valid plan on real devices through torch.distributed.
 
-- `recipe`: what the executor knows of a model (build, layers, init, stage forward, loss, data);
-- `split`: a model split by module FQNs: meta build, pruning to stages, init per (seed, FQN);
-- `hf`: Hugging Face causal LMs (`hf:PATH`) through an adapter; `data`: global batches, token
-  files, each replica's share;
-- `deps`: the plan's dependency graph and the checks before a run (acyclic, fits model and world);
-- `shapes`: what crosses each stage boundary, learned once before training;
-- `comm`: non-blocking point-to-point transfers of activations and gradients;
-- `stage`: one stage's forward, full backward and split backward (I, W);
-- `weightgrad`: split backward: I leaves linear/embedding weight gradients to W's matmuls;
-- `worker`: one rank running its action list, then the optimizer step; `reduce`: data-parallel
-  gradient all-reduces; `optim`: optimizer, learning-rate schedule, global-norm clipping;
-- `overlap`: steps back to back with post-validated per-stage updates (`--overlap-steps`);
-- `checkpoint`: DCP checkpoints keyed by FQN, resumable under any plan and data parallelism,
-  written whole; `checkpoint_folder`: which one to resume (damaged ones skipped), the folder's
-  lock and free space; `checkpoint_metadata`: DCP's index read without running code;
-- `session`: one rank's whole job, and the result assembled from every rank;
-- `launcher`: spawned processes or torchrun; failures propagate, nothing is left running;
-- `spawn`: one process per rank, watched; `lifeline`: a rank exits with its launcher;
-- `progress`: each step's loss and time on every rank (streamed; a non-finite loss stops all);
-- `groups`: subgroups with the run's timeout; `preflight`: settings refused before any rank;
-- `parallel`: tensor parallelism (`--tp`) and FSDP2 (`--zero 3`) on a DP x PP x TP mesh, and the
-  rank layout;
-- `profiler`, `linkprobe`: measured profiles (every layer's F, I, W and sizes; the link);
-- `measure`: a profile measured in processes that start as a run's ranks (`octopipe profile`);
-- `reference`: single-process ground truth; `fuzz`: random plans; `torch_pipelining`: the same
-  stages under PyTorch's own runtime, for comparison. Traces of a run: `octopipe.trace`.
+Grouped by concern, each group importing only those listed before it (each package's
+`MUST_NOT_IMPORT` says which it must not; tests/test_house.py holds them to it):
+
+- `data/`: token files, synthetic data, each replica's share of a global batch;
+- `checkpoint/`: DCP checkpoints keyed by FQN (`store`), the folder's markers, lock and free
+  space (`folder`), DCP's index read without running code (`metadata`);
+- `failures`: how a run fails (a rank's failure, a stop), raised by ranks and launcher alike;
+- `parallel/`: the rank layout and mesh, tensor parallelism and FSDP2, subgroups with timeouts;
+- `model/`: what a model is to the executor: its recipe (`recipe`, dispatched by `load`:
+  `bundled`, `hf`, `module:factory`), the split by FQN (`split`), recomputation (`recompute`,
+  `hf_attention`) and split backward (`weightgrad`);
+- `step/`: one step on one rank: the worker's action loop (`worker`), stages (`stage`), p2p
+  transfers (`comm`, `shapes`), the plan's dependency checks (`deps`), data-parallel
+  reductions (`reduce`), the optimizer (`optim`), overlapped steps (`overlap`);
+- `job/`: one rank's whole job (`session`), held-out evaluation, progress, logs, FLOPs;
+- `launch/`: processes: spawned or torchrun (`launcher`, `spawn`), a rank's tie to its
+  launcher (`lifeline`), the settings refused before any rank starts (`preflight`);
+- `measure/`: measured profiles (`profiler`, `linkprobe`) in ranks started as a run's
+  (`profile_job`);
+- ground truth, above them all: `reference` (one process), `fuzz` (random plans),
+  `torch_pipelining` (the same stages under PyTorch's own runtime). Traces: `octopipe.trace`.
 
 Use: `octopipe run --plan plan.json --model tiny-llama --nproc 2 --json --trace trace.json`
 spawns the ranks itself (gloo on loopback, or NCCL with a GPU per rank);
@@ -34,6 +29,6 @@ process of an existing job. From Python: `octopipe.run(plan, "tiny-llama", steps
 (`octopipe/api.py`), or `launch([Job(plan, RunConfig("tiny-llama"))], nproc=2)` for several jobs.
 """
 
-# A hung transfer fails after this instead of blocking forever. Here, not in `launcher`, so the
+# A hung transfer fails after this instead of blocking forever. Here, not in `launch`, so the
 # CLI can show it without importing torch (this package's __init__ imports nothing).
 DEFAULT_TIMEOUT_S = 120.0

@@ -22,11 +22,11 @@ import time
 
 from octopipe.plan import Plan
 from octopipe.random_plans import random_plan as random_valid_plan
-from octopipe.runtime.launcher import launch
-from octopipe.runtime.optim import OptimizerConfig
-from octopipe.runtime.recipe import load_recipe
+from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.launch.launcher import launch
+from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.session import Job, RunConfig
+from octopipe.runtime.step.optim import OptimizerConfig
 
 
 def random_plan(

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from octopipe.runtime.data import replica_batch
-from octopipe.runtime.optim import clip_factor, scale_grads, set_lr, squared_norm
+from octopipe.runtime.data.batches import replica_batch
+from octopipe.runtime.step.optim import clip_factor, scale_grads, set_lr, squared_norm
 
 if TYPE_CHECKING:
-    from octopipe.runtime.session import RunConfig, RunResult
+    from octopipe.runtime.job.session import RunConfig, RunResult
 
 
 @dataclass(frozen=True)

@@ -31,20 +31,21 @@ from torch.distributed.pipelining import schedules as tps
 
 from octopipe.placement import interleaved, v_shape
 from octopipe.plan import Plan, save_schedule_csv
-from octopipe.runtime import DEFAULT_TIMEOUT_S, groups
-from octopipe.runtime.data import SyntheticData, replica_batch
-from octopipe.runtime.launcher import validate_jobs
-from octopipe.runtime.recipe import (
+from octopipe.runtime import DEFAULT_TIMEOUT_S
+from octopipe.runtime.data.batches import SyntheticData, replica_batch
+from octopipe.runtime.job.session import Job, RunResult, run_job_on_rank
+from octopipe.runtime.launch.launcher import validate_jobs
+from octopipe.runtime.launch.spawn import spawn_ranks
+from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.model.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
     DEFAULT_SEQ_LEN,
     Activation,
     ModelRecipe,
     StageModule,
-    load_recipe,
 )
-from octopipe.runtime.session import Job, RunResult, run_job_on_rank
-from octopipe.runtime.shapes import BoundarySpec, exchange_boundary_specs
-from octopipe.runtime.spawn import spawn_ranks
+from octopipe.runtime.parallel import groups
+from octopipe.runtime.step.shapes import BoundarySpec, exchange_boundary_specs
 
 CSV_RUNTIME = "csv"  # `_PipelineScheduleRuntime` loading the plan's schedule.csv
 

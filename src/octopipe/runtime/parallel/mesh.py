@@ -1,6 +1,6 @@
 """The job's process groups and its device mesh: DP x PP x TP, in the documented rank order.
 
-Every group is made with the run's timeout (`octopipe.runtime.groups`), and the mesh is put
+Every group is made with the run's timeout (`octopipe.runtime.parallel.groups`), and the mesh is put
 together from them with `DeviceMesh.from_group`, so a stuck DTensor or FSDP collective fails
 after `--timeout` as a transfer does (`init_device_mesh` would give each group torch's default
 of 30 minutes). `new_group` is collective: every rank of the world creates every group, in one
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from octopipe.runtime.groups import new_group
+from octopipe.runtime.parallel.groups import new_group
 from octopipe.runtime.parallel.layout import Place, RankLayout
 
 DIMS = ("dp", "pp", "tp")  # outermost first: the layout's rank order read as a grid

@@ -22,10 +22,11 @@ import torch
 import torch.distributed as dist
 
 from octopipe.errors import InputError
-from octopipe.runtime import DEFAULT_TIMEOUT_S, groups
-from octopipe.runtime.checkpoint_folder import hold_all
-from octopipe.runtime.deps import check_runnable
-from octopipe.runtime.preflight import (
+from octopipe.runtime import DEFAULT_TIMEOUT_S
+from octopipe.runtime.checkpoint.folder import hold_all
+from octopipe.runtime.job.progress import OnReport, say
+from octopipe.runtime.job.session import Job, RunResult, run_job_on_rank
+from octopipe.runtime.launch.preflight import (
     check_checkpoint_room,
     check_first_batch,
     check_local_processes,
@@ -34,17 +35,17 @@ from octopipe.runtime.preflight import (
     check_resumable,
     check_sizes,
 )
-from octopipe.runtime.progress import OnReport, say
-from octopipe.runtime.recompute import check_recomputable
-from octopipe.runtime.session import Job, RunResult, run_job_on_rank
-from octopipe.runtime.spawn import (  # noqa: F401 - RankFailure, Stopped: raised through here
+from octopipe.runtime.launch.spawn import (  # noqa: F401 - RankFailure, Stopped: raised through here
     CHILD_ENVIRONMENT,
     RankFailure,
     Stopped,
     spawn_ranks,
     tell_parent,
 )
-from octopipe.runtime.split import check_plan_layer_names
+from octopipe.runtime.model.recompute import check_recomputable
+from octopipe.runtime.model.split import check_plan_layer_names
+from octopipe.runtime.parallel import groups
+from octopipe.runtime.step.deps import check_runnable
 
 _CHECKING = "checking the plan against the model, the data and the checkpoints"
 

@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from octopipe.errors import InputError
 from octopipe.jsonfile import write_json
-from octopipe.runtime.checkpoint_folder import (
+from octopipe.runtime.checkpoint.folder import (
     FORMAT,
     MARKER,
     NoSpace,
@@ -43,7 +43,7 @@ from octopipe.runtime.checkpoint_folder import (
     no_space_message,
     read_marker,
 )
-from octopipe.runtime.checkpoint_metadata import (
+from octopipe.runtime.checkpoint.metadata import (
     CheckedReader,
     TensorsOnlyPlanner,
     read_metadata,

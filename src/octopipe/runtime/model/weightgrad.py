@@ -17,7 +17,7 @@ and W is refused, as autograd refuses it. Out of scope, because invisible to the
 parameter used by a module that does not own it (`F.linear(x, other.weight)`), and reentrant
 activation checkpointing (`use_reentrant=True`), whose forward runs without autograd.
 
-Inside a module the stage recomputes (non-reentrant checkpoint, `octopipe.runtime.recompute`),
+Inside a module the stage recomputes (non-reentrant checkpoint, `octopipe.runtime.model.recompute`),
 F keeps no layer input: I redoes the module's forward, and the tape takes the inputs from that
 second forward (`refilling`), so what W holds lives from I to W, not from F. Such a module
 must run once per forward (two calls would be redone in the backward's order, not F's).

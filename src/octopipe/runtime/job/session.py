@@ -19,31 +19,31 @@ import torch
 import torch.distributed as dist
 
 from octopipe.plan import Plan
-from octopipe.runtime.data import Batch, DataSource, SyntheticData, replica_batch
-from octopipe.runtime.evaluate import Evaluation
-from octopipe.runtime.flops import peak_flops, step_model_flops
-from octopipe.runtime.optim import OptimizerConfig
-from octopipe.runtime.overlap import OverlappedSteps
-from octopipe.runtime.parallel.dtensors import local, whole
-from octopipe.runtime.parallel.fsdp import ShardedStages, fsdp_units
-from octopipe.runtime.parallel.layout import Place, RankLayout
-from octopipe.runtime.parallel.mesh import build_job_mesh
-from octopipe.runtime.parallel.parallelize import parallelizer
-from octopipe.runtime.progress import OnReport, StepProgress, StepRates, StepReport, say
-from octopipe.runtime.recipe import (
+from octopipe.runtime.data.batches import Batch, DataSource, SyntheticData, replica_batch
+from octopipe.runtime.job.evaluate import Evaluation
+from octopipe.runtime.job.progress import OnReport, StepProgress, StepRates, StepReport, say
+from octopipe.runtime.job.flops import peak_flops, step_model_flops
+from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.model.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
     DEFAULT_SEQ_LEN,
     Loss,
     ModelRecipe,
     ModelSpec,
     explained,
-    load_recipe,
     vocabulary_size,
 )
-from octopipe.runtime.recompute import apply_recompute, stage_layers
-from octopipe.runtime.shapes import exchange_boundary_specs
-from octopipe.runtime.split import parameter_bytes
-from octopipe.runtime.worker import ActionRecord, StepRecord, Worker
+from octopipe.runtime.model.recompute import apply_recompute, stage_layers
+from octopipe.runtime.model.split import parameter_bytes
+from octopipe.runtime.parallel.dtensors import local, whole
+from octopipe.runtime.parallel.fsdp import ShardedStages, fsdp_units
+from octopipe.runtime.parallel.layout import Place, RankLayout
+from octopipe.runtime.parallel.mesh import build_job_mesh
+from octopipe.runtime.parallel.parallelize import parallelizer
+from octopipe.runtime.step.optim import OptimizerConfig
+from octopipe.runtime.step.overlap import OverlappedSteps
+from octopipe.runtime.step.shapes import exchange_boundary_specs
+from octopipe.runtime.step.worker import ActionRecord, StepRecord, Worker
 
 
 @dataclass(frozen=True)
@@ -340,14 +340,14 @@ def _resume(cfg: RunConfig, modules: dict, worker: Worker) -> int:
     folder's model and settings before any rank started)."""
     chosen = [cfg.resume_checkpoint if dist.get_rank() == 0 else None]
     if cfg.resume_at_start and dist.get_rank() == 0:
-        from octopipe.runtime.checkpoint_folder import choose
+        from octopipe.runtime.checkpoint.folder import choose
 
         found = choose(cfg.checkpoint_dir)
         chosen = [None if found is None else str(found.path)]
     dist.broadcast_object_list(chosen, src=0)
     if chosen[0] is None:
         return 0
-    from octopipe.runtime.checkpoint import load
+    from octopipe.runtime.checkpoint.store import load
 
     step = load(Path(chosen[0]), modules, worker.optimizer)
     dist.barrier()
@@ -362,8 +362,8 @@ def _save(
     worker: Worker,
     on_report: OnReport | None,
 ) -> None:
-    from octopipe.runtime.checkpoint import save
-    from octopipe.runtime.checkpoint_folder import checkpoint_bytes, keep_newest, model_identity
+    from octopipe.runtime.checkpoint.folder import checkpoint_bytes, keep_newest, model_identity
+    from octopipe.runtime.checkpoint.store import save
 
     about = {
         "model": str(cfg.model) if isinstance(cfg.model, str) else model_identity(cfg.model),

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from octopipe.errors import InputError, OctoPipeError, OctoPipeWarning
 from octopipe.jsonfile import read_json
-from octopipe.runtime.checkpoint_metadata import DamagedCheckpoint, read_metadata
+from octopipe.runtime.checkpoint.metadata import DamagedCheckpoint, read_metadata
 
 FORMAT = "octopipe.checkpoint/1"
 MARKER = "octopipe.json"

@@ -12,8 +12,8 @@ with the step's report (`progress`), which averages them as it averages the trai
 from __future__ import annotations
 
 from octopipe.plan import Plan
-from octopipe.runtime.data import Batch, DataSource, replica_batch
-from octopipe.runtime.worker import Worker
+from octopipe.runtime.data.batches import Batch, DataSource, replica_batch
+from octopipe.runtime.step.worker import Worker
 
 
 class Evaluation:

@@ -27,14 +27,14 @@ import torch
 from torch import nn
 
 from octopipe.profile import LayerCost, Profile
-from octopipe.runtime.data import SyntheticData, replica_batch
-from octopipe.runtime.recipe import (
+from octopipe.runtime.data.batches import SyntheticData, replica_batch
+from octopipe.runtime.model.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,
     DEFAULT_SEQ_LEN,
     Activation,
     ModelRecipe,
 )
-from octopipe.runtime.weightgrad import WeightGradTape, backward_input
+from octopipe.runtime.model.weightgrad import WeightGradTape, backward_input
 
 # Fp32 weights, their gradients, and Adam's two moments: four copies of every parameter.
 ADAM_STATE_COPIES = 4

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from octopipe.errors import InputError
-from octopipe.runtime.recipe import HF_PREFIX, ModelSpec
+from octopipe.runtime.model.recipe import HF_PREFIX, ModelSpec
 
 # Dense BF16 peaks of the cost model's presets, by the name CUDA gives the GPU.
 _GPU_PRESETS = (("H200", "h200"), ("H800", "h800"), ("H100", "h100"), ("A100", "a100"))

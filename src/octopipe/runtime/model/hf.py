@@ -13,7 +13,7 @@ models of the same structure (Qwen2-MoE, Mixtral) fit. The MoE router's auxiliar
 added (transformers adds it only with `output_router_logits`). Under tensor parallelism
 (`parallel.tp_plans.hf_plan`) the hidden states between layers are the rank's share of the
 sequence; positions, masks and rotary embeddings stay the whole sequence's. The model's
-attention goes through OctoPipe's attention implementation (`runtime.hf_attention`), which runs
+attention goes through OctoPipe's attention implementation (`runtime.model.hf_attention`), which runs
 the config's own (sdpa) and lets a selective stage recompute the attention core alone.
 """
 
@@ -26,10 +26,10 @@ from torch import nn
 
 from octopipe.errors import InputError
 from octopipe.jsonfile import read_json
-from octopipe.runtime.hf_attention import route_attention
+from octopipe.runtime.model.hf_attention import route_attention
+from octopipe.runtime.model.recipe import Activation, ModelRecipe, token_chains
 from octopipe.runtime.parallel.tensor_parallel import tp_degree
 from octopipe.runtime.parallel.tp_plans import hf_plan
-from octopipe.runtime.recipe import Activation, ModelRecipe, token_chains
 
 # What every Llama-structured causal LM's config gives its shapes (transformers would fill a
 # missing one with its own default, e.g. hidden_size 4096: a model nobody asked for).

@@ -22,9 +22,9 @@ import torch.distributed as dist
 
 from octopipe.actions import B, F, I
 from octopipe.plan import Plan
-from octopipe.runtime.groups import new_group
+from octopipe.runtime.parallel.groups import new_group
 from octopipe.runtime.parallel.layout import RankLayout
-from octopipe.runtime.shapes import BoundarySpec, grad_specs
+from octopipe.runtime.step.shapes import BoundarySpec, grad_specs
 
 
 @dataclass(frozen=True)

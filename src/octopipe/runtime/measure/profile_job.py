@@ -46,7 +46,7 @@ def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
     """Measure `model` layer by layer in `nproc` processes; see `MeasureOptions` for options."""
     import torch
 
-    from octopipe.runtime.spawn import spawn_ranks
+    from octopipe.runtime.launch.spawn import spawn_ranks
 
     o = MeasureOptions(model, **options)
     for name, value, least in (
@@ -77,7 +77,7 @@ def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
 def check_fits(name: str, device: str) -> None:
     """Refuse, in one line, a model whose fp32 weights alone would crowd out the device (counted
     on the meta device: nothing is allocated)."""
-    from octopipe.runtime.recipe import load_recipe
+    from octopipe.runtime.model.load import load_recipe
 
     meta = load_recipe(name).meta_model
     weights = FP32_BYTES * sum(p.numel() for p in meta.parameters())
@@ -105,13 +105,13 @@ def _measure_in_child(rank: int, world: int, store: str, options: dict) -> Profi
     import torch
     import torch.distributed as dist
 
-    from octopipe.runtime.launcher import join_process_group
-    from octopipe.runtime.linkprobe import measure_link
-    from octopipe.runtime.profiler import median_profile
+    from octopipe.runtime.launch.launcher import join_process_group
+    from octopipe.runtime.measure.linkprobe import measure_link
+    from octopipe.runtime.measure.profiler import median_profile
 
     o = MeasureOptions(**options)
     torch.set_num_threads(o.threads)
-    from octopipe.runtime.recipe import load_recipe
+    from octopipe.runtime.model.load import load_recipe
 
     model = load_recipe(o.model)
     name = f"{model.name}-{o.device}-s{o.seq_len}-mb{o.micro_batch_size}"
@@ -140,7 +140,7 @@ def _time_layers(
 ) -> Profile:
     """`profile_model` over every layer, with a progress bar on stderr when `show`;
     `after_layer()` runs after each layer."""
-    from octopipe.runtime.profiler import profile_model
+    from octopipe.runtime.measure.profiler import profile_model
 
     def measure(on_layer: Callable[[int, str], None]) -> Profile:
         return profile_model(

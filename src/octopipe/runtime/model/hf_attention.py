@@ -1,6 +1,6 @@
 """Selective recomputation for Hugging Face `transformers` models: the attention core redone.
 
-transformers' attention modules (those of every Llama-structured family `runtime/hf.py`
+transformers' attention modules (those of every Llama-structured family `runtime/model/hf.py`
 adapts: Llama, Qwen2/3, Mistral, Mixtral, Qwen2/3-MoE) compute q, k and v themselves, then hand
 them to a function they look up in `ALL_ATTENTION_FUNCTIONS` by their config's
 `_attn_implementation`: QK^T, mask, softmax, dropout and the product with V, no weights. That
@@ -15,7 +15,7 @@ projections run once; so the module is not a checkpointed module of its stage
 (`StageModule.recomputed`), and a split backward's W keeps its inputs from F. The module tree,
 its FQNs, tensor-parallel plans and FSDP2 are those of the unrouted model. An attention module
 that calls no such function (a model built elsewhere, a family that computes its attention
-inline) is not routed: its stage cannot recompute selectively (`runtime/recompute.py`).
+inline) is not routed: its stage cannot recompute selectively (`runtime/model/recompute.py`).
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from octopipe.runtime.data import Batch
-from octopipe.runtime.optim import clip_factor, scale_grads, set_lr, squared_norm
-from octopipe.runtime.worker import StepRecord, Worker
+from octopipe.runtime.data.batches import Batch
+from octopipe.runtime.step.optim import clip_factor, scale_grads, set_lr, squared_norm
+from octopipe.runtime.step.worker import StepRecord, Worker
 
 
 @dataclass

@@ -2,13 +2,14 @@
 
 A `ModelRecipe` says how to build the model (on the meta device), which FQNs are its layers,
 how to initialize a module, how a pruned copy runs on an activation tuple, the loss, and
-(optionally) one synthetic training sequence. Three sources give one:
+(optionally) one synthetic training sequence. Three sources give one (`load.load_recipe`
+dispatches on the spelling):
 
-- a bundled model's name or an architecture `config.json` (our `ArchModel`);
+- a bundled model's name or an architecture `config.json` (our `ArchModel`, `bundled`);
 - `module:factory`, a function returning any `nn.Module` whose `forward` skips removed or
   None submodules (torchtitan style), optionally with `pipeline_layers`, `loss(outputs,
   target)` and `synthetic_sequence(generator, seq_len)`;
-- `hf:PATH`, a Hugging Face causal LM built from its config (`octopipe.runtime.hf`).
+- `hf:PATH`, a Hugging Face causal LM built from its config (`hf`).
 
 Each may have a tensor-parallel plan (`tp_plan`: our families' from
 `octopipe.runtime.parallel.tp_plans`, or the model's own `tp_plan`).
@@ -19,23 +20,16 @@ one module whose `forward(*inputs)` returns the stage's output tuple.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import os
-import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from octopipe.errors import InputError
-from octopipe.runtime.parallel.tp_plans import PlanOf, bundled_plan, user_plan
-from octopipe.runtime.split import (
+from octopipe.runtime.model.split import (
     InitModule,
     allocate,
     check_layers,
@@ -45,6 +39,7 @@ from octopipe.runtime.split import (
     prune,
     reset_parameters,
 )
+from octopipe.runtime.parallel.tp_plans import PlanOf, user_plan
 
 Activation = tuple[torch.Tensor, ...]
 Forward = Callable[[nn.Module, Activation], Activation]
@@ -106,7 +101,7 @@ class StageModule(nn.Module):
         self.part = part
         self._run = run
         # The modules whose whole forward it redoes under activation checkpoint
-        # (`octopipe.runtime.recompute`); not those whose attention core alone it redoes.
+        # (`octopipe.runtime.model.recompute`); not those whose attention core alone it redoes.
         self.recomputed: tuple[nn.Module, ...] = ()
 
     def forward(self, *inputs: torch.Tensor) -> Activation:
@@ -175,22 +170,8 @@ class ModelRecipe:
         return self.synthetic(gen, seq_len)
 
 
-def load_recipe(spec: ModelSpec) -> ModelRecipe:
-    """The recipe of a `--model` value: a bundled name or config.json, `hf:PATH`,
-    `module:factory`, or (from Python) the factory itself."""
-    if callable(spec):
-        return _from_module(getattr(spec, "__name__", "model"), spec)
-    if spec.startswith(HF_PREFIX):
-        from octopipe.runtime.hf import hf_recipe
-
-        return hf_recipe(spec[len(HF_PREFIX) :])
-    if ":" in spec:
-        return _from_module(spec, _factory(spec))
-    return _bundled(spec)
-
-
-def _from_module(name: str, factory: Callable[[], nn.Module]) -> ModelRecipe:
-    """A torchtitan-style model: its own forward, and its own loss and data when it has them."""
+def from_module(name: str, factory: Callable[[], nn.Module]) -> ModelRecipe:
+    """The recipe of any `nn.Module` factory: a torchtitan-style model: its own forward, and its own loss and data when it has them."""
     recipe = ModelRecipe(name, factory)
     model = recipe.meta_model
     recipe.loss = getattr(model, "loss", next_token_loss)
@@ -216,65 +197,9 @@ def token_chains(recipe: ModelRecipe) -> Synthetic | None:
         return None
 
     def sequence(gen: torch.Generator, seq_len: int) -> tuple[Activation, torch.Tensor]:
-        from octopipe.models import synthetic
+        from octopipe.models.synthetic import chain_tokens
 
-        tokens = synthetic.chain_tokens(gen, 1, seq_len + 1, vocab)[0]
+        tokens = chain_tokens(gen, 1, seq_len + 1, vocab)[0]
         return (tokens[:-1],), tokens[1:]
 
     return sequence
-
-
-_FACTORY_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
-
-
-def _factory(spec: str) -> Callable[[], nn.Module]:
-    """The function `module:factory` names (the user's own code, imported as Python imports
-    it), which must be callable with no arguments."""
-    if not _FACTORY_SPEC.fullmatch(spec):
-        raise InputError("--model", f"{spec!r} is not module:factory (e.g. mymodel:transformer)")
-    module_name, _, attr = spec.partition(":")
-    _import_from_here()
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise InputError("--model", f"cannot load factory {spec!r}: {exc}") from None
-    if not callable(factory):
-        raise InputError("--model", f"{spec!r} is not callable: expected a factory()")
-    try:
-        inspect.signature(factory).bind()
-    except TypeError:
-        raise InputError("--model", f"{spec!r} needs arguments: expected a factory()") from None
-    except ValueError:  # no signature to read (some builtins): calling it will tell
-        pass
-    return factory
-
-
-def _import_from_here() -> None:
-    """`module:factory` names the user's module in the folder they work in, as `python -m`
-    finds it; the `octopipe` command's own folder is not that one. Spawned ranks inherit the
-    search path."""
-    here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.insert(0, here)
-
-
-def _bundled(name: str) -> ModelRecipe:
-    from octopipe.costmodel.hf_config import load_architecture, shipped_models
-    from octopipe.models import bundled_models
-
-    if name not in shipped_models() and not Path(name).is_file():
-        raise InputError(
-            "--model",
-            f"unknown model {name!r}; bundled: {', '.join(sorted(bundled_models()))} (or a "
-            "shipped config's name, a config.json, hf:PATH, module:factory)",
-        )
-    return arch_recipe(load_architecture(name))
-
-
-def arch_recipe(arch) -> ModelRecipe:
-    """The recipe of our own model of an architecture config (`octopipe.models.ArchModel`)."""
-    from octopipe.models import ArchModel
-
-    recipe = _from_module(arch.name, lambda: ArchModel(arch))
-    recipe.tp_plan = lambda tp: bundled_plan(recipe.meta_model, tp)
-    return recipe

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from octopipe.runtime.model.recipe import Activation
 from octopipe.runtime.parallel.dtensors import local
-from octopipe.runtime.recipe import Activation
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from octopipe.limits import (
 )
 
 if TYPE_CHECKING:
-    from octopipe.runtime.recipe import ModelRecipe
-    from octopipe.runtime.session import RunConfig
+    from octopipe.runtime.job.session import RunConfig
+    from octopipe.runtime.model.recipe import ModelRecipe
 
 
 def check_run_settings(
@@ -91,7 +91,7 @@ def check_run_settings(
     if eval_every and val_data is None:
         raise InputError("--eval-every", "needs --val-data (the held-out tokens)")
     if checkpoint_dir is not None:
-        from octopipe.runtime.checkpoint_folder import check_folder
+        from octopipe.runtime.checkpoint.folder import check_folder
 
         check_folder(checkpoint_dir)
 
@@ -142,8 +142,8 @@ def check_resumable(config: RunConfig, recipe: ModelRecipe) -> RunConfig:
     before the run's last step."""
     if not (config.resume and config.checkpoint_dir):
         return config
-    from octopipe.runtime.checkpoint import check_compatible
-    from octopipe.runtime.checkpoint_folder import choose, model_identity
+    from octopipe.runtime.checkpoint.folder import choose, model_identity
+    from octopipe.runtime.checkpoint.store import check_compatible
 
     found = choose(config.checkpoint_dir)
     if found is None:
@@ -167,7 +167,7 @@ def check_checkpoint_room(config: RunConfig, recipe: ModelRecipe) -> None:
     """A run that will write checkpoints has room for one before it starts."""
     if not (config.checkpoint_every and config.checkpoint_dir):
         return
-    from octopipe.runtime.checkpoint_folder import check_room, checkpoint_bytes
+    from octopipe.runtime.checkpoint.folder import check_room, checkpoint_bytes
 
     optimizer = config.optimizer
     nbytes = checkpoint_bytes(recipe.meta_model, optimizer.name, optimizer.momentum)
@@ -179,7 +179,7 @@ def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
     vocabulary (a wrong --data-dtype, a file of another tokenizer), a batch of Python's of the
     wrong form or size are one line here, not an error in a rank. Later steps are checked by
     the ranks as they read them."""
-    from octopipe.runtime.data import GivenBatches
+    from octopipe.runtime.data.batches import GivenBatches
 
     for data, needed, what in (
         (config.data, config.steps, f"a run of {config.steps} steps"),

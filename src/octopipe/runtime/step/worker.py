@@ -22,9 +22,13 @@ import torch.distributed as dist
 
 from octopipe.actions import Action, B, F, I
 from octopipe.plan import Plan, Stage
-from octopipe.runtime.comm import P2P
-from octopipe.runtime.data import Batch
-from octopipe.runtime.optim import (
+from octopipe.runtime.data.batches import Batch
+from octopipe.runtime.model.recipe import Activation, Loss, StageModule
+from octopipe.runtime.parallel.fsdp import ShardedStages
+from octopipe.runtime.parallel.layout import RankLayout
+from octopipe.runtime.parallel.tensor_parallel import loss_context, settle_grads
+from octopipe.runtime.step.comm import P2P
+from octopipe.runtime.step.optim import (
     OptimizerConfig,
     clip_factor,
     global_grad_norm,
@@ -32,13 +36,9 @@ from octopipe.runtime.optim import (
     set_lr,
     squared_norm,
 )
-from octopipe.runtime.parallel.fsdp import ShardedStages
-from octopipe.runtime.parallel.layout import RankLayout
-from octopipe.runtime.parallel.tensor_parallel import loss_context, settle_grads
-from octopipe.runtime.recipe import Activation, Loss, StageModule
-from octopipe.runtime.reduce import GradientReducer
-from octopipe.runtime.shapes import BoundarySpec
-from octopipe.runtime.stage import StageCompute, as_leaves
+from octopipe.runtime.step.reduce import GradientReducer
+from octopipe.runtime.step.shapes import BoundarySpec
+from octopipe.runtime.step.stage import StageCompute, as_leaves
 
 
 @dataclass(frozen=True)

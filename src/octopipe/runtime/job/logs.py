@@ -44,7 +44,7 @@ class RunLogs:
             self._writer = SummaryWriter(str(self.folder), flush_secs=10)
 
     def __call__(self, report) -> None:
-        from octopipe.runtime.progress import StepReport
+        from octopipe.runtime.job.progress import StepReport
 
         if not isinstance(report, StepReport):
             return

@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 
 from octopipe.plan import Plan
-from octopipe.runtime.spawn import RankFailure
+from octopipe.runtime.failures import RankFailure
 
 if TYPE_CHECKING:
-    from octopipe.runtime.session import RunConfig
-    from octopipe.runtime.worker import StepRecord
+    from octopipe.runtime.job.session import RunConfig
+    from octopipe.runtime.step.worker import StepRecord
 
 
 @dataclass(frozen=True)

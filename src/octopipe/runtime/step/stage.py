@@ -1,12 +1,12 @@
 """One pipeline stage's compute: forward, full backward, and split backward (I then W).
 
-A stage is a `StageModule` (its layers of the model, `octopipe.runtime.recipe`) and keeps, per
+A stage is a `StageModule` (its layers of the model, `octopipe.runtime.model.recipe`) and keeps, per
 microbatch in flight, the autograd graph from its inputs to its outputs (or
 to the loss on the last stage). Full backward (B) runs the graph once. Split backward: I runs it
 once too, for everything but the linear and embedding weights, and frees it; W computes those
 weights' gradients from the layers' inputs and output gradients that I left (`weightgrad`).
 Weight gradients accumulate into `.grad` as ordinary training does. A stage the plan has
-recompute (`octopipe.runtime.recompute`) redoes its checkpointed modules' forward in I or B,
+recompute (`octopipe.runtime.model.recompute`) redoes its checkpointed modules' forward in I or B,
 inside autograd; W then takes its inputs from that redone forward. No communication of its
 own: tensor-parallel modules communicate inside their forward and backward, and their stage's
 output crosses a boundary as each rank's local shard.
@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from octopipe.runtime.parallel.dtensors import local
-from octopipe.runtime.recipe import Activation, Loss, StageModule
-from octopipe.runtime.weightgrad import (
+from octopipe.runtime.model.recipe import Activation, Loss, StageModule
+from octopipe.runtime.model.weightgrad import (
     LayerCall,
     PendingWeightGrad,
     WeightGradTape,
     backward_input,
 )
+from octopipe.runtime.parallel.dtensors import local
 
 
 @dataclass

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from octopipe.errors import OctoPipeError
-from octopipe.runtime import lifeline
+from octopipe.runtime.failures import RankFailure, Stopped
+from octopipe.runtime.launch import lifeline
 
 _GRACE_S = 2.0  # how long a failed run's other ranks get to report or exit before they are killed
 _POLL_S = 0.05
@@ -45,22 +46,6 @@ CHILD_ENVIRONMENT = {
     "GLOO_SOCKET_IFNAME": "lo",  # one host: gloo's and NCCL's sockets stay on loopback
     "NCCL_SOCKET_IFNAME": "lo",
 }
-
-
-class RankFailure(RuntimeError):
-    """A rank raised (or died); the message names the rank and carries its original traceback,
-    or is the whole story for a failure that needs none (a non-finite loss)."""
-
-    exit_codes: tuple[int | None, ...] = ()  # every spawned rank's, once all are stopped
-    bad_input: bool = False  # a rank refused its input (OctoPipeError): the user's to mend
-
-
-class Stopped(KeyboardInterrupt):
-    """The launching process got SIGTERM, SIGINT or SIGHUP; every rank has been stopped."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}; every rank was stopped")
 
 
 def spawn_ranks(

@@ -7,7 +7,7 @@ and redoes at the start of its backward.
   that redone forward is also where W's inputs come from (`weightgrad.WeightGradTape`).
 - `selective`: only the attention cores are checkpointed (Korthikanti et al. 2022): the
   `AttentionCore` modules of OctoPipe's bundled models, and, in an `hf:` model, the attention
-  function each transformers attention module calls (`runtime.hf_attention`: its projections
+  function each transformers attention module calls (`runtime.model.hf_attention`: its projections
   run once). A stage with neither (a `module:factory` model's) cannot recompute selectively.
 
 The checkpoint is torch's composable one (`torch.distributed._composable.checkpoint`): forward
@@ -27,8 +27,8 @@ from octopipe.costmodel.build import RECOMPUTED_KINDS
 from octopipe.errors import InputError
 from octopipe.models.attention import AttentionCore
 from octopipe.plan import Plan
-from octopipe.runtime.hf_attention import recompute_core, routed_attention
-from octopipe.runtime.recipe import ModelRecipe, StageModule
+from octopipe.runtime.model.hf_attention import recompute_core, routed_attention
+from octopipe.runtime.model.recipe import ModelRecipe, StageModule
 
 UNNAMED_KIND = "layer"  # a model's layer whose kind it does not say: a block, to recompute
 
