@@ -90,7 +90,8 @@ def training(tmp_path):
 def as_from_a_terminal() -> None:
     """In the child before exec: SIGINT at its default, as a terminal starts a command. A
     suite started in the background by a shell (`pytest &`) has SIGINT ignored, which its
-    children inherit, and the launcher leaves an ignored signal ignored (`runtime/launch/spawn.py`)."""
+    children inherit, and the launcher leaves an ignored signal ignored
+    (`runtime/launch/spawn.py`)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 

@@ -209,8 +209,9 @@ def plan_layout(
 
 def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
     """A measured profile of a bundled model (or config.json) on this machine, every layer
-    timed in `nproc` processes at once; options as `octopipe.runtime.measure.profile_job.MeasureOptions`
-    (device, seq_len, micro_batch_size, repeats, warmup, seed, threads, progress)."""
+    timed in `nproc` processes at once; options as
+    `octopipe.runtime.measure.profile_job.MeasureOptions` (device, seq_len, micro_batch_size,
+    repeats, warmup, seed, threads, progress)."""
     from octopipe.runtime.measure.profile_job import measure_profile as measure
 
     return measure(model, nproc=nproc, **options)

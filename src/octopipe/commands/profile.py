@@ -1,6 +1,7 @@
 """`octopipe profile`: measure a real model layer by layer on this machine, write a profile.
 
-The measuring is `octopipe.runtime.measure.profile_job.measure_profile`; this module parses and reports."""
+The measuring is `octopipe.runtime.measure.profile_job.measure_profile`; this module parses
+and reports."""
 
 from __future__ import annotations
 

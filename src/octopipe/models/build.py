@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 from octopipe.costmodel.arch import Architecture, layer_specs
 from octopipe.costmodel.hf_config import shipped_models
-from octopipe.models.synthetic import chain_tokens, pixels
 from octopipe.models.base import Activation, PipelineModel
 from octopipe.models.layers import build_layer
+from octopipe.models.synthetic import chain_tokens, pixels
 
 BUNDLED_PREFIX = "tiny-"
 

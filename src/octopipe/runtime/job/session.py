@@ -21,8 +21,8 @@ import torch.distributed as dist
 from octopipe.plan import Plan
 from octopipe.runtime.data.batches import Batch, DataSource, SyntheticData, replica_batch
 from octopipe.runtime.job.evaluate import Evaluation
-from octopipe.runtime.job.progress import OnReport, StepProgress, StepRates, StepReport, say
 from octopipe.runtime.job.flops import peak_flops, step_model_flops
+from octopipe.runtime.job.progress import OnReport, StepProgress, StepRates, StepReport, say
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.model.recipe import (
     DEFAULT_MICRO_BATCH_SIZE,

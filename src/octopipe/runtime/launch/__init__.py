@@ -1,4 +1,4 @@
 """Processes: spawned ranks or torchrun (`launcher`, `spawn`), each rank's tie to its launcher
-(`lifeline`), and the settings refused before any rank starts (`preflight`). Measures no profile: no `measure`."""
+(`lifeline`), the settings refused before any rank starts (`preflight`). Measures no profile."""
 
 MUST_NOT_IMPORT = ("measure",)

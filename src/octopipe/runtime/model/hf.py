@@ -13,8 +13,8 @@ models of the same structure (Qwen2-MoE, Mixtral) fit. The MoE router's auxiliar
 added (transformers adds it only with `output_router_logits`). Under tensor parallelism
 (`parallel.tp_plans.hf_plan`) the hidden states between layers are the rank's share of the
 sequence; positions, masks and rotary embeddings stay the whole sequence's. The model's
-attention goes through OctoPipe's attention implementation (`runtime.model.hf_attention`), which runs
-the config's own (sdpa) and lets a selective stage recompute the attention core alone.
+attention goes through OctoPipe's attention implementation (`runtime.model.hf_attention`),
+which runs the config's own (sdpa) and lets a selective stage recompute the attention core alone.
 """
 
 from __future__ import annotations

@@ -171,7 +171,8 @@ class ModelRecipe:
 
 
 def from_module(name: str, factory: Callable[[], nn.Module]) -> ModelRecipe:
-    """The recipe of any `nn.Module` factory: a torchtitan-style model: its own forward, and its own loss and data when it has them."""
+    """The recipe of any `nn.Module` factory, a torchtitan-style model: its own forward, and
+    its own loss and data when it has them."""
     recipe = ModelRecipe(name, factory)
     model = recipe.meta_model
     recipe.loss = getattr(model, "loss", next_token_loss)
