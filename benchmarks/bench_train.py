@@ -45,7 +45,7 @@ import torch
 import octopipe as op
 from octopipe.profile import DataParallel
 from octopipe.runtime.data.batches import TokenFile
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.step.worker import OptimizerConfig
 

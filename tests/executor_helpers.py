@@ -208,7 +208,7 @@ def recomputing_job(
     collected, to compare with `train_reference`."""
     from dataclasses import replace
 
-    from octopipe.runtime.job.session import Job, RunConfig
+    from octopipe.runtime.job.run_config import Job, RunConfig
     from octopipe.runtime.step.optim import OptimizerConfig
 
     plan = greedy(

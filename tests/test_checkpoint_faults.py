@@ -331,7 +331,7 @@ def test_a_disk_that_fills_during_a_save_is_one_line_and_leaves_no_partial_folde
 def test_a_run_resumes_from_the_last_complete_checkpoint_when_the_latest_is_damaged(
     tmp_path, run_argv, capsys
 ):
-    from octopipe.runtime.job.session import RunConfig
+    from octopipe.runtime.job.run_config import RunConfig
     from octopipe.runtime.reference import train_reference
     from octopipe.runtime.step.optim import OptimizerConfig
 

@@ -170,7 +170,7 @@ def test_run_as_ranks_of_an_existing_job(tmp_path):
 def test_run_at_the_sizes_the_profile_was_measured_at(tmp_path, capsys):
     """--seq-len and --micro-batch-size size the data: the first step's loss is that of the
     model at those sizes (the default sizes give another)."""
-    from octopipe.runtime.job.session import RunConfig
+    from octopipe.runtime.job.run_config import RunConfig
     from octopipe.runtime.reference import train_reference
 
     layers, M = layer_count("tiny-llama"), 3

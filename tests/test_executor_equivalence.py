@@ -10,7 +10,7 @@ from executor_helpers import TOY, gpipe, greedy, layer_count, one_f_one_b
 
 from octopipe.actions import Action
 from octopipe.plan import make_plan
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.step.optim import OptimizerConfig

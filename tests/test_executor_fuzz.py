@@ -9,7 +9,7 @@ import pytest
 from executor_helpers import TOY, TOY_LAYERS
 
 from octopipe.runtime.fuzz import random_plan
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.step.optim import OptimizerConfig

@@ -13,7 +13,7 @@ from executor_helpers import one_f_one_b
 from model_zoo import write_hf_config
 
 from octopipe.cli import main
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.step.optim import OptimizerConfig

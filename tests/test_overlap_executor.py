@@ -13,7 +13,7 @@ from executor_helpers import TOY, TOY_LAYERS, ToyModel, _Swap, greedy, one_f_one
 
 from octopipe.actions import B, I
 from octopipe.random_plans import random_plan
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import RankFailure, launch
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.step.optim import OptimizerConfig

@@ -12,7 +12,7 @@ from executor_helpers import layer_count, one_f_one_b
 from model_zoo import titan_style, tp_titan_style, write_hf_config
 
 from octopipe.errors import InputError
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import validate_jobs
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.parallel.layout import Place, RankLayout

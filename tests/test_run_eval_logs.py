@@ -19,7 +19,7 @@ from executor_helpers import TOY, greedy, layer_count, one_f_one_b
 from octopipe.cli import main
 from octopipe.plan import save_plan
 from octopipe.runtime.data.batches import GivenBatches, SyntheticData, TokenFile
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.reference import mismatches, train_reference

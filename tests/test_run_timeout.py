@@ -5,7 +5,7 @@ import multiprocessing as mp
 import pytest
 from executor_helpers import gpipe
 
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import RankFailure, launch
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`

@@ -20,7 +20,7 @@ import pytest
 from executor_helpers import gpipe, layer_count
 
 from octopipe.plan import save_plan
-from octopipe.runtime.job.session import RunConfig
+from octopipe.runtime.job.run_config import RunConfig
 from octopipe.runtime.reference import train_reference
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`

@@ -21,7 +21,7 @@ from octopipe.costmodel import load_architecture
 from octopipe.costmodel.build import build_profile
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.settings import Settings
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.step.optim import OptimizerConfig

@@ -20,7 +20,7 @@ from octopipe.cli import main
 from octopipe.errors import InputError
 from octopipe.plan import save_plan
 from octopipe.runtime.data.batches import GivenBatches, TokenFile, replica_batch
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.model.split import parameter_bytes

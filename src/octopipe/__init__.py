@@ -9,7 +9,7 @@ The public API (`octopipe/api.py`, shown in the README), loaded on first use so 
     baseline, all_baselines  the named schedules over the named partitions
     simulate                 a plan's time, bubbles and memory
     tune                     the bubble-aware tuner (never worse than a baseline)
-    run                      train with a plan on torch.distributed
+    run, JobConfig           train with a plan on torch.distributed, with a job's settings
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ _EXPORTS = {
     "simulate": "octopipe.api",
     "tune": "octopipe.api",
     "plan_layout": "octopipe.api",
-    "run": "octopipe.api",
+    "run": "octopipe.training",
+    "JobConfig": "octopipe.config",
 }
 __all__ = [
+    "JobConfig",
     "Plan",
     "Profile",
     "all_baselines",
@@ -60,12 +62,13 @@ if TYPE_CHECKING:
         baseline,
         measure_profile,
         profile_from_config,
-        run,
         simulate,
         tune,
     )
+    from octopipe.config import JobConfig
     from octopipe.plan import Plan, load_plan, save_plan, save_schedule_csv
     from octopipe.profile import Profile, load_profile, save_profile
+    from octopipe.training import run
 
 
 def __getattr__(name: str) -> Any:

@@ -7,21 +7,7 @@ import os
 import sys
 from contextlib import nullcontext
 
-from octopipe.commands._flags import count, number
 from octopipe.jsonfile import dumps
-from octopipe.limits import (
-    MAX_EVAL_BATCHES,
-    MAX_MICRO_BATCH_SIZE,
-    MAX_PARALLEL_DEGREE,
-    MAX_PROCESSES,
-    MAX_RATE,
-    MAX_SECONDS,
-    MAX_SEED,
-    MAX_SEQ_LEN,
-    MAX_STEPS,
-    MIN_TIMEOUT_S,
-)
-from octopipe.runtime import DEFAULT_TIMEOUT_S
 from octopipe.units import fmt_bytes
 
 NAME = "run"
@@ -29,197 +15,14 @@ HELP = "Run a plan on torch.distributed (spawned processes or inside torchrun) a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--plan", required=True, help="plan.json (octopipe.plan/1)")
-    parser.add_argument(
-        "--model",
-        required=True,
-        help="bundled model name, config.json, hf:PATH (a transformers config), or "
-        "module:factory (a function returning an nn.Module)",
-    )
-    parser.add_argument(
-        "--nproc",
-        type=count(1, MAX_PROCESSES),
-        help="processes to spawn (default: TP x the plan's devices x DP; ignored under torchrun)",
-    )
-    parser.add_argument(
-        "--dp",
-        type=count(1, MAX_PARALLEL_DEGREE),
-        help="data-parallel replicas of the plan (default: the plan's parallelism.dp, else 1)",
-    )
-    parser.add_argument(
-        "--tp",
-        type=count(1, MAX_PARALLEL_DEGREE),
-        help="tensor-parallel ranks per pipeline device (default: the plan's parallelism.tp, "
-        "else 1); rank = tp_rank + TP x (device + PP x replica)",
-    )
-    parser.add_argument(
-        "--zero",
-        type=count(0, 3),
-        choices=(0, 1, 3),
-        default=0,
-        help="1: shard the optimizer state across the replicas (ZeRO-1); 3: also the weights "
-        "and gradients (FSDP2, gathered and reduced where the plan says)",
-    )
-    parser.add_argument(
-        "--data",
-        help="flat file of little-endian token ids (nanoGPT style); default: synthetic data",
-    )
-    parser.add_argument(
-        "--data-dtype",
-        choices=("uint16", "uint32"),
-        help="--data's id type (default: what the meta.json beside the file says, else uint16)",
-    )
-    parser.add_argument(
-        "--steps",
-        type=count(1, MAX_STEPS),
-        default=3,
-        help="the run's last step: training steps, or where a resumed run stops",
-    )
-    parser.add_argument(
-        "--seed", type=count(0, MAX_SEED), default=0, help="seed of the weights and the data"
-    )
-    parser.add_argument(
-        "--optimizer",
-        choices=("sgd", "adam", "adamw"),
-        default="sgd",
-        help="optimizer of every stage",
-    )
-    parser.add_argument("--lr", type=number(0, MAX_RATE), default=0.01, help="learning rate")
-    parser.add_argument(
-        "--momentum", type=number(0, 1, below=True), default=0.0, help="SGD momentum, in [0, 1)"
-    )
-    parser.add_argument(
-        "--weight-decay", type=number(0, MAX_RATE), default=0.0, help="weight decay"
-    )
-    parser.add_argument(
-        "--lr-warmup",
-        type=count(0, MAX_STEPS),
-        default=0,
-        help="steps of linear learning-rate warm-up",
-    )
-    parser.add_argument(
-        "--lr-decay",
-        choices=("constant", "cosine"),
-        default="constant",
-        help="after warm-up: constant, or cosine down to --min-lr at --steps",
-    )
-    parser.add_argument(
-        "--min-lr", type=number(0, MAX_RATE), default=0.0, help="where the cosine ends (<= --lr)"
-    )
-    parser.add_argument(
-        "--clip-norm",
-        type=number(0, MAX_RATE, above=True),
-        help="clip gradients to this global norm (all stages, replicas)",
-    )
-    parser.add_argument(
-        "--bf16", action="store_true", help="forwards under torch.autocast to bfloat16"
-    )
-    parser.add_argument(
-        "--overlap-steps",
-        action="store_true",
-        help="no barrier between steps: each stage updates right after its last backward, "
-        "clipping and the non-finite check validated afterwards (a failed step is redone)",
-    )
-    parser.add_argument("--checkpoint-dir", help="write checkpoints here (DIR/step-N)")
-    parser.add_argument(
-        "--checkpoint-every",
-        type=count(0, MAX_STEPS),
-        default=0,
-        help="save after every N steps (0: never)",
-    )
-    parser.add_argument(
-        "--keep-last",
-        type=count(0, MAX_STEPS),
-        default=0,
-        help="after each save, keep only the newest K checkpoints in --checkpoint-dir (0: all)",
-    )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from the latest checkpoint in --checkpoint-dir (any plan, any --dp)",
-    )
-    parser.add_argument(
-        "--val-data",
-        help="held-out token file (as --data; prepare-data's val.bin): its loss and perplexity "
-        "after every --eval-every steps and after the last",
-    )
-    parser.add_argument(
-        "--eval-every",
-        type=count(0, MAX_STEPS),
-        default=0,
-        help="evaluate on --val-data after every N steps (0: after the last step only)",
-    )
-    parser.add_argument(
-        "--eval-batches",
-        type=count(1, MAX_EVAL_BATCHES),
-        default=4,
-        help="global batches of --val-data per evaluation (the same ones each time)",
-    )
-    parser.add_argument(
-        "--log-dir",
-        help="write DIR/log.jsonl (every step's JSON line) and TensorBoard event files "
-        "(with the tensorboard package: pip install 'octopipe[logs]')",
-    )
-    parser.add_argument(
-        "--peak-tflops",
-        type=number(0, MAX_RATE, above=True),
-        help="one rank's dense peak TFLOP/s, for MFU (default: an A100/H100/H200/H800's BF16 "
-        "peak by the GPU's name; none on a CPU)",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=("auto", "gloo", "nccl"),
-        default="auto",
-        help="auto: NCCL when each rank can have its own GPU, else gloo on CPU",
-    )
-    parser.add_argument(
-        "--lookahead",
-        type=count(1, 1_000_000),
-        default=8,
-        help="actions ahead whose receives are posted early",
-    )
-    parser.add_argument(
-        "--init-method",
-        default="env://",
-        help="under torchrun: how ranks meet (default env://; file:///shared/path also works)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=number(MIN_TIMEOUT_S, MAX_SECONDS),
-        default=DEFAULT_TIMEOUT_S,
-        help="seconds one wait of a rank (a transfer, a collective) may take before the run "
-        "fails; the whole run has no deadline",
-    )
-    parser.add_argument(
-        "--trace", help="write a Chrome/Perfetto trace of every rank's actions here"
-    )
-    parser.add_argument(
-        "--seq-len",
-        type=count(1, MAX_SEQ_LEN),
-        help="tokens per sequence (default: what the plan was made for, its profile's, else 32)",
-    )
-    parser.add_argument(
-        "--micro-batch-size",
-        type=count(1, MAX_MICRO_BATCH_SIZE),
-        help="sequences per microbatch (default: what the plan was made for, its parallelism "
-        "or profile key, else 2)",
-    )
-    parser.add_argument("--png", help="draw the last step's measured timeline here (.png or .svg)")
-    parser.add_argument(
-        "--profile",
-        help="the profile the plan was made from: --png then sets the measured timeline above "
-        "the predicted one, on one time axis",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON line per step as it finishes, then the summary object (last line)",
-    )
+    # Every flag is a setting of the job config (octopipe.config: its doc, bounds and default),
+    # and `--config job.toml` gives them all from a file.
+    from octopipe.config.sources import add_flags
+
+    add_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from octopipe.api import run as train
-    from octopipe.api import run_shape
     from octopipe.commands._output_paths import (
         JSON,
         PICTURE,
@@ -227,59 +30,29 @@ def run(args: argparse.Namespace) -> int:
         check_output_folder,
     )
     from octopipe.commands._run_progress import RunProgress
+    from octopipe.config.sources import from_flags
     from octopipe.plan import load_plan
     from octopipe.runtime.launch.launcher import RankFailure, Stopped, under_torchrun
     from octopipe.runtime.parallel.layout import RankLayout
     from octopipe.trace import from_records, write_trace
+    from octopipe.training import run as train
+    from octopipe.training import run_shape
 
-    check_output_file("--trace", args.trace, JSON)
-    check_output_file("--png", args.png, PICTURE)
-    if args.log_dir is not None:
-        check_output_folder("--log-dir", args.log_dir)
-    plan = load_plan(args.plan)
-    profile = _prediction_profile(args, plan)
-    logs = _logs(args.log_dir)
+    config = from_flags(args)
+    _require(config)
+    out = config.logging
+    check_output_file("--trace", out.trace, JSON)
+    check_output_file("--png", out.png, PICTURE)
+    if out.dir is not None:
+        check_output_folder("--log-dir", out.dir)
+    plan_file = config.plan.file
+    plan = load_plan(plan_file)
+    profile = _prediction_profile(config, plan)
+    logs = _logs(out.dir)
+    steps = config.training.steps
     try:
-        with logs or nullcontext(), RunProgress(args.steps, args.json, logs) as progress:
-            result = train(
-                plan,
-                args.model,
-                steps=args.steps,
-                seed=args.seed,
-                optimizer=args.optimizer,
-                lr=args.lr,
-                momentum=args.momentum,
-                weight_decay=args.weight_decay,
-                warmup_steps=args.lr_warmup,
-                decay=args.lr_decay,
-                min_lr=args.min_lr,
-                clip_norm=args.clip_norm,
-                bf16=args.bf16,
-                checkpoint_dir=args.checkpoint_dir,
-                checkpoint_every=args.checkpoint_every,
-                resume=args.resume,
-                overlap_steps=args.overlap_steps,
-                dp=args.dp,
-                zero=args.zero,
-                tp=args.tp,
-                data=args.data,
-                data_dtype=args.data_dtype,
-                nproc=args.nproc,
-                backend=args.backend,
-                timeout=args.timeout,
-                lookahead=args.lookahead,
-                seq_len=args.seq_len,
-                micro_batch_size=args.micro_batch_size,
-                init_method=args.init_method,
-                where=args.plan,
-                on_step=progress,
-                on_note=progress,
-                val_data=args.val_data,
-                eval_every=args.eval_every,
-                eval_batches=args.eval_batches,
-                keep_last=args.keep_last,
-                peak_tflops=args.peak_tflops,
-            )
+        with logs or nullcontext(), RunProgress(steps, out.json, logs) as progress:
+            result = train(plan, config, where=plan_file, on_step=progress, on_note=progress)
     except RankFailure as exc:  # a non-finite loss too; under torchrun every rank raises it
         if under_torchrun():
             _leave_rank(1, f"octopipe run: {exc}" if os.environ["RANK"] == "0" else None)
@@ -291,39 +64,54 @@ def run(args: argparse.Namespace) -> int:
     if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         _leave_rank()
     # After the run, so that a refused run's error stays its only line.
-    dp, tp = args.dp or _planned(plan, "dp") or 1, args.tp or _planned(plan, "tp") or 1
+    par = config.parallelism
+    dp, tp = par.dp or _planned(plan, "dp") or 1, par.tp or _planned(plan, "tp") or 1
     degrees = (("dp", dp, "data-parallel replicas"), ("tp", tp, "tensor-parallel ranks a device"))
     for flag, ran, what in degrees:
         if _planned(plan, flag) not in (None, ran):
             print(
-                f"octopipe run: note: {args.plan} was planned for {_planned(plan, flag)} {what} "
+                f"octopipe run: note: {plan_file} was planned for {_planned(plan, flag)} {what} "
                 f"(its parallelism key); this ran {ran} (--{flag})",
                 file=sys.stderr,
             )
-    if args.trace:
-        write_trace(args.trace, from_records(result.records), "measured")
-    if args.png:
-        _draw_last_step(result, args.png, plan, profile, RankLayout(tp, plan.num_devices, dp))
-    comparable = _note_other_shape(args, plan)
+    if out.trace:
+        write_trace(out.trace, from_records(result.records), "measured")
+    if out.png:
+        _draw_last_step(result, out.png, plan, profile, RankLayout(tp, plan.num_devices, dp))
+    comparable = _note_other_shape(config, plan)
     summary = result.summary()
     summary["seq_len"], summary["micro_batch_size"] = run_shape(
-        plan, args.seq_len, args.micro_batch_size
+        plan, config.data.seq_len, config.data.micro_batch_size
     )
     summary["predicted_for"] = dict(plan.profile) if plan.profile else None
-    if args.json:
+    if out.json:
         print(dumps(summary))
     else:
         _print_human(summary, comparable)
         if dp > 1 or tp > 1:
             print(RankLayout(tp, plan.num_devices, dp).describe())
-        if args.trace and summary["predicted_iteration_time"] is not None:
+        if out.trace and summary["predicted_iteration_time"] is not None:
             print(
                 "to fit the profile to this run: octopipe calibrate --profile PROFILE "
-                f"--plan {args.plan} --trace {args.trace} -o CALIBRATED"
+                f"--plan {plan_file} --trace {out.trace} -o CALIBRATED"
             )
     if under_torchrun():
         _leave_rank()
     return 0
+
+
+def _require(config) -> None:
+    """The two settings a run cannot do without, by flag or job file."""
+    from octopipe.errors import OctoPipeError
+
+    for flag, value, key in (
+        ("--plan", config.plan.file, "[plan] file"),
+        ("--model", config.model.name, "[model] name"),
+    ):
+        if value is None:
+            raise OctoPipeError(
+                f"the following arguments are required: {flag} (or {key} in --config)"
+            )
 
 
 def _logs(folder: str | None):
@@ -353,20 +141,21 @@ def _leave_rank(code: int = 0, message: str | None = None) -> None:
     os._exit(code)
 
 
-def _prediction_profile(args: argparse.Namespace, plan):
+def _prediction_profile(config, plan):
     """The profile `--profile` names, checked against the plan before the run, or None."""
-    if args.profile is None:
+    path, plan_file = config.logging.profile, config.plan.file
+    if path is None:
         return None
     from octopipe.errors import InputError
 
-    if args.png is None:
+    if config.logging.png is None:
         raise InputError("--profile", "is for --png (it draws the prediction): give --png too")
     from octopipe.plan import check_layer_names, check_structure
     from octopipe.profile import load_profile
 
-    profile = load_profile(args.profile)
-    check_structure(plan, args.plan, profile.num_layers, layers_of=args.profile)
-    check_layer_names(plan.layer_names, profile.layer_names, args.plan, of=args.profile)
+    profile = load_profile(path)
+    check_structure(plan, plan_file, profile.num_layers, layers_of=path)
+    check_layer_names(plan.layer_names, profile.layer_names, plan_file, of=path)
     return profile
 
 
@@ -399,18 +188,22 @@ def _draw_last_step(result, path: str, plan, profile, layout) -> None:
     save_measured_and_predicted(events, predicted, path, title, gpu_names(profile))
 
 
-def _note_other_shape(args: argparse.Namespace, plan) -> bool:
+def _note_other_shape(config, plan) -> bool:
     """Say where the run's sequence length or microbatch size is not what the plan was made
     for (its predicted time is then another job's); whether the prediction compares."""
-    from octopipe.api import planned_shape
+    from octopipe.training import planned_shape
 
     planned = dict(zip(("--seq-len", "--micro-batch-size"), planned_shape(plan)))
     comparable = True
-    for flag, ran in (("--seq-len", args.seq_len), ("--micro-batch-size", args.micro_batch_size)):
+    given = (
+        ("--seq-len", config.data.seq_len),
+        ("--micro-batch-size", config.data.micro_batch_size),
+    )
+    for flag, ran in given:
         if ran is not None and planned[flag] not in (None, ran):
             comparable = False
             print(
-                f"octopipe run: note: {args.plan} was made for {flag} {planned[flag]} (its "
+                f"octopipe run: note: {config.plan.file} was made for {flag} {planned[flag]} (its "
                 f"profile's); this ran {ran}: its predicted step time is for the other size",
                 file=sys.stderr,
             )

@@ -22,7 +22,7 @@ import time
 
 from octopipe.plan import Plan
 from octopipe.random_plans import random_plan as random_valid_plan
-from octopipe.runtime.job.session import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.reference import mismatches, train_reference

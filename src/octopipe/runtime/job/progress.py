@@ -24,7 +24,7 @@ from octopipe.plan import Plan
 from octopipe.runtime.failures import RankFailure
 
 if TYPE_CHECKING:
-    from octopipe.runtime.job.session import RunConfig
+    from octopipe.runtime.job.run_config import RunConfig
     from octopipe.runtime.step.worker import StepRecord
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +19,14 @@ import torch
 import torch.distributed as dist
 
 from octopipe.plan import Plan
-from octopipe.runtime.data.batches import Batch, DataSource, SyntheticData, replica_batch
+from octopipe.runtime.data.batches import Batch, replica_batch
 from octopipe.runtime.job.evaluate import Evaluation
 from octopipe.runtime.job.flops import peak_flops, step_model_flops
 from octopipe.runtime.job.progress import OnReport, StepProgress, StepRates, StepReport, say
-from octopipe.runtime.model.load import load_recipe
+from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.model.recipe import (
-    DEFAULT_MICRO_BATCH_SIZE,
-    DEFAULT_SEQ_LEN,
-    Loss,
     ModelRecipe,
-    ModelSpec,
     explained,
-    vocabulary_size,
 )
 from octopipe.runtime.model.recompute import apply_recompute, stage_layers
 from octopipe.runtime.model.split import parameter_bytes
@@ -40,77 +35,9 @@ from octopipe.runtime.parallel.fsdp import ShardedStages, fsdp_units
 from octopipe.runtime.parallel.layout import Place, RankLayout
 from octopipe.runtime.parallel.mesh import build_job_mesh
 from octopipe.runtime.parallel.parallelize import parallelizer
-from octopipe.runtime.step.optim import OptimizerConfig
 from octopipe.runtime.step.overlap import OverlappedSteps
 from octopipe.runtime.step.shapes import exchange_boundary_specs
 from octopipe.runtime.step.worker import ActionRecord, StepRecord, Worker
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """How to train a plan; identical on every rank."""
-
-    model: ModelSpec  # a bundled name, config.json, `hf:PATH`, `module:factory`, or a factory
-    seed: int = 0  # weights and data
-    steps: int = 1
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    lookahead: int = 8  # how many actions ahead receives are posted
-    collect_state: bool = False  # return every parameter and its last gradient (tests, fuzzing)
-    order_matched: bool = (
-        False  # gloo: match transfers by order on a group per channel, as NCCL must
-    )
-    seq_len: int = DEFAULT_SEQ_LEN  # tokens per sequence of the synthetic data or --data
-    micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE  # sequences per microbatch
-    dp: int = 1  # data-parallel replicas of the plan
-    zero: int = 0  # 1: optimizer state sharded across the replicas (ZeRO-1); 3: FSDP2
-    tp: int = 1  # tensor-parallel ranks per pipeline device
-    data: DataSource | None = None  # None: the model's synthetic sequences
-    loss: Loss | None = None  # None: the model's loss (next-token cross-entropy by default)
-    reduce_at_end: bool = False  # all-reduces after the last action, not each stage's last B/W
-    autocast: str | None = None  # "bf16": forwards under torch.autocast to bfloat16
-    checkpoint_dir: str | None = None  # where DIR/step-N checkpoints go
-    checkpoint_every: int = 0  # save after every this many steps (0: never)
-    resume: bool = False  # start from the latest checkpoint in checkpoint_dir, if any
-    resume_checkpoint: str | None = None  # the one chosen before the ranks start (preflight)
-    resume_at_start: bool = False  # an earlier job of the launch writes it: choose at the start
-    overlap_steps: bool = False  # no barrier between steps; post-validated per-stage updates
-    val_data: DataSource | None = None  # held-out sequences to evaluate on (`evaluate.py`)
-    eval_every: int = 0  # evaluate after every this many steps (0: after the last only)
-    eval_batches: int = 4  # global batches of held-out data per evaluation
-    keep_last: int = 0  # checkpoints kept in checkpoint_dir after each save (0: all)
-    peak_flops: float | None = None  # one rank's dense peak FLOP/s for MFU (None: its GPU's)
-
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        return {None: None, "bf16": torch.bfloat16}[self.autocast]
-
-    def recipe(self) -> ModelRecipe:
-        return load_recipe(self.model)
-
-    def data_source(self, recipe: ModelRecipe) -> DataSource:
-        if self.data is not None:
-            return self.data.for_vocabulary(vocabulary_size(recipe))
-        return SyntheticData(recipe.synthetic_sequence, self.seq_len, self.seed)
-
-    def val_source(self, recipe: ModelRecipe) -> DataSource | None:
-        return (
-            None if self.val_data is None else self.val_data.for_vocabulary(vocabulary_size(recipe))
-        )
-
-    def global_sequences(self, plan: Plan) -> int:
-        """Sequences per step, over all replicas: D x M x b."""
-        return self.dp * plan.num_microbatches * self.micro_batch_size
-
-    def layout(self, plan: Plan) -> RankLayout:
-        """Which global rank runs what (docs/FORMATS.md, plan `parallelism`)."""
-        return RankLayout(self.tp, plan.num_devices, self.dp)
-
-
-@dataclass(frozen=True)
-class Job:
-    plan: Plan
-    config: RunConfig
-    source: str = "<plan>"  # where the plan came from, for error messages
 
 
 @dataclass(frozen=True)

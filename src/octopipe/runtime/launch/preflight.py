@@ -1,99 +1,25 @@
-"""The settings of a run that are refused before any rank starts, one line each: numbers out
-of range, combinations not built yet, a tensor-parallel plan that does not fit the model, a
-checkpoint that cannot be resumed.
+"""The settings of a run that are refused before any rank starts, one line each: combinations
+not built yet, a tensor-parallel plan that does not fit the model, a checkpoint that cannot be
+resumed. (Each setting's own range is the job config's to check: `octopipe.config`.)
 
-Each would otherwise fail late, inside every rank at once (a timeout of 0 or inf, an optimizer
-refusing its learning rate), or not at all: a nan learning rate trains nan weights.
+Each would otherwise fail late, inside every rank at once, or not at all.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from octopipe.errors import InputError
 from octopipe.limits import (
-    MAX_EVAL_BATCHES,
     MAX_MICROBATCH_TOKENS,
     MAX_PROCESSES,
-    MAX_RATE,
-    MAX_SECONDS,
-    MAX_STEPS,
-    MIN_TIMEOUT_S,
     check_microbatch_tokens,
 )
 
 if TYPE_CHECKING:
-    from octopipe.runtime.job.session import RunConfig
+    from octopipe.runtime.job.run_config import RunConfig
     from octopipe.runtime.model.recipe import ModelRecipe
-
-
-def check_run_settings(
-    *,
-    nproc: int | None,
-    steps: int,
-    timeout: float,
-    lr: float,
-    momentum: float,
-    weight_decay: float,
-    min_lr: float = 0.0,
-    warmup_steps: int = 0,
-    clip_norm: float | None = None,
-    checkpoint_dir: object = None,
-    checkpoint_every: int = 0,
-    resume: bool = False,
-    keep_last: int = 0,
-    val_data: object = None,
-    eval_every: int = 0,
-    eval_batches: int = 1,
-    peak_tflops: float | None = None,
-) -> None:
-    if nproc is not None and not 1 <= nproc <= MAX_PROCESSES:
-        raise InputError("--nproc", f"must be 1 to {MAX_PROCESSES:,}, got {nproc}")
-    if not 1 <= steps <= MAX_STEPS:
-        raise InputError("--steps", f"must be 1 to {MAX_STEPS:,}, got {steps}")
-    if not (math.isfinite(timeout) and MIN_TIMEOUT_S <= timeout <= MAX_SECONDS):
-        raise InputError(
-            "--timeout",
-            f"must be {MIN_TIMEOUT_S:g} to {MAX_SECONDS:g} seconds, got {timeout}",
-        )
-    for flag, value in (
-        ("--lr", lr),
-        ("--weight-decay", weight_decay),
-        ("--min-lr", min_lr),
-    ):
-        if not (math.isfinite(value) and 0 <= value <= MAX_RATE):
-            raise InputError(flag, f"must be a finite number from 0 to {MAX_RATE:g}, got {value}")
-    if not (math.isfinite(momentum) and 0 <= momentum < 1):
-        raise InputError("--momentum", f"must be in [0, 1), got {momentum}")
-    if min_lr > lr:
-        raise InputError("--min-lr", f"{min_lr} is above --lr {lr}: the cosine would rise")
-    if clip_norm is not None and not (math.isfinite(clip_norm) and 0 < clip_norm <= MAX_RATE):
-        raise InputError("--clip-norm", f"must be a positive number, got {clip_norm}")
-    for flag, count in (
-        ("--lr-warmup", warmup_steps),
-        ("--checkpoint-every", checkpoint_every),
-        ("--keep-last", keep_last),
-        ("--eval-every", eval_every),
-    ):
-        if not 0 <= count <= MAX_STEPS:
-            raise InputError(flag, f"must be 0 to {MAX_STEPS:,}, got {count}")
-    if not 1 <= eval_batches <= MAX_EVAL_BATCHES:
-        raise InputError("--eval-batches", f"must be 1 to {MAX_EVAL_BATCHES:,}, got {eval_batches}")
-    if peak_tflops is not None and not (math.isfinite(peak_tflops) and 0 < peak_tflops <= 1e6):
-        raise InputError("--peak-tflops", f"must be a positive number, got {peak_tflops}")
-    if (checkpoint_every or resume) and checkpoint_dir is None:
-        flag = "--resume" if resume else "--checkpoint-every"
-        raise InputError(flag, "needs --checkpoint-dir")
-    if keep_last and not checkpoint_every:
-        raise InputError("--keep-last", "needs --checkpoint-every (and --checkpoint-dir)")
-    if eval_every and val_data is None:
-        raise InputError("--eval-every", "needs --val-data (the held-out tokens)")
-    if checkpoint_dir is not None:
-        from octopipe.runtime.checkpoint.folder import check_folder
-
-        check_folder(checkpoint_dir)
 
 
 def check_overlap(config: RunConfig) -> None:

@@ -1,0 +1,291 @@
+"""`octopipe.run`: train a plan on torch.distributed from Python, with the job config's settings.
+
+    import octopipe as op
+    from octopipe.config import JobConfig
+
+    result = op.run(plan, "tiny-llama", steps=5, lr=3e-4)     # keywords: one setting each
+    result = op.run(plan, JobConfig(...), steps=10)            # a whole config, keywords on top
+    result = op.run(None, from_file("job.toml"))               # the job file names the plan too
+
+Every keyword that is a setting is the job config's (`octopipe.config`, docs/FORMATS.md "The
+job config"); the rest are what only code can give: a factory for the model, data as objects,
+a loss function, callbacks. This module resolves them into the ranks' `RunConfig` and launches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from octopipe.config import JobConfig
+
+if TYPE_CHECKING:
+    from octopipe.plan import Plan
+    from octopipe.runtime.job.progress import RunNote, StepReport
+    from octopipe.runtime.job.run_config import RunConfig
+    from octopipe.runtime.job.session import RunResult
+
+
+def run(
+    plan: Plan | str | Path | None,
+    model: Any = None,
+    *,
+    data: Any = None,
+    val_data: Any = None,
+    loss: Callable | None = None,
+    on_step: Callable[[StepReport], None] | None = None,
+    on_note: Callable[[RunNote], None] | None = None,
+    where: str | None = None,
+    **settings: Any,
+) -> RunResult | None:
+    """Train `model` with `plan` on spawned processes (one per rank: TP x devices x DP; gloo on
+    CPU, NCCL with a GPU per rank) and return what was measured: losses, per-action records,
+    iteration time, peak memory.
+
+    `plan`: a `Plan`, a plan.json path, or None for the config's `plan.file`. `model`: a
+    `JobConfig`, or what `--model` names (a bundled name, a config.json, `hf:PATH`,
+    `module:factory`), or a factory (a picklable function returning an `nn.Module`).
+    `settings`: the job config's keywords (`steps=`, `lr=`, `checkpoint_dir=`, ...: the
+    `keyword` column of docs/FORMATS.md's settings table), over the config's values.
+    `data` and `val_data`: a token file's path (a setting), a
+    `octopipe.runtime.data.batches.DataSource`, or the global batches themselves (a list, or
+    any iterable, of `(inputs, targets)` holding dp x M x b sequences each). `loss(outputs,
+    target)`: None for the model's own (next-token cross-entropy by default).
+
+    `on_step(report)` is called with every step's `StepReport` (loss, learning rate, gradient
+    norm, step time, tokens/s, MFU, held-out loss) as the steps finish, where the result comes
+    back; `on_note(note)` with each `RunNote` saying what the run is doing (start-up stages,
+    checkpoints saved and resumed).
+
+    Inside a torchrun job this process is one rank instead (ranks meet by
+    `launch.init_method`) and only rank 0 gets the result (the others None). A failing rank
+    raises `octopipe.runtime.failures.RankFailure` (a loss turned nan or inf: its
+    `NonFiniteLoss`); SIGTERM or Ctrl-C stops every spawned rank and raises `Stopped` (a
+    KeyboardInterrupt)."""
+    from octopipe.config.sources import from_keywords
+    from octopipe.runtime.job.run_config import Job
+    from octopipe.runtime.launch.launcher import execute
+
+    config = model if isinstance(model, JobConfig) else JobConfig()
+    model_spec = config.model.name if isinstance(model, JobConfig) else model
+    for keyword, given in (("data", data), ("val_data", val_data)):
+        if isinstance(given, str | Path):
+            settings[keyword] = given
+    config = from_keywords(config, **settings)
+    if model_spec is None:
+        model_spec = config.model.name
+    plan, where = _the_plan(plan, config, where)
+    _check_runnable_degrees(plan, where)
+    objects = {"data": _object(data), "val_data": _object(val_data)}
+    config.check(val_data_given=objects["val_data"] is not None)
+    run_config = runtime_config(config, plan, model_spec, loss=loss, **objects)
+    results = execute(
+        [Job(plan, run_config, where)],
+        config.launch.nproc or run_config.layout(plan).size,
+        config.launch.backend,
+        config.launch.timeout,
+        config.launch.init_method,
+        _reports_to(on_step, on_note),
+    )
+    return None if results is None else results[0]
+
+
+def runtime_config(
+    config: JobConfig, plan: Plan, model: Any, *, data=None, val_data=None, loss=None
+) -> RunConfig:
+    """What every rank gets: the job's settings resolved against the plan (degrees, sequence
+    length and microbatch size it was made for), the data as sources, the optimizer built.
+    Refuses here, before any rank starts, what cannot run."""
+    from octopipe.errors import InputError
+    from octopipe.runtime.job.run_config import RunConfig
+    from octopipe.runtime.step.optim import OptimizerConfig
+
+    if model is None:
+        raise InputError("--model", "must be given (--model, [model] name in --config, or model=)")
+    _check_loss(loss)
+    if callable(model):
+        _check_picklable("model", model)
+    if config.checkpoint.dir is not None:
+        from octopipe.runtime.checkpoint.folder import check_folder
+
+        check_folder(config.checkpoint.dir)
+    t, opt, sched = config.training, config.optimizer, config.lr_schedule
+    seq_len, micro_batch_size = run_shape(plan, config.data.seq_len, config.data.micro_batch_size)
+    seed, dtype = config.model.seed, config.data.dtype
+    return RunConfig(
+        model,
+        seed,
+        t.steps,
+        OptimizerConfig(
+            opt.name,
+            opt.lr,
+            opt.momentum if opt.name == "sgd" else 0.0,
+            opt.weight_decay,
+            sched.warmup_steps,
+            sched.decay,
+            sched.min_lr,
+            t.steps,
+            opt.clip_norm,
+        ),
+        config.launch.lookahead,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        dp=config.parallelism.dp or _planned(plan, "dp"),
+        zero=config.parallelism.zero,
+        tp=config.parallelism.tp or _planned(plan, "tp"),
+        data=_data_source(
+            data if data is not None else config.data.path, seq_len, seed, dtype, t.steps
+        ),
+        loss=loss,
+        autocast="bf16" if t.bf16 else None,
+        checkpoint_dir=config.checkpoint.dir,
+        checkpoint_every=config.checkpoint.every,
+        resume=config.checkpoint.resume,
+        overlap_steps=t.overlap_steps,
+        val_data=_data_source(
+            val_data if val_data is not None else config.evaluation.data,
+            seq_len,
+            seed,
+            dtype,
+            config.evaluation.batches,
+            "--val-data",
+        ),
+        eval_every=config.evaluation.every,
+        eval_batches=config.evaluation.batches,
+        keep_last=config.checkpoint.keep_last,
+        peak_flops=None
+        if config.logging.peak_tflops is None
+        else config.logging.peak_tflops * 1e12,
+        settings=config,
+    )
+
+
+def _the_plan(plan, config: JobConfig, where: str | None) -> tuple[Plan, str]:
+    """The plan given (or the config's `plan.file`), and how errors name it."""
+    from octopipe.errors import InputError
+    from octopipe.plan import Plan, load_plan
+
+    if isinstance(plan, Plan):
+        return plan, where or "<plan>"
+    path = plan if plan is not None else config.plan.file
+    if path is None:
+        raise InputError("--plan", "must be given (--plan, [plan] file in --config, or plan=)")
+    return load_plan(path), where or str(path)
+
+
+def _object(given: Any) -> Any:
+    """Data given as an object (a source, batches), not as a file's path (a setting)."""
+    return None if given is None or isinstance(given, str | Path) else given
+
+
+def _check_loss(loss) -> None:
+    """A loss is called `loss(outputs, target)` in the ranks: refused before any starts if it
+    cannot be, or cannot be sent to them."""
+    import inspect
+
+    from octopipe.errors import InputError
+
+    if loss is None:
+        return
+    if not callable(loss):
+        raise InputError("loss", f"expected a function loss(outputs, target), got {loss!r}")
+    _check_picklable("loss", loss)
+    try:
+        inspect.signature(loss).bind(None, None)
+    except TypeError:
+        raise InputError(
+            "loss",
+            f"{getattr(loss, '__qualname__', loss)} cannot be called as loss(outputs, target)",
+        ) from None
+    except ValueError:  # no signature to read: calling it will tell
+        pass
+
+
+def _check_picklable(what: str, fn) -> None:
+    """Spawned ranks get functions by reference (module and name): a lambda or a function
+    defined inside another cannot be sent."""
+    import pickle
+
+    from octopipe.errors import InputError
+
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise InputError(
+            what,
+            f"{name} cannot be sent to the ranks: define it at the top level of a module or "
+            "script (a lambda or a function inside another has no name to import it by)",
+        ) from None
+
+
+def _reports_to(on_step, on_note):
+    """One callback for the launcher: step reports to `on_step`, notes to `on_note`."""
+    from octopipe.runtime.job.progress import StepReport
+
+    if on_step is None and on_note is None:
+        return None
+
+    def report(item) -> None:
+        handler = on_step if isinstance(item, StepReport) else on_note
+        if handler is not None:
+            handler(item)
+
+    return report
+
+
+def planned_shape(plan: Plan) -> tuple[int | None, int | None]:
+    """The sequence length and microbatch size a plan was made for (its profile's; a cluster
+    plan's `parallelism` microbatch size first), each None where the plan does not say."""
+    b = plan.parallelism.get("microbatch_size") if plan.parallelism else None
+    return plan.made_for_value("seq_len"), b or plan.made_for_value("microbatch_size")
+
+
+def run_shape(plan: Plan, seq_len: int | None, micro_batch_size: int | None) -> tuple[int, int]:
+    """The tokens per sequence and sequences per microbatch a run of `plan` uses: those given,
+    else what the plan was made for, else the defaults (32 and 2)."""
+    from octopipe.runtime.model.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
+
+    planned_len, planned_b = planned_shape(plan)
+    return (
+        seq_len or planned_len or DEFAULT_SEQ_LEN,
+        micro_batch_size or planned_b or DEFAULT_MICRO_BATCH_SIZE,
+    )
+
+
+def _planned(plan: Plan, degree: str) -> int:
+    """A degree (`tp`, `dp`) a cluster plan was made for (its `parallelism`), else 1."""
+    return plan.parallelism.get(degree, 1) if plan.parallelism else 1
+
+
+def _check_runnable_degrees(plan: Plan, where: str) -> None:
+    """A plan laid out with degrees the executor does not run yet is refused in one line, not
+    run on fewer ranks as if it had none."""
+    from octopipe.errors import InputError
+
+    for degree, what in (("cp", "context"), ("ep", "expert")):
+        if _planned(plan, degree) > 1:
+            raise InputError(
+                where,
+                f"planned with {what} parallelism ({degree} {_planned(plan, degree)}), which "
+                "octopipe run does not run yet",
+                f"parallelism.{degree}",
+            )
+
+
+def _data_source(
+    data, seq_len: int, seed: int, dtype: str | None, steps: int, flag: str = "--data"
+):
+    """`steps`: how many batches an iterator is read for."""
+    import itertools
+
+    from octopipe.runtime.data.batches import DataSource, GivenBatches, TokenFile
+
+    if data is None or isinstance(data, DataSource):
+        return data
+    if isinstance(data, str | Path):
+        return TokenFile(data, seq_len, seed, dtype, flag)
+    if not isinstance(data, Sequence):  # a generator cannot travel to spawned ranks: read it
+        data = list(itertools.islice(iter(data), steps))
+    return GivenBatches(data)
