@@ -39,7 +39,8 @@ from octopipe.profile import Device, Link, Profile
 from octopipe.sim import Simulator
 from octopipe.tuner import tune
 from octopipe.tuner.candidate import Evaluator
-from octopipe.tuner.search import _Search, _seed_candidates
+from octopipe.tuner.local_search import Search
+from octopipe.tuner.seeds import seed_candidates
 
 P, M = 4, 8
 CONFIGS = Path(__file__).resolve().parents[1] / "src/octopipe/costmodel/configs"
@@ -115,8 +116,8 @@ def long_reference(profile: Profile) -> tuple[float, str, float]:
     simulator = Simulator(profile)
     for chunks in range(3, min(9, profile.num_layers // P) + 1):
         evaluator = Evaluator(profile, profile.device_list(), M, simulator.costs)
-        search = _Search(evaluator, math.inf, 0, None, lambda _: True)
-        search.run(_seed_candidates(evaluator, chunks, chunks), starts=8, kicks=5)
+        search = Search(evaluator, math.inf, 0, None, lambda _: True)
+        search.run(seed_candidates(evaluator, chunks, chunks), starts=8, kicks=5)
         plan = evaluator.to_plan(search.best)
         seconds = simulator.run(plan, detail=False).iteration_time
         if best is None or seconds < best[0]:

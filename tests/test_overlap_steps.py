@@ -25,7 +25,8 @@ from octopipe.sim import Simulator
 from octopipe.sim.graph import build_graph
 from octopipe.sim.steps import repeat_graph, repeat_steps, settled_period
 from octopipe.tuner.candidate import Candidate, Evaluator
-from octopipe.tuner.search import OVERLAP_WARMUPS, _Search, with_fill_tails
+from octopipe.tuner.local_search import OVERLAP_WARMUPS, Search
+from octopipe.tuner.seeds import with_fill_tails
 
 PAPER = Path(__file__).parents[1] / "benchmarks" / "data" / "zb_paper_bubble_rates.csv"
 
@@ -227,7 +228,7 @@ def test_refining_the_warm_up_finds_what_the_coarse_scan_misses():
     evaluator = Evaluator(profile, profile.device_list(), m, simulator.costs, simulator)
     one_per_device = Candidate(tuple((i, i + 1) for i in range(p)), tuple(range(p)))
     start = with_fill_tails(evaluator, one_per_device)
-    search = _Search(evaluator, math.inf, 0, None, lambda placement: True)
+    search = Search(evaluator, math.inf, 0, None, lambda placement: True)
     scanned = [search.evaluate(start.but(warmup=w)) for w in OVERLAP_WARMUPS]
     coarse = min(scanned, key=lambda o: o.score)
     refined = search._refine_warmup(coarse)

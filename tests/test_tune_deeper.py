@@ -7,8 +7,9 @@ import pytest
 from sim_helpers import uniform_profile
 
 from octopipe.profile import Device, LayerCost, Link, Profile
-from octopipe.tuner import search, tune
-from octopipe.tuner.search import AUTO_CHUNKS, DEEP_WORK_SHARE, ONE_DEEPER_WORK_SHARE, chunk_count
+from octopipe.tuner import deeper, tune
+from octopipe.tuner.deeper import DEEP_WORK_SHARE, ONE_DEEPER_WORK_SHARE
+from octopipe.tuner.search import AUTO_CHUNKS, chunk_count
 
 FREE_LINK = Link(bandwidth=1e12, latency=0.0)
 
@@ -80,7 +81,7 @@ def test_the_walk_one_stage_deeper_finds_what_the_deeper_seeds_miss(monkeypatch)
     # under llama3-70b, BENCHMARKS.md).
     profile = stack(20, head=1.0, speeds=(1.0, 1.0, 0.5, 0.5))
     walked = tuned(profile, 4, 4).best
-    monkeypatch.setattr(search, "ONE_DEEPER_WORK_SHARE", 0.0)  # the tuner without the walk
+    monkeypatch.setattr(deeper, "ONE_DEEPER_WORK_SHARE", 0.0)  # the tuner without the walk
     without = tuned(profile, 4, 4).best
     assert walked.sim.iteration_time < without.sim.iteration_time
     assert chunk_count(walked.plan.placement) == 5

@@ -7,7 +7,7 @@ one with) the idlest device, exchange two devices' roles, merge two adjacent sta
 device, deepen or shallow the warm-up (globally or of one device), and flip the scheduling rules.
 `kick` perturbs a candidate at random to leave a local optimum. `recompute_moves` change what
 stages recompute where memory binds (AdaPipe's per-stage variable).
-All functions are pure; the search (`search.py`) decides what to keep.
+All functions are pure; the search (`local_search.py`) decides what to keep.
 """
 
 from __future__ import annotations

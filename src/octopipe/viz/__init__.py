@@ -6,6 +6,7 @@
     viz.save_memory_plot(result, plan, profile, "mem.png")   # memory.py (matplotlib)
     print(viz.render_text_timeline(result, width=100))       # text.py
     # layout.py: the timeline's size; style.py: colours, shades per chunk, label sizes, headline
+    # boxes.py: the action boxes the matplotlib pictures share; overview.py: big plans' picture
 
 Everything here reads a `SimResult` or any sequence of `octopipe.actions.Event` (simulated or
 measured: `octopipe.trace` reads both) and only draws it; the timelines also draw a

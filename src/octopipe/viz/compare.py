@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from octopipe.actions import Event  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
 from octopipe.units import time_unit  # noqa: E402
+from octopipe.viz.boxes import draw_boxes, kind_colors  # noqa: E402
 from octopipe.viz.layout import TimelineLayout  # noqa: E402
 from octopipe.viz.style import (  # noqa: E402
     chunk_indices,
@@ -43,8 +44,6 @@ def save_measured_and_predicted(
     device_names: Sequence[str] | None = None,
 ) -> Path:
     """Draw the measured events above the prediction, sharing the time axis (module doc)."""
-    from octopipe.viz.timeline import draw_boxes, kind_colors
-
     path = Path(path)
     fmt = image_format(path)
     panels = (("measured", events_of(measured)), ("predicted", events_of(predicted)))

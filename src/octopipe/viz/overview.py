@@ -31,6 +31,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 from octopipe.actions import Event, F  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
 from octopipe.units import time_unit  # noqa: E402
+from octopipe.viz.boxes import draw_boxes, kind_colors  # noqa: E402
 from octopipe.viz.layout import TimelineLayout  # noqa: E402
 from octopipe.viz.style import (  # noqa: E402
     KIND_COLORS,
@@ -54,8 +55,6 @@ def save_overview(
     device_names: Sequence[str] | None = None,
 ) -> Path:
     """Draw the overview (module docstring) to a PNG or SVG, by the file suffix."""
-    from octopipe.viz.timeline import draw_boxes, kind_colors
-
     path = Path(path)
     fmt = image_format(path)
     events = events_of(result)

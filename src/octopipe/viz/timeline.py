@@ -5,12 +5,13 @@ wrapped into bands, microbatch labels only where they fit, time ticks with units
 per action would make a barcode (a typical action under a few pixels, or more devices than a
 screen shows apart: `layout.needs_overview`) the picture is an overview instead
 (`viz.overview`: utilization per device, a heat map of the bubbles, one period zoomed in); the
-detail of a big plan is in the HTML timeline (`viz.html`). Boxes are one PolyCollection per
-band, so tens of thousands draw in seconds. In an SVG each action is its own element with the
-id `action-d{device}-{action}`. A device with data-parallel gradient all-reduces gets a thin
-row just below its own, a bar per reduction (SVG id `reduce-d{device}-s{stage}`). The critical
-path is outlined on boxes wide enough to show an outline, and marked by a thin dark strip at
-the foot of the narrower ones. On a mixed cluster each row names its device's kind.
+detail of a big plan is in the HTML timeline (`viz.html`). Boxes (`viz.boxes`) are one
+PolyCollection per band, so tens of thousands draw in seconds. In an SVG each action is its
+own element with the id `action-d{device}-{action}`. A device with data-parallel gradient
+all-reduces gets a thin row just below its own, a bar per reduction (SVG id
+`reduce-d{device}-s{stage}`). The critical path is outlined on boxes wide enough to show an
+outline, and marked by a thin dark strip at the foot of the narrower ones. On a mixed cluster
+each row names its device's kind.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never open a window
 
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
@@ -31,6 +31,7 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 from octopipe.actions import Event  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
 from octopipe.units import time_unit  # noqa: E402
+from octopipe.viz.boxes import add_boxes, draw_boxes, kind_colors  # noqa: E402
 from octopipe.viz.layout import (  # noqa: E402
     BAND_GAP,
     BAR_FILL,
@@ -42,6 +43,7 @@ from octopipe.viz.layout import (  # noqa: E402
     needs_overview,
     timeline_layout,
 )
+from octopipe.viz.overview import save_overview  # noqa: E402
 from octopipe.viz.style import (  # noqa: E402
     CRITICAL_EDGE,
     IDLE_COLOR,
@@ -96,8 +98,6 @@ def save_timeline(
         events, stats.iteration_time, stats.num_devices, {r.device for r in reductions}
     )
     if overview or (overview is None and needs_overview(layout, events)):
-        from octopipe.viz.overview import save_overview
-
         return save_overview(result, path, title, device_names)
     rows = layout.rows
     colors = kind_colors(num_chunks)
@@ -150,87 +150,6 @@ def save_timeline(
     return path
 
 
-def kind_colors(num_chunks: int) -> dict:
-    """(kind, chunk) -> the box's colour."""
-    return {
-        (k, c): shade(KIND_COLORS[k], c, num_chunks) for k in KIND_ORDER for c in range(num_chunks)
-    }
-
-
-def draw_boxes(ax, events, layout, scale, window, colors, chunk_of, critical, fmt, band=0) -> None:
-    """Idle rows, the boxes (one collection; one element each in an SVG), the critical path's
-    marks and the labels that fit, for the events of one time window of the axes."""
-    lo, hi = window
-    half = BAR_FILL / 2
-    ys = layout.rows.compute
-    idle = [
-        [
-            (lo * scale, y - half),
-            (hi * scale, y - half),
-            (hi * scale, y + half),
-            (lo * scale, y + half),
-        ]
-        for y in ys
-    ]
-    ax.add_collection(PolyCollection(idle, facecolors=IDLE_COLOR, edgecolors="none", zorder=0))
-    per_action = fmt == "svg"
-    # Thin white edges part neighbouring boxes only where boxes are wide enough to show them.
-    wide = (
-        bool(events) and layout.box_width_pt(sum(e.end - e.start for e in events) / len(events)) > 3
-    )
-    boxes, faces, outlines, strips = [], [], [], []
-    for e in events:
-        a = e.action
-        x0, x1 = e.start * scale, e.end * scale
-        y0, y1 = ys[e.device] - half, ys[e.device] + half
-        face = colors[(a.kind, chunk_of[a.stage])]
-        if per_action:  # an element per action readers can find by id; SVGs are small plans
-            box = Rectangle(
-                (x0, y0), x1 - x0, BAR_FILL, facecolor=face, edgecolor="white",
-                linewidth=0.4, zorder=2,
-            )  # fmt: skip
-            first = e.start >= lo or band == 0
-            box.set_gid(f"{'' if first else 'more-'}action-d{e.device}-{a}")
-            ax.add_artist(box)  # add_patch would re-fit the axis limits for every box: slow
-        else:
-            boxes.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
-            faces.append(face)
-        if a in critical:
-            # An outline only where the box is wide enough to show it inside: on narrow boxes
-            # outlines merge into a black row; a strip at their foot marks them instead.
-            if layout.box_width_pt(e.end - e.start) > 4:
-                outlines.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
-            else:
-                strips.append([(x0, y1 - 0.14), (x1, y1 - 0.14), (x1, y1), (x0, y1)])
-    _add_boxes(ax, boxes, faces, wide)
-    if outlines:
-        ax.add_collection(
-            PolyCollection(
-                outlines, facecolors="none", edgecolors=CRITICAL_EDGE, linewidths=1.1, zorder=3
-            )
-        )
-    if strips:
-        ax.add_collection(
-            PolyCollection(
-                strips, facecolors=CRITICAL_EDGE, edgecolors="none", linewidths=0.0, zorder=3
-            )
-        )
-    for e in events:
-        size = layout.label_size(e)
-        if size is None or not (lo <= (e.start + e.end) / 2 < hi):
-            continue
-        ax.text(
-            (e.start + e.end) / 2 * scale,
-            ys[e.device],
-            str(e.action.mb),
-            ha="center",
-            va="center",
-            fontsize=size,
-            color="white" if chunk_of[e.action.stage] == 0 else "#222222",
-            zorder=4,
-        )
-
-
 def _draw_reductions(ax, reductions, layout, scale, window, fmt, band) -> None:
     """The all-reduce bars on their thin rows, each labelled with its stage where it fits."""
     lo, hi = window
@@ -250,7 +169,7 @@ def _draw_reductions(ax, reductions, layout, scale, window, fmt, band) -> None:
             ax.add_artist(box)
         else:
             boxes.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
-    _add_boxes(ax, boxes, REDUCE_COLOR, wide)
+    add_boxes(ax, boxes, REDUCE_COLOR, wide)
     for r in reductions:
         text = f"s{r.stage}"
         size = label_font_size(
@@ -345,17 +264,3 @@ def _add_legend(
         handlelength=1.2,
         columnspacing=1.2,
     )
-
-
-def _add_boxes(ax, boxes: list, faces, wide: bool) -> None:
-    """Filled boxes in one collection; thin white edges part them only where they are wide."""
-    if boxes:
-        ax.add_collection(
-            PolyCollection(
-                boxes,
-                facecolors=faces,
-                edgecolors="white" if wide else "face",
-                linewidths=0.4 if wide else 0.0,
-                zorder=2,
-            )
-        )

@@ -1,7 +1,8 @@
-"""Plan (`octopipe.plan/1`): stages, placement and per-device schedule. JSON and CSV I/O.
+"""The plan's validation: a plan file (JSON, or a schedule CSV) read into a `Plan`, each field
+checked as it is read, and the plan's structure checked (`check_structure`, also called on
+plans built in memory); every fault is one `InputError` line naming the file and the place.
 
-A plan says what runs where and in which order; it does not say how long anything takes
-(that is `sim/`) nor how a plan is found (`schedules/`, `partition.py`, `tuner/`).
+What a plan holds and how it is written is `data.py`; this module only reads and checks.
 """
 
 from __future__ import annotations
@@ -10,14 +11,13 @@ import csv
 import math
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from octopipe.actions import Action, B, F, I, Kind, W, format_entry, parse_entry
+from octopipe.actions import Action, B, F, I, Kind, W, parse_entry
 from octopipe.errors import InputError, OctoPipeWarning
-from octopipe.jsonfile import read_json, write_json
+from octopipe.jsonfile import read_json
 from octopipe.limits import (
     MAX_DEVICES,
     MAX_LAYERS,
@@ -27,245 +27,17 @@ from octopipe.limits import (
     MAX_SEQ_LEN,
     MAX_STAGE_MICROBATCHES,
 )
-
-PLAN_FORMAT = "octopipe.plan/1"
-NO_RECOMPUTE = "none"
-# As the cost model names them, from least memory saved to most.
-RECOMPUTE_KINDS = (NO_RECOMPUTE, "selective", "full")
+from octopipe.plan.data import (
+    NO_RECOMPUTE,
+    PLAN_FORMAT,
+    RECOMPUTE_KINDS,
+    Plan,
+    Stage,
+    flatten_entries,
+)
 
 _BIT = {k: 1 << k.code for k in Kind}  # check_structure's bit set of kinds
 _FULL, _SPLIT = _BIT[F] | _BIT[B], _BIT[F] | _BIT[I] | _BIT[W]
-
-
-class Stage(NamedTuple):
-    """Layers `[start, end)` of the profile, run on `device`."""
-
-    start: int
-    end: int
-    device: int
-
-    @property
-    def num_layers(self) -> int:
-        return self.end - self.start
-
-
-Composites = frozenset[tuple[int, tuple[Action, ...]]]  # (device, the parts in order)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What runs where, and in which order. `schedule` lists each device's actions, a
-    composite entry of torch's (`(0F7;7B3)OVERLAP_F_B`) as its parts in order; `composites`
-    remembers those entries by their parts, so the plan writes them back as it read them
-    wherever the parts still stand together in that order (a reordered schedule keeps the
-    composites it did not break up)."""
-
-    num_devices: int
-    num_microbatches: int
-    stages: tuple[Stage, ...]
-    schedule: Mapping[int, tuple[Action, ...]]  # device -> its compute actions in order
-    predicted: Mapping[str, Any] | None = field(default=None, compare=False)
-    composites: Composites = field(default=frozenset(), compare=False)
-    # How the plan sits in the whole job (docs/FORMATS.md): {"tp", "pp", "dp",
-    # "microbatch_size"}, pp being num_devices. None: a pipeline on its own.
-    parallelism: Mapping[str, Any] | None = field(default=None, compare=False)
-    # The profile's layer names, in order (docs/FORMATS.md): the executor checks them against
-    # the model's before it starts. None: not recorded (then only the count is checked).
-    layer_names: tuple[str, ...] | None = field(default=None, compare=False)
-    # What the plan's costs were for (docs/FORMATS.md, `profile`): the profile's name,
-    # microbatch size, sequence length and device count, those it knew. None: not recorded.
-    profile: Mapping[str, Any] | None = field(default=None, compare=False)
-    # Per stage, what it recomputes in its backward: "none", "selective" or "full"
-    # (docs/FORMATS.md). Empty: no stage recomputes anything.
-    recompute: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if all(kind == NO_RECOMPUTE for kind in self.recompute):
-            object.__setattr__(self, "recompute", ())
-        elif len(self.recompute) != len(self.stages):
-            raise ValueError(f"{len(self.recompute)} recompute kinds for {len(self.stages)} stages")
-        # Tuples of Actions with one kind type (Kind), whatever the caller built them with.
-        if not all(
-            type(acts) is tuple and all(type(a) is Action and type(a.kind) is Kind for a in acts)
-            for acts in self.schedule.values()
-        ):
-            normalized = {
-                d: tuple(Action(int(s), Kind(k), int(m)) for s, k, m in acts)
-                for d, acts in self.schedule.items()
-            }
-            object.__setattr__(self, "schedule", normalized)
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.stages)
-
-    @property
-    def placement(self) -> tuple[int, ...]:
-        """Stage index -> device."""
-        return tuple(s.device for s in self.stages)
-
-    def recompute_of(self, stage: int) -> str:
-        """What `stage` recomputes: "none", "selective" or "full"."""
-        return self.recompute[stage] if self.recompute else NO_RECOMPUTE
-
-    def stages_on(self, device: int) -> list[int]:
-        return [i for i, s in enumerate(self.stages) if s.device == device]
-
-    def with_predicted(self, predicted: Mapping[str, Any]) -> Plan:
-        return replace(self, predicted=predicted)
-
-    def with_parallelism(
-        self,
-        tp: int,
-        dp: int,
-        microbatch_size: int,
-        zero: int = 0,
-        cp: int = 1,
-        ep: int = 1,
-        recompute: str = "none",
-    ) -> Plan:
-        """The plan as one part of a job (docs/FORMATS.md, `parallelism`); the optional keys
-        are written only where they differ from their defaults."""
-        degrees: dict[str, Any] = {
-            "tp": tp,
-            "pp": self.num_devices,
-            "dp": dp,
-            "microbatch_size": microbatch_size,
-        }
-        for key, value, default in (
-            ("zero", zero, 0),
-            ("cp", cp, 1),
-            ("ep", ep, 1),
-            ("recompute", recompute, "none"),
-        ):
-            if value != default:
-                degrees[key] = value
-        return replace(self, parallelism=degrees)
-
-    def with_layer_names(self, names: Sequence[str]) -> Plan:
-        return replace(self, layer_names=tuple(names))
-
-    def made_for(self, profile) -> Plan:
-        """The plan with what its profile's costs are for recorded (`profile` key): the name,
-        and the microbatch size, sequence length and device count the profile knows."""
-        devices = profile.devices
-        known = {
-            "name": profile.name,
-            "microbatch_size": profile.microbatch_size,
-            "seq_len": profile.seq_len,
-            "devices": len(devices) if devices and len(devices) == self.num_devices else None,
-        }
-        return replace(self, profile={k: v for k, v in known.items() if v is not None})
-
-    def made_for_value(self, key: str) -> Any:
-        """One figure of the `profile` key (`microbatch_size`, `seq_len`, `devices`), or None."""
-        return (self.profile or {}).get(key)
-
-    def entries(self, device: int) -> list[tuple[Action, ...]]:
-        """The device's schedule entries: one action each, or a composite's parts."""
-        acts = self.schedule.get(device, ())
-        starting = {parts[0]: parts for d, parts in self.composites if d == device}
-        out, pos = [], 0
-        while pos < len(acts):
-            parts = starting.get(acts[pos])
-            if parts is None or tuple(acts[pos : pos + len(parts)]) != parts:
-                parts = (acts[pos],)
-            out.append(parts)
-            pos += len(parts)
-        return out
-
-    # --- serialization -----------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "format": PLAN_FORMAT,
-            "num_devices": self.num_devices,
-            "num_microbatches": self.num_microbatches,
-            "stages": [
-                {"layers": [s.start, s.end], "device": s.device, **self._recompute_key(i)}
-                for i, s in enumerate(self.stages)
-            ],
-        }
-        data["schedule"] = {
-            str(d): [format_entry(e) for e in self.entries(d)] for d in sorted(self.schedule)
-        }
-        if self.predicted is not None:
-            data["predicted"] = dict(self.predicted)
-        if self.parallelism is not None:
-            data["parallelism"] = dict(self.parallelism)
-        if self.layer_names is not None:
-            data["layer_names"] = list(self.layer_names)
-        if self.profile is not None:
-            data["profile"] = dict(self.profile)
-        return data
-
-    def _recompute_key(self, stage: int) -> dict[str, str]:
-        """A stage's optional `recompute` key: written only where it recomputes something."""
-        kind = self.recompute_of(stage)
-        return {} if kind == NO_RECOMPUTE else {"recompute": kind}
-
-    def csv_rows(self) -> list[list[str]]:
-        """One row per device (rank), as `_PipelineScheduleRuntime._load_csv` reads them."""
-        return [[format_entry(e) for e in self.entries(d)] for d in range(self.num_devices)]
-
-
-def flatten_entries(
-    rows: Mapping[int, Sequence[tuple[Action, ...]]],
-) -> tuple[dict[int, tuple[Action, ...]], Composites]:
-    """Per-device entries -> the flat schedule and where its composites stood."""
-    schedule, composites = {}, set()
-    for d, entries in rows.items():
-        flat: list[Action] = []
-        for parts in entries:
-            if len(parts) > 1:
-                composites.add((d, tuple(parts)))
-            flat.extend(parts)
-        schedule[d] = tuple(flat)
-    return schedule, frozenset(composites)
-
-
-def split_backwards(plan: Plan) -> frozenset[tuple[int, int]]:
-    """The (stage, microbatch) pairs whose backward is split into I and W."""
-    return frozenset(
-        (a.stage, a.mb) for acts in plan.schedule.values() for a in acts if a.kind == I
-    )
-
-
-def dependencies(
-    plan: Plan, act: Action, split: frozenset[tuple[int, int]] | None = None
-) -> Iterator[Action]:
-    """The actions whose results `act` consumes (docs/FORMATS.md, default cost semantics).
-
-    `split` is `split_backwards(plan)`; pass it when calling this in a loop. The simulator keeps
-    its own integer-indexed lowering of these rules (sim/graph.py) for speed.
-    """
-    if split is None:
-        split = split_backwards(plan)
-    s, m = act.stage, act.mb
-    if act.kind == F:
-        if s > 0:
-            yield Action(s - 1, F, m)
-    elif act.kind in (B, I):
-        yield Action(s, F, m)
-        if s + 1 < plan.num_stages:
-            yield Action(s + 1, I if (s + 1, m) in split else B, m)
-    elif act.kind == W:
-        yield Action(s, I, m)
-
-
-def make_plan(
-    num_devices: int,
-    num_microbatches: int,
-    ranges: Sequence[tuple[int, int]],
-    placement: Sequence[int],
-    orders: Mapping[int, Iterable[Action]],
-    recompute: Sequence[str] = (),
-) -> Plan:
-    """Assemble a plan from layer ranges, a stage->device map and per-device orders (and,
-    per stage, what it recomputes; empty: nothing)."""
-    stages = tuple(Stage(a, b, d) for (a, b), d in zip(ranges, placement, strict=True))
-    schedule = {d: tuple(orders.get(d, ())) for d in range(num_devices)}
-    return Plan(num_devices, num_microbatches, stages, schedule, recompute=tuple(recompute))
 
 
 def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = None) -> Plan:
@@ -544,15 +316,6 @@ def _action_fault(plan: Plan, device: int, a: Action) -> str:
 
 def load_plan(path: str | Path, num_layers: int | None = None) -> Plan:
     return plan_from_dict(read_json(path), str(path), num_layers)
-
-
-def save_plan(plan: Plan, path: str | Path) -> None:
-    write_json(path, plan.to_dict())
-
-
-def save_schedule_csv(plan: Plan, path: str | Path) -> None:
-    with open(path, "w", newline="") as fh:
-        csv.writer(fh).writerows(plan.csv_rows())
 
 
 def load_schedule_csv(path: str | Path) -> dict[int, tuple[Action, ...]]:
