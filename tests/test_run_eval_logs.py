@@ -122,7 +122,8 @@ def test_the_command_logs_evaluates_keeps_the_newest_checkpoints_and_resumes(
     argv += ["--data", str(token_files / "train.bin"), "--val-data", str(token_files / "val.bin")]
     argv += ["--eval-every", "2", "--eval-batches", "1", "--log-dir", str(logs), "--json"]
     argv += ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1", "--keep-last", "2"]
-    argv += ["--optimizer", "adam", "--lr", "1e-3", "--lr-warmup", "2", "--peak-tflops", "0.01"]
+    argv += ["--optimizer", "adam", "--lr", "1e-3", "--lr-warmup", "2", "--lr-decay", "constant"]
+    argv += ["--peak-tflops", "0.01"]
     assert main([*argv, "--steps", "4"]) == 0
     first = capsys.readouterr()
     lines = [json.loads(x) for x in first.out.splitlines()]

@@ -122,9 +122,9 @@ def runtime_config(
             opt.lr,
             opt.momentum if opt.name == "sgd" else 0.0,
             opt.weight_decay,
-            sched.warmup_steps,
+            sched.warmup(t.steps),
             sched.decay,
-            sched.min_lr,
+            sched.floor(opt.lr),
             t.steps,
             opt.clip_norm,
         ),
@@ -154,11 +154,36 @@ def runtime_config(
         eval_every=config.evaluation.every,
         eval_batches=config.evaluation.batches,
         keep_last=config.checkpoint.keep_last,
-        peak_flops=None
-        if config.logging.peak_tflops is None
-        else config.logging.peak_tflops * 1e12,
+        peak_flops=None if (tflops := config.logging.peak_tflops) is None else tflops * 1e12,
+        accumulation=_accumulation(config, plan, micro_batch_size),
         settings=config,
     )
+
+
+def _accumulation(config: JobConfig, plan: Plan, micro_batch_size: int) -> int:
+    """Passes of the plan per optimizer step: the global batch over one pass's sequences."""
+    from octopipe.errors import InputError
+
+    wanted = config.data.global_batch
+    dp = config.parallelism.dp or _planned(plan, "dp")
+    one_pass = dp * plan.num_microbatches * micro_batch_size
+    if wanted is None or wanted == one_pass:
+        return 1
+    if wanted % one_pass:
+        raise InputError(
+            "--global-batch",
+            f"{wanted} sequences are not a multiple of one pass of the plan: {dp} replicas x "
+            f"{plan.num_microbatches} microbatches x {micro_batch_size} sequences = {one_pass}",
+        )
+    for flag, on in (
+        ("--overlap-steps", config.training.overlap_steps),
+        ("--zero 3", config.parallelism.zero == 3),
+    ):
+        if on:
+            raise InputError(
+                "--global-batch", f"accumulating passes is not supported with {flag} yet"
+            )
+    return wanted // one_pass
 
 
 def _the_plan(plan, config: JobConfig, where: str | None) -> tuple[Plan, str]:

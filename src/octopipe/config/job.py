@@ -15,6 +15,7 @@ from octopipe.config.fields import Setting, setting, settings_of
 from octopipe.errors import InputError
 from octopipe.limits import (
     MAX_EVAL_BATCHES,
+    MAX_GLOBAL_BATCH,
     MAX_MICRO_BATCH_SIZE,
     MAX_PARALLEL_DEGREE,
     MAX_PROCESSES,
@@ -74,6 +75,15 @@ class DataSection:
         low=1,
         high=MAX_MICRO_BATCH_SIZE,
     )
+    global_batch: int | None = setting(
+        None,
+        "sequences per optimizer step over all replicas (default: one pass of the plan, DP x "
+        "its microbatches x the microbatch size); a multiple of that accumulates gradients "
+        "over as many passes",
+        flag="--global-batch",
+        low=1,
+        high=MAX_GLOBAL_BATCH,
+    )
 
 
 @dataclass(frozen=True)
@@ -123,13 +133,13 @@ class ParallelismSection:
 @dataclass(frozen=True)
 class OptimizerSection:
     name: str = setting(
-        "sgd",
+        "adamw",
         "optimizer of every stage",
         flag="--optimizer",
         keyword="optimizer",
         choices=("sgd", "adam", "adamw"),
     )
-    lr: float = setting(0.01, "the peak learning rate", flag="--lr", low=0, high=MAX_RATE)
+    lr: float = setting(3e-4, "the peak learning rate", flag="--lr", low=0, high=MAX_RATE)
     momentum: float = setting(
         0.0, "SGD momentum, in [0, 1)", flag="--momentum", low=0, high=1, open_high=True
     )
@@ -146,24 +156,36 @@ class OptimizerSection:
 
 @dataclass(frozen=True)
 class LRScheduleSection:
-    warmup_steps: int = setting(
-        0,
-        "steps of linear learning-rate warm-up",
+    warmup_steps: int | None = setting(
+        None,
+        "steps of linear learning-rate warm-up (default: a tenth of the steps)",
         flag="--lr-warmup",
         keyword="warmup_steps",
         low=0,
         high=MAX_STEPS,
     )
     decay: str = setting(
-        "constant",
+        "cosine",
         "after warm-up: constant, or cosine down to the minimum at the run's last step",
         flag="--lr-decay",
         keyword="decay",
         choices=("constant", "cosine"),
     )
-    min_lr: float = setting(
-        0.0, "where the cosine ends (at most the peak)", flag="--min-lr", low=0, high=MAX_RATE
+    min_lr: float | None = setting(
+        None,
+        "where the cosine ends, at most the peak (default: a tenth of the peak)",
+        flag="--min-lr",
+        low=0,
+        high=MAX_RATE,
     )
+
+    def warmup(self, steps: int) -> int:
+        """The warm-up steps of a run of `steps` steps."""
+        return steps // 10 if self.warmup_steps is None else self.warmup_steps
+
+    def floor(self, peak: float) -> float:
+        """Where the cosine ends under the peak learning rate `peak`."""
+        return peak / 10 if self.min_lr is None else self.min_lr
 
 
 @dataclass(frozen=True)
@@ -303,7 +325,7 @@ class JobConfig:
         """The rules between settings, each refused in one line naming a flag; returns self.
         `val_data_given`: held-out data came from code (`octopipe.run(val_data=...)`)."""
         opt, lr, ckpt, ev = self.optimizer, self.lr_schedule, self.checkpoint, self.evaluation
-        if lr.min_lr > opt.lr:
+        if lr.min_lr is not None and lr.min_lr > opt.lr:
             raise InputError(
                 "--min-lr", f"{lr.min_lr} is above --lr {opt.lr}: the cosine would rise"
             )

@@ -51,7 +51,7 @@ def _train(config: RunConfig, num_microbatches: int) -> ReferenceResult:
     data = config.data_source(recipe)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = config.optimizer.build(params)
-    count = config.dp * num_microbatches  # microbatches of one global batch
+    count = config.dp * num_microbatches * config.accumulation  # of one global batch
     losses, norms, evaluations = [], [], []
     for step in range(config.steps):
         batch = _microbatches(data, step, count, config.micro_batch_size)

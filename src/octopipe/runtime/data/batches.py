@@ -284,6 +284,15 @@ def _check_ids(batch: GlobalBatch, vocabulary: int | None, step: int) -> None:
         )
 
 
+def split_sequences(batch: GlobalBatch, share: int) -> list[GlobalBatch]:
+    """`batch` cut in order into global batches of `share` sequences (the passes of a step
+    that accumulates gradients)."""
+    return [
+        GlobalBatch(tuple(t[lo : lo + share] for t in batch.inputs), batch.targets[lo : lo + share])
+        for lo in range(0, batch.sequences, share)
+    ]
+
+
 def replica_batch(
     batch: GlobalBatch, replica: int, num_microbatches: int, micro_batch_size: int
 ) -> Batch:

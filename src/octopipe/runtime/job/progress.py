@@ -136,7 +136,8 @@ class StepProgress:
         last, layout = plan.stages[-1].device, cfg.layout(plan)
         # Replica order; of a tensor-parallel group, TP rank 0 (all hold the same loss).
         self._loss_ranks = [layout.rank(r, last) for r in range(cfg.dp)]
-        self._num_mb = plan.num_microbatches
+        self._num_mb = plan.num_microbatches * cfg.accumulation  # losses of a step
+        self._held_out_mb = plan.num_microbatches * cfg.eval_batches  # of an evaluation
         self._world, self._device = world_size, device
         self._tokens = cfg.global_sequences(plan) * cfg.seq_len
         self._cfg, self._stage_ranks, self._ranks = cfg, layout.stage_ranks, layout.size
@@ -157,7 +158,7 @@ class StepProgress:
         # Row: step time, gradient-norm share, peak memory, the microbatch losses (none off the
         # last stage), then the held-out ones.
         M = self._num_mb
-        width = 3 + M + (0 if held_out is None else M * self._cfg.eval_batches)
+        width = 3 + M + (0 if held_out is None else self._held_out_mb)
         row = torch.zeros(width, dtype=torch.float64)
         row[0], row[2] = record.duration, peak_memory
         row[1] = math.nan if record.grad_squares is None else record.grad_squares

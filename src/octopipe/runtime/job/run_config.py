@@ -61,6 +61,7 @@ class RunConfig:
     eval_batches: int = 4  # global batches of held-out data per evaluation
     keep_last: int = 0  # checkpoints kept in checkpoint_dir after each save (0: all)
     peak_flops: float | None = None  # one rank's dense peak FLOP/s for MFU (None: its GPU's)
+    accumulation: int = 1  # pipeline passes (of D x M x b sequences) per optimizer step
     # The user's settings as given (`octopipe.config`), whole; the fields above are those the
     # ranks use, resolved against the plan. Read a new setting from here.
     settings: JobConfig = field(default_factory=JobConfig)
@@ -83,7 +84,11 @@ class RunConfig:
         )
 
     def global_sequences(self, plan: Plan) -> int:
-        """Sequences per step, over all replicas: D x M x b."""
+        """Sequences per step, over all replicas: D x M x b, times the passes accumulated."""
+        return self.pass_sequences(plan) * self.accumulation
+
+    def pass_sequences(self, plan: Plan) -> int:
+        """Sequences of one pass of the plan over all replicas: D x M x b."""
         return self.dp * plan.num_microbatches * self.micro_batch_size
 
     def layout(self, plan: Plan) -> RankLayout:

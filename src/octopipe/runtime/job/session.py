@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from octopipe.plan import Plan
-from octopipe.runtime.data.batches import Batch, replica_batch
+from octopipe.runtime.data.batches import Batch, replica_batch, split_sequences
 from octopipe.runtime.job.evaluate import Evaluation
 from octopipe.runtime.job.flops import peak_flops, step_model_flops
 from octopipe.runtime.job.progress import OnReport, StepProgress, StepRates, StepReport, say
@@ -175,6 +175,7 @@ def run_job_on_rank(
         tp=cfg.tp,
         tp_rank=tp_rank,
         sharded=sharded,
+        accumulation=cfg.accumulation,
     )
     first_step = _resume(cfg, modules, worker)
     if first_step:
@@ -187,6 +188,17 @@ def run_job_on_rank(
             return Batch([], [])
         sequences = data.global_batch(k, cfg.global_sequences(plan))
         return replica_batch(sequences, replica, plan.num_microbatches, b)
+
+    def passes_of(k: int) -> list[Batch]:
+        """Step k's global batch as the plan's passes (gradients accumulated over them): pass
+        a takes sequences [a D M b, (a+1) D M b), then this replica's share of those."""
+        if not needs_data:
+            return [Batch([], [])] * cfg.accumulation
+        sequences = data.global_batch(k, cfg.global_sequences(plan))
+        return [
+            replica_batch(part, replica, plan.num_microbatches, b)
+            for part in split_sequences(sequences, cfg.pass_sequences(plan))
+        ]
 
     dist.barrier()
     origin = time.perf_counter()
@@ -205,7 +217,7 @@ def run_job_on_rank(
     else:
         steps = []
         for k in range(first_step, cfg.steps):
-            steps.append(worker.train_step(k, batch_of(k), origin))
+            steps.append(worker.train_step(k, passes_of(k), origin))
             held_out = evaluation.after_step(k) if evaluation is not None else None
             # A non-finite loss stops every rank here.
             progress.after_step(k, steps[-1], worker.peak_memory()[0], held_out)
@@ -247,7 +259,7 @@ def _evaluation(
         batches=cfg.eval_batches,
         last_step=cfg.steps,
         replica=replica,
-        sequences=cfg.global_sequences(plan),
+        sequences=cfg.pass_sequences(plan),
         micro_batch_size=cfg.micro_batch_size,
         needs_data=needs_data,
     )
@@ -255,7 +267,7 @@ def _evaluation(
 
 def _rates(cfg: RunConfig, plan: Plan, device: torch.device) -> StepRates:
     """The model FLOPs of a step and a rank's peak, for MFU (`flops.py`)."""
-    microbatches = cfg.dp * plan.num_microbatches
+    microbatches = cfg.dp * plan.num_microbatches * cfg.accumulation
     flops = step_model_flops(cfg.model, cfg.seq_len, cfg.micro_batch_size, microbatches)
     return StepRates(flops, peak_flops(device, cfg.peak_flops))
 

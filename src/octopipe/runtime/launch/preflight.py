@@ -116,7 +116,7 @@ def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
     if config.data is not None:  # a token file, or batches from Python
         config.data_source(recipe).global_batch(0, config.global_sequences(plan))
     if config.val_data is not None:  # any source: its vocabulary check is in val_source
-        config.val_source(recipe).global_batch(0, config.global_sequences(plan))
+        config.val_source(recipe).global_batch(0, config.pass_sequences(plan))
 
 
 def check_sizes(config: RunConfig) -> None:

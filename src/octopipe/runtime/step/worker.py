@@ -88,13 +88,16 @@ class Worker:
         tp: int = 1,
         tp_rank: int = 0,
         sharded: ShardedStages | None = None,
+        accumulation: int = 1,
     ) -> None:
         """`stages[s]` holds stage s's layers, for every stage placed on `rank`; `specs[b]` is
         the activation entering stage b, for every stage but the first. `dp_group` holds this
         device's ranks of every replica (needed when `replicas > 1`). `reduce_at_end` holds every
         all-reduce back until the last action (to measure what the overlap gains). With `tp`
         > 1 the stages are tensor-parallel and this rank is `tp_rank` of its device's group;
-        `sharded`: the stages are FSDP2 units (`--zero 3`), gathered and reduced by it."""
+        `sharded`: the stages are FSDP2 units (`--zero 3`), gathered and reduced by it.
+        `accumulation`: passes of the plan per step, their gradients summed (the loss of a
+        step is the mean over all their microbatches)."""
         self.plan, self.rank, self.device = plan, rank, device
         self.lookahead = lookahead
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
@@ -103,7 +106,9 @@ class Worker:
         layout = RankLayout(tp, plan.num_devices, replicas)
         context = loss_context if tp > 1 else nullcontext
         self.stages = {
-            s: StageCompute(module, s == last, loss, plan.num_microbatches, autocast, context)
+            s: StageCompute(
+                module, s == last, loss, plan.num_microbatches * accumulation, autocast, context
+            )
             for s, module in stages.items()
         }
         self.modules = stages
@@ -134,13 +139,18 @@ class Worker:
 
     # --- a training step ---------------------------------------------------------------------
 
-    def train_step(self, step: int, batch: Batch, origin: float) -> StepRecord:
-        """Run this rank's actions for one batch, then the optimizer step."""
+    def train_step(self, step: int, batch: Batch | list[Batch], origin: float) -> StepRecord:
+        """Run this rank's actions for one batch (or one pass per batch of a list, gradients
+        accumulated; reduced after the last), then the optimizer step."""
+        passes = batch if isinstance(batch, list) else [batch]
         for p in self.params:
             p.grad = None
         dist.barrier()
         began = time.perf_counter()
-        losses = self.run_actions(step, batch, origin, self.reduce_stage)
+        losses: tuple[float, ...] = ()
+        for i, part in enumerate(passes):
+            last = i == len(passes) - 1
+            losses += self.run_actions(step, part, origin, self.reduce_stage if last else None)
         self.comm.wait_sends()
         if self.reducer is not None:
             self.reducer.finish()
