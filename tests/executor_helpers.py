@@ -22,6 +22,12 @@ from octopipe.plan import Plan, dependencies, make_plan
 from octopipe.runtime.data.batches import SyntheticData, replica_batch
 from octopipe.runtime.model.load import load_recipe
 
+# `run`'s optimizer before the job config's defaults became AdamW with warm-up and cosine: what
+# the tests comparing a run of defaults with `RunConfig`'s own default (plain SGD at 0.01, no
+# schedule) pass explicitly.
+SGD_FLAGS = ("--optimizer", "sgd", "--lr", "0.01", "--lr-warmup", "0", "--lr-decay", "constant")
+SGD_KEYWORDS = {"optimizer": "sgd", "lr": 0.01, "warmup_steps": 0, "decay": "constant"}
+
 TOY = "executor_helpers:toy_model"
 TOY_LAYERS = 8
 WIDTH = 6

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from executor_helpers import TOY, gpipe, layer_count, one_f_one_b
+from executor_helpers import SGD_FLAGS, TOY, gpipe, layer_count, one_f_one_b
 from model_zoo import HF_CONFIGS
 
 import octopipe as op
@@ -728,7 +728,7 @@ CHECKPOINT_EXPECT = {
 
 
 def _run(f, *extra) -> list[str]:
-    return ["run", "--plan", f["toy-plan.json"], "--model", TOY, *extra]
+    return ["run", "--plan", f["toy-plan.json"], "--model", TOY, *SGD_FLAGS, *extra]
 
 
 def _run_llama(f, *extra) -> list[str]:

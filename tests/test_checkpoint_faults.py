@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from executor_helpers import TOY, gpipe
+from executor_helpers import SGD_FLAGS, TOY, gpipe
 
 from octopipe.cli import main
 from octopipe.errors import InputError
@@ -168,7 +168,8 @@ def run_argv(tmp_path):
     save_plan(gpipe(2, 2), plan)
 
     def argv(ckpt, *extra):
-        return ["run", "--plan", str(plan), "--model", TOY, "--checkpoint-dir", str(ckpt), *extra]
+        base = ["run", "--plan", str(plan), "--model", TOY, "--checkpoint-dir", str(ckpt)]
+        return [*base, *SGD_FLAGS, *extra]
 
     return argv
 

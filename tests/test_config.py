@@ -81,7 +81,7 @@ def test_flags_override_the_file_even_at_their_default(tmp_path):
     assert config.training.steps == 3  # 3 is the default: given, it still wins
     assert config.optimizer.lr == 0.25
     assert config.optimizer.name == "adamw"  # from the file, no flag given
-    assert _parse().training.steps == 3 and _parse().optimizer.name == "sgd"
+    assert _parse().training.steps == 3 and _parse().optimizer.name == "adamw"
 
 
 def test_bool_flags_and_none_defaults():

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from executor_helpers import gpipe, layer_count
+from executor_helpers import SGD_FLAGS, gpipe, layer_count
 
 from octopipe.plan import save_plan
 from octopipe.runtime.job.run_config import RunConfig
@@ -47,7 +47,7 @@ def agent_command(node: int, plan: Path) -> str:
     torchrun += ["--local-addr", "127.0.0.1", "--max-restarts", "0"]
     run = ["-m", "octopipe", "run", "--plan", str(plan), "--model", MODEL, "--backend", "gloo"]
     run += ["--steps", str(STEPS), "--seq-len", str(SEQ), "--zero", "3", "--timeout", "60"]
-    run += ["--json"]
+    run += ["--json", *SGD_FLAGS]
     return " ".join(torchrun + run)
 
 

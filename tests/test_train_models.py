@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from executor_helpers import one_f_one_b
+from executor_helpers import SGD_FLAGS, SGD_KEYWORDS, one_f_one_b
 from model_zoo import label_smoothed_loss, titan_style, token_batches, write_hf_config
 
 import octopipe as op
@@ -130,7 +130,7 @@ def test_the_python_api_takes_a_factory_a_loss_and_global_batches():
         loss=label_smoothed_loss,
         data=batches,
         micro_batch_size=MBS,
-        lr=0.05,
+        **{**SGD_KEYWORDS, "lr": 0.05},
     )
     reference = train_reference(
         RunConfig(
@@ -185,6 +185,7 @@ def test_run_command_trains_an_hf_model_on_a_token_file_with_two_replicas(
     save_plan(tuned_plan(hf_models["llama"].removeprefix("hf:"), 2, 2), plan_path)
     argv = ["run", "--plan", str(plan_path), "--model", hf_models["llama"], "--dp", "2"]
     argv += ["--data", str(tokens), "--seq-len", str(SEQ), "--micro-batch-size", str(MBS)]
+    argv += SGD_FLAGS
     assert main([*argv, "--steps", str(STEPS), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     reference = train_reference(
