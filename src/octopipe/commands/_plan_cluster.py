@@ -34,7 +34,7 @@ from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
 from octopipe.errors import InputError, MemoryExceededError
 from octopipe.layouts import Job, LayoutReport, Row
 from octopipe.layouts.layout import DEFAULT_HEADROOM
-from octopipe.layouts.search import TUNE_EVALUATIONS
+from octopipe.layouts.planner import TUNE_EVALUATIONS
 from octopipe.limits import MAX_GLOBAL_BATCH
 from octopipe.units import GIB, fmt_bytes
 

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from octopipe.errors import InputError
 from octopipe.layouts.cluster import Cluster
 from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, divisors
+from octopipe.layouts.planner import LayoutSearch, Row
 from octopipe.layouts.spec import LayoutSpec
-
-if TYPE_CHECKING:
-    from octopipe.layouts.search import LayoutSearch, Row
 
 MEGATRON_LABEL = "Megatron-LM"
 
