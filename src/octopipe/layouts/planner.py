@@ -27,12 +27,22 @@ from octopipe.sim.evaluate import plan_rank
 # ZB-H1 (1F1B's memory, a third of its bubble) and interleaved 1F1B, both balanced: a layout's
 # screening estimate. The tuner then finds better plans for the best few.
 SCREEN_BASELINES = (("zbh1", "balanced", None), ("i1f1b", "balanced", None))
+# The schedules an engineer runs as they come, over Megatron-LM's uniform partition: the
+# `best_standard` row is the fastest of them over every layout screened.
+STANDARD_SCHEDULES = (
+    ("1f1b", "uniform", None),
+    ("i1f1b", "uniform", 2),
+    ("zbh1", "uniform", None),
+    ("zbv", "uniform", None),
+    ("dualpipev", "uniform", None),
+)
 TUNE_EVALUATIONS = 1500  # the tuner's evaluations per tuned layout, at most
 # What one tuning may list-schedule in all: big pipelines get fewer evaluations (each schedules
 # stages x microbatches x 3 actions); one that would get fewer than MIN_TUNE_EVALUATIONS keeps
 # its screened plan (the tuner's seeds alone take more).
-TUNE_ACTIONS = 4_000_000
+TUNE_ACTIONS = 1_000_000
 MIN_TUNE_EVALUATIONS = 20
+RECENT_PROFILES = 16  # layouts whose profiles are kept
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,7 @@ class LayoutSearch:
         self.torchtitan = torchtitan  # only placements torchtitan builds itself
         self.costs = costs or LayoutCosts(job)  # shared: profiles are built once
         self._schedules: dict[tuple, ScheduleSpec] = {}  # generated orders, by their counts
+        self._recent: dict[Layout, tuple[Profile, tuple[tuple, ...]]] = {}
 
     def synchronous(self) -> LayoutSearch:
         """This search ranking by one synchronous step, sharing the profiles built so far."""
@@ -105,11 +116,24 @@ class LayoutSearch:
     def num_layers(self) -> int:
         return self.costs.base_profile(Layout(1, 1, 1, 1, 1)).num_layers
 
+    def dense_params(self) -> float:
+        """The model's parameters, its MoE experts' left out."""
+        layers = self.costs.layers(Layout(1, 1, 1, 1, 1))
+        return float(sum(e.params - e.expert_params for e in layers))
+
     def tp_fits(self, tp: int) -> bool:
         return self.costs.fits_degrees(tp)
 
     def profile(self, layout: Layout) -> tuple[Profile, tuple[tuple, ...]]:
-        return self.costs.profile(layout)
+        """`LayoutCosts.profile`, kept for the few layouts planned last (a layout's bounds,
+        baselines and evaluations each ask for it)."""
+        found = self._recent.pop(layout, None)
+        if found is None:
+            found = self.costs.profile(layout)
+            if len(self._recent) >= RECENT_PROFILES:
+                del self._recent[next(iter(self._recent))]
+        self._recent[layout] = found  # the most recent last
+        return found
 
     # --- evaluating ----------------------------------------------------------------------
 
@@ -154,6 +178,13 @@ class LayoutSearch:
     def screen(self, layout: Layout) -> Row | None:
         """The best of a few balanced baselines: a quick estimate of the layout."""
         return min(self.baselines(layout, SCREEN_BASELINES), key=lambda r: r.score, default=None)
+
+    def standard(self, layout: Layout, beat: float = float("inf")) -> list[Row]:
+        """The standard schedules over the uniform partition that the layout's counts allow,
+        each simulated only where its bound (`uniform_bound`) is under `beat`: a schedule
+        whose uniform stages hold more work than that on one device cannot step faster."""
+        names = [n for n in STANDARD_SCHEDULES if self.uniform_bound(layout, *n) < beat]
+        return self.baselines(layout, names)
 
     def tune(
         self,
@@ -200,13 +231,43 @@ class LayoutSearch:
         profile, _ = self.profile(layout)
         work = sum(layer.work for layer in profile.layers) * layout.num_microbatches
         fastest = max(d.speed for d in profile.device_list())
+        return work / (layout.pp * fastest) + self._update_bound(layout)
+
+    def _update_bound(self, layout: Layout) -> float:
+        """The optimizer update of an even share of the parameters, on the fastest device."""
+        profile, _ = self.profile(layout)
+        fastest = max(d.speed for d in profile.device_list())
         params = sum(e.params for e in self.costs.layers(layout)) / layout.pp
         s = self.costs.settings(layout)
         shards = layout.dp * layout.cp if layout.zero1 else 1
         update = optimizer_seconds(
             params / shards, s.grad_bytes, s.weight_bytes, self.costs.hardware()
         )
-        return work / (layout.pp * fastest) + update / fastest
+        return update / fastest
+
+    def uniform_bound(
+        self, layout: Layout, schedule: str, method: str, chunks: int | None
+    ) -> float:
+        """No plan of this schedule over this partition steps faster: the microbatches' work on
+        its busiest device, then the optimizer update of an even share of the parameters (inf
+        where the counts do not allow the schedule)."""
+        from octopipe.partition import partition
+
+        key = (schedule, layout.pp, layout.num_microbatches, chunks)
+        try:
+            if key not in self._schedules:
+                self._schedules[key] = generate(schedule, *key[1:])
+            spec = self._schedules[key]
+            profile, _ = self.profile(layout)
+            ranges = partition(profile, spec.num_stages, method, spec.placement)
+        except InputError:
+            return float("inf")
+        work = [0.0] * layout.pp
+        for (start, end), device in zip(ranges, spec.placement):
+            work[device] += sum(layer.work for layer in profile.layers[start:end])
+        speeds = [d.speed for d in profile.device_list()]
+        busiest = max(w / v for w, v in zip(work, speeds))
+        return busiest * layout.num_microbatches + self._update_bound(layout)
 
     def memory_bound(self, layout: Layout) -> float:
         """No plan of `layout` needs less on its fullest device: an even share of the static
