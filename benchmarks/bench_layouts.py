@@ -32,6 +32,8 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from octopipe.costmodel import shipped_models
@@ -43,6 +45,10 @@ from octopipe.units import GIB
 DATA = Path(__file__).parent / "data" / "published_runs.csv"
 SAMPLES_PER_GPU = 8
 MB = 2**20
+# Llama 3's Table 4 (Dubey et al. 2024): GPUs, TP, CP, PP, DP, sequence length, TFLOP/s per GPU.
+LLAMA3_RUNS = ((8192, 8, 1, 16, 64, 8192, 430), (16384, 8, 1, 16, 128, 8192, 400),
+               (16384, 8, 16, 16, 8, 131072, 380))  # fmt: skip
+LLAMA3_TOKENS = 16 * 2**20  # 16M tokens a step in all three runs
 
 
 def describe(lay: Layout) -> str:
@@ -87,54 +93,81 @@ def wanted(label: str, only: list[str] | None) -> bool:
     return not only or any(part.lower() in label.lower() for part in only)
 
 
+@dataclass(frozen=True)
+class Case:
+    """One published job: its label, the job, and its published layout (None where unstated)."""
+
+    label: str
+    job: Job
+    given: Given | None
+
+
+def published_cases(folder: Path) -> Iterator[Case]:
+    """benchmarks/data/published_runs.csv's runs, each model's config written into `folder`."""
+    with DATA.open() as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    for r in rows:
+        config = folder / f"{r['model'].replace(' ', '_')}.json"
+        config.write_text(json.dumps({
+            "model_type": "gpt2", "n_embd": int(r["hidden"]), "n_layer": int(r["layers"]),
+            "n_head": int(r["heads"]), "n_inner": int(r["ffn"]),
+            "vocab_size": int(r["vocab"]), "n_positions": int(r["seq_len"]),
+        }))  # fmt: skip
+        stack = Stack(
+            attention=r["attention"],
+            sequence_parallel=False,
+            dropout=float(r["dropout"]),
+            grad_dtype=r["grad_dtype"],
+            grad_bucket_bytes=int(float(r["grad_bucket_mb"]) * MB) if r["grad_bucket_mb"] else None,
+            reduce_at_end=r["reduce_at_end"] == "1",
+            p2p=r["p2p"],
+            scatter_gather=r["scatter_gather"] == "1",
+        )
+        cluster = Cluster(parse_gpus(r["gpus"], r["hardware"]), int(r["gpus_per_node"]))
+        job = Job(str(config), cluster, int(r["global_batch"]), int(r["seq_len"]), stack)
+        lay = Layout(
+            int(r["tp"]),
+            int(r["pp"]),
+            int(r["dp"]),
+            int(r["micro_batch"]),
+            1,
+            zero1=r["zero"] == "1",
+            cp=int(r["cp"]),
+            recompute=r["recompute"],
+        )
+        chunks = int(r["chunks"]) if int(r["chunks"]) > 1 else None
+        label = f"{r['model']} [{r['source']}] {r['gpus']}"
+        yield Case(label, job, Given(lay, r["schedule"], chunks))
+
+
+def target_cases(deepseek_gpus: tuple[int, ...] = (64, 256, 1024)) -> Iterator[Case]:
+    """Llama-3-405B at Llama 3's Table 4 layouts, then DeepSeek-V3 on `deepseek_gpus` H100s."""
+    for gpus, tp, cp, pp, dp, seq, _ in LLAMA3_RUNS:
+        job = Job("llama3-405b", Cluster(parse_gpus(str(gpus)), 8), LLAMA3_TOKENS // seq, seq)
+        lay = Layout(tp, pp, dp, 1, 1, zero1=True, cp=cp)
+        yield Case(f"Llama-3-405B, {gpus} H100, {seq // 1024}K tokens", job, Given(lay, "i1f1b", 2))
+    for gpus in deepseek_gpus:
+        job = Job("deepseek-v3", Cluster(parse_gpus(str(gpus)), 8), 4 * gpus, 4096)
+        yield Case(f"DeepSeek-V3, {gpus} H100, 4 samples of 4K a GPU", job, None)
+
+
 def published_section(repeat: int, only: list[str] | None) -> None:
     print(
         "| run | GPUs | published layout: estimate | Megatron-LM | chosen | chosen / "
         "published | chosen / Megatron | screened / tuned of | evaluations | s | same |"
     )
     print("|---|---:|---|---|---|---:|---:|---|---:|---:|---|")
-    with DATA.open() as f:
-        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     with tempfile.TemporaryDirectory() as tmp:
-        for r in rows:
-            if not wanted(f"{r['model']} [{r['source']}] {r['gpus']}", only):
+        for case in published_cases(Path(tmp)):
+            if not wanted(case.label, only):
                 continue
-            config = Path(tmp) / f"{r['model'].replace(' ', '_')}.json"
-            config.write_text(json.dumps({
-                "model_type": "gpt2", "n_embd": int(r["hidden"]), "n_layer": int(r["layers"]),
-                "n_head": int(r["heads"]), "n_inner": int(r["ffn"]),
-                "vocab_size": int(r["vocab"]), "n_positions": int(r["seq_len"]),
-            }))  # fmt: skip
-            stack = Stack(
-                attention=r["attention"],
-                sequence_parallel=False,
-                dropout=float(r["dropout"]),
-                grad_dtype=r["grad_dtype"],
-                grad_bucket_bytes=int(float(r["grad_bucket_mb"]) * MB)
-                if r["grad_bucket_mb"]
-                else None,
-                reduce_at_end=r["reduce_at_end"] == "1",
-                p2p=r["p2p"],
-                scatter_gather=r["scatter_gather"] == "1",
-            )
-            cluster = Cluster(parse_gpus(r["gpus"], r["hardware"]), int(r["gpus_per_node"]))
-            job = Job(str(config), cluster, int(r["global_batch"]), int(r["seq_len"]), stack)
-            lay = Layout(
-                int(r["tp"]),
-                int(r["pp"]),
-                int(r["dp"]),
-                int(r["micro_batch"]),
-                1,
-                zero1=r["zero"] == "1",
-                cp=int(r["cp"]),
-                recompute=r["recompute"],
-            )
-            chunks = int(r["chunks"]) if int(r["chunks"]) > 1 else None
-            given = estimate(job, Given(lay, r["schedule"], chunks))
+            job = case.job
+            given = estimate(job, case.given)
             report, seconds, same = search(job, repeat)
             best, ref = report.best, report.reference
+            model, gpus = case.label.rsplit(" ", 1)
             print(
-                f"| {r['model']} [{r['source']}] | {r['gpus']} | "
+                f"| {model} | {gpus} | "
                 f"{describe(given.given.layout)}: {given.step_time:.2f} s | {cell(ref)} | "
                 f"{cell(best)} | {given.step_time / best.step_time:.2f}x faster | "
                 f"{ref.step_time / best.step_time:.2f}x | {report.screened} / {report.tuned} of "
@@ -167,47 +200,26 @@ def models_section(gpu_counts: list[int], repeat: int, only: list[str] | None) -
             )
 
 
-# Llama 3's Table 4 (Dubey et al. 2024): GPUs, TP, CP, PP, DP, sequence length, TFLOP/s per GPU.
-LLAMA3_RUNS = ((8192, 8, 1, 16, 64, 8192, 430), (16384, 8, 1, 16, 128, 8192, 400),
-               (16384, 8, 16, 16, 8, 131072, 380))  # fmt: skip
-LLAMA3_TOKENS = 16 * 2**20  # 16M tokens a step in all three runs
-
-
 def targets_section(repeat: int, only: list[str] | None) -> None:
     print(
         "| case | published layout: estimate | Megatron-LM | chosen | fits | chosen / "
         "published | s | same |"
     )
     print("|---|---|---|---|---|---:|---:|---|")
-    for gpus, tp, cp, pp, dp, seq, _ in LLAMA3_RUNS:
-        label = f"Llama-3-405B, {gpus} H100, {seq // 1024}K tokens"
-        if not wanted(label, only):
+    for case in target_cases():
+        if not wanted(case.label, only):
             continue
-        batch = LLAMA3_TOKENS // seq
-        job = Job("llama3-405b", Cluster(parse_gpus(str(gpus)), 8), batch, seq)
-        lay = Layout(tp, pp, dp, 1, 1, zero1=True, cp=cp)
-        given = estimate(job, Given(lay, "i1f1b", 2))
-        report, seconds, same = search(job, repeat)
-        best = report.best
-        print(
-            f"| {label} | {describe(given.given.layout)}: "
-            f"{given.step_time:.2f} s | {cell(report.reference)} | {cell(best)} | "
-            f"{'yes' if best.sim.fits else 'no'} | {given.step_time / best.step_time:.2f}x | "
-            f"{seconds:.0f} | {same} |",
-            flush=True,
-        )
-    for gpus in (64, 256, 1024):
-        label = f"DeepSeek-V3, {gpus} H100, 4 samples of 4K a GPU"
-        if not wanted(label, only):
-            continue
-        job = Job("deepseek-v3", Cluster(parse_gpus(str(gpus)), 8), 4 * gpus, 4096)
-        report, seconds, same = search(job, repeat)
+        report, seconds, same = search(case.job, repeat)
         best = report.best
         lacking = f" (lacks {best.memory_lacking_bytes / GIB:.0f} GiB)" if not best.sim.fits else ""
+        published, ratio = "-", "-"
+        if case.given is not None:
+            given = estimate(case.job, case.given)
+            published = f"{describe(given.given.layout)}: {given.step_time:.2f} s"
+            ratio = f"{given.step_time / best.step_time:.2f}x"
         print(
-            f"| {label} | - | {cell(report.reference)} | "
-            f"{cell(best)} | {'yes' if best.sim.fits else 'no'}{lacking} | - | {seconds:.0f} | "
-            f"{same} |",
+            f"| {case.label} | {published} | {cell(report.reference)} | {cell(best)} | "
+            f"{'yes' if best.sim.fits else 'no'}{lacking} | {ratio} | {seconds:.0f} | {same} |",
             flush=True,
         )
 

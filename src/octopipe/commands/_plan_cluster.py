@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from octopipe.commands._flags import count, number
@@ -34,7 +33,8 @@ from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
 from octopipe.errors import InputError, MemoryExceededError
 from octopipe.layouts import Job, LayoutReport, Row
 from octopipe.layouts.layout import DEFAULT_HEADROOM
-from octopipe.layouts.search import TUNE_EVALUATIONS
+from octopipe.layouts.planner import TUNE_EVALUATIONS
+from octopipe.layouts.progress import SearchProgress
 from octopipe.limits import MAX_GLOBAL_BATCH
 from octopipe.units import GIB, fmt_bytes
 
@@ -199,10 +199,15 @@ def launch_commands(out: Path, args: argparse.Namespace, lay, job: Job) -> list[
 
 
 def json_summary(result: LayoutReport) -> dict:
+    def summary(row: Row | None) -> dict | None:
+        return row.summary() if row is not None else None
+
     return {
         "chosen": result.best.summary(),
-        "reference": result.reference.summary() if result.reference else None,
-        "given": result.given.summary() if result.given else None,
+        "best_standard": summary(result.best_standard),
+        "recipe": summary(result.recipe),
+        "reference": summary(result.reference),
+        "given": summary(result.given),
         "search": {
             "candidates": result.candidates,
             "screened": result.screened,
@@ -224,7 +229,8 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
         "Megatron-LM: its usual layout, interleaved 1F1B over a uniform partition (1F1B with one "
         "stage); given: --from-layout",
     )
-    shown = [*result.rows[:SHOWN_ROWS], *(r for r in (result.reference, result.given) if r)]
+    references = _references(result)
+    shown = [*result.rows[:SHOWN_ROWS], *(row for _, row in references)]
     degrees = ["TP", "CP", "PP", "DP", "EP", "b x M", "R"]
     if all(r.layout.cp == 1 for r in shown):
         degrees.remove("CP")
@@ -238,7 +244,7 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
     for col in ("step s", "tok/s/GPU", "GiB", "fits"):
         table.add_column(col, justify="right", no_wrap=True)
 
-    def add(row: Row, bold: bool = False) -> None:
+    def add(row: Row, bold: bool = False, label: str | None = None) -> None:
         lay, sim = row.layout, row.sim
         values = {
             "TP": str(lay.tp),
@@ -251,7 +257,7 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
         }
         cells = [
             *(values[d] for d in degrees),
-            row.label,
+            label or row.label,
             f"{row.step_time:.3f}",
             f"{row.tokens_per_gpu(job):,.0f}",
             f"{max(sim.peak_memory_bytes) / GIB:.1f}",
@@ -261,39 +267,58 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
 
     for i, row in enumerate(result.rows[:SHOWN_ROWS]):
         add(row, bold=i == 0)
-    references = [r for r in (result.reference, result.given) if r is not None]
     if references:
         table.add_section()
-        for row in references:
-            add(row)
+        for name, row in references:
+            add(row, label=f"{name}: {row.label}" if name != row.label else name)
     return table
 
 
+def _references(result: LayoutReport) -> list[tuple[str, Row]]:
+    """The rows the answer is set beside, named as `--json` names them."""
+    named = [
+        ("best_standard", result.best_standard),
+        ("recipe", result.recipe),
+        ("reference", result.reference),
+        ("given", result.given),
+    ]
+    return [(name, row) for name, row in named if row is not None]
+
+
 class _progress:
-    """A rich progress bar on stderr over the search's work, saying what is being planned."""
+    """A live line on stderr (a terminal only): layouts screened and tuned of how many, the
+    best step so far, the time spent and an estimate of what is left, and what is planned."""
 
     def __init__(self, show: bool):
         self.show = show
-        self.bar: Progress | None = None
+        self.live = None
 
     def __enter__(self):
         if not self.show:
             return None
-        self.bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        self.bar.start()
-        self.task = self.bar.add_task("layouts", total=1.0)
+        from rich.live import Live
+
+        self.live = Live("planning the references", console=Console(stderr=True), transient=True)
+        self.live.start()
         return self.report
 
-    def report(self, what: str, fraction: float) -> None:
-        assert self.bar is not None
-        self.bar.update(self.task, completed=fraction, description=what)
+    def report(self, at: SearchProgress) -> None:
+        assert self.live is not None
+        self.live.update(progress_line(at))
 
     def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        if self.live is not None:
+            self.live.stop()
+
+
+def progress_line(at: SearchProgress) -> str:
+    """One line of the search's progress (`plan --gpus` on a terminal)."""
+    screened = f"screened {at.screened}"
+    if at.phase == "screening" and at.to_screen:
+        screened += f" of up to {at.screened + at.to_screen}"
+    best = f"best {at.best_step:.3f} s" if at.best_step is not None else "no plan fits yet"
+    left = f", about {at.left:.0f} s left" if at.left is not None else ""
+    return (
+        f"{screened} layouts, tuned {at.tuned} of {at.to_tune}; {best}; "
+        f"{at.elapsed:.0f} s{left}; {at.phase}: {at.doing}"
+    )

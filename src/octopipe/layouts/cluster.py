@@ -59,14 +59,6 @@ class Topology:
     tuned on replica 0 and then checked on the others."""
 
 
-def _renumbered(devices: tuple[Device, ...]) -> tuple[Device, ...]:
-    """The devices with their nodes numbered 0, 1, ... in order of first appearance."""
-    order: dict[int, int] = {}
-    return tuple(
-        d.model_copy(update={"node": order.setdefault(d.node, len(order))}) for d in devices
-    )
-
-
 class Cluster:
     """GPUs in nodes of `gpus_per_node`, filled in the order the groups are given."""
 
@@ -137,19 +129,33 @@ class Cluster:
         if min(self.gpus_per_node, self.size) % tp:
             raise ValueError(f"TP {tp} does not divide a node of {self.gpus_per_node}")
         speed = speed or {}
+        kinds = [g.hardware for g in self.groups]
+        kind_of = {hw.name: i for i, hw in enumerate(kinds)}
+        # Each replica as plain (kind, node) pairs, nodes renumbered from 0: thousands of
+        # replicas compare as tuples of ints before any Device is built. On a cluster of one
+        # kind, a replica's pattern depends only on where in a node it starts, so the replicas
+        # repeat with a period of at most a node's GPUs.
+        period = dp if self.mixed or len(self.groups) > 1 else min(dp, self.gpus_per_node)
+        patterns: dict[tuple[tuple[int, int], ...], None] = {}
+        for r in range(period):
+            renumber: dict[int, int] = {}
+            pattern = []
+            for p in range(pp):
+                first = self.gpu(0, 0, p, r, tp, cp, pp)  # the group's first GPU
+                node = renumber.setdefault(self.node_of(first), len(renumber))
+                pattern.append((kind_of[self.gpus[first].name], node))
+            patterns.setdefault(tuple(pattern), None)
 
-        def device(p: int, r: int) -> Device:
-            first = self.gpu(0, 0, p, r, tp, cp, pp)  # the group's first GPU
-            hw = self.gpus[first]
+        def device(kind: int, node: int) -> Device:
+            hw = kinds[kind]
             return Device(
                 speed=speed.get(hw.name, 1.0),
                 memory_bytes=hw.memory_bytes,
-                node=self.node_of(first),
+                node=node,
                 name=hw.name,
             )
 
-        every = (_renumbered(tuple(device(p, r) for p in range(pp))) for r in range(dp))
-        replicas = tuple(dict.fromkeys(every))  # distinct, replica 0's first
+        replicas = tuple(tuple(device(k, n) for k, n in pattern) for pattern in patterns)
         # NVLink between pipeline neighbours of a node, the NIC between nodes; on a mixed
         # cluster, the slower preset's of each (one link per kind in the profile format).
         links = Links(

@@ -83,7 +83,7 @@ class LayoutCosts:
         return (
             layout.tp,
             layout.cp,
-            layout.pp,
+            layout.pp if layout.ep > 1 else 0,  # PP only moves EP groups across nodes
             layout.ep,
             layout.microbatch_size,
             layout.recompute,

@@ -1,38 +1,55 @@
 """The layouts every cluster answer is set beside: Megatron-LM's usual one for the job, and
-the user's own (`--from-layout`), each planned as its framework runs it.
+the user's own (`--from-layout`), each planned as its framework runs it. (Published recipes
+are `recipes.py`'s; the best standard schedule over the screened layouts is `search.py`'s.)
 
-Megatron-LM's practice: TP = the GPUs of a node (or the largest degree the model's heads
-allow), microbatch size 1, the smallest PP that fits memory, recomputation only where memory
-binds (none, then selective, then full at each PP), DP the rest, the distributed optimizer,
-interleaved 1F1B (two chunks per device; 1F1B with one stage) over a uniform partition.
+Megatron-LM's practice: TP by the model's size as its own scaling table sets it (Megatron-LM's
+README, from Narayanan et al. 2021's Table 1: 1.7B at TP 1, 3.6B at 2, 7.5B at 4, 18B and up
+at 8), within a node and the model's heads; microbatch size 1, the smallest PP that fits
+memory, recomputation only where memory binds (none, then selective, then full at each PP),
+DP the rest, the distributed optimizer, interleaved 1F1B (two chunks per device; 1F1B with one
+stage) over a uniform partition.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from octopipe.errors import InputError
 from octopipe.layouts.cluster import Cluster
 from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, divisors
+from octopipe.layouts.planner import LayoutSearch, Row
+from octopipe.layouts.recipes import RECIPE_LABEL, nearest_recipe, recipe_layout
 from octopipe.layouts.spec import LayoutSpec
 
-if TYPE_CHECKING:
-    from octopipe.layouts.search import LayoutSearch, Row
-
 MEGATRON_LABEL = "Megatron-LM"
+# Megatron-LM's scaling table (README; Narayanan et al. 2021, Table 1): the TP of each size,
+# as (up to this many dense parameters, TP); larger models take TP 8. The bounds sit between
+# the table's sizes (1.7B, 3.6B, 7.5B, 18B).
+TP_BY_SIZE = ((2.5e9, 1), (5e9, 2), (12e9, 4))
+
+
+def tp_by_size(dense_params: float) -> int:
+    """The TP Megatron-LM's scaling table gives a model of `dense_params` (experts left out:
+    they are spread by expert parallelism, not TP)."""
+    return next((tp for bound, tp in TP_BY_SIZE if dense_params <= bound), 8)
 
 
 def megatron_layout(
-    cluster: Cluster, global_batch: int, num_layers: int, tp_fits: Callable[[int], bool]
+    cluster: Cluster,
+    global_batch: int,
+    num_layers: int,
+    tp_fits: Callable[[int], bool],
+    dense_params: float | None = None,
 ) -> list[Layout]:
-    """Megatron-LM's usual choice, most preferred first: TP = the GPUs of a node (or the
-    largest that fits the model's heads), microbatch size 1, then the smallest PP that fits
-    memory with the least recomputation (the caller tries them in order), DP the rest, with the
-    distributed optimizer."""
+    """Megatron-LM's usual choice, most preferred first: TP by the model's size (`tp_by_size`;
+    the GPUs of a node when the size is not given), within a node and the largest that fits
+    the model's heads, microbatch size 1, then the smallest PP that fits memory with the least
+    recomputation (the caller tries them in order), DP the rest, with the distributed
+    optimizer."""
     G = min(cluster.gpus_per_node, cluster.size)
-    tp = max(t for t in divisors(G) if tp_fits(t))
+    wanted = G if dense_params is None else min(G, tp_by_size(dense_params))
+    tp = max(t for t in divisors(G) if t <= wanted and tp_fits(t))
     out = []
     for pp in divisors(cluster.size // tp):
         dp = cluster.size // (tp * pp)
@@ -52,7 +69,8 @@ def reference_row(search: LayoutSearch, job: Job, num_layers: int) -> Row | None
     """Megatron-LM's usual layout: the first of its preferences whose plan fits (or the
     leanest, when none does)."""
     leanest = None
-    for layout in megatron_layout(job.cluster, job.global_batch, num_layers, search.tp_fits):
+    dense = search.dense_params()
+    for layout in megatron_layout(job.cluster, job.global_batch, num_layers, search.tp_fits, dense):
         rows = search.baselines(layout, [megatron_schedule(layout)]) or search.baselines(
             layout, [("1f1b", "uniform", None)]
         )
@@ -75,3 +93,21 @@ def from_layout_row(search: LayoutSearch, job: Job, spec: LayoutSpec) -> Row:
     except InputError as exc:  # the schedule or the model does not take these degrees
         raise InputError("--from-layout", f"{layout.describe()}: {exc}") from None
     return replace(row, label="given")
+
+
+def recipe_row(search: LayoutSearch, job: Job) -> Row | None:
+    """The published recipe nearest the job (`recipes.py`), planned as its framework runs it:
+    its schedule over the uniform partition; None for models without one, or where its degrees
+    do not divide the job's GPUs, batch or sequence."""
+    recipe = nearest_recipe(job)
+    if recipe is None:
+        return None
+    layout = recipe_layout(job, recipe)
+    if layout is None or not search.costs.fits_degrees(layout.tp, layout.cp, layout.ep):
+        return None
+    schedule, chunks = recipe.plan_schedule
+    try:
+        row = search.baseline(layout, schedule, "uniform", chunks)
+    except InputError:  # the schedule does not take these counts
+        return None
+    return replace(row, label=f"{RECIPE_LABEL}: {recipe.describe()}")

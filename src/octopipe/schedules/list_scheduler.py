@@ -87,214 +87,196 @@ def list_schedule(
     With `give_up_after`, returns None as soon as the schedule is sure to end later than that
     (a search that only keeps improvements need not finish a worse candidate).
     """
-    return _Scheduler(stages, num_devices, num_microbatches, rules).run(give_up_after)
+    return _run(stages, num_devices, num_microbatches, rules, give_up_after)
 
 
-class _Scheduler:
-    """One run of the event-driven list scheduler (state lives here, not in module globals).
+def _run(
+    stages: Sequence[StageCost], nd: int, M: int, rules: Rules, give_up_after: float
+) -> ListSchedule | None:
+    """One run of the event-driven list scheduler, written as one loop over local names.
 
     F and backward of a stage go in microbatch order; the candidates of a free device are thus
-    one F and one backward per stage it holds, plus its oldest deferred W.
+    one F and one backward per stage it holds, plus its oldest deferred W. This loop is the
+    tuner's inner loop (millions of actions a search): the choosing and running of an action
+    are written inline, on plain lists, because calls and attribute look-ups were most of its
+    cost; tests/test_list_scheduler.py holds it to the rules above.
     """
+    S = len(stages)
+    if len(rules.inflight) != S:
+        raise ValueError(f"rules give {len(rules.inflight)} in-flight caps for {S} stages")
+    split, defer_w = rules.split_backward, rules.defer_w
+    backward_first, oldest_first = rules.backward_first, rules.oldest_first
+    reduce_early = rules.reduce_early
+    device_of = [st.device for st in stages]
+    cap = [max(1, c) for c in rules.inflight]
+    budget = list(rules.memory_budget) if rules.memory_budget else [INF] * nd
+    on_device = [[s for s in range(S) if device_of[s] == d] for d in range(nd)]
+    if not oldest_first:
+        for owned in on_device:
+            owned.reverse()  # deepest stage first
+    # Each stage's figures by kind, and the lag of the gradient back to the stage before.
+    d_f = [st.duration[F_CODE] for st in stages]
+    d_i = [st.duration[I_CODE] for st in stages]
+    d_w = [st.duration[W_CODE] for st in stages]
+    d_b = [st.duration[B_CODE] for st in stages]
+    m_f = [st.memory_change[F_CODE] for st in stages]
+    m_i = [st.memory_change[I_CODE] for st in stages]
+    m_w = [st.memory_change[W_CODE] for st in stages]
+    m_b = [st.memory_change[B_CODE] for st in stages]
+    lag_next = [st.lag_next for st in stages]
+    act = [st.act for st in stages]
+    # When each F and each backward may start as far as dependencies go, by s * M + m.
+    f_ready = [0.0] * M + [INF] * ((S - 1) * M)
+    b_ready = [INF] * (S * M)
+    next_f = [0] * S
+    next_bwd = [0] * S
+    pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(nd)]
+    urgent_w = [0] * nd  # reduce_early: leading pending W that go before all else
+    tail_w = list(rules.tail_w) if rules.tail_w else [0] * nd
+    # Per device: F and backward actions still to run (its W are all that is left at 0).
+    left_fb = [2 * M * len(owned) for owned in on_device]
+    memory_waits = [0] * nd
+    last_backward = [0.0] * S
+    level = [0.0] * nd
+    peak = [0.0] * nd
+    free_at = [0.0] * nd
+    busy = [0.0] * nd
+    orders: list[list[tuple[int, int, int]]] = [[] for _ in range(nd)]
+    wakeups: list[tuple[float, int]] = [(0.0, d) for d in range(nd)]
+    remaining = S * M * (3 if split else 2)
+    last = S - 1
+    push, pop = heapq.heappush, heapq.heappop
 
-    def __init__(self, stages: Sequence[StageCost], nd: int, M: int, rules: Rules):
-        S = len(stages)
-        if len(rules.inflight) != S:
-            raise ValueError(f"rules give {len(rules.inflight)} in-flight caps for {S} stages")
-        self.stages, self.nd, self.M, self.S, self.rules = stages, nd, M, S, rules
-        # The rules and the stages' figures as plain attributes and lists: the loop below runs
-        # millions of times in a search, and attribute chains are most of its cost.
-        self.split, self.defer_w = rules.split_backward, rules.defer_w
-        self.backward_first, self.oldest_first = rules.backward_first, rules.oldest_first
-        self.reduce_early = rules.reduce_early
-        self.device_of = [st.device for st in stages]
-        self.cap = [max(1, c) for c in rules.inflight]
-        self.budget = list(rules.memory_budget) if rules.memory_budget else [INF] * nd
-        self.on_device = [[s for s in range(S) if stages[s].device == d] for d in range(nd)]
-        if not rules.oldest_first:
-            for owned in self.on_device:
-                owned.reverse()  # deepest stage first
-        self.act = [st.act for st in stages]
-        # When each F and each backward may start as far as dependencies go, by s * M + m.
-        self.f_ready = [0.0] * M + [INF] * ((S - 1) * M)
-        self.b_ready = [INF] * (S * M)
-        self.next_f = [0] * S
-        self.next_bwd = [0] * S
-        self.pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(nd)]
-        self.urgent_w = [0] * nd  # reduce_early: leading pending W that go before all else
-        self.tail_w = list(rules.tail_w) if rules.tail_w else [0] * nd
-        # Per device: F and backward actions still to run (its W are all that is left at 0).
-        self.left_fb = [2 * M * len(owned) for owned in self.on_device]
-        self.memory_blocked = False  # the last _ready_forward skipped an F for memory
-        self.memory_waits = [0] * nd
-        self.last_backward = [0.0] * S
-        self.level = [0.0] * nd
-        self.peak = [0.0] * nd
-        self.free_at = [0.0] * nd
-        self.busy = [0.0] * nd
-        self.orders: list[list[tuple[int, int, int]]] = [[] for _ in range(nd)]
-        self.wakeups: list[tuple[float, int]] = [(0.0, d) for d in range(nd)]
-        self.remaining = S * M * (3 if rules.split_backward else 2)
-
-    def run(self, give_up_after: float) -> ListSchedule | None:
-        wakeups, free_at, dispatch = self.wakeups, self.free_at, self._dispatch
-        while self.remaining:
-            if not wakeups:
-                raise DeadlockError("list scheduler: no device can make progress")
-            now, d = heapq.heappop(wakeups)
-            if now > give_up_after:
-                return None
-            if free_at[d] <= now:
-                dispatch(d, now)
-        makespan = max(free_at, default=0.0)
-        if makespan > give_up_after:
+    while remaining:
+        if not wakeups:
+            raise DeadlockError("list scheduler: no device can make progress")
+        now, d = pop(wakeups)
+        if now > give_up_after:
             return None
-        return ListSchedule(
-            codes=tuple(tuple(acts) for acts in self.orders),
-            makespan=makespan,
-            busy=tuple(self.busy),
-            peak_activation_bytes=tuple(self.peak),
-            last_backward=tuple(self.last_backward),
-            device_ends=tuple(free_at),
-            memory_waits=tuple(self.memory_waits),
-        )
-
-    # --- choosing ------------------------------------------------------------------------
-
-    def _dispatch(self, d: int, now: float) -> None:
-        """Start the best ready action on free device `d`, if any."""
-        pending = self.pending_w[d]
-        if self.urgent_w[d] or (pending and not self.defer_w):
-            self._run_w(d, now)
-            return
-        if self.backward_first:
-            s = self._ready_backward(d, now)
-            if s is not None:
-                self._run_backward_or_free(s, d, now)
-                return
-        s = self._ready_forward(d, now)
-        if s is not None:
-            self._run_forward(s, d, now)
-            return
-        if not self.backward_first:
-            s = self._ready_backward(d, now)
-            if s is not None:
-                self._run_backward_or_free(s, d, now)
-                return
-        if pending and (
-            len(pending) > self.tail_w[d] or self.memory_blocked or not self.left_fb[d]
-        ):
-            self._run_w(d, now)
-
-    def _ready_forward(self, d: int, now: float) -> int | None:
-        M, next_f, next_bwd, f_ready = self.M, self.next_f, self.next_bwd, self.f_ready
-        cap, oldest_first = self.cap, self.oldest_first
-        best, best_mb = None, M
-        self.memory_blocked = False
-        for s in self.on_device[d]:
-            m = next_f[s]
-            if m >= M or m > best_mb:
-                continue
-            inflight = m - next_bwd[s]
-            if inflight >= cap[s] or f_ready[s * M + m] > now:
-                continue
-            # Over budget, F waits for deferred W to free memory; with none to run, a stage's
-            # first microbatch in flight is admitted anyway, so a tight budget cannot deadlock.
-            if (inflight or self.pending_w[d]) and self.level[d] + self.act[s] > self.budget[d]:
-                self.memory_blocked = True
-                self.memory_waits[d] += 1
-                continue
-            if not oldest_first:
-                return s
-            best, best_mb = s, m
-        return best
-
-    def _ready_backward(self, d: int, now: float) -> int | None:
-        M, next_f, next_bwd, b_ready = self.M, self.next_f, self.next_bwd, self.b_ready
-        oldest_first = self.oldest_first
-        best, best_mb = None, M
-        for s in self.on_device[d]:
-            m = next_bwd[s]
-            if m >= next_f[s] or m > best_mb or b_ready[s * M + m] > now:
-                continue
-            if not oldest_first:
-                return s
-            best, best_mb = s, m
-        return best
-
-    # --- running -------------------------------------------------------------------------
-
-    def _start(
-        self, d: int, now: float, action: tuple[int, int, int], duration: float, mem_delta: float
-    ) -> float:
-        end = now + duration
-        self.orders[d].append(action)
-        self.free_at[d] = end
-        self.busy[d] += duration
-        level = self.level[d] + mem_delta
-        self.level[d] = level
-        if level > self.peak[d]:
-            self.peak[d] = level
-        self.remaining -= 1
-        heapq.heappush(self.wakeups, (end, d))
-        return end
-
-    def _wake(self, stage: int, at: float) -> None:
-        heapq.heappush(self.wakeups, (at, self.device_of[stage]))
-
-    def _run_forward(self, s: int, d: int, now: float) -> None:
-        st = self.stages[s]
-        m = self.next_f[s]
-        self.next_f[s] = m + 1
-        self.left_fb[d] -= 1
-        end = self._start(d, now, (s, F_CODE, m), st.duration[F_CODE], st.memory_change[F_CODE])
-        if s + 1 < self.S:
-            self.f_ready[(s + 1) * self.M + m] = end + st.lag_next
-            self._wake(s + 1, end + st.lag_next)
-        else:  # the loss is part of the last stage: its backward may follow at once
-            self.b_ready[s * self.M + m] = end
-
-    def _run_backward_or_free(self, s: int, d: int, now: float) -> None:
-        """The backward of stage s, unless it is an I that holds more than its F did (a stage
-        that recomputes W's inputs) with no room left: then a deferred W first, to make room."""
-        if self.split and self.pending_w[d]:
-            rise = self.stages[s].memory_change[I_CODE]
-            if rise > 0 and self.level[d] + rise > self.budget[d]:
-                self.memory_waits[d] += 1
-                self._run_w(d, now)
-                return
-        self._run_backward(s, d, now)
-
-    def _run_backward(self, s: int, d: int, now: float) -> None:
-        st = self.stages[s]
-        m = self.next_bwd[s]
-        self.next_bwd[s] = m + 1
-        self.left_fb[d] -= 1
-        if self.split:
-            end = self._start(d, now, (s, I_CODE, m), st.duration[I_CODE], st.memory_change[I_CODE])
-            self.pending_w[d].append((s, m))
-            if self.reduce_early and m == self.M - 1:
-                self._hurry_w(s, d)
+        if free_at[d] > now:
+            continue
+        pending = pending_w[d]
+        kind = -1  # what runs: F_CODE, or I/B (a backward), W_CODE; -1 nothing
+        s = -1
+        if urgent_w[d] or (pending and not defer_w):
+            kind = W_CODE
         else:
-            end = self._start(d, now, (s, B_CODE, m), st.duration[B_CODE], st.memory_change[B_CODE])
-            self.last_backward[s] = end
-        if s > 0:
-            # Its F ran before the F (hence the backward) of this stage: only the gradient waits.
-            lag = self.stages[s - 1].lag_next
-            self.b_ready[(s - 1) * self.M + m] = end + lag
-            self._wake(s - 1, end + lag)
+            memory_blocked = False  # an F was held back for memory
+            for turn in (0, 1, 2):
+                if turn == 1:  # forward
+                    best, best_mb = -1, M
+                    for t in on_device[d]:
+                        m = next_f[t]
+                        if m >= M or m > best_mb:
+                            continue
+                        inflight = m - next_bwd[t]
+                        if inflight >= cap[t] or f_ready[t * M + m] > now:
+                            continue
+                        # Over budget, F waits for deferred W to free memory; with none to
+                        # run, a stage's first microbatch in flight is admitted anyway, so a
+                        # tight budget cannot deadlock.
+                        if (inflight or pending) and level[d] + act[t] > budget[d]:
+                            memory_blocked = True
+                            memory_waits[d] += 1
+                            continue
+                        best, best_mb = t, m
+                        if not oldest_first:
+                            break
+                    if best >= 0:
+                        kind, s = F_CODE, best
+                        break
+                elif (turn == 0) == backward_first:  # backward, before or after the forward
+                    best, best_mb = -1, M
+                    for t in on_device[d]:
+                        m = next_bwd[t]
+                        if m >= next_f[t] or m > best_mb or b_ready[t * M + m] > now:
+                            continue
+                        best, best_mb = t, m
+                        if not oldest_first:
+                            break
+                    if best >= 0:
+                        s = best
+                        kind = B_CODE
+                        # An I that holds more than its F did (a stage recomputing W's
+                        # inputs) with no room left: a deferred W first, to make room.
+                        if split and pending:
+                            rise = m_i[s]
+                            if rise > 0 and level[d] + rise > budget[d]:
+                                memory_waits[d] += 1
+                                kind = W_CODE
+                        break
+            if kind < 0 and pending:
+                if len(pending) > tail_w[d] or memory_blocked or not left_fb[d]:
+                    kind = W_CODE
+        if kind < 0:
+            continue
 
-    def _hurry_w(self, s: int, d: int) -> None:
-        """Move stage s's pending W to the front, to run before anything else (reduce_early)."""
-        pending = self.pending_w[d]
-        mine = [x for x in pending if x[0] == s]
-        self.pending_w[d] = deque([*mine, *(x for x in pending if x[0] != s)])
-        self.urgent_w[d] += len(mine)
+        # Run the chosen action: its order, end, memory, and whom its end wakes.
+        if kind == F_CODE:
+            m = next_f[s]
+            next_f[s] = m + 1
+            left_fb[d] -= 1
+            duration, delta, action = d_f[s], m_f[s], (s, F_CODE, m)
+        elif kind == W_CODE:
+            s, m = pending.popleft()
+            if urgent_w[d]:
+                urgent_w[d] -= 1
+            duration, delta, action = d_w[s], m_w[s], (s, W_CODE, m)
+        else:
+            m = next_bwd[s]
+            next_bwd[s] = m + 1
+            left_fb[d] -= 1
+            if split:
+                duration, delta, action = d_i[s], m_i[s], (s, I_CODE, m)
+            else:
+                duration, delta, action = d_b[s], m_b[s], (s, B_CODE, m)
+        end = now + duration
+        orders[d].append(action)
+        free_at[d] = end
+        busy[d] += duration
+        lv = level[d] + delta
+        level[d] = lv
+        if lv > peak[d]:
+            peak[d] = lv
+        remaining -= 1
+        push(wakeups, (end, d))
+        if kind == F_CODE:
+            if s < last:
+                at = end + lag_next[s]
+                f_ready[(s + 1) * M + m] = at
+                push(wakeups, (at, device_of[s + 1]))
+            else:  # the loss is part of the last stage: its backward may follow at once
+                b_ready[s * M + m] = end
+        elif kind == W_CODE:
+            if end > last_backward[s]:
+                last_backward[s] = end
+        else:
+            if split:
+                pending.append((s, m))
+                if reduce_early and m == M - 1:
+                    # Stage s's pending W to the front, to run before anything else.
+                    mine = [x for x in pending if x[0] == s]
+                    pending = deque([*mine, *(x for x in pending if x[0] != s)])
+                    pending_w[d] = pending
+                    urgent_w[d] += len(mine)
+            else:
+                last_backward[s] = end
+            if s > 0:
+                # Its F ran before the F (hence the backward) of this stage: only the gradient
+                # waits.
+                at = end + lag_next[s - 1]
+                b_ready[(s - 1) * M + m] = at
+                push(wakeups, (at, device_of[s - 1]))
 
-    def _run_w(self, d: int, now: float) -> None:
-        s, m = self.pending_w[d].popleft()
-        if self.urgent_w[d]:
-            self.urgent_w[d] -= 1
-        st = self.stages[s]
-        end = self._start(d, now, (s, W_CODE, m), st.duration[W_CODE], st.memory_change[W_CODE])
-        self.last_backward[s] = max(self.last_backward[s], end)
+    makespan = max(free_at, default=0.0)
+    if makespan > give_up_after:
+        return None
+    return ListSchedule(
+        codes=tuple(tuple(acts) for acts in orders),
+        makespan=makespan,
+        busy=tuple(busy),
+        peak_activation_bytes=tuple(peak),
+        last_backward=tuple(last_backward),
+        device_ends=tuple(free_at),
+        memory_waits=tuple(memory_waits),
+    )

@@ -1,0 +1,188 @@
+"""How long `octopipe plan --gpus` takes on the published jobs, and what it answers, beside an
+older commit.
+
+    .venv/bin/python benchmarks/bench_cluster_speed.py                      # now, every job
+    .venv/bin/python benchmarks/bench_cluster_speed.py --against 69a16be    # beside a commit
+    .venv/bin/python benchmarks/bench_cluster_speed.py --only 128K --repeat 2
+    .venv/bin/python benchmarks/bench_cluster_speed.py --against 69a16be --save before.json
+    .venv/bin/python benchmarks/bench_cluster_speed.py --before before.json  # reuse its side
+
+The jobs are bench_layouts.py's: every run of benchmarks/data/published_runs.csv (Narayanan
+et al. 2021's Table 1, MT-NLG), Llama-3-405B at Llama 3's three Table 4 layouts and
+DeepSeek-V3 on 256 and 1,024 H100s. Each search runs in a fresh process (nothing cached from
+the one before), as `plan_cluster(job)` with its defaults, the command's search; with
+--against, that commit is checked out in a temporary worktree and each job is searched there
+too. The table gives each side's wall seconds, chosen layout and predicted step, whether the
+two plans are the same file, and with --repeat 2 whether two runs of now agree. `--save`
+writes every result as JSON; `--before FILE` takes the older side from such a file instead of
+running it again (its seconds are then those of the recorded run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DEEPSEEK_GPUS = (256, 1024)
+
+
+def cases(folder: Path):
+    sys.path.insert(0, str(HERE))
+    from bench_layouts import published_cases, target_cases
+
+    return [*published_cases(folder), *target_cases(DEEPSEEK_GPUS)]
+
+
+def child(label: str) -> None:
+    """Search one job in this process and print its result as one JSON line."""
+    from octopipe.layouts import plan_cluster
+
+    with tempfile.TemporaryDirectory() as tmp:
+        case = next(c for c in cases(Path(tmp)) if c.label == label)
+        started, cpu = time.perf_counter(), time.process_time()
+        report = plan_cluster(case.job)
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    best = report.best
+    plan = json.dumps(best.plan.to_dict(), sort_keys=True)
+    out = {
+        "label": label,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "chosen": best.summary(),
+        "describe": best.layout.describe(),
+        "plan_sha": hashlib.sha256(plan.encode()).hexdigest()[:12],
+        "screened": report.screened,
+        "tuned": report.tuned,
+        "evaluations": report.evaluations,
+        "cut_by_time": report.cut_by_time,
+    }
+    for key in ("reference", "best_standard", "recipe"):
+        row = getattr(report, key, None)
+        out[key] = row.summary() if row is not None else None
+    print(json.dumps(out))
+
+
+def run_side(src: Path, label: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", label],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode:
+        raise SystemExit(f"{label} at {src}: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def short(result: dict) -> str:
+    c = result["chosen"]
+    degrees = f"{c['tp']}/{c['pp']}/{c['dp']}"
+    extra = "".join(
+        [
+            f" CP{c['cp']}" if c["cp"] > 1 else "",
+            f" EP{c['ep']}" if c["ep"] > 1 else "",
+            " Z1" if c["zero"] else "",
+            f" {c['recompute'][0]}" if c["recompute"] != "none" else "",
+        ]
+    )
+    fits = "" if c["fits"] else " (does not fit)"
+    return (
+        f"{degrees}{extra}, {c['microbatch_size']}x{c['microbatches']} {c['plan']}: "
+        f"{c['step_time']:.3f} s{fits}"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--against", metavar="REV", help="also search with this commit")
+    ap.add_argument("--before", metavar="FILE", help="the older side from a --save file")
+    ap.add_argument("--save", metavar="FILE", help="write every result here as JSON")
+    ap.add_argument("--only", action="append", help="only the jobs whose name holds this text")
+    ap.add_argument("--repeat", type=int, default=1, help="search each job this many times now")
+    ap.add_argument(
+        "--record-only", action="store_true", help="with --against and --save: only the older side"
+    )
+    args = ap.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        labels = [c.label for c in cases(Path(tmp))]
+    labels = [x for x in labels if not args.only or any(o.lower() in x.lower() for o in args.only)]
+    before: dict[str, dict] = {}
+    rev = args.against
+    if args.before:
+        recorded = json.loads(Path(args.before).read_text())
+        rev, before = recorded["rev"], recorded["before"]
+    saved: dict = {"rev": rev, "before": dict(before), "now": {}}
+    head = ["job"]
+    if rev:
+        head += [f"{rev}: s", f"{rev}: chosen"]
+    head += ["now: s", "now: chosen", "now best_standard", "now / best_standard"]
+    if rev:
+        head += [f"now / {rev}: step", "same plan"]
+    if args.repeat > 1:
+        head += ["same twice"]
+    print("| " + " | ".join(head) + " |")
+    print("|---|" + "---|" * (len(head) - 1))
+    with tempfile.TemporaryDirectory() as tree:
+        if args.against and not args.before:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", tree, args.against],
+                check=True,
+                capture_output=True,
+            )
+        try:
+            for label in labels:
+                cells = [label]
+                if rev:
+                    if label not in before:
+                        before[label] = run_side(Path(tree) / "src", label)
+                        saved["before"][label] = before[label]
+                    old = before[label]
+                    cells += [f"{old['seconds']:.0f}", short(old)]
+                if args.record_only:
+                    Path(args.save).write_text(json.dumps(saved, indent=1))
+                    print(f"| {label} | {old['seconds']:.0f} | {short(old)} |", flush=True)
+                    continue
+                runs = [run_side(ROOT / "src", label) for _ in range(args.repeat)]
+                now = runs[0]
+                saved["now"][label] = runs
+                cells += [f"{now['seconds']:.1f}", short(now)]
+                std = now.get("best_standard")
+                if std:
+                    gain = std["step_time"] / now["chosen"]["step_time"]
+                    cells += [f"{std['step_time']:.3f} s ({std['plan']})", f"{gain:.3f}x"]
+                else:
+                    cells += ["-", "-"]
+                if rev:
+                    ratio = now["chosen"]["step_time"] / old["chosen"]["step_time"]
+                    cells += [f"{ratio:.4f}", "yes" if now["plan_sha"] == old["plan_sha"] else "no"]
+                if args.repeat > 1:
+                    cells += ["yes" if len({r["plan_sha"] for r in runs}) == 1 else "NO"]
+                print("| " + " | ".join(cells) + " |", flush=True)
+                if args.save:
+                    Path(args.save).write_text(json.dumps(saved, indent=1))
+        finally:
+            if args.against and not args.before:
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", tree],
+                    capture_output=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

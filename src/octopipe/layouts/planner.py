@@ -1,0 +1,283 @@
+"""One layout's plans in the layout search of `octopipe plan --gpus`: a named baseline, the
+screening estimate, the tuner on it, and the bounds no plan of the layout can beat.
+
+    search = LayoutSearch(job)                      # the shared cost model (`costs.py`)
+    row = search.screen(layout)                     # Row: the best balanced baseline
+    row, evaluations, cut = search.tune(row)        # the tuner, seeded with it
+
+A Row's step is the pipeline simulated on every distinct replica (the slowest), then the
+optimizer step (`costs.py`). Which layouts are planned, and in what order, is `search.py`'s;
+the references an answer is set beside are `reference.py`'s. Both stand on this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from octopipe.errors import InputError
+from octopipe.layouts.costs import LayoutCosts, optimizer_seconds
+from octopipe.layouts.layout import Job, Layout
+from octopipe.plan import Plan
+from octopipe.profile import Profile
+from octopipe.schedules import ScheduleSpec, generate
+from octopipe.sim import SimResult, Simulator
+from octopipe.sim.evaluate import plan_rank
+
+# ZB-H1 (1F1B's memory, a third of its bubble) and interleaved 1F1B, both balanced: a layout's
+# screening estimate. The tuner then finds better plans for the best few.
+SCREEN_BASELINES = (("zbh1", "balanced", None), ("i1f1b", "balanced", None))
+# The schedules an engineer runs as they come, over Megatron-LM's uniform partition: the
+# `best_standard` row is the fastest of them over every layout screened.
+STANDARD_SCHEDULES = (
+    ("1f1b", "uniform", None),
+    ("i1f1b", "uniform", 2),
+    ("zbh1", "uniform", None),
+    ("zbv", "uniform", None),
+    ("dualpipev", "uniform", None),
+)
+TUNE_EVALUATIONS = 1500  # the tuner's evaluations per tuned layout, at most
+# What one tuning may list-schedule in all: big pipelines get fewer evaluations (each schedules
+# stages x microbatches x 3 actions); one that would get fewer than MIN_TUNE_EVALUATIONS keeps
+# its screened plan (the tuner's seeds alone take more).
+TUNE_ACTIONS = 1_000_000
+MIN_TUNE_EVALUATIONS = 20
+RECENT_PROFILES = 16  # layouts whose profiles are kept
+
+
+@dataclass(frozen=True)
+class Row:
+    """One layout's best plan found, simulated on every replica's devices."""
+
+    layout: Layout
+    label: str  # where the plan came from (a baseline's name, "tuned", "Megatron-LM")
+    plan: Plan
+    profile: Profile  # replica 0's profile, the plan's
+    sim: SimResult  # the slowest replica's result
+    tail: float = 0.0  # the optimizer step (and ZeRO-1's all-gather) after the pipeline
+
+    @property
+    def step_time(self) -> float:
+        """The whole step: the pipeline as simulated, then the tail (`layouts/costs.py`)."""
+        return self.sim.iteration_time + self.tail
+
+    def tokens_per_gpu(self, job: Job) -> float:
+        return job.tokens / self.step_time / job.cluster.size
+
+    @property
+    def score(self) -> tuple[int, float, float]:
+        return plan_rank(self.step_time, self.sim.memory_excess_bytes)
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(self.sim.peak_memory_bytes)
+
+    @property
+    def memory_lacking_bytes(self) -> float:
+        return max(self.sim.memory_excess_bytes)
+
+    def summary(self) -> dict:
+        """The row as `plan --gpus --json` puts it on its last line."""
+        return {
+            **self.layout.degrees(),
+            "step_time": self.step_time,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "fits": self.sim.fits,
+            "plan": self.label,
+        }
+
+
+class LayoutSearch:
+    """Plans layouts of one job on the shared cost model (`LayoutCosts`)."""
+
+    def __init__(
+        self,
+        job: Job,
+        overlap_steps: bool = False,
+        costs: LayoutCosts | None = None,
+        torchtitan: bool = False,
+    ):
+        self.job = job
+        self.overlap_steps = overlap_steps  # rank plans by their steady step time
+        self.torchtitan = torchtitan  # only placements torchtitan builds itself
+        self.costs = costs or LayoutCosts(job)  # shared: profiles are built once
+        self._schedules: dict[tuple, ScheduleSpec] = {}  # generated orders, by their counts
+        self._recent: dict[Layout, tuple[Profile, tuple[tuple, ...]]] = {}
+
+    def synchronous(self) -> LayoutSearch:
+        """This search ranking by one synchronous step, sharing the profiles built so far."""
+        if not self.overlap_steps:
+            return self
+        twin = LayoutSearch(self.job, costs=self.costs, torchtitan=self.torchtitan)
+        twin._schedules = self._schedules
+        return twin
+
+    @property
+    def num_layers(self) -> int:
+        return self.costs.base_profile(Layout(1, 1, 1, 1, 1)).num_layers
+
+    def dense_params(self) -> float:
+        """The model's parameters, its MoE experts' left out."""
+        layers = self.costs.layers(Layout(1, 1, 1, 1, 1))
+        return float(sum(e.params - e.expert_params for e in layers))
+
+    def tp_fits(self, tp: int) -> bool:
+        return self.costs.fits_degrees(tp)
+
+    def profile(self, layout: Layout) -> tuple[Profile, tuple[tuple, ...]]:
+        """`LayoutCosts.profile`, kept for the few layouts planned last (a layout's bounds,
+        baselines and evaluations each ask for it)."""
+        found = self._recent.pop(layout, None)
+        if found is None:
+            found = self.costs.profile(layout)
+            if len(self._recent) >= RECENT_PROFILES:
+                del self._recent[next(iter(self._recent))]
+        self._recent[layout] = found  # the most recent last
+        return found
+
+    # --- evaluating ----------------------------------------------------------------------
+
+    def evaluate(self, layout: Layout, label: str, plan: Plan) -> Row:
+        """The plan on every distinct replica; the row holds the slowest replica's result and
+        profile (so the profile it is written with reproduces its figures)."""
+        profile, replicas = self.profile(layout)
+        rows = []
+        for devices in replicas:
+            on = profile.with_devices(devices)
+            # check=False: the plans evaluated here are built by generators and the tuner.
+            result = Simulator(on).run(
+                plan, detail=False, check=False, overlap_steps=self.overlap_steps
+            )
+            tail = self.costs.tail(layout, plan, on).total
+            rows.append(Row(layout, label, plan, on, result, tail))
+        return max(rows, key=lambda r: r.score)
+
+    def baseline(self, layout: Layout, schedule: str, method: str, chunks: int | None) -> Row:
+        """One named schedule over one partitioner (InputError when the counts do not allow
+        it); the schedule's orders are generated once for every layout of the same counts."""
+        from octopipe.baselines import baseline_plan
+
+        key = (schedule, layout.pp, layout.num_microbatches, chunks)
+        if key not in self._schedules:
+            self._schedules[key] = generate(schedule, *key[1:])
+        profile, _ = self.profile(layout)
+        plan = baseline_plan(profile, self._schedules[key], method, layout.num_microbatches)
+        row = self.evaluate(layout, f"{schedule}/{method}", plan)
+        return replace(row, plan=plan.with_predicted(row.sim.predicted()))
+
+    def baselines(self, layout: Layout, names: Iterable[tuple[str, str, int | None]]) -> list[Row]:
+        """The named plans the layout's counts allow."""
+        rows = []
+        for schedule, method, chunks in names:
+            try:
+                rows.append(self.baseline(layout, schedule, method, chunks))
+            except InputError:  # too few microbatches or layers for this schedule
+                continue
+        return rows
+
+    def screen(self, layout: Layout) -> Row | None:
+        """The best of a few balanced baselines: a quick estimate of the layout."""
+        return min(self.baselines(layout, SCREEN_BASELINES), key=lambda r: r.score, default=None)
+
+    def standard(self, layout: Layout, beat: float = float("inf")) -> list[Row]:
+        """The standard schedules over the uniform partition that the layout's counts allow,
+        each simulated only where its bound (`uniform_bound`) is under `beat`: a schedule
+        whose uniform stages hold more work than that on one device cannot step faster."""
+        names = [n for n in STANDARD_SCHEDULES if self.uniform_bound(layout, *n) < beat]
+        return self.baselines(layout, names)
+
+    def tune(
+        self,
+        start: Row,
+        evaluations: int = TUNE_EVALUATIONS,
+        time_budget: float = float("inf"),
+        seed: int = 0,
+        max_chunks: int | None = 4,
+    ) -> tuple[Row, int, bool]:
+        """The tuner on `start`'s layout, seeded with `start`'s plan (never worse than it),
+        for `evaluations` evaluations (or `time_budget` seconds, whichever ends first); the
+        evaluations it made, and whether the seconds ended it."""
+        from octopipe.tuner import tune as search
+
+        layout = start.layout
+        profile, _ = self.profile(layout)
+        # Each evaluation list-schedules every action of the plan: a bound on the actions.
+        actions = 3 * start.plan.num_stages * layout.num_microbatches
+        evaluations = min(evaluations, TUNE_ACTIONS // actions)
+        if evaluations < MIN_TUNE_EVALUATIONS:
+            return start, 0, False
+        result = search(
+            profile,
+            layout.num_microbatches,
+            layout.pp,
+            max_chunks=max_chunks,
+            time_budget=time_budget,
+            max_evaluations=evaluations,
+            seed=seed,
+            baselines=[(start.label, start.plan)],
+            overlap_steps=self.overlap_steps,
+            torchtitan=self.torchtitan,
+        )
+        row = self.evaluate(layout, "tuned", result.best.plan)
+        best = row if row.score <= start.score else start
+        return best, result.evaluations, result.cut_by_time
+
+    # --- bounds --------------------------------------------------------------------------
+
+    def step_bound(self, layout: Layout) -> float:
+        """No plan of `layout` steps faster: its work spread evenly over its pipeline devices
+        (at the fastest device's speed), then the optimizer update of an even share of the
+        parameters."""
+        profile, _ = self.profile(layout)
+        work = sum(layer.work for layer in profile.layers) * layout.num_microbatches
+        fastest = max(d.speed for d in profile.device_list())
+        return work / (layout.pp * fastest) + self._update_bound(layout)
+
+    def _update_bound(self, layout: Layout) -> float:
+        """The optimizer update of an even share of the parameters, on the fastest device."""
+        profile, _ = self.profile(layout)
+        fastest = max(d.speed for d in profile.device_list())
+        params = sum(e.params for e in self.costs.layers(layout)) / layout.pp
+        s = self.costs.settings(layout)
+        shards = layout.dp * layout.cp if layout.zero1 else 1
+        update = optimizer_seconds(
+            params / shards, s.grad_bytes, s.weight_bytes, self.costs.hardware()
+        )
+        return update / fastest
+
+    def uniform_bound(
+        self, layout: Layout, schedule: str, method: str, chunks: int | None
+    ) -> float:
+        """No plan of this schedule over this partition steps faster: the microbatches' work on
+        its busiest device, then the optimizer update of an even share of the parameters (inf
+        where the counts do not allow the schedule)."""
+        from octopipe.partition import partition
+
+        key = (schedule, layout.pp, layout.num_microbatches, chunks)
+        try:
+            if key not in self._schedules:
+                self._schedules[key] = generate(schedule, *key[1:])
+            spec = self._schedules[key]
+            profile, _ = self.profile(layout)
+            ranges = partition(profile, spec.num_stages, method, spec.placement)
+        except InputError:
+            return float("inf")
+        work = [0.0] * layout.pp
+        for (start, end), device in zip(ranges, spec.placement):
+            work[device] += sum(layer.work for layer in profile.layers[start:end])
+        speeds = [d.speed for d in profile.device_list()]
+        busiest = max(w / v for w, v in zip(work, speeds))
+        return busiest * layout.num_microbatches + self._update_bound(layout)
+
+    def memory_bound(self, layout: Layout) -> float:
+        """No plan of `layout` needs less on its fullest device: an even share of the static
+        bytes and of one microbatch's activations."""
+        profile, _ = self.profile(layout)
+        static = sum(layer.param_bytes for layer in profile.layers)
+        one = sum(layer.act_bytes for layer in profile.layers)
+        return (static + one) / layout.pp
+
+    def capacity(self) -> float:
+        """What a plan may use of the smallest GPU's memory."""
+        smallest = min(g.hardware.memory_bytes for g in self.job.cluster.groups)
+        return smallest * (1.0 - self.job.memory_headroom)

@@ -1,0 +1,96 @@
+"""Published layouts of the shipped models: the `recipe` row every cluster answer is set beside.
+
+A recipe is the layout a framework or a paper publishes for a model at one GPU count
+(docs/LAYOUTS.md cites each). For a job on another count, the recipe at the nearest count (then
+the nearest sequence length) is taken as a team would scale it: its TP, CP, PP, EP, chunks and
+microbatch size kept, DP the GPUs left, the microbatches the job's global batch. It is planned
+as its framework runs it: its schedule over the uniform partition, the distributed optimizer
+(ZeRO-1), no recomputation unless the recipe turns it on. Nothing here searches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from octopipe.layouts.layout import Job, Layout
+
+RECIPE_LABEL = "recipe"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    model: str  # the shipped model's name
+    source: str  # where it is published (docs/LAYOUTS.md, "Published recipes")
+    gpus: int
+    seq_len: int
+    tp: int
+    pp: int
+    cp: int = 1
+    ep: int = 1
+    chunks: int = 1  # virtual pipeline stages per device (interleaved 1F1B when more than 1)
+    microbatch_size: int = 1
+    schedule: str = ""  # "" : interleaved 1F1B with chunks, else 1F1B
+
+    @property
+    def plan_schedule(self) -> tuple[str, int | None]:
+        if self.schedule:
+            return self.schedule, None
+        return ("i1f1b", self.chunks) if self.chunks > 1 else ("1f1b", None)
+
+    def describe(self) -> str:
+        return f"{self.source}, {self.gpus:,} GPUs at {self.seq_len // 1024}K"
+
+
+RECIPES = (
+    Recipe("llama3-8b", "NeMo llama3_8b", 8, 8192, tp=1, pp=1, cp=2),
+    Recipe("llama3-70b", "NeMo llama3_70b", 32, 8192, tp=4, pp=4, cp=2, chunks=5),
+    Recipe("llama3-405b", "NeMo llama31_405b", 576, 8192, tp=8, pp=9, cp=4, chunks=2),
+    # Llama 3's Table 4 (Dubey et al. 2024); the schedule's depth is not stated: 2 chunks.
+    Recipe("llama3-405b", "Llama 3 paper", 8192, 8192, tp=8, pp=16, chunks=2),
+    Recipe("llama3-405b", "Llama 3 paper", 16384, 8192, tp=8, pp=16, chunks=2),
+    Recipe("llama3-405b", "Llama 3 paper", 16384, 131072, tp=8, pp=16, cp=16, chunks=2),
+    Recipe("mixtral-8x7b", "NeMo mixtral_8x7b", 64, 4096, tp=1, pp=4, ep=8, chunks=8),
+    # DeepSeek-V3's report (DeepSeek-AI 2024, section 3.2): PP 16, EP 64, ZeRO-1, DualPipe
+    # (DualPipeV is its V-shaped form here), no TP.
+    Recipe(
+        "deepseek-v3", "DeepSeek-V3 report", 2048, 4096, tp=1, pp=16, ep=64, schedule="dualpipev"
+    ),  # fmt: skip
+)
+
+
+def nearest_recipe(job: Job) -> Recipe | None:
+    """The shipped model's recipe at the GPU count nearest the job's (by ratio), then the
+    sequence length nearest its; None for models without one."""
+    mine = [r for r in RECIPES if r.model == job.config]
+    if not mine:
+        return None
+    n = job.cluster.size
+    return min(
+        mine,
+        key=lambda r: (abs(math.log(r.gpus / n)), abs(math.log(r.seq_len / job.seq_len))),
+    )
+
+
+def recipe_layout(job: Job, recipe: Recipe) -> Layout | None:
+    """The recipe's layout on the job's GPUs and batch: its degrees kept, DP the GPUs left
+    (None where they do not divide the GPUs, the global batch, or the sequence)."""
+    n, per_group = job.cluster.size, recipe.tp * recipe.cp * recipe.pp
+    if n % per_group or recipe.tp > min(job.cluster.gpus_per_node, n):
+        return None
+    dp = n // per_group
+    samples = dp * recipe.microbatch_size
+    if job.global_batch % samples or job.seq_len % recipe.cp:
+        return None
+    if (dp * recipe.cp) % recipe.ep:
+        return None
+    return Layout(
+        recipe.tp,
+        recipe.pp,
+        dp,
+        recipe.microbatch_size,
+        job.global_batch // samples,
+        zero1=dp * recipe.cp > 1,
+        cp=recipe.cp,
+        ep=recipe.ep,
+    )
