@@ -36,7 +36,7 @@ class Settings:
     exchange runs over the network, not NVLink (the layout knows; `cluster.py`)."""
     expert_parallel: int = 1
     """Expert parallelism: the MoE layers' experts spread over this many data-parallel ranks,
-    tokens exchanged by all-to-alls (`layercost._moe`)."""
+    tokens exchanged by all-to-alls (`feedforward.moe`)."""
     ep_across_nodes: bool = False
     """The expert-parallel ranks of a group sit on different nodes (all-to-alls over the NICs)."""
     recompute: str = "none"
