@@ -136,7 +136,7 @@ def _print(result) -> None:
         f"{job.config} on {job.cluster.describe()}: TP {lay.tp} x CP {lay.cp} x PP {lay.pp} x "
         f"DP {lay.dp}, b {lay.microbatch_size} x M {lay.num_microbatches}, "
         f"{result.given.schedule} ({chunks} per device), recompute {lay.recompute}"
-        f"{', ZeRO-1' if lay.zero1 else ''}"
+        f"{', ZeRO-1' if lay.zero1 else ''}, {job.stack.precision}"
     )
     summary = Table(title=title, show_header=False)
     summary.add_column(justify="left")

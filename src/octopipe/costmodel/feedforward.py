@@ -49,7 +49,7 @@ def moe(work: LayerWork, arch: Architecture, s: Settings) -> None:
             f"expert-parallel degree {ep} does not divide {moe.num_experts} experts",
             "expert_parallel",
         )
-    work.linear(t, h, moe.num_experts, save_input=False)  # the router shares the block's input
+    work.linear(t, h, moe.num_experts, save_input=False, quantizable=False)  # shares the input
     work.elementwise(
         t * moe.num_experts * 8, t * moe.num_experts * 8, saved_bytes=t * moe.num_experts * 4
     )  # softmax/top-k in FP32
@@ -70,6 +70,6 @@ def moe(work: LayerWork, arch: Architecture, s: Settings) -> None:
     if moe.shared_intermediate_size:
         mlp(work, t, h, moe.shared_intermediate_size, arch.gated_mlp, tp)
         if moe.shared_expert_gate:
-            work.linear(t, h, 1, save_input=False)
+            work.linear(t, h, 1, save_input=False, quantizable=False)
             work.elementwise(3 * t * h * a, 3 * t * h * a)
     work.tp_all_reduce(t, h)

@@ -41,14 +41,21 @@ class Hardware:
     tp_bandwidth: float = 400e9
     """All-reduce bus bytes/s among the tensor-parallel group (NVLink within a node)."""
     num_sms: int = 132
-    """Streaming multiprocessors: a GEMM's tiles run in waves of this many (`work.py`)."""
+    """Streaming multiprocessors: a GEMM's tiles run in waves of this many (`kernels.py`)."""
+    fp8_peak_flops: float = 0.0
+    """Dense FP8 tensor-core FLOP/s; 0: no FP8 tensor cores (A100)."""
+    fp8_matmul_efficiency: float = 0.6
+    """Fraction of fp8_peak_flops GEMMs achieve (FP8 GEMMs reach a smaller fraction of their
+    doubled peak than BF16 ones of theirs: operand loads and epilogues do not double)."""
+    block_scaled_fp8: bool = False
+    """Tensor cores that take MXFP8's per-block scales (Blackwell)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if f.name in ("name", "num_sms"):
+            if f.name in ("name", "num_sms", "block_scaled_fp8"):
                 continue
             value = getattr(self, f.name)
-            if f.name == "link_latency":  # zero latency is a fine idealization
+            if f.name in ("link_latency", "fp8_peak_flops"):  # zero: idealization, or none
                 if not value >= 0:
                     raise InputError(
                         f"hardware {self.name}", f"must not be negative (got {value})", f.name
@@ -61,7 +68,7 @@ class Hardware:
                 f"must be a positive integer (got {self.num_sms})",
                 "num_sms",
             )
-        efficiencies = ("matmul", "grouped_matmul", "attention", "memory")
+        efficiencies = ("matmul", "grouped_matmul", "attention", "memory", "fp8_matmul")
         for name in (f"{kind}_efficiency" for kind in efficiencies):
             if getattr(self, name) > 1:
                 raise InputError(f"hardware {self.name}", "an efficiency is at most 1", name)
@@ -99,6 +106,7 @@ PRESETS: dict[str, Hardware] = {
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU
         tp_bandwidth=450e9,  # NVLink4 (900 GB/s aggregate): ~450 GB/s all-reduce bus bandwidth
         num_sms=132,  # H100 SXM5 datasheet: 132 SMs
+        fp8_peak_flops=1979e12,  # H100 SXM5 datasheet: FP8 3,958 with sparsity -> 1,979 dense
     ),
     "h800": Hardware(
         name="h800",
@@ -110,6 +118,7 @@ PRESETS: dict[str, Hardware] = {
         link_bandwidth=50e9,  # DeepSeek-V3 report: 400 Gb/s InfiniBand (50 GB/s) per GPU
         tp_bandwidth=160e9,  # DeepSeek-V3 report: NVLink (export-limited 400 GB/s) ~160 GB/s
         num_sms=132,  # as H100 SXM
+        fp8_peak_flops=1979e12,  # H800 SXM: same tensor cores as H100 SXM
     ),
     "h200": Hardware(
         name="h200",
@@ -128,6 +137,7 @@ PRESETS: dict[str, Hardware] = {
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU (DGX H200)
         tp_bandwidth=450e9,  # NVLink4, as H100
         num_sms=132,  # the H100's GH100 die
+        fp8_peak_flops=1979e12,  # H200 SXM datasheet: FP8 3,958 with sparsity -> 1,979 dense
     ),
 }
 

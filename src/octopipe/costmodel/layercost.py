@@ -27,6 +27,8 @@ def layer_work(arch: Architecture, spec: LayerSpec, settings: Settings) -> Layer
         settings.sequence_parallel,
         settings.activation_bytes,
         settings.tp_comm_overlap,
+        settings.precision,
+        settings.fp8_scaling,
     )
     builder = _BUILDERS[spec.kind]
     builder(work, arch, spec, settings)
@@ -142,7 +144,7 @@ def _head(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> 
     tied embeddings the weight is a copy of the embedding table on this stage."""
     tp, t, h, a = s.tensor_parallel, s.tokens, arch.hidden_size, s.activation_bytes
     vocab = split(arch.vocab_size, tp)
-    work.linear(t, h, vocab)
+    work.linear(t, h, vocab, quantizable=False)  # the output layer stays BF16 under FP8
     logits = t * vocab
     if arch.final_logit_softcap is not None:
         work.elementwise(2 * logits * a, 3 * logits * a)

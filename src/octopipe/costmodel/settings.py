@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from octopipe.costmodel.precision import FP8_SCALINGS, PRECISIONS
 from octopipe.errors import InputError
 
 RECOMPUTE_KINDS = ("none", "selective", "full")
@@ -53,6 +54,12 @@ class Settings:
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives overlapped with the neighbouring GEMMs (Megatron-Core's
     `--tp-comm-overlap`, off by default): only what the phase's GEMMs cannot hide is exposed."""
+    precision: str = "bf16"
+    """"bf16"; "fp8" (Transformer Engine's FP8 on Hopper and later) or "mxfp8" (Blackwell's
+    block-scaled FP8): the blocks' linear layers run as FP8 GEMMs (`precision.py`)."""
+    fp8_scaling: str = "delayed"
+    """FP8's per-tensor scaling: "delayed" (amax history, Transformer Engine's former default)
+    or "current" (an amax pass before each cast). MXFP8 scales per block inside the cast."""
     activation_bytes: int = 2
     """Bytes per activation element (BF16)."""
     weight_bytes: int = 2
@@ -83,7 +90,12 @@ class Settings:
                 raise InputError(
                     "settings", f"must not be negative (got {getattr(self, name)})", name
                 )
-        for name, allowed in (("recompute", RECOMPUTE_KINDS), ("attention", ATTENTION_KERNELS)):
+        for name, allowed in (
+            ("recompute", RECOMPUTE_KINDS),
+            ("attention", ATTENTION_KERNELS),
+            ("precision", PRECISIONS),
+            ("fp8_scaling", FP8_SCALINGS),
+        ):
             if getattr(self, name) not in allowed:
                 raise InputError(
                     "settings",

@@ -43,7 +43,7 @@ def vision_embed(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settin
     assert v is not None
     tokens = s.micro_batch_size * v.num_tokens
     patch_pixels = v.num_channels * v.patch_size**2
-    work.linear(tokens, patch_pixels, v.hidden_size, input_grad=False)
+    work.linear(tokens, patch_pixels, v.hidden_size, input_grad=False, quantizable=False)
     tiles = v.max_num_tiles
     aspect_ratios = _aspect_ratio_count(tiles) + 1
     work.params += v.hidden_size  # class token

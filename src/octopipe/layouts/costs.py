@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from octopipe.costmodel.build import LayerEstimate, TimeParts, build_profile, estimate_layers
 from octopipe.costmodel.hardware import Hardware
 from octopipe.costmodel.hf_config import load_architecture
+from octopipe.costmodel.precision import weight_cast_bytes
 from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
 from octopipe.layouts.layout import Job, Layout
@@ -47,9 +48,18 @@ class Tail:
         return self.optimizer + self.all_gather
 
 
-def optimizer_seconds(params: float, grad_bytes: int, weight_bytes: int, hw: Hardware) -> float:
-    """The memory-bound Adam update of `params` parameters (docs/COSTMODEL.md)."""
+def optimizer_seconds(
+    params: float,
+    grad_bytes: int,
+    weight_bytes: int,
+    hw: Hardware,
+    fp8_params: float = 0.0,
+    precision: str = "bf16",
+) -> float:
+    """The memory-bound Adam update of `params` parameters (docs/COSTMODEL.md), and the cast
+    of the `fp8_params` among a device's weights to their FP8 copies once a step."""
     traffic = params * (2 * grad_bytes + ADAM_STATE_TRAFFIC + weight_bytes)
+    traffic += weight_cast_bytes(fp8_params, weight_bytes, precision)
     return traffic / (hw.memory_bandwidth * hw.memory_efficiency)
 
 
@@ -189,12 +199,15 @@ class LayoutCosts:
 
     # --- the step ------------------------------------------------------------------------
 
-    def device_params(self, layout: Layout, plan: Plan) -> list[int]:
-        """Per pipeline device: the parameters of its stages on one GPU (one TP rank)."""
+    def device_params(self, layout: Layout, plan: Plan, fp8: bool = False) -> list[int]:
+        """Per pipeline device: the parameters of its stages on one GPU (one TP rank); `fp8`:
+        only those of FP8 linears."""
         layers = self.layers(layout)
         params = [0] * plan.num_devices
         for stage in plan.stages:
-            params[stage.device] += sum(e.params for e in layers[stage.start : stage.end])
+            params[stage.device] += sum(
+                e.fp8_params if fp8 else e.params for e in layers[stage.start : stage.end]
+            )
         return params
 
     def tail(self, layout: Layout, plan: Plan, profile: Profile) -> Tail:
@@ -204,8 +217,13 @@ class LayoutCosts:
         ring = profile.data_parallel
         shards = ring.degree if layout.zero1 else 1
         worst = Tail(0.0, 0.0)
-        for params, device in zip(self.device_params(layout, plan), profile.device_list()):
-            update = optimizer_seconds(params / shards, s.grad_bytes, s.weight_bytes, hw)
+        fp8 = self.device_params(layout, plan, fp8=True)
+        for params, quantized, device in zip(
+            self.device_params(layout, plan), fp8, profile.device_list()
+        ):
+            update = optimizer_seconds(
+                params / shards, s.grad_bytes, s.weight_bytes, hw, quantized, s.precision
+            )
             gather = ring.allgather_time(params * s.weight_bytes) if layout.zero1 else 0.0
             one = Tail(update / device.speed, gather)
             worst = max(worst, one, key=lambda t: t.total)

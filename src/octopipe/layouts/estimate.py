@@ -99,6 +99,7 @@ class Estimate:
                 "schedule": self.given.schedule,
                 "chunks": self.plan.num_stages // self.plan.num_devices,
             },
+            "precision": self.job.stack.precision,
             "step_time": self.step_time,
             "tokens_per_second": self.tokens_per_second,
             "model_tflops_per_gpu": self.tflops_per_gpu(),
