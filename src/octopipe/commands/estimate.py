@@ -75,10 +75,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--zero",
-        type=count(0, 1),
-        choices=(0, 1),
+        type=count(0, 3),
         default=0,
-        help="1: optimizer state sharded over DP x CP (distributed optimizer, ZeRO-1)",
+        help="ZeRO stage over DP x CP: 1 the optimizer state sharded (distributed optimizer), "
+        "2 also the gradients, 3 also the weights (FSDP; held across microbatches under PP)",
+    )
+    g.add_argument(
+        "--shard-group",
+        type=count(1, MAX_PARALLEL_DEGREE),
+        help="HSDP: ZeRO-2/3 shards over groups of this many DP x CP ranks, replicated across "
+        "the groups (default: all of them)",
     )
     g.add_argument(
         "--memory-headroom",
@@ -110,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         dp=dp,
         microbatch_size=args.micro_batch_size,
         num_microbatches=1,  # set from the global batch
-        zero1=args.zero == 1,
+        zero=args.zero,
+        shard_group=args.shard_group or 0,
         cp=args.cp,
         recompute=args.recompute,
         ep=args.ep,
@@ -132,11 +139,13 @@ def _print(result) -> None:
 
     lay, job = result.given.layout, result.job
     chunks = result.plan.num_stages // result.plan.num_devices
+    hsdp = f" (HSDP, shards of {lay.shard_group})" if lay.shard_group else ""
     title = (
         f"{job.config} on {job.cluster.describe()}: TP {lay.tp} x CP {lay.cp} x PP {lay.pp} x "
         f"DP {lay.dp}, b {lay.microbatch_size} x M {lay.num_microbatches}, "
         f"{result.given.schedule} ({chunks} per device), recompute {lay.recompute}"
-        f"{', ZeRO-1' if lay.zero1 else ''}, {job.stack.precision}"
+        f"{f', ZeRO-{lay.zero}' if lay.zero else ''}"
+        f"{hsdp}, {job.stack.precision}"
     )
     summary = Table(title=title, show_header=False)
     summary.add_column(justify="left")
@@ -162,6 +171,7 @@ def _print(result) -> None:
         "tp_comm": "exposed TP communication",
         "cp_comm": "exposed CP communication",
         "ep_comm": "exposed EP all-to-alls",
+        "fsdp_comm": "exposed ZeRO-2/3 gathers and scatters",
         "bubble": "pipeline bubble and transfers",
         "dp_exposed": "exposed DP reduction",
         "optimizer": "optimizer step",

@@ -110,10 +110,13 @@ class TimeParts:
     tp_comm: float = 0.0
     cp_comm: float = 0.0
     ep_comm: float = 0.0
+    dp_comm: float = 0.0
+    """ZeRO-2/3's gathers and reduce-scatters a microbatch's phases leave exposed (set by the
+    layout's costs, not by a layer alone)."""
 
     @property
     def total(self) -> float:
-        return self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
+        return sum(astuple(self))
 
     def __add__(self, other: TimeParts) -> TimeParts:
         return TimeParts(*(a + b for a, b in zip(astuple(self), astuple(other))))

@@ -24,9 +24,10 @@ from octopipe.costmodel.precision import weight_cast_bytes
 from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
 from octopipe.layouts.layout import Job, Layout
+from octopipe.layouts.sharded_dp import replica_ring, shard_layers, sharding
 from octopipe.layouts.stack import layer_settings
 from octopipe.plan import Plan
-from octopipe.profile import Profile
+from octopipe.profile import DataParallel, Profile
 from octopipe.sim import SimResult
 
 # Bytes the optimizer step moves per parameter it updates, besides the gradient: it reads the
@@ -72,6 +73,7 @@ class LayoutCosts:
         self.arch = load_architecture(job.config)
         self._layers: dict[tuple, list[LayerEstimate]] = {}
         self._profiles: dict[tuple, Profile] = {}
+        self._exposed: dict[Layout, list[float]] = {}  # ZeRO-2/3's per layer and microbatch
 
     def settings(self, layout: Layout) -> Settings:
         cluster = self.job.cluster
@@ -159,7 +161,7 @@ class LayoutCosts:
                 "at_end": stack.reduce_at_end,
             }
         )
-        zero = "-zero1" if layout.zero1 else ""
+        zero = f"-zero{layout.zero}" if layout.zero else ""
         cp = f"-cp{layout.cp}" if layout.cp > 1 else ""
         ep = f"-ep{layout.ep}" if layout.ep > 1 else ""
         usable = 1.0 - self.job.memory_headroom
@@ -179,9 +181,46 @@ class LayoutCosts:
                 "blocking_transfers": stack.p2p == "blocking",
             }
         )
-        if layout.zero1 and ring.degree > 1:
+        if layout.zero == 1 and ring.degree > 1:
             profile = self._shard_optimizer(profile, layout, ring.degree)
+        elif layout.zero >= 2 and ring.degree > 1:
+            profile = self._shard_all(profile, layout, ring)
         return profile, replicas
+
+    def rings(self, layout: Layout) -> tuple[DataParallel, DataParallel]:
+        """ZeRO-2/3's rings of one TP rank of pipeline device 0: over its shard group (laid out
+        as a DP ring of S / CP replicas, the first of them), and across HSDP's replicas."""
+        cluster = self.job.cluster
+        sh = sharding(layout.zero, layout.dp, layout.cp, layout.pp, layout.shard_group)
+        shard = cluster._ring(layout.tp, layout.cp, layout.pp, sh.shards // layout.cp)
+        hw = cluster.reference
+        across = replica_ring(
+            sh,
+            layout.tp,
+            layout.pp,
+            cluster.gpus_per_node,
+            min(g.hardware.tp_bandwidth for g in cluster.groups),
+            min(g.hardware.link_bandwidth for g in cluster.groups),
+            hw.link_latency,
+        )
+        return shard, across
+
+    def _shard_all(self, profile: Profile, layout: Layout, ring: DataParallel) -> Profile:
+        """ZeRO-2/3 and HSDP (`sharded_dp.py`): the layers' held bytes and exposed gathers and
+        scatters; the simulator's ring reduce-scatters over the shard group once a step (ZeRO-3
+        held under PP) or all-reduces the shards across the replicas (the others)."""
+        sh = sharding(layout.zero, layout.dp, layout.cp, layout.pp, layout.shard_group)
+        shard, across = self.rings(layout)
+        layers, exposed = shard_layers(
+            profile.layers, self.layers(layout), sh, shard, self.settings(layout), layout.ep
+        )
+        self._exposed[layout] = exposed
+        keep = {"bucket_bytes": ring.bucket_bytes, "at_end": ring.at_end}
+        if sh.held:
+            dp = shard.model_copy(update={**keep, "sharded": True})
+        else:
+            dp = across.model_copy(update=keep) if across.degree > 1 else DataParallel()
+        return profile.model_copy(update={"layers": layers, "data_parallel": dp})
 
     def _shard_optimizer(self, profile: Profile, layout: Layout, ranks: int) -> Profile:
         """ZeRO-1 (Megatron-LM's distributed optimizer): the optimizer state of dense weights
@@ -211,11 +250,22 @@ class LayoutCosts:
         return params
 
     def tail(self, layout: Layout, plan: Plan, profile: Profile) -> Tail:
-        """The slowest device's optimizer update and ZeRO-1 all-gather after the pipeline."""
+        """The slowest device's optimizer update after the pipeline, and the weights' all-gather
+        of ZeRO-1/2 (and of ZeRO-3 held under PP, for the next step, with HSDP's all-reduce of
+        the gradient shards across the replicas)."""
         s = self.settings(layout)
         hw = self.hardware()
         ring = profile.data_parallel
         shards = ring.degree if layout.zero1 else 1
+        across = DataParallel()
+        if layout.zero >= 2 and layout.dp * layout.cp > 1:
+            sh = sharding(layout.zero, layout.dp, layout.cp, layout.pp, layout.shard_group)
+            ring, across = self.rings(layout)
+            shards = sh.shards
+            if not sh.held:
+                across = DataParallel()  # the simulator's ring did it
+            if sh.stage == 3 and not sh.held:
+                ring = DataParallel()  # gathered again in the next forward
         worst = Tail(0.0, 0.0)
         fp8 = self.device_params(layout, plan, fp8=True)
         for params, quantized, device in zip(
@@ -225,6 +275,7 @@ class LayoutCosts:
                 params / shards, s.grad_bytes, s.weight_bytes, hw, quantized, s.precision
             )
             gather = ring.allgather_time(params * s.weight_bytes) if layout.zero1 else 0.0
+            gather += across.allreduce_time(params * s.grad_bytes / shards)
             one = Tail(update / device.speed, gather)
             worst = max(worst, one, key=lambda t: t.total)
         return worst
@@ -237,10 +288,12 @@ class LayoutCosts:
         """Per device: its seconds of compute, recomputation and exposed TP/CP communication
         in one step (every stage on it runs each microbatch's F, I and W once)."""
         layers = self.layers(layout)
+        exposed = self._exposed.get(layout, [0.0] * len(layers))
         devices = profile.device_list()
         parts = [TimeParts() for _ in devices]
         for stage in plan.stages:
             d = stage.device
             one = sum((e.parts for e in layers[stage.start : stage.end]), TimeParts())
+            one = one + TimeParts(dp_comm=sum(exposed[stage.start : stage.end]))
             parts[d] = parts[d] + one.scaled(plan.num_microbatches / devices[d].speed)
         return parts

@@ -39,15 +39,17 @@ class Given:
 @dataclass(frozen=True)
 class Breakdown:
     """The step on the busiest device, in seconds: its compute, the forward it redoes, the
-    tensor-, context- and expert-parallel communication it leaves exposed, the time it waits in the
-    pipeline (bubbles and transfers), the data-parallel reductions (and ZeRO-1's all-gather)
-    not hidden behind compute, and the optimizer update. They add up to the step."""
+    tensor-, context- and expert-parallel communication it leaves exposed, ZeRO-2/3's
+    per-microbatch gathers and scatters it leaves exposed, the time it waits in the pipeline
+    (bubbles and transfers), the data-parallel reductions (and the weights' all-gather) not
+    hidden behind compute, and the optimizer update. They add up to the step."""
 
     compute: float
     recompute: float
     tp_comm: float
     cp_comm: float
     ep_comm: float
+    fsdp_comm: float
     bubble: float
     dp_exposed: float
     optimizer: float
@@ -133,6 +135,18 @@ def check_given(job: Job, given: Given) -> None:
         raise InputError(
             "--ep", f"{lay.ep} does not divide the DP x CP = {lay.dp * lay.cp} ranks of a device"
         )
+    if not 0 <= lay.zero <= 3:
+        raise InputError("--zero", f"expected a ZeRO stage 0 to 3, got {lay.zero}")
+    ranks = lay.dp * lay.cp
+    if lay.shard_group:
+        if lay.zero < 2:
+            raise InputError("--shard-group", "shards gradients and weights: needs --zero 2 or 3")
+        if ranks % lay.shard_group or lay.shard_group % lay.cp:
+            raise InputError(
+                "--shard-group",
+                f"{lay.shard_group} must divide the DP x CP = {ranks} ranks and be a multiple "
+                f"of CP {lay.cp}",
+            )
     per_step = lay.dp * lay.microbatch_size
     if job.global_batch % per_step:
         raise InputError(
@@ -180,6 +194,7 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
         tp_comm=busiest.tp_comm,
         cp_comm=busiest.cp_comm,
         ep_comm=busiest.ep_comm,
+        fsdp_comm=busiest.dp_comm,
         bubble=pipeline - busiest.total,
         dp_exposed=sim.iteration_time - pipeline + tail.all_gather,
         optimizer=tail.optimizer,
