@@ -39,6 +39,7 @@ FAMILY_OF_MODEL_TYPE = {
     "mistral": DENSE,
     "qwen2": DENSE,
     "qwen3": DENSE,
+    "nemotron": DENSE,  # Nemotron-3/4: squared-ReLU MLP (no gate), LayerNorm with a bias
     "gemma2": GEMMA,
     "gemma3": GEMMA,
     "gemma3_text": GEMMA,
@@ -202,7 +203,8 @@ def _text_stack(f: _Fields, model_type: str, family: str, name: str) -> Architec
         embed_scale=math.sqrt(hidden) if gemma else 1.0,
         final_logit_softcap=f.float("final_logit_softcapping", None),
         layer_windows=_layer_windows(f, model_type, num_layers),
-        gated_mlp=family != HYBRID,
+        gated_mlp=family != HYBRID and model_type != "nemotron",
+        norm_bias=model_type == "nemotron",
         latent_attention=_latent_attention(f, heads) if family == DEEPSEEK else None,
         moe=_moe(f, model_type) if family in (DEEPSEEK, SPARSE) else None,
         moe_layers=_moe_layers(f, model_type, num_layers),
