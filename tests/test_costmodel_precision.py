@@ -83,3 +83,22 @@ def test_gpus_without_the_precision_are_refused_in_one_line(precision, gpu, says
         check_precision(precision, hardware_preset(gpu))
     with pytest.raises(InputError):
         Settings(precision="fp4")
+
+
+def test_blackwell_presets_take_mxfp8_and_gb200_spans_72_gpus_of_nvlink(capsys):
+    import json
+
+    from octopipe.cli import main
+
+    for gpu in ("b200", "gb200"):
+        hw = hardware_preset(gpu)
+        check_precision("mxfp8", hw)
+        assert hw.fp8_peak_flops == 2 * hw.peak_flops  # datasheets: FP8 twice BF16
+    argv = ["estimate", "--model", "llama3-8b", "--hardware", "gb200", "--gpus", "72"]
+    argv += ["--tp", "8", "--global-batch", "9", "--seq-len", "1024", "--json"]
+    assert main(argv) == 0
+    nvl72 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main([*argv, "--gpus-per-node", "8"]) == 0
+    nodes = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # One NVLink domain: the DP ring runs over NVLink 5, not the NICs of 8-GPU nodes.
+    assert nvl72["breakdown"]["dp_exposed"] < nodes["breakdown"]["dp_exposed"] / 10

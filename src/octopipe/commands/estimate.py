@@ -37,7 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="GPUs of the job: a count of --hardware GPUs, or counts of presets (4xh100,4xa100)",
     )
-    p.add_argument("--gpus-per-node", type=count(1, 1024), default=8, help="GPUs per node")
+    p.add_argument(
+        "--gpus-per-node",
+        type=count(1, 1024),
+        help="GPUs per NVLink domain (default: the preset's: 8, GB200 NVL72's 72)",
+    )
     g = p.add_argument_group("the layout")
     for flag, what in (
         ("--tp", "tensor-parallel degree"),
@@ -101,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.layouts.estimate import Given, estimate
     from octopipe.layouts.layout import Job, Layout
 
-    cluster = Cluster(parse_gpus(args.gpus, args.hardware), args.gpus_per_node)
+    groups = parse_gpus(args.gpus, args.hardware)
+    per_node = args.gpus_per_node or min(g.hardware.nvlink_domain for g in groups)
+    cluster = Cluster(groups, per_node)
     dp = args.dp
     if dp is None:
         group = args.tp * args.cp * args.pp
