@@ -81,6 +81,13 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         help="FP8's per-tensor scaling: delayed (amax history) or current (amax pass first)",
     )
     g.add_argument(
+        "--moe-capacity-factor",
+        type=number(0, 1024),
+        default=_DEFAULT.moe_capacity_factor,
+        help="MoE routing: 0 dropless (default); else every expert's input padded to this "
+        "factor of its balanced share",
+    )
+    g.add_argument(
         "--p2p",
         choices=P2P_KINDS,
         default=_DEFAULT.p2p,
@@ -105,4 +112,5 @@ def stack_from_args(args: argparse.Namespace) -> Stack:
         scatter_gather=args.scatter_gather,
         precision=args.precision,
         fp8_scaling=args.fp8_scaling,
+        moe_capacity_factor=args.moe_capacity_factor,
     )

@@ -47,9 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ("--tp", "tensor-parallel degree"),
         ("--cp", "context-parallel degree"),
         ("--pp", "pipeline-parallel degree (devices of one pipeline)"),
-        ("--ep", "expert-parallel degree (MoE experts over that many of the DP x CP ranks)"),
+        ("--ep", "expert-parallel degree (MoE experts over that many of the TP x CP x DP ranks)"),
     ):
         g.add_argument(flag, type=count(1, MAX_PARALLEL_DEGREE), default=1, help=what)
+    g.add_argument(
+        "--etp",
+        type=count(1, MAX_PARALLEL_DEGREE),
+        help="expert TP of the MoE layers, folded with EP over TP x CP x DP (Megatron-Core's "
+        "MoE parallel folding; default: TP without EP, 1 with it)",
+    )
     g.add_argument(
         "--dp",
         type=count(1, MAX_PARALLEL_DEGREE),
@@ -124,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         num_microbatches=1,  # set from the global batch
         zero=args.zero,
         shard_group=args.shard_group or 0,
+        etp=args.etp or 0,
         cp=args.cp,
         recompute=args.recompute,
         ep=args.ep,

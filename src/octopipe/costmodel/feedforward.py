@@ -34,15 +34,21 @@ def mlp(
 
 def moe(work: LayerWork, arch: Architecture, s: Settings) -> None:
     """Router, dispatch of tokens*top_k copies, grouped expert GEMMs, combine, shared experts.
-    Without expert parallelism tensor parallelism splits each expert's width (Megatron's
-    expert-TP). With EP degree e the experts are spread over e ranks, each whole (expert TP
-    1, Megatron-Core's choice with EP): a rank routes its sequence-parallel share of the
-    tokens, sends the copies bound for other ranks' experts by an all-to-all and gets as many
-    back (dispatch), runs its E / e experts on what it receives, and returns the results by a
-    second all-to-all (combine); the backward runs both again. The all-to-alls are exposed."""
+
+    Without expert parallelism and with expert TP equal to TP (Megatron's classic expert-TP)
+    every TP rank routes the gathered tokens and runs every expert on 1/TP of its width. Else
+    the MoE layers fold their own grid over the stage's TP x CP x DP ranks (Megatron-Core's MoE
+    parallel folding): groups of ETP x EP consecutive ranks, ETP splitting each expert's width,
+    EP the experts. A rank routes its sequence-parallel share of the tokens, sends the copies
+    bound for other EP ranks' experts by an all-to-all and gets as many back (dispatch), the
+    ETP group all-gathers what it received, each runs its E / EP experts on 1/ETP of their
+    width, and the results go back by a reduce-scatter and a second all-to-all (combine); the
+    backward runs both again. The exchanges are exposed. A capacity factor pads every expert's
+    input to capacity (`--moe-pad-expert-input-to-capacity`); dropless routing (the default)
+    sends what the router chose, balanced over the experts on average."""
     moe, tp, t, h, a = arch.moe, s.tensor_parallel, s.tokens, arch.hidden_size, s.activation_bytes
     assert moe is not None
-    ep = s.expert_parallel
+    ep, etp = s.expert_parallel, s.expert_tp
     if moe.num_experts % ep:
         raise InputError(
             "settings",
@@ -53,20 +59,22 @@ def moe(work: LayerWork, arch: Architecture, s: Settings) -> None:
     work.elementwise(
         t * moe.num_experts * 8, t * moe.num_experts * 8, saved_bytes=t * moe.num_experts * 4
     )  # softmax/top-k in FP32
-    routed = t * moe.top_k
-    if ep > 1:
-        routed /= tp  # each TP rank routes its sequence-parallel share
-    work.elementwise(2 * routed * h * a, 2 * routed * h * a)  # permute tokens to experts
-    if ep == 1:
-        experts, width_split = moe.num_experts, tp
-    else:
-        moved = 2 * routed * h * a * (ep - 1) / ep  # dispatch and combine: the other ranks' part
-        work.ep_all_to_all(F, moved, s.ep_across_nodes)
-        work.ep_all_to_all(I, moved, s.ep_across_nodes)
-        experts, width_split = moe.num_experts // ep, 1
+    folded = not (ep == 1 and etp == tp)
+    own = t * moe.top_k / (tp if folded else 1)  # the token copies this rank routes
+    padded = s.moe_capacity_factor or 1.0
+    work.elementwise(2 * own * h * a, 2 * own * h * a)  # permute tokens to experts
+    expert_tokens = own * padded
+    if folded:
+        moved = 2 * own * padded * h * a * (ep - 1) / ep  # dispatch and combine: others' part
+        gathered = 2 * (etp - 1) * own * padded * h * a  # ETP: all-gather, reduce-scatter
+        for phase in (F, I):
+            work.ep_all_to_all(phase, moved, s.ep_across_nodes)
+            work.ep_all_to_all(phase, gathered, across_nodes=False)
+        expert_tokens *= etp
+    experts = moe.num_experts // ep
     gated = arch.gated_mlp
-    mlp(work, routed, h, moe.expert_intermediate_size, gated, width_split, experts=experts)
-    work.elementwise(2 * routed * h * a, 2 * routed * h * a)  # weighted un-permute
+    mlp(work, expert_tokens, h, moe.expert_intermediate_size, gated, etp, experts=experts)
+    work.elementwise(2 * own * h * a, 2 * own * h * a)  # weighted un-permute
     if moe.shared_intermediate_size:
         mlp(work, t, h, moe.shared_intermediate_size, arch.gated_mlp, tp)
         if moe.shared_expert_gate:

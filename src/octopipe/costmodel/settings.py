@@ -38,6 +38,13 @@ class Settings:
     expert_parallel: int = 1
     """Expert parallelism: the MoE layers' experts spread over this many data-parallel ranks,
     tokens exchanged by all-to-alls (`feedforward.moe`)."""
+    expert_tensor_parallel: int = 0
+    """Expert TP of the MoE layers (Megatron-Core's MoE parallel folding): each expert's width
+    split this many ways. 0: the TP degree without expert parallelism, 1 with it."""
+    moe_capacity_factor: float = 0.0
+    """MoE routing: 0 dropless (the tokens the router chose, balanced on average); > 0 every
+    expert's input padded to this factor of its balanced share (Megatron-Core's capacity
+    factor with `--moe-pad-expert-input-to-capacity`)."""
     ep_across_nodes: bool = False
     """The expert-parallel ranks of a group sit on different nodes (all-to-alls over the NICs)."""
     recompute: str = "none"
@@ -102,6 +109,8 @@ class Settings:
                     f"expected one of {', '.join(allowed)} (got {getattr(self, name)!r})",
                     name,
                 )
+        if self.expert_tensor_parallel < 0 or self.moe_capacity_factor < 0:
+            raise InputError("settings", "must not be negative", "expert_tensor_parallel")
         if not 0.0 <= self.dropout < 1.0:
             raise InputError("settings", f"must lie in [0, 1) (got {self.dropout})", "dropout")
         if self.seq_len % self.context_parallel:
@@ -111,6 +120,13 @@ class Settings:
                 f"sequence length {self.seq_len}",
                 "context_parallel",
             )
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert TP: as given, or the TP degree without EP and 1 with it."""
+        if self.expert_tensor_parallel:
+            return self.expert_tensor_parallel
+        return self.tensor_parallel if self.expert_parallel == 1 else 1
 
     @property
     def tokens(self) -> int:

@@ -86,8 +86,23 @@ class LayoutCosts:
             seq_len=self.job.seq_len,
             cp_across_nodes=cluster.cp_across_nodes(layout.tp, layout.cp),
             ep=layout.ep,
-            ep_across_nodes=cluster.ep_across_nodes(layout.tp, layout.cp, layout.pp, layout.ep),
+            ep_across_nodes=self.ep_across_nodes(layout),
+            etp=layout.etp,
         )
+
+    def ep_across_nodes(self, layout: Layout) -> bool:
+        """Whether an expert-parallel group spans nodes. MoE parallel folding lays groups of
+        ETP x EP consecutive ranks over a stage's TP x CP x DP ranks (TP fastest, then CP, then
+        DP: the GPU numbering of docs/FORMATS.md); an EP group is every ETP-th of them."""
+        if layout.ep == 1:
+            return False
+        cluster, tp, cp, etp = self.job.cluster, layout.tp, layout.cp, layout.expert_tp
+        members = []
+        for i in range(0, layout.ep * etp, etp):
+            members.append(
+                cluster.gpu(i % tp, (i // tp) % cp, 0, i // (tp * cp), tp, cp, layout.pp)
+            )
+        return len({cluster.node_of(g) for g in members}) > 1
 
     @staticmethod
     def _key(layout: Layout, hw: Hardware) -> tuple:
@@ -97,6 +112,7 @@ class LayoutCosts:
             layout.cp,
             layout.pp,
             layout.ep,
+            layout.etp,
             layout.microbatch_size,
             layout.recompute,
             hw.name,
@@ -229,7 +245,7 @@ class LayoutCosts:
         s = self.settings(layout)
         per_param, state = s.bytes_per_param, s.optimizer_bytes
         dense = per_param - state + state / ranks
-        expert = per_param - state + state * layout.ep / ranks
+        expert = per_param - state + state / layout.expert_data_parallel
         layers = []
         for layer, e in zip(profile.layers, self.layers(layout)):
             bytes_ = (e.params - e.expert_params) * dense + e.expert_params * expert

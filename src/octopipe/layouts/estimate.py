@@ -131,9 +131,14 @@ def check_given(job: Job, given: Given) -> None:
         raise InputError("--tp", f"{lay.tp} does not divide a node of {cluster.gpus_per_node}")
     if job.seq_len % lay.cp:
         raise InputError("--cp", f"{lay.cp} does not divide the sequence length {job.seq_len}")
-    if (lay.dp * lay.cp) % lay.ep:
+    ranks = lay.tp * lay.cp * lay.dp
+    if lay.etp and min(cluster.gpus_per_node, cluster.size) % lay.etp:
+        raise InputError("--etp", f"{lay.etp} does not divide a node of {cluster.gpus_per_node}")
+    if ranks % (lay.ep * lay.expert_tp):
         raise InputError(
-            "--ep", f"{lay.ep} does not divide the DP x CP = {lay.dp * lay.cp} ranks of a device"
+            "--ep",
+            f"EP {lay.ep} x expert TP {lay.expert_tp} does not divide the TP x CP x DP = "
+            f"{ranks} ranks of a stage (MoE parallel folding)",
         )
     if not 0 <= lay.zero <= 3:
         raise InputError("--zero", f"expected a ZeRO stage 0 to 3, got {lay.zero}")
@@ -167,6 +172,8 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
     costs = costs or LayoutCosts(job)
     if lay.ep > 1 and costs.arch.moe is None:
         raise InputError("--ep", f"{job.config} has no MoE experts to spread over {lay.ep} ranks")
+    if lay.etp and costs.arch.moe is None:
+        raise InputError("--etp", f"{job.config} has no MoE experts to split")
     try:
         profile, replicas = costs.profile(lay)
     except InputError as exc:  # the model's heads (or experts) do not split TP ways

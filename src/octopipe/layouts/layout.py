@@ -46,6 +46,18 @@ class Layout:
     shard_group: int = 0
     """HSDP: ZeRO-2/3 shards over groups of this many of the DP x CP ranks and replicates
     over the rest; 0: over all of them."""
+    etp: int = 0
+    """Expert TP of the MoE layers, folded with EP over the stage's TP x CP x DP ranks
+    (Megatron-Core's MoE parallel folding); 0: TP without EP, 1 with it."""
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or (self.tp if self.ep == 1 else 1)
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """The ranks of a stage holding the same experts: TP x CP x DP / (EP x ETP)."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
 
     def __post_init__(self) -> None:
         # `zero1` (the optimizer state sharded) and `zero` (the stage) say the same thing twice:
@@ -77,6 +89,7 @@ class Layout:
             "recompute": self.recompute,
             "zero": self.zero,
             **({"shard_group": self.shard_group} if self.shard_group else {}),
+            **({"etp": self.etp} if self.etp else {}),
         }
 
     def describe(self) -> str:
@@ -84,6 +97,7 @@ class Layout:
         zero += f" (HSDP, shards of {self.shard_group})" if self.shard_group else ""
         cp = f" x CP {self.cp}" if self.cp > 1 else ""
         ep = f" (EP {self.ep})" if self.ep > 1 else ""
+        ep = f" (EP {self.ep}, ETP {self.etp})" if self.etp else ep
         again = f", recompute {self.recompute}" if self.recompute != "none" else ""
         return (
             f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}{ep}, "

@@ -58,6 +58,8 @@ class Stack:
     (Blackwell's block-scaled FP8); docs/COSTMODEL.md, "Precision"."""
     fp8_scaling: str = "delayed"
     """FP8's per-tensor scaling: "delayed" (amax history) or "current" (an amax pass first)."""
+    moe_capacity_factor: float = 0.0
+    """MoE routing: 0 dropless; > 0 each expert's input padded to this factor of its share."""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
@@ -72,6 +74,8 @@ class Stack:
             raise InputError("--p2p", f"expected one of {', '.join(P2P_KINDS)}")
         if self.precision not in PRECISIONS:
             raise InputError("--precision", f"expected one of {', '.join(PRECISIONS)}")
+        if self.moe_capacity_factor < 0:
+            raise InputError("--moe-capacity-factor", "must not be negative")
         if self.fp8_scaling not in FP8_SCALINGS:
             raise InputError("--fp8-scaling", f"expected one of {', '.join(FP8_SCALINGS)}")
 
@@ -91,6 +95,7 @@ def layer_settings(
     cp_across_nodes: bool = False,
     ep: int = 1,
     ep_across_nodes: bool = False,
+    etp: int = 0,
 ) -> Settings:
     """The cost model's settings for one layout's layers under `stack`."""
     return Settings(
@@ -102,6 +107,8 @@ def layer_settings(
         context_parallel=cp,
         cp_across_nodes=cp_across_nodes,
         expert_parallel=ep,
+        expert_tensor_parallel=etp,
+        moe_capacity_factor=stack.moe_capacity_factor,
         ep_across_nodes=ep_across_nodes,
         recompute=recompute,
         attention=stack.attention,
