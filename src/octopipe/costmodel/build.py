@@ -21,7 +21,16 @@ from octopipe.profile import Device, LayerCost, Link, Profile, Recomputation, Re
 
 # Blocks that full recomputation checkpoints: everything between two residual-stream boundaries.
 RECOMPUTED_KINDS = frozenset(
-    {A.DECODER, A.MOE, A.MAMBA, A.ATTENTION, A.MLP, A.CROSS_ATTENTION, A.VISION_BLOCK}
+    {
+        A.DECODER,
+        A.MOE,
+        A.MAMBA,
+        A.ATTENTION,
+        A.MLP,
+        A.MOE_MLP,
+        A.CROSS_ATTENTION,
+        A.VISION_BLOCK,
+    }
 )
 
 

@@ -73,7 +73,8 @@ def moe(work: LayerWork, arch: Architecture, s: Settings) -> None:
         expert_tokens *= etp
     experts = moe.num_experts // ep
     gated = arch.gated_mlp
-    mlp(work, expert_tokens, h, moe.expert_intermediate_size, gated, etp, experts=experts)
+    width = moe.expert_intermediate_size
+    mlp(work, expert_tokens, h, width, gated, etp, bias=moe.expert_bias, experts=experts)
     work.elementwise(2 * own * h * a, 2 * own * h * a)  # weighted un-permute
     if moe.shared_intermediate_size:
         mlp(work, t, h, moe.shared_intermediate_size, arch.gated_mlp, tp)

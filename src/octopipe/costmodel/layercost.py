@@ -77,6 +77,13 @@ def _hybrid_attention(work: LayerWork, arch: Architecture, spec: LayerSpec, s: S
     work.residual(s.tokens, arch.hidden_size, s.dropout > 0)
 
 
+def _hybrid_moe(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:
+    """Nemotron-H's `E` layer: norm, mixture of experts, residual."""
+    work.norm(s.tokens, arch.hidden_size)
+    moe(work, arch, s)
+    work.residual(s.tokens, arch.hidden_size, s.dropout > 0)
+
+
 def _hybrid_mlp(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:
     work.norm(s.tokens, arch.hidden_size)
     mlp(work, s.tokens, arch.hidden_size, arch.intermediate_size, arch.gated_mlp, s.tensor_parallel)
@@ -162,6 +169,7 @@ _BUILDERS = {
     A.MAMBA: _mamba,
     A.ATTENTION: _hybrid_attention,
     A.MLP: _hybrid_mlp,
+    A.MOE_MLP: _hybrid_moe,
     A.NORM: _final_norm,
     A.HEAD: _head,
     A.VISION_EMBED: vision_embed,
