@@ -177,11 +177,19 @@ def main() -> None:
     p.add_argument("--rows", help="comma-separated row indices (default: all)")
     p.add_argument("--fit", metavar="PRESET", help="re-derive PRESET's efficiencies, held out")
     p.add_argument("--record", action="store_true", help="the H100 record, sources held out")
+    p.add_argument(
+        "--fit-matmul", action="store_true", help="with --record: fit the BF16 GEMM one too"
+    )
+    p.add_argument(
+        "--write-band",
+        action="store_true",
+        help="with --record: write the held-out ratios estimate's error band reads",
+    )
     args = p.parse_args()
     if args.record:
         from record_fit import main as record_main
 
-        record_main()
+        record_main(args.fit_matmul, args.write_band)
         return
     rows = read_rows()
     if args.rows:

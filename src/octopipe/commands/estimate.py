@@ -195,3 +195,4 @@ def _print(result) -> None:
     console = Console()
     console.print(summary)
     console.print(parts)
+    console.print(f"the model's error: {result.band.describe()}")

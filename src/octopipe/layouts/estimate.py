@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from octopipe.costmodel.build import TimeParts, model_flops
+from octopipe.costmodel.error_band import ErrorBand, error_band, layout_kinds
 from octopipe.errors import InputError
 from octopipe.layouts.costs import LayoutCosts
 from octopipe.layouts.layout import Job, Layout
@@ -69,6 +70,7 @@ class Estimate:
     breakdown: Breakdown
     model_flops: float  # per step, over all GPUs (docs/COSTMODEL.md)
     hardware_flops: float  # the same with what recomputation redoes
+    band: ErrorBand  # the model's held-out error on published runs like this one
 
     @property
     def tokens_per_second(self) -> float:
@@ -112,6 +114,7 @@ class Estimate:
             "capacity_bytes": min(self.sim.capacity_bytes),
             "fits": self.sim.fits,
             "breakdown": vars(self.breakdown),
+            "error_band": {**self.band.summary(), "like": self.band.describe()},
         }
 
 
@@ -216,7 +219,15 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
         breakdown=breakdown,
         model_flops=flops,
         hardware_flops=flops + redone,
+        band=band_of(job, lay, costs),
     )
+
+
+def band_of(job: Job, layout: Layout, costs: LayoutCosts) -> ErrorBand:
+    """The held-out error of published runs like this layout's (`costmodel/error_band.py`)."""
+    kinds = layout_kinds(layout.tp, layout.cp, layout.pp, layout.ep, layout.zero)
+    hardware = job.cluster.reference.name
+    return error_band(hardware, job.stack.precision, kinds, costs.arch.moe is not None)
 
 
 def step_flops(costs: LayoutCosts, layout: Layout, job: Job) -> tuple[float, float]:
