@@ -4,6 +4,11 @@
     .venv/bin/python benchmarks/bench_fidelity.py --rows 0,4,9    # some rows
     .venv/bin/python benchmarks/bench_fidelity.py --fit a100      # re-derive the preset's two
                                                                    # efficiencies, leave-one-out
+    .venv/bin/python benchmarks/bench_fidelity.py --record        # the H100 record, each
+                                                                   # source held out in turn
+
+`--record`: the rows of benchmarks/data/h100_record.csv (`record.py`), each predicted with the
+H100 preset's fitted constants (`record_fit.py`) fitted on the other sources' rows only.
 
 Each row of benchmarks/data/published_runs.csv (Narayanan et al. 2021's Table 1, and the runs
 added with their sources) is rebuilt as a GPT-2 style config.json and predicted by the
@@ -171,7 +176,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", help="comma-separated row indices (default: all)")
     p.add_argument("--fit", metavar="PRESET", help="re-derive PRESET's efficiencies, held out")
+    p.add_argument("--record", action="store_true", help="the H100 record, sources held out")
+    p.add_argument(
+        "--fit-matmul", action="store_true", help="with --record: fit the BF16 GEMM one too"
+    )
+    p.add_argument(
+        "--write-band",
+        action="store_true",
+        help="with --record: write the held-out ratios estimate's error band reads",
+    )
     args = p.parse_args()
+    if args.record:
+        from record_fit import main as record_main
+
+        record_main(args.fit_matmul, args.write_band)
+        return
     rows = read_rows()
     if args.rows:
         rows = [rows[int(i)] for i in args.rows.split(",")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from octopipe.commands._flags import number
+from octopipe.costmodel.precision import FP8_SCALINGS, PRECISIONS
 from octopipe.costmodel.settings import ATTENTION_KERNELS
 from octopipe.layouts.stack import GRAD_DTYPE_BYTES, P2P_KINDS, Stack
 from octopipe.limits import MAX_BYTES
@@ -67,6 +68,26 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         help="each TP rank sends its 1/t of a stage's output to the next stage (Megatron-LM)",
     )
     g.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=_DEFAULT.precision,
+        help="the blocks' GEMMs in BF16, FP8 (Transformer Engine, Hopper and later) or MXFP8 "
+        "(Blackwell); attention, norms, embedding, head and optimizer stay as they are",
+    )
+    g.add_argument(
+        "--fp8-scaling",
+        choices=FP8_SCALINGS,
+        default=_DEFAULT.fp8_scaling,
+        help="FP8's per-tensor scaling: delayed (amax history) or current (amax pass first)",
+    )
+    g.add_argument(
+        "--moe-capacity-factor",
+        type=number(0, 1024),
+        default=_DEFAULT.moe_capacity_factor,
+        help="MoE routing: 0 dropless (default); else every expert's input padded to this "
+        "factor of its balanced share",
+    )
+    g.add_argument(
         "--p2p",
         choices=P2P_KINDS,
         default=_DEFAULT.p2p,
@@ -89,4 +110,7 @@ def stack_from_args(args: argparse.Namespace) -> Stack:
         reduce_at_end=args.reduce_at_end,
         p2p=args.p2p,
         scatter_gather=args.scatter_gather,
+        precision=args.precision,
+        fp8_scaling=args.fp8_scaling,
+        moe_capacity_factor=args.moe_capacity_factor,
     )

@@ -37,15 +37,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="GPUs of the job: a count of --hardware GPUs, or counts of presets (4xh100,4xa100)",
     )
-    p.add_argument("--gpus-per-node", type=count(1, 1024), default=8, help="GPUs per node")
+    p.add_argument(
+        "--gpus-per-node",
+        type=count(1, 1024),
+        help="GPUs per NVLink domain (default: the preset's: 8, GB200 NVL72's 72)",
+    )
     g = p.add_argument_group("the layout")
     for flag, what in (
         ("--tp", "tensor-parallel degree"),
         ("--cp", "context-parallel degree"),
         ("--pp", "pipeline-parallel degree (devices of one pipeline)"),
-        ("--ep", "expert-parallel degree (MoE experts over that many of the DP x CP ranks)"),
+        ("--ep", "expert-parallel degree (MoE experts over that many of the TP x CP x DP ranks)"),
     ):
         g.add_argument(flag, type=count(1, MAX_PARALLEL_DEGREE), default=1, help=what)
+    g.add_argument(
+        "--etp",
+        type=count(1, MAX_PARALLEL_DEGREE),
+        help="expert TP of the MoE layers, folded with EP over TP x CP x DP (Megatron-Core's "
+        "MoE parallel folding; default: TP without EP, 1 with it)",
+    )
     g.add_argument(
         "--dp",
         type=count(1, MAX_PARALLEL_DEGREE),
@@ -75,10 +85,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--zero",
-        type=count(0, 1),
-        choices=(0, 1),
+        type=count(0, 3),
         default=0,
-        help="1: optimizer state sharded over DP x CP (distributed optimizer, ZeRO-1)",
+        help="ZeRO stage over DP x CP: 1 the optimizer state sharded (distributed optimizer), "
+        "2 also the gradients, 3 also the weights (FSDP; held across microbatches under PP)",
+    )
+    g.add_argument(
+        "--shard-group",
+        type=count(1, MAX_PARALLEL_DEGREE),
+        help="HSDP: ZeRO-2/3 shards over groups of this many DP x CP ranks, replicated across "
+        "the groups (default: all of them)",
     )
     g.add_argument(
         "--memory-headroom",
@@ -95,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.layouts.estimate import Given, estimate
     from octopipe.layouts.layout import Job, Layout
 
-    cluster = Cluster(parse_gpus(args.gpus, args.hardware), args.gpus_per_node)
+    groups = parse_gpus(args.gpus, args.hardware)
+    per_node = args.gpus_per_node or min(g.hardware.nvlink_domain for g in groups)
+    cluster = Cluster(groups, per_node)
     dp = args.dp
     if dp is None:
         group = args.tp * args.cp * args.pp
@@ -110,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
         dp=dp,
         microbatch_size=args.micro_batch_size,
         num_microbatches=1,  # set from the global batch
-        zero1=args.zero == 1,
+        zero=args.zero,
+        shard_group=args.shard_group or 0,
+        etp=args.etp or 0,
         cp=args.cp,
         recompute=args.recompute,
         ep=args.ep,
@@ -132,11 +152,13 @@ def _print(result) -> None:
 
     lay, job = result.given.layout, result.job
     chunks = result.plan.num_stages // result.plan.num_devices
+    hsdp = f" (HSDP, shards of {lay.shard_group})" if lay.shard_group else ""
     title = (
         f"{job.config} on {job.cluster.describe()}: TP {lay.tp} x CP {lay.cp} x PP {lay.pp} x "
         f"DP {lay.dp}, b {lay.microbatch_size} x M {lay.num_microbatches}, "
         f"{result.given.schedule} ({chunks} per device), recompute {lay.recompute}"
-        f"{', ZeRO-1' if lay.zero1 else ''}"
+        f"{f', ZeRO-{lay.zero}' if lay.zero else ''}"
+        f"{hsdp}, {job.stack.precision}"
     )
     summary = Table(title=title, show_header=False)
     summary.add_column(justify="left")
@@ -162,6 +184,7 @@ def _print(result) -> None:
         "tp_comm": "exposed TP communication",
         "cp_comm": "exposed CP communication",
         "ep_comm": "exposed EP all-to-alls",
+        "fsdp_comm": "exposed ZeRO-2/3 gathers and scatters",
         "bubble": "pipeline bubble and transfers",
         "dp_exposed": "exposed DP reduction",
         "optimizer": "optimizer step",
@@ -172,3 +195,4 @@ def _print(result) -> None:
     console = Console()
     console.print(summary)
     console.print(parts)
+    console.print(f"the model's error: {result.band.describe()}")

@@ -20,6 +20,7 @@ MOE = "moe"  # self-attention + mixture-of-experts block
 MAMBA = "mamba"  # hybrid stack: Mamba-2 mixer only
 ATTENTION = "attention"  # hybrid stack: self-attention only
 MLP = "mlp"  # hybrid stack: MLP only
+MOE_MLP = "moe_mlp"  # hybrid stack: mixture of experts only (Nemotron-H's `E`)
 NORM = "norm"
 HEAD = "head"
 VISION_EMBED = "vision_embed"
@@ -34,6 +35,7 @@ KINDS = (
     MAMBA,
     ATTENTION,
     MLP,
+    MOE_MLP,
     NORM,
     HEAD,
     VISION_EMBED,
@@ -52,7 +54,7 @@ GPT = "gpt"  # GPT-2 / GPT-NeoX / Megatron-LM's GPT: LayerNorm, GELU MLP, biases
 VLM = "vlm"  # Llama-3.2-Vision: vision tower + projector + text stack with cross-attention
 
 # Hybrid pattern characters (Nemotron-H `hybrid_override_pattern`).
-HYBRID_CHARS = {"M": MAMBA, "*": ATTENTION, "-": MLP}
+HYBRID_CHARS = {"M": MAMBA, "*": ATTENTION, "-": MLP, "E": MOE_MLP}
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class MoEShape:
     """Total width of the always-on shared expert(s); 0 when there is none."""
     shared_expert_gate: bool = False
     """Qwen-MoE: a sigmoid gate (hidden -> 1) scales the shared expert's output."""
+    expert_bias: bool = False
+    """gpt-oss: the experts' projections (and the router) carry biases."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +185,7 @@ class Architecture:
     """Per text layer: True where the feed-forward is the MoE block."""
     mamba: MambaShape | None = None
     hybrid_pattern: str | None = None
-    """Nemotron-H: one character per text layer, 'M' Mamba-2, '*' attention, '-' MLP."""
+    """Nemotron-H: one character per text layer, 'M' Mamba-2, '*' attention, '-' MLP, 'E' MoE."""
     vision: VisionShape | None = None
     cross_attention_layers: tuple[int, ...] = ()
     """VLM: text layers that are cross-attention layers instead of self-attention ones."""
@@ -248,6 +252,8 @@ def _text_layer_spec(arch: Architecture, i: int) -> LayerSpec:
         return LayerSpec(name, kind, i, self_attn, None, window)
     if kind == MLP:
         return LayerSpec(name, kind, i, None, "dense")
+    if kind == MOE_MLP:
+        return LayerSpec(name, kind, i, None, "moe")
     if kind == CROSS_ATTENTION:
         return LayerSpec(name, kind, i, "cross", "dense")
     ffn = "moe" if kind == MOE else "dense"

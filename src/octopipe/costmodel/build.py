@@ -7,19 +7,30 @@ and reports use: parameter count and training FLOPs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from octopipe.costmodel import arch as A
 from octopipe.costmodel.arch import Architecture, LayerSpec, layer_specs
 from octopipe.costmodel.hardware import Hardware
 from octopipe.costmodel.layercost import boundary_bytes, layer_work
+from octopipe.costmodel.precision import check_precision, weight_cache_bytes
 from octopipe.costmodel.settings import Settings
 from octopipe.costmodel.work import F, I, LayerWork, TimeParts, W
 from octopipe.profile import Device, LayerCost, Link, Profile, Recomputation, Recomputed
 
 # Blocks that full recomputation checkpoints: everything between two residual-stream boundaries.
 RECOMPUTED_KINDS = frozenset(
-    {A.DECODER, A.MOE, A.MAMBA, A.ATTENTION, A.MLP, A.CROSS_ATTENTION, A.VISION_BLOCK}
+    {
+        A.DECODER,
+        A.MOE,
+        A.MAMBA,
+        A.ATTENTION,
+        A.MLP,
+        A.MOE_MLP,
+        A.CROSS_ATTENTION,
+        A.VISION_BLOCK,
+    }
 )
 
 
@@ -47,12 +58,16 @@ class LayerEstimate:
     """Model-convention FLOPs of what recomputation redoes (hardware FLOPs = model + these)."""
     expert_params: int = 0
     """Of `params`, the MoE experts' (sharded over the expert-parallel ranks only)."""
+    fp8_params: int = 0
+    """Of `params`, those of FP8 linears: their FP8 copies are in `param_bytes`, and are cast
+    once a step (`precision.weight_cast_bytes`)."""
     alternatives: dict[str, Recomputed] | None = None
     """Without recomputation in the settings: the layer's `b`, `act_bytes` and `wact_bytes`
     were its stage to recompute it, per kind it offers (a profile's `recompute` key)."""
 
 
 def estimate_layers(arch: Architecture, hw: Hardware, settings: Settings) -> list[LayerEstimate]:
+    check_precision(settings.precision, hw)
     specs = layer_specs(arch)
     return [
         _estimate(arch, specs, i, layer_work(arch, spec, settings), hw, settings)
@@ -103,13 +118,16 @@ def _estimate(
         params=work.params,
         act_bytes=int(act),
         wact_bytes=int(min(wact, act)),
-        param_bytes=work.params * s.bytes_per_param,
+        param_bytes=math.ceil(
+            work.params * s.bytes_per_param + work.fp8_params * weight_cache_bytes(s.precision)
+        ),
         grad_bytes=work.params * s.grad_bytes,
         out_bytes=boundary_bytes(arch, specs, index, s),
         parts=replace(parts, recompute=redone),
         model_flops=forward_flops + backward_flops,
         recompute_flops=redone_flops,
         expert_params=work.expert_params,
+        fp8_params=work.fp8_params,
         alternatives=alternatives or None,
     )
 
@@ -132,7 +150,7 @@ def _recompute_choices(
     if work.core_forward:
         # Korthikanti et al. 2022: drop what the attention core saves beyond q, k and v, and
         # redo its forward just before its backward.
-        core = LayerWork(work.tp, work.sequence_parallel, work.dtype_bytes, work.tp_overlap)
+        core = LayerWork(work.tp, work.sequence_parallel, work.dtype_bytes, work.tp_overlap)  # BF16
         core.kernels = list(work.core_forward)
         held = work.act_bytes - work.core_saved_bytes
         out["selective"] = (core.phase_time(F, hw), held, work.attention_model_flops)

@@ -41,27 +41,37 @@ class Hardware:
     tp_bandwidth: float = 400e9
     """All-reduce bus bytes/s among the tensor-parallel group (NVLink within a node)."""
     num_sms: int = 132
-    """Streaming multiprocessors: a GEMM's tiles run in waves of this many (`work.py`)."""
+    """Streaming multiprocessors: a GEMM's tiles run in waves of this many (`kernels.py`)."""
+    fp8_peak_flops: float = 0.0
+    """Dense FP8 tensor-core FLOP/s; 0: no FP8 tensor cores (A100)."""
+    fp8_matmul_efficiency: float = 0.6
+    """Fraction of fp8_peak_flops GEMMs achieve (FP8 GEMMs reach a smaller fraction of their
+    doubled peak than BF16 ones of theirs: operand loads and epilogues do not double)."""
+    block_scaled_fp8: bool = False
+    """Tensor cores that take MXFP8's per-block scales (Blackwell)."""
+    nvlink_domain: int = 8
+    """GPUs one NVLink domain joins (a DGX/HGX node: 8; GB200 NVL72: 72): the default
+    `--gpus-per-node` of `octopipe estimate`."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if f.name in ("name", "num_sms"):
+            if f.name in ("name", "num_sms", "block_scaled_fp8", "nvlink_domain"):
                 continue
             value = getattr(self, f.name)
-            if f.name == "link_latency":  # zero latency is a fine idealization
+            if f.name in ("link_latency", "fp8_peak_flops"):  # zero: idealization, or none
                 if not value >= 0:
                     raise InputError(
                         f"hardware {self.name}", f"must not be negative (got {value})", f.name
                     )
             elif not value > 0:
                 raise InputError(f"hardware {self.name}", f"must be positive (got {value})", f.name)
-        if not (isinstance(self.num_sms, int) and self.num_sms >= 1):
-            raise InputError(
-                f"hardware {self.name}",
-                f"must be a positive integer (got {self.num_sms})",
-                "num_sms",
-            )
-        efficiencies = ("matmul", "grouped_matmul", "attention", "memory")
+        for name in ("num_sms", "nvlink_domain"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise InputError(
+                    f"hardware {self.name}", f"must be a positive integer (got {value})", name
+                )
+        efficiencies = ("matmul", "grouped_matmul", "attention", "memory", "fp8_matmul")
         for name in (f"{kind}_efficiency" for kind in efficiencies):
             if getattr(self, name) > 1:
                 raise InputError(f"hardware {self.name}", "an efficiency is at most 1", name)
@@ -96,9 +106,16 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=81559 * MIB,  # nvidia-smi total of an H100 80GB HBM3
         matmul_efficiency=0.67,  # as measured on an H200 (same tensor cores), see "h200"
         attention_efficiency=0.45,  # as measured on an H200, see "h200"
+        # The two below are fitted to the H100 record (benchmarks/data/h100_record.csv) by
+        # `benchmarks/bench_fidelity.py --record`, each source held out in turn (BENCHMARKS.md):
+        # FP8 GEMMs in layers at 0.5 of the FP8 peak, streaming kernels at 0.85 of HBM's
+        # bandwidth (the H200's device copy ran at 0.88).
+        fp8_matmul_efficiency=0.5,
+        memory_efficiency=0.85,
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU
         tp_bandwidth=450e9,  # NVLink4 (900 GB/s aggregate): ~450 GB/s all-reduce bus bandwidth
         num_sms=132,  # H100 SXM5 datasheet: 132 SMs
+        fp8_peak_flops=1979e12,  # H100 SXM5 datasheet: FP8 3,958 with sparsity -> 1,979 dense
     ),
     "h800": Hardware(
         name="h800",
@@ -107,9 +124,12 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=81559 * MIB,  # 80 GB HBM3, as H100
         matmul_efficiency=0.67,  # as H100
         attention_efficiency=0.45,
+        fp8_matmul_efficiency=0.5,  # as H100
+        memory_efficiency=0.85,  # as H100
         link_bandwidth=50e9,  # DeepSeek-V3 report: 400 Gb/s InfiniBand (50 GB/s) per GPU
         tp_bandwidth=160e9,  # DeepSeek-V3 report: NVLink (export-limited 400 GB/s) ~160 GB/s
         num_sms=132,  # as H100 SXM
+        fp8_peak_flops=1979e12,  # H800 SXM: same tensor cores as H100 SXM
     ),
     "h200": Hardware(
         name="h200",
@@ -125,9 +145,45 @@ PRESETS: dict[str, Hardware] = {
         matmul_efficiency=0.67,
         attention_efficiency=0.45,
         memory_efficiency=0.85,
+        fp8_matmul_efficiency=0.5,  # as H100 (fitted there)
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU (DGX H200)
         tp_bandwidth=450e9,  # NVLink4, as H100
         num_sms=132,  # the H100's GH100 die
+        fp8_peak_flops=1979e12,  # H200 SXM datasheet: FP8 3,958 with sparsity -> 1,979 dense
+    ),
+    # Blackwell. Peaks from NVIDIA's HGX B200 / DGX B200 and GB200 NVL72 datasheets, which quote
+    # FP8 and BF16 with 2:4 sparsity (halved here). The achieved fractions are the Hopper
+    # presets' (not yet fitted to a Blackwell run: the record holds H100s).
+    "b200": Hardware(
+        name="b200",
+        peak_flops=2.25e15,  # HGX B200: BF16 4.5 PFLOPS per GPU with sparsity -> 2.25 dense
+        memory_bandwidth=8e12,  # B200: HBM3e 8 TB/s
+        memory_bytes=180e9,  # DGX B200: 1,440 GB of HBM3e over 8 GPUs
+        matmul_efficiency=0.67,  # as H100 (assumed)
+        attention_efficiency=0.45,  # as H100 (assumed)
+        memory_efficiency=0.85,  # as H100 (assumed)
+        fp8_peak_flops=4.5e15,  # HGX B200: FP8 9 PFLOPS per GPU with sparsity -> 4.5 dense
+        fp8_matmul_efficiency=0.5,  # as H100 (assumed)
+        block_scaled_fp8=True,  # Blackwell's tensor cores take MXFP8's block scales
+        link_bandwidth=50e9,  # DGX B200: ConnectX-7 400 Gb/s per GPU
+        tp_bandwidth=900e9,  # NVLink 5: 1.8 TB/s per GPU, twice NVLink 4 (whose 900 -> 450)
+        num_sms=148,  # B200: 148 SMs (two dies of 74)
+    ),
+    "gb200": Hardware(
+        name="gb200",
+        peak_flops=2.5e15,  # GB200 NVL72: BF16 360 PFLOPS over 72 GPUs with sparsity -> 2.5
+        memory_bandwidth=8e12,  # GB200 NVL72: 576 TB/s over 72 GPUs
+        memory_bytes=186e9,  # GB200 NVL72: 13.4 TB of HBM3e over 72 GPUs
+        matmul_efficiency=0.67,  # as H100 (assumed)
+        attention_efficiency=0.45,  # as H100 (assumed)
+        memory_efficiency=0.85,  # as H100 (assumed)
+        fp8_peak_flops=5e15,  # GB200 NVL72: FP8 720 PFLOPS over 72 GPUs with sparsity -> 5
+        fp8_matmul_efficiency=0.5,  # as H100 (assumed)
+        block_scaled_fp8=True,
+        link_bandwidth=50e9,  # GB200 NVL72 compute trays: ConnectX-7 400 Gb/s per GPU
+        tp_bandwidth=900e9,  # NVLink 5 within the rack's 72-GPU NVLink domain, as B200
+        num_sms=148,  # as B200
+        nvlink_domain=72,  # GB200 NVL72: one NVLink domain of 72 GPUs
     ),
 }
 

@@ -31,6 +31,7 @@ from octopipe.costmodel.arch import (
     MoEShape,
     VisionShape,
 )
+from octopipe.costmodel.hf_fields import Fields as _Fields
 from octopipe.errors import InputError
 from octopipe.limits import MAX_LAYERS
 
@@ -39,14 +40,17 @@ FAMILY_OF_MODEL_TYPE = {
     "mistral": DENSE,
     "qwen2": DENSE,
     "qwen3": DENSE,
+    "nemotron": DENSE,  # Nemotron-3/4: squared-ReLU MLP (no gate), LayerNorm with a bias
     "gemma2": GEMMA,
     "gemma3": GEMMA,
     "gemma3_text": GEMMA,
     "deepseek_v2": DEEPSEEK,
     "deepseek_v3": DEEPSEEK,
+    "kimi_k2": DEEPSEEK,  # Kimi K2: DeepSeek-V3's architecture (MLA, routed + shared experts)
     "qwen2_moe": SPARSE,
     "qwen3_moe": SPARSE,
     "mixtral": SPARSE,
+    "gpt_oss": SPARSE,  # gpt-oss: GQA with sinks, alternating sliding/full layers, MoE with biases
     "nemotron_h": HYBRID,
     "mllama": VLM,
     "gpt2": GPT,
@@ -74,76 +78,6 @@ def check_hf_runnable(model_type: str, where: str, place: str | None = None) -> 
         families = ", ".join(HF_RUNNABLE.values())
         message = f"{model_type!r} models do not run on `--model hf:` (it runs {families})"
         raise InputError(where, message, place)
-
-
-_MISSING = object()
-MAX_CONFIG_INT = 2**31  # any shape of a config: widths, vocabularies, experts (limits.py: layers)
-
-
-class _Fields:
-    """Typed access to one JSON object's fields; faults name the file and the dotted field."""
-
-    def __init__(self, data: Any, where: str, prefix: str = ""):
-        if not isinstance(data, dict):
-            raise InputError(where, "expected a JSON object", prefix.rstrip(".") or None)
-        self.data, self.where, self.prefix = data, where, prefix
-
-    def fault(self, key: str, message: str) -> InputError:
-        return InputError(self.where, message, self.prefix + key)
-
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
-    def _get(self, key: str, default: Any) -> Any:
-        value = self.data.get(key)
-        if value is None:
-            if default is _MISSING:
-                raise self.fault(key, "missing field")
-            return default
-        return value
-
-    def int(
-        self, key: str, default: Any = _MISSING, minimum: int = 1, maximum: int = MAX_CONFIG_INT
-    ) -> Any:
-        value = self._get(key, default)
-        if value is default and default is not _MISSING:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.fault(key, f"expected an integer >= {minimum} (got {value!r})")
-        if value > maximum:
-            raise self.fault(key, f"{value:,} is more than the {maximum:,} allowed")
-        return value
-
-    def float(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._get(key, default)
-        if value is default and default is not _MISSING:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.fault(key, f"expected a positive number (got {value!r})")
-        return float(value)
-
-    def bool(self, key: str, default: bool) -> bool:
-        value = self._get(key, default)
-        if not isinstance(value, bool):
-            raise self.fault(key, f"expected true or false (got {value!r})")
-        return value
-
-    def str(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._get(key, default)
-        if not isinstance(value, str):
-            raise self.fault(key, f"expected a string (got {value!r})")
-        return value
-
-    def int_list(self, key: str) -> tuple[int, ...]:
-        value = self._get(key, [])
-        if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
-        ):
-            raise self.fault(key, f"expected a list of non-negative integers (got {value!r})")
-        return tuple(value)
-
-    def sub(self, key: str) -> _Fields:
-        return _Fields(self._get(key, _MISSING), self.where, f"{self.prefix}{key}.")
 
 
 def architecture_from_hf(data: Any, where: str, name: str) -> Architecture:
@@ -202,10 +136,11 @@ def _text_stack(f: _Fields, model_type: str, family: str, name: str) -> Architec
         embed_scale=math.sqrt(hidden) if gemma else 1.0,
         final_logit_softcap=f.float("final_logit_softcapping", None),
         layer_windows=_layer_windows(f, model_type, num_layers),
-        gated_mlp=family != HYBRID,
+        gated_mlp=family != HYBRID and model_type != "nemotron",
+        norm_bias=model_type == "nemotron",
         latent_attention=_latent_attention(f, heads) if family == DEEPSEEK else None,
-        moe=_moe(f, model_type) if family in (DEEPSEEK, SPARSE) else None,
-        moe_layers=_moe_layers(f, model_type, num_layers),
+        moe=_moe(f, model_type, family) if _has_moe(f, family) else None,
+        moe_layers=_moe_layers(f, model_type, family, num_layers),
         mamba=_mamba(f) if family == HYBRID else None,
         hybrid_pattern=_hybrid_pattern(f, num_layers) if family == HYBRID else None,
         cross_attention_layers=f.int_list("cross_attention_layers") if family == VLM else (),
@@ -284,14 +219,30 @@ def _latent_attention(f: _Fields, heads: int) -> LatentAttentionShape:
     )
 
 
-def _moe(f: _Fields, model_type: str) -> MoEShape:
-    if model_type == "mixtral":
-        return MoEShape(
+def _has_moe(f: _Fields, family: str) -> bool:
+    """DeepSeek and the sparse families; Nemotron-H when its pattern has `E` layers."""
+    if family == HYBRID:
+        return "E" in f.str("hybrid_override_pattern")
+    return family in (DEEPSEEK, SPARSE)
+
+
+def _moe(f: _Fields, model_type: str, family: str) -> MoEShape:
+    if model_type in ("mixtral", "gpt_oss"):
+        shape = MoEShape(
             num_experts=f.int("num_local_experts"),
             top_k=f.int("num_experts_per_tok"),
             expert_intermediate_size=f.int("intermediate_size"),
+            expert_bias=model_type == "gpt_oss",
         )
-    if model_type.startswith("deepseek"):
+    elif family == HYBRID:  # Nemotron-H's MoE layers: routed experts and shared ones
+        shape = MoEShape(
+            num_experts=f.int("n_routed_experts"),
+            top_k=f.int("num_experts_per_tok"),
+            expert_intermediate_size=f.int("moe_intermediate_size"),
+            shared_intermediate_size=f.int("n_shared_experts", 1, minimum=0)
+            * f.int("moe_shared_expert_intermediate_size", 0, minimum=0),
+        )
+    elif family == DEEPSEEK:
         expert = f.int("moe_intermediate_size")
         shape = MoEShape(
             num_experts=f.int("n_routed_experts"),
@@ -312,10 +263,10 @@ def _moe(f: _Fields, model_type: str) -> MoEShape:
     return shape
 
 
-def _moe_layers(f: _Fields, model_type: str, num_layers: int) -> tuple[bool, ...]:
-    if model_type == "mixtral":
+def _moe_layers(f: _Fields, model_type: str, family: str, num_layers: int) -> tuple[bool, ...]:
+    if model_type in ("mixtral", "gpt_oss"):
         return (True,) * num_layers
-    if model_type.startswith("deepseek"):
+    if family == DEEPSEEK:
         first_dense = f.int("first_k_dense_replace", 0, minimum=0)
         freq = f.int("moe_layer_freq", 1)
         return tuple(i >= first_dense and i % freq == 0 for i in range(num_layers))
@@ -346,7 +297,7 @@ def _hybrid_pattern(f: _Fields, num_layers: int) -> str:
         )
     bad = sorted(set(pattern) - set(HYBRID_CHARS))
     if bad:
-        raise f.fault("hybrid_override_pattern", f"unknown layer characters {bad} (use M, *, -)")
+        raise f.fault("hybrid_override_pattern", f"unknown layer characters {bad} (use M, *, -, E)")
     return pattern
 
 

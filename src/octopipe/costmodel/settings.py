@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from octopipe.costmodel.precision import FP8_SCALINGS, PRECISIONS
 from octopipe.errors import InputError
 
 RECOMPUTE_KINDS = ("none", "selective", "full")
@@ -36,7 +37,14 @@ class Settings:
     exchange runs over the network, not NVLink (the layout knows; `cluster.py`)."""
     expert_parallel: int = 1
     """Expert parallelism: the MoE layers' experts spread over this many data-parallel ranks,
-    tokens exchanged by all-to-alls (`layercost._moe`)."""
+    tokens exchanged by all-to-alls (`feedforward.moe`)."""
+    expert_tensor_parallel: int = 0
+    """Expert TP of the MoE layers (Megatron-Core's MoE parallel folding): each expert's width
+    split this many ways. 0: the TP degree without expert parallelism, 1 with it."""
+    moe_capacity_factor: float = 0.0
+    """MoE routing: 0 dropless (the tokens the router chose, balanced on average); > 0 every
+    expert's input padded to this factor of its balanced share (Megatron-Core's capacity
+    factor with `--moe-pad-expert-input-to-capacity`)."""
     ep_across_nodes: bool = False
     """The expert-parallel ranks of a group sit on different nodes (all-to-alls over the NICs)."""
     recompute: str = "none"
@@ -53,6 +61,12 @@ class Settings:
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives overlapped with the neighbouring GEMMs (Megatron-Core's
     `--tp-comm-overlap`, off by default): only what the phase's GEMMs cannot hide is exposed."""
+    precision: str = "bf16"
+    """"bf16"; "fp8" (Transformer Engine's FP8 on Hopper and later) or "mxfp8" (Blackwell's
+    block-scaled FP8): the blocks' linear layers run as FP8 GEMMs (`precision.py`)."""
+    fp8_scaling: str = "delayed"
+    """FP8's per-tensor scaling: "delayed" (amax history, Transformer Engine's former default)
+    or "current" (an amax pass before each cast). MXFP8 scales per block inside the cast."""
     activation_bytes: int = 2
     """Bytes per activation element (BF16)."""
     weight_bytes: int = 2
@@ -83,13 +97,20 @@ class Settings:
                 raise InputError(
                     "settings", f"must not be negative (got {getattr(self, name)})", name
                 )
-        for name, allowed in (("recompute", RECOMPUTE_KINDS), ("attention", ATTENTION_KERNELS)):
+        for name, allowed in (
+            ("recompute", RECOMPUTE_KINDS),
+            ("attention", ATTENTION_KERNELS),
+            ("precision", PRECISIONS),
+            ("fp8_scaling", FP8_SCALINGS),
+        ):
             if getattr(self, name) not in allowed:
                 raise InputError(
                     "settings",
                     f"expected one of {', '.join(allowed)} (got {getattr(self, name)!r})",
                     name,
                 )
+        if self.expert_tensor_parallel < 0 or self.moe_capacity_factor < 0:
+            raise InputError("settings", "must not be negative", "expert_tensor_parallel")
         if not 0.0 <= self.dropout < 1.0:
             raise InputError("settings", f"must lie in [0, 1) (got {self.dropout})", "dropout")
         if self.seq_len % self.context_parallel:
@@ -99,6 +120,13 @@ class Settings:
                 f"sequence length {self.seq_len}",
                 "context_parallel",
             )
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert TP: as given, or the TP degree without EP and 1 with it."""
+        if self.expert_tensor_parallel:
+            return self.expert_tensor_parallel
+        return self.tensor_parallel if self.expert_parallel == 1 else 1
 
     @property
     def tokens(self) -> int:

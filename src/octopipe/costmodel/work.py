@@ -1,7 +1,8 @@
-"""The units the cost model counts: kernels (FLOPs and bytes per phase), saved activations and
-parameters of one layer, and the roofline that turns a kernel into seconds.
+"""What one layer costs one tensor-parallel rank for one microbatch, before timing: its kernels
+(FLOPs and bytes per phase), saved activations and parameters (`LayerWork`).
 
-Pure arithmetic: nothing here knows about model families (see `layercost.py`).
+Pure arithmetic: nothing here knows about model families (see `layercost.py`); the roofline
+is `kernels.py`.
 
 A phase's time is its compute kernels' roofline times plus the communication they do not
 hide: tensor-parallel collectives are exposed unless the settings overlap them with the
@@ -11,115 +12,51 @@ phase's GEMMs, and ring attention's K/V exchange always runs behind the attentio
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field, replace
 
 from octopipe.costmodel.hardware import Hardware
+from octopipe.costmodel.kernels import (
+    ATTENTION,
+    CP_COMM,
+    CP_NETWORK,
+    CP_NVLINK,
+    EP_COMM,
+    EP_NETWORK,
+    EP_NVLINK,
+    FLASH_BACKWARD_FACTOR,
+    GROUPED,
+    MATMUL,
+    MEMORY,
+    PHASES,
+    TP_COMM,
+    F,
+    Gemm,
+    I,
+    Kernel,
+    TimeParts,
+    W,
+    gemm_utilization,
+    kernel_time,
+    mean_attended_keys,
+)
+from octopipe.costmodel.precision import FP8_BYTES, cast_bytes, quantized, saved_input_bytes
 
-F, I, W = "f", "i", "w"  # forward, backward for inputs, backward for weights
-PHASES = (F, I, W)
-MATMUL, GROUPED, ATTENTION, MEMORY = "matmul", "grouped_matmul", "attention", "memory"
-TP_COMM = "tp_comm"
-CP_NVLINK, CP_NETWORK = "cp_nvlink", "cp_network"  # ring attention's exchange, by its link
-CP_COMM = (CP_NVLINK, CP_NETWORK)
-EP_NVLINK, EP_NETWORK = "ep_nvlink", "ep_network"  # MoE all-to-alls, by their link
-EP_COMM = (EP_NVLINK, EP_NETWORK)
-
-# FlashAttention's backward runs five matmuls to the forward's two (it recomputes the scores):
-# 2.5x the forward's FLOPs, all of it input-gradient work (attention has no weights).
-FLASH_BACKWARD_FACTOR = 2.5
-# The output tile a tensor-core GEMM kernel computes per thread block, in elements. NVIDIA's
-# "Matrix Multiplication Background" guide (Deep Learning Performance docs) explains tile and
-# wave quantization with 128 x 128 and 256 x 128 tiles; 128 x 128 is the size cuBLAS picks for
-# most transformer shapes on A100 and H100 alike.
-GEMM_TILE = 128
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """The shape a matmul runs as: `batch` independent [m x k] @ [k x n] products."""
-
-    m: float
-    n: float
-    k: float
-    batch: float = 1
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """One piece of work in one phase: FLOPs and HBM bytes (for a collective: bytes on the
-    wire per rank). `gemm`: the matmul's shape, for tile and wave quantization."""
-
-    phase: str
-    unit: str
-    flops: float
-    bytes: float
-    gemm: Gemm | None = None
-
-
-def gemm_utilization(gemm: Gemm, hw: Hardware) -> float:
-    """The fraction of a large GEMM's rate this shape reaches: output tiles padded to the tile
-    size (tile quantization), and the last wave of tiles over the SMs only partly full (wave
-    quantization). 1 for large, tile-aligned shapes."""
-    tiles_m = math.ceil(gemm.m / GEMM_TILE)
-    tiles_n = math.ceil(gemm.n / GEMM_TILE)
-    tile = gemm.m * gemm.n / (tiles_m * tiles_n * GEMM_TILE**2)
-    tiles = gemm.batch * tiles_m * tiles_n
-    waves = math.ceil(tiles / hw.num_sms)
-    return tile * tiles / (waves * hw.num_sms)
-
-
-def kernel_time(kernel: Kernel, hw: Hardware) -> float:
-    """Roofline: the slower of compute and memory traffic; collectives by their link."""
-    if kernel.unit in (TP_COMM, CP_NVLINK, EP_NVLINK):
-        return kernel.bytes / hw.tp_bandwidth
-    if kernel.unit in (CP_NETWORK, EP_NETWORK):
-        return kernel.bytes / hw.link_bandwidth
-    memory = kernel.bytes / (hw.memory_bandwidth * hw.memory_efficiency)
-    if kernel.unit == MEMORY:
-        return memory
-    efficiency = {
-        MATMUL: hw.matmul_efficiency,
-        GROUPED: hw.grouped_matmul_efficiency,
-        ATTENTION: hw.attention_efficiency,
-    }[kernel.unit]
-    if kernel.gemm is not None:
-        efficiency *= gemm_utilization(kernel.gemm, hw)
-    return max(kernel.flops / (hw.peak_flops * efficiency), memory)
-
-
-def mean_attended_keys(seq_len: int, window: int | None, causal: bool = True) -> float:
-    """Keys one query attends to on average: causal over `seq_len`, within a sliding window."""
-    if not causal:
-        return float(seq_len)
-    w = seq_len if window is None else min(window, seq_len)
-    # Query i sees min(i + 1, w) keys: sum = w * s - w * (w - 1) / 2.
-    return (w * seq_len - w * (w - 1) / 2) / seq_len
-
-
-@dataclass(frozen=True)
-class TimeParts:
-    """Seconds by where they go: compute kernels, the forward recomputation redoes, and the
-    tensor-, context- and expert-parallel communication left exposed after overlap. A phase's
-    time (`LayerWork.phase`), or a layer's over its F, I and W (`build.LayerEstimate.parts`)."""
-
-    compute: float = 0.0
-    recompute: float = 0.0
-    tp_comm: float = 0.0
-    cp_comm: float = 0.0
-    ep_comm: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
-
-    def __add__(self, other: TimeParts) -> TimeParts:
-        return TimeParts(*(a + b for a, b in zip(astuple(self), astuple(other))))
-
-    def scaled(self, factor: float) -> TimeParts:
-        return TimeParts(*(a * factor for a in astuple(self)))
+__all__ = [
+    "F",
+    "FLASH_BACKWARD_FACTOR",
+    "I",
+    "PHASES",
+    "W",
+    "Gemm",
+    "Kernel",
+    "LayerWork",
+    "TimeParts",
+    "gemm_utilization",
+    "kernel_time",
+    "mean_attended_keys",
+]
 
 
 @dataclass
@@ -135,9 +72,15 @@ class LayerWork:
     sequence_parallel: bool
     dtype_bytes: int
     tp_overlap: bool = False
+    precision: str = "bf16"
+    """"bf16", or "fp8"/"mxfp8": the blocks' linear layers on the FP8 tensor cores
+    (`precision.py`)."""
+    fp8_scaling: str = "delayed"
+    """FP8's per-tensor scaling: "delayed" (amax history) or "current" (amax pass first)."""
     kernels: list[Kernel] = field(default_factory=list)
     params: int = 0
     expert_params: int = 0  # of which MoE experts' (held by one expert-parallel rank)
+    fp8_params: int = 0  # of which run as FP8 GEMMs (and have FP8 copies)
     act_bytes: float = 0.0
     wact_bytes: float = 0.0
     core_forward: list[Kernel] = field(default_factory=list)
@@ -188,31 +131,51 @@ class LayerWork:
         save_input: bool = True,
         replicated_input: bool = True,
         input_grad: bool = True,
+        quantizable: bool = True,
     ) -> None:
         """tokens x [k -> n] with this rank's k and n. `experts` > 1: a grouped GEMM over that
         many weight matrices (tokens is the total routed). F, I and W each do 2*tokens*k*n FLOPs
         (Y = XW: [tokens x n]; dX = dY W^T: [tokens x k]; dW = X^T dY: [k x n]).
-        `save_input=False` when another projection already saved the same input;
-        `input_grad=False` when the input needs no gradient (pixels)."""
+        `save_input=False` when another projection already saved (and, under FP8, cast) the
+        same input; `input_grad=False` when the input needs no gradient (pixels);
+        `quantizable=False` for what stays BF16 under FP8 (head, router, gates)."""
         a = self.dtype_bytes
+        fp8 = quantizable and quantized(self.precision)
+        op = FP8_BYTES if fp8 else a  # bytes of a GEMM operand (the outputs stay BF16)
         flops = 2.0 * tokens * k * n
-        weight = experts * k * n * a
+        weight = experts * k * n * op
         unit = GROUPED if experts > 1 else MATMUL
         rows = tokens / experts
         y = Gemm(rows, n, k, experts)
-        self.kernels.append(Kernel(F, unit, flops, tokens * k * a + weight + tokens * n * a, y))
+        self.kernels.append(
+            Kernel(F, unit, flops, tokens * k * op + weight + tokens * n * a, y, fp8)
+        )
         if input_grad:
             dx = Gemm(rows, k, n, experts)
             self.kernels.append(
-                Kernel(I, unit, flops, tokens * n * a + weight + tokens * k * a, dx)
+                Kernel(I, unit, flops, tokens * n * op + weight + tokens * k * a, dx, fp8)
             )
         dw = Gemm(k, n, rows, experts)
-        self.kernels.append(Kernel(W, unit, flops, tokens * (k + n) * a + 2 * weight, dw))
-        self.params += experts * (k * n + (n if bias else 0))
+        self.kernels.append(
+            Kernel(W, unit, flops, tokens * (k + n) * op + 2 * experts * k * n * a, dw, fp8)
+            if fp8
+            else Kernel(W, unit, flops, tokens * (k + n) * a + 2 * weight, dw)
+        )
+        params = experts * (k * n + (n if bias else 0))
+        self.params += params
         if experts > 1:
-            self.expert_params += experts * (k * n + (n if bias else 0))
+            self.expert_params += params
+        if fp8:
+            self.fp8_params += experts * k * n
+            cast_in = cast_bytes(tokens * k, a, self.precision, self.fp8_scaling)
+            cast_grad = cast_bytes(tokens * n, a, self.precision, self.fp8_scaling)
+            if save_input:  # projections sharing an input share its cast
+                self.elementwise(cast_in, 0.0)
+            self.elementwise(0.0, cast_grad if input_grad else 0.0)
+            if not input_grad:
+                self.elementwise(0.0, 0.0, w_bytes=cast_grad)
         if save_input:
-            saved = tokens * k * a
+            saved = saved_input_bytes(tokens * k, self.precision) if fp8 else tokens * k * a
             saved = self._shard_replicated(saved) if replicated_input else saved
             self.act_bytes += saved
             self.wact_bytes += saved
@@ -351,9 +314,7 @@ class LayerWork:
     def without_input_gradient(self) -> None:
         """The layer's input needs no gradient (token ids, pixels): the backward through it
         only serves the weight gradients, so all of it is W work."""
-        self.kernels[:] = [
-            Kernel(W, k.unit, k.flops, k.bytes, k.gemm) if k.phase == I else k for k in self.kernels
-        ]
+        self.kernels[:] = [replace(k, phase=W) if k.phase == I else k for k in self.kernels]
 
     def phase(self, phase: str, hw: Hardware) -> TimeParts:
         """The phase's seconds: compute, and the communication its kernels leave exposed."""

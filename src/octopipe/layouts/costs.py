@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from octopipe.costmodel.build import LayerEstimate, TimeParts, build_profile, estimate_layers
 from octopipe.costmodel.hardware import Hardware
 from octopipe.costmodel.hf_config import load_architecture
+from octopipe.costmodel.precision import weight_cast_bytes
 from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
 from octopipe.layouts.layout import Job, Layout
+from octopipe.layouts.sharded_dp import replica_ring, shard_layers, sharding
 from octopipe.layouts.stack import layer_settings
 from octopipe.plan import Plan
-from octopipe.profile import Profile
+from octopipe.profile import DataParallel, Profile
 from octopipe.sim import SimResult
 
 # Bytes the optimizer step moves per parameter it updates, besides the gradient: it reads the
@@ -47,9 +49,18 @@ class Tail:
         return self.optimizer + self.all_gather
 
 
-def optimizer_seconds(params: float, grad_bytes: int, weight_bytes: int, hw: Hardware) -> float:
-    """The memory-bound Adam update of `params` parameters (docs/COSTMODEL.md)."""
+def optimizer_seconds(
+    params: float,
+    grad_bytes: int,
+    weight_bytes: int,
+    hw: Hardware,
+    fp8_params: float = 0.0,
+    precision: str = "bf16",
+) -> float:
+    """The memory-bound Adam update of `params` parameters (docs/COSTMODEL.md), and the cast
+    of the `fp8_params` among a device's weights to their FP8 copies once a step."""
     traffic = params * (2 * grad_bytes + ADAM_STATE_TRAFFIC + weight_bytes)
+    traffic += weight_cast_bytes(fp8_params, weight_bytes, precision)
     return traffic / (hw.memory_bandwidth * hw.memory_efficiency)
 
 
@@ -62,6 +73,7 @@ class LayoutCosts:
         self.arch = load_architecture(job.config)
         self._layers: dict[tuple, list[LayerEstimate]] = {}
         self._profiles: dict[tuple, Profile] = {}
+        self._exposed: dict[Layout, list[float]] = {}  # ZeRO-2/3's per layer and microbatch
 
     def settings(self, layout: Layout) -> Settings:
         cluster = self.job.cluster
@@ -74,8 +86,23 @@ class LayoutCosts:
             seq_len=self.job.seq_len,
             cp_across_nodes=cluster.cp_across_nodes(layout.tp, layout.cp),
             ep=layout.ep,
-            ep_across_nodes=cluster.ep_across_nodes(layout.tp, layout.cp, layout.pp, layout.ep),
+            ep_across_nodes=self.ep_across_nodes(layout),
+            etp=layout.etp,
         )
+
+    def ep_across_nodes(self, layout: Layout) -> bool:
+        """Whether an expert-parallel group spans nodes. MoE parallel folding lays groups of
+        ETP x EP consecutive ranks over a stage's TP x CP x DP ranks (TP fastest, then CP, then
+        DP: the GPU numbering of docs/FORMATS.md); an EP group is every ETP-th of them."""
+        if layout.ep == 1:
+            return False
+        cluster, tp, cp, etp = self.job.cluster, layout.tp, layout.cp, layout.expert_tp
+        members = []
+        for i in range(0, layout.ep * etp, etp):
+            members.append(
+                cluster.gpu(i % tp, (i // tp) % cp, 0, i // (tp * cp), tp, cp, layout.pp)
+            )
+        return len({cluster.node_of(g) for g in members}) > 1
 
     @staticmethod
     def _key(layout: Layout, hw: Hardware) -> tuple:
@@ -85,6 +112,7 @@ class LayoutCosts:
             layout.cp,
             layout.pp if layout.ep > 1 else 0,  # PP only moves EP groups across nodes
             layout.ep,
+            layout.etp,
             layout.microbatch_size,
             layout.recompute,
             hw.name,
@@ -149,7 +177,7 @@ class LayoutCosts:
                 "at_end": stack.reduce_at_end,
             }
         )
-        zero = "-zero1" if layout.zero1 else ""
+        zero = f"-zero{layout.zero}" if layout.zero else ""
         cp = f"-cp{layout.cp}" if layout.cp > 1 else ""
         ep = f"-ep{layout.ep}" if layout.ep > 1 else ""
         usable = 1.0 - self.job.memory_headroom
@@ -169,9 +197,46 @@ class LayoutCosts:
                 "blocking_transfers": stack.p2p == "blocking",
             }
         )
-        if layout.zero1 and ring.degree > 1:
+        if layout.zero == 1 and ring.degree > 1:
             profile = self._shard_optimizer(profile, layout, ring.degree)
+        elif layout.zero >= 2 and ring.degree > 1:
+            profile = self._shard_all(profile, layout, ring)
         return profile, replicas
+
+    def rings(self, layout: Layout) -> tuple[DataParallel, DataParallel]:
+        """ZeRO-2/3's rings of one TP rank of pipeline device 0: over its shard group (laid out
+        as a DP ring of S / CP replicas, the first of them), and across HSDP's replicas."""
+        cluster = self.job.cluster
+        sh = sharding(layout.zero, layout.dp, layout.cp, layout.pp, layout.shard_group)
+        shard = cluster._ring(layout.tp, layout.cp, layout.pp, sh.shards // layout.cp)
+        hw = cluster.reference
+        across = replica_ring(
+            sh,
+            layout.tp,
+            layout.pp,
+            cluster.gpus_per_node,
+            min(g.hardware.tp_bandwidth for g in cluster.groups),
+            min(g.hardware.link_bandwidth for g in cluster.groups),
+            hw.link_latency,
+        )
+        return shard, across
+
+    def _shard_all(self, profile: Profile, layout: Layout, ring: DataParallel) -> Profile:
+        """ZeRO-2/3 and HSDP (`sharded_dp.py`): the layers' held bytes and exposed gathers and
+        scatters; the simulator's ring reduce-scatters over the shard group once a step (ZeRO-3
+        held under PP) or all-reduces the shards across the replicas (the others)."""
+        sh = sharding(layout.zero, layout.dp, layout.cp, layout.pp, layout.shard_group)
+        shard, across = self.rings(layout)
+        layers, exposed = shard_layers(
+            profile.layers, self.layers(layout), sh, shard, self.settings(layout), layout.ep
+        )
+        self._exposed[layout] = exposed
+        keep = {"bucket_bytes": ring.bucket_bytes, "at_end": ring.at_end}
+        if sh.held:
+            dp = shard.model_copy(update={**keep, "sharded": True})
+        else:
+            dp = across.model_copy(update=keep) if across.degree > 1 else DataParallel()
+        return profile.model_copy(update={"layers": layers, "data_parallel": dp})
 
     def _shard_optimizer(self, profile: Profile, layout: Layout, ranks: int) -> Profile:
         """ZeRO-1 (Megatron-LM's distributed optimizer): the optimizer state of dense weights
@@ -180,7 +245,7 @@ class LayoutCosts:
         s = self.settings(layout)
         per_param, state = s.bytes_per_param, s.optimizer_bytes
         dense = per_param - state + state / ranks
-        expert = per_param - state + state * layout.ep / ranks
+        expert = per_param - state + state / layout.expert_data_parallel
         layers = []
         for layer, e in zip(profile.layers, self.layers(layout)):
             bytes_ = (e.params - e.expert_params) * dense + e.expert_params * expert
@@ -189,24 +254,44 @@ class LayoutCosts:
 
     # --- the step ------------------------------------------------------------------------
 
-    def device_params(self, layout: Layout, plan: Plan) -> list[int]:
-        """Per pipeline device: the parameters of its stages on one GPU (one TP rank)."""
+    def device_params(self, layout: Layout, plan: Plan, fp8: bool = False) -> list[int]:
+        """Per pipeline device: the parameters of its stages on one GPU (one TP rank); `fp8`:
+        only those of FP8 linears."""
         layers = self.layers(layout)
         params = [0] * plan.num_devices
         for stage in plan.stages:
-            params[stage.device] += sum(e.params for e in layers[stage.start : stage.end])
+            params[stage.device] += sum(
+                e.fp8_params if fp8 else e.params for e in layers[stage.start : stage.end]
+            )
         return params
 
     def tail(self, layout: Layout, plan: Plan, profile: Profile) -> Tail:
-        """The slowest device's optimizer update and ZeRO-1 all-gather after the pipeline."""
+        """The slowest device's optimizer update after the pipeline, and the weights' all-gather
+        of ZeRO-1/2 (and of ZeRO-3 held under PP, for the next step, with HSDP's all-reduce of
+        the gradient shards across the replicas)."""
         s = self.settings(layout)
         hw = self.hardware()
         ring = profile.data_parallel
         shards = ring.degree if layout.zero1 else 1
+        across = DataParallel()
+        if layout.zero >= 2 and layout.dp * layout.cp > 1:
+            sh = sharding(layout.zero, layout.dp, layout.cp, layout.pp, layout.shard_group)
+            ring, across = self.rings(layout)
+            shards = sh.shards
+            if not sh.held:
+                across = DataParallel()  # the simulator's ring did it
+            if sh.stage == 3 and not sh.held:
+                ring = DataParallel()  # gathered again in the next forward
         worst = Tail(0.0, 0.0)
-        for params, device in zip(self.device_params(layout, plan), profile.device_list()):
-            update = optimizer_seconds(params / shards, s.grad_bytes, s.weight_bytes, hw)
+        fp8 = self.device_params(layout, plan, fp8=True)
+        for params, quantized, device in zip(
+            self.device_params(layout, plan), fp8, profile.device_list()
+        ):
+            update = optimizer_seconds(
+                params / shards, s.grad_bytes, s.weight_bytes, hw, quantized, s.precision
+            )
             gather = ring.allgather_time(params * s.weight_bytes) if layout.zero1 else 0.0
+            gather += across.allreduce_time(params * s.grad_bytes / shards)
             one = Tail(update / device.speed, gather)
             worst = max(worst, one, key=lambda t: t.total)
         return worst
@@ -219,10 +304,12 @@ class LayoutCosts:
         """Per device: its seconds of compute, recomputation and exposed TP/CP communication
         in one step (every stage on it runs each microbatch's F, I and W once)."""
         layers = self.layers(layout)
+        exposed = self._exposed.get(layout, [0.0] * len(layers))
         devices = profile.device_list()
         parts = [TimeParts() for _ in devices]
         for stage in plan.stages:
             d = stage.device
             one = sum((e.parts for e in layers[stage.start : stage.end]), TimeParts())
+            one = one + TimeParts(dp_comm=sum(exposed[stage.start : stage.end]))
             parts[d] = parts[d] + one.scaled(plan.num_microbatches / devices[d].speed)
         return parts

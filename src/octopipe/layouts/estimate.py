@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from octopipe.costmodel.build import TimeParts, model_flops
+from octopipe.costmodel.error_band import ErrorBand, error_band, layout_kinds
 from octopipe.errors import InputError
 from octopipe.layouts.costs import LayoutCosts
 from octopipe.layouts.layout import Job, Layout
@@ -39,15 +40,17 @@ class Given:
 @dataclass(frozen=True)
 class Breakdown:
     """The step on the busiest device, in seconds: its compute, the forward it redoes, the
-    tensor-, context- and expert-parallel communication it leaves exposed, the time it waits in the
-    pipeline (bubbles and transfers), the data-parallel reductions (and ZeRO-1's all-gather)
-    not hidden behind compute, and the optimizer update. They add up to the step."""
+    tensor-, context- and expert-parallel communication it leaves exposed, ZeRO-2/3's
+    per-microbatch gathers and scatters it leaves exposed, the time it waits in the pipeline
+    (bubbles and transfers), the data-parallel reductions (and the weights' all-gather) not
+    hidden behind compute, and the optimizer update. They add up to the step."""
 
     compute: float
     recompute: float
     tp_comm: float
     cp_comm: float
     ep_comm: float
+    fsdp_comm: float
     bubble: float
     dp_exposed: float
     optimizer: float
@@ -67,6 +70,7 @@ class Estimate:
     breakdown: Breakdown
     model_flops: float  # per step, over all GPUs (docs/COSTMODEL.md)
     hardware_flops: float  # the same with what recomputation redoes
+    band: ErrorBand  # the model's held-out error on published runs like this one
 
     @property
     def tokens_per_second(self) -> float:
@@ -99,6 +103,7 @@ class Estimate:
                 "schedule": self.given.schedule,
                 "chunks": self.plan.num_stages // self.plan.num_devices,
             },
+            "precision": self.job.stack.precision,
             "step_time": self.step_time,
             "tokens_per_second": self.tokens_per_second,
             "model_tflops_per_gpu": self.tflops_per_gpu(),
@@ -109,6 +114,7 @@ class Estimate:
             "capacity_bytes": min(self.sim.capacity_bytes),
             "fits": self.sim.fits,
             "breakdown": vars(self.breakdown),
+            "error_band": {**self.band.summary(), "like": self.band.describe()},
         }
 
 
@@ -128,10 +134,27 @@ def check_given(job: Job, given: Given) -> None:
         raise InputError("--tp", f"{lay.tp} does not divide a node of {cluster.gpus_per_node}")
     if job.seq_len % lay.cp:
         raise InputError("--cp", f"{lay.cp} does not divide the sequence length {job.seq_len}")
-    if (lay.dp * lay.cp) % lay.ep:
+    ranks = lay.tp * lay.cp * lay.dp
+    if lay.etp and min(cluster.gpus_per_node, cluster.size) % lay.etp:
+        raise InputError("--etp", f"{lay.etp} does not divide a node of {cluster.gpus_per_node}")
+    if ranks % (lay.ep * lay.expert_tp):
         raise InputError(
-            "--ep", f"{lay.ep} does not divide the DP x CP = {lay.dp * lay.cp} ranks of a device"
+            "--ep",
+            f"EP {lay.ep} x expert TP {lay.expert_tp} does not divide the TP x CP x DP = "
+            f"{ranks} ranks of a stage (MoE parallel folding)",
         )
+    if not 0 <= lay.zero <= 3:
+        raise InputError("--zero", f"expected a ZeRO stage 0 to 3, got {lay.zero}")
+    ranks = lay.dp * lay.cp
+    if lay.shard_group:
+        if lay.zero < 2:
+            raise InputError("--shard-group", "shards gradients and weights: needs --zero 2 or 3")
+        if ranks % lay.shard_group or lay.shard_group % lay.cp:
+            raise InputError(
+                "--shard-group",
+                f"{lay.shard_group} must divide the DP x CP = {ranks} ranks and be a multiple "
+                f"of CP {lay.cp}",
+            )
     per_step = lay.dp * lay.microbatch_size
     if job.global_batch % per_step:
         raise InputError(
@@ -152,6 +175,8 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
     costs = costs or LayoutCosts(job)
     if lay.ep > 1 and costs.arch.moe is None:
         raise InputError("--ep", f"{job.config} has no MoE experts to spread over {lay.ep} ranks")
+    if lay.etp and costs.arch.moe is None:
+        raise InputError("--etp", f"{job.config} has no MoE experts to split")
     try:
         profile, replicas = costs.profile(lay)
     except InputError as exc:  # the model's heads (or experts) do not split TP ways
@@ -179,6 +204,7 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
         tp_comm=busiest.tp_comm,
         cp_comm=busiest.cp_comm,
         ep_comm=busiest.ep_comm,
+        fsdp_comm=busiest.dp_comm,
         bubble=pipeline - busiest.total,
         dp_exposed=sim.iteration_time - pipeline + tail.all_gather,
         optimizer=tail.optimizer,
@@ -193,7 +219,15 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
         breakdown=breakdown,
         model_flops=flops,
         hardware_flops=flops + redone,
+        band=band_of(job, lay, costs),
     )
+
+
+def band_of(job: Job, layout: Layout, costs: LayoutCosts) -> ErrorBand:
+    """The held-out error of published runs like this layout's (`costmodel/error_band.py`)."""
+    kinds = layout_kinds(layout.tp, layout.cp, layout.pp, layout.ep, layout.zero)
+    hardware = job.cluster.reference.name
+    return error_band(hardware, job.stack.precision, kinds, costs.arch.moe is not None)
 
 
 def step_flops(costs: LayoutCosts, layout: Layout, job: Job) -> tuple[float, float]:

@@ -40,10 +40,41 @@ class Layout:
     cp: int = 1  # context parallelism: each rank holds seq_len / cp tokens of a sequence
     recompute: str = "none"  # activation recomputation: none, selective, full
     ep: int = 1  # expert parallelism: MoE experts spread over this many of the DP x CP ranks
+    zero: int = 0
+    """ZeRO stage (`layouts/sharded_dp.py`): 1 the optimizer state sharded (`zero1` says the
+    same), 2 also the gradients, 3 also the weights (FSDP). 0 with `zero1` reads as 1."""
+    shard_group: int = 0
+    """HSDP: ZeRO-2/3 shards over groups of this many of the DP x CP ranks and replicates
+    over the rest; 0: over all of them."""
+    etp: int = 0
+    """Expert TP of the MoE layers, folded with EP over the stage's TP x CP x DP ranks
+    (Megatron-Core's MoE parallel folding); 0: TP without EP, 1 with it."""
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or (self.tp if self.ep == 1 else 1)
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """The ranks of a stage holding the same experts: TP x CP x DP / (EP x ETP)."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
+
+    def __post_init__(self) -> None:
+        # `zero1` (the optimizer state sharded) and `zero` (the stage) say the same thing twice:
+        # keep them in step, so layouts built either way compare equal.
+        if self.zero1 and self.zero == 0:
+            object.__setattr__(self, "zero", 1)
+        if self.zero >= 1 and not self.zero1:
+            object.__setattr__(self, "zero1", True)
 
     @property
     def gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def shards(self) -> int:
+        """The ranks ZeRO shards over: the shard group, or all DP x CP ranks."""
+        return self.shard_group or self.dp * self.cp
 
     def degrees(self) -> dict[str, int | str]:
         """The layout's keys as the `--json` lines of `estimate` and `plan --gpus` name them."""
@@ -56,13 +87,17 @@ class Layout:
             "microbatch_size": self.microbatch_size,
             "microbatches": self.num_microbatches,
             "recompute": self.recompute,
-            "zero": int(self.zero1),
+            "zero": self.zero,
+            **({"shard_group": self.shard_group} if self.shard_group else {}),
+            **({"etp": self.etp} if self.etp else {}),
         }
 
     def describe(self) -> str:
-        zero = ", ZeRO-1" if self.zero1 else ""
+        zero = f", ZeRO-{self.zero}" if self.zero else ""
+        zero += f" (HSDP, shards of {self.shard_group})" if self.shard_group else ""
         cp = f" x CP {self.cp}" if self.cp > 1 else ""
         ep = f" (EP {self.ep})" if self.ep > 1 else ""
+        ep = f" (EP {self.ep}, ETP {self.etp})" if self.etp else ep
         again = f", recompute {self.recompute}" if self.recompute != "none" else ""
         return (
             f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}{ep}, "

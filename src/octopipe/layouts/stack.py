@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from octopipe.costmodel.precision import FP8_SCALINGS, PRECISIONS
 from octopipe.costmodel.settings import ATTENTION_KERNELS, Settings
 from octopipe.errors import InputError
 
@@ -52,6 +53,13 @@ class Stack:
     scatter/gather of pipeline tensors); implied by sequence parallelism."""
     optimizer_bytes: int = 12
     """Optimizer state per parameter: mixed-precision Adam's FP32 master copy and moments."""
+    precision: str = "bf16"
+    """The blocks' GEMMs in "bf16", "fp8" (Transformer Engine on Hopper and later) or "mxfp8"
+    (Blackwell's block-scaled FP8); docs/COSTMODEL.md, "Precision"."""
+    fp8_scaling: str = "delayed"
+    """FP8's per-tensor scaling: "delayed" (amax history) or "current" (an amax pass first)."""
+    moe_capacity_factor: float = 0.0
+    """MoE routing: 0 dropless; > 0 each expert's input padded to this factor of its share."""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
@@ -64,6 +72,12 @@ class Stack:
             raise InputError("--grad-bucket-mb", "must be positive")
         if self.p2p not in P2P_KINDS:
             raise InputError("--p2p", f"expected one of {', '.join(P2P_KINDS)}")
+        if self.precision not in PRECISIONS:
+            raise InputError("--precision", f"expected one of {', '.join(PRECISIONS)}")
+        if self.moe_capacity_factor < 0:
+            raise InputError("--moe-capacity-factor", "must not be negative")
+        if self.fp8_scaling not in FP8_SCALINGS:
+            raise InputError("--fp8-scaling", f"expected one of {', '.join(FP8_SCALINGS)}")
 
     @property
     def grad_bytes(self) -> int:
@@ -81,6 +95,7 @@ def layer_settings(
     cp_across_nodes: bool = False,
     ep: int = 1,
     ep_across_nodes: bool = False,
+    etp: int = 0,
 ) -> Settings:
     """The cost model's settings for one layout's layers under `stack`."""
     return Settings(
@@ -92,6 +107,8 @@ def layer_settings(
         context_parallel=cp,
         cp_across_nodes=cp_across_nodes,
         expert_parallel=ep,
+        expert_tensor_parallel=etp,
+        moe_capacity_factor=stack.moe_capacity_factor,
         ep_across_nodes=ep_across_nodes,
         recompute=recompute,
         attention=stack.attention,
@@ -99,4 +116,6 @@ def layer_settings(
         tp_comm_overlap=stack.tp_comm_overlap,
         grad_bytes=stack.grad_bytes,
         optimizer_bytes=stack.optimizer_bytes,
+        precision=stack.precision,
+        fp8_scaling=stack.fp8_scaling,
     )

@@ -1,0 +1,84 @@
+"""The H100 record (benchmarks/data/h100_record.csv): each published run as the `octopipe
+estimate` command line that predicts it, and the tokens per second per GPU it published.
+
+    rows = read_record()
+    argv = estimate_argv(row)            # None when the row cannot be expressed (its reason)
+    published_tokens(row)                # tokens/s/GPU, given or derived by the row's formula
+
+Used by bench_fidelity.py (the table and the fit) and by tests; pure, no subprocesses.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+from pathlib import Path
+
+from octopipe.costmodel import load_architecture
+from octopipe.costmodel.build import parameter_count
+from octopipe.costmodel.hardware import Hardware
+
+DATA = Path(__file__).parent / "data"
+RECORD = DATA / "h100_record.csv"
+CONFIGS = DATA / "configs"
+GIB = 2**30
+
+# Parts a source ran that differ from the preset's: Meta's Grand Teton H100s (torchtitan's
+# benchmarks) carry 96 GB of HBM2e at 2.4 TB/s (the benchmark file says so).
+VARIANTS = {
+    "hbm2e-500w": {"memory_bandwidth": 2.4e12, "memory_bytes": 96 * 1e9 * 0.97},
+}
+
+
+def read_record(path: Path = RECORD) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def config_path(row: dict[str, str]) -> str:
+    """A config of benchmarks/data/configs, or a shipped model's name."""
+    local = CONFIGS / f"{row['config']}.json"
+    return str(local) if local.exists() else row["config"]
+
+
+def with_variant(hw: Hardware, row: dict[str, str]) -> Hardware:
+    return replace(hw, **VARIANTS[row["variant"]]) if row["variant"] else hw
+
+
+def estimate_argv(row: dict[str, str]) -> list[str] | None:
+    """The `octopipe estimate` arguments of the row (None when `unexpressed` says why not)."""
+    if row["unexpressed"]:
+        return None
+    argv = ["estimate", "--model", config_path(row), "--hardware", row["hardware"]]
+    argv += ["--gpus", row["gpus"], "--gpus-per-node", row["gpus_per_node"]]
+    for flag in ("tp", "cp", "pp", "dp", "ep"):
+        argv += [f"--{flag}", row[flag]]
+    argv += ["--micro-batch-size", row["micro_batch"], "--global-batch", row["global_batch"]]
+    argv += ["--seq-len", row["seq_len"], "--schedule", row["schedule"]]
+    if int(row["chunks"]) > 1:
+        argv += ["--chunks", row["chunks"]]
+    argv += ["--recompute", row["recompute"], "--precision", row["precision"]]
+    argv += ["--fp8-scaling", row["fp8_scaling"], "--zero", row["zero"]]
+    if row["shard_group"]:
+        argv += ["--shard-group", row["shard_group"]]
+    if row["tp_comm_overlap"] == "1":
+        argv += ["--tp-comm-overlap"]
+    if row["grad_bucket_mb"]:
+        argv += ["--grad-bucket-mb", row["grad_bucket_mb"]]
+    return [*argv, "--json"]
+
+
+def published_tokens(row: dict[str, str]) -> float:
+    """Tokens per second per GPU: as published, or from the published TFLOP/s per GPU by the
+    row's FLOP formula (`6N+6lhs`: 6 x the non-embedding parameters plus causal attention
+    at half, 6 l h s, per token)."""
+    if row["published"]:
+        return float(row["published"])
+    tflops, formula = row["flops"].split(":")
+    if formula != "6N+6lhs":
+        raise ValueError(f"unknown FLOP formula {formula!r}")
+    arch = load_architecture(config_path(row))
+    embedding = arch.vocab_size * arch.hidden_size
+    n = parameter_count(arch) - embedding * (1 if arch.tie_word_embeddings else 1)
+    per_token = 6 * n + 6 * arch.num_layers * arch.hidden_size * int(row["seq_len"])
+    return float(tflops) * 1e12 / per_token

@@ -1,0 +1,84 @@
+"""ZeRO-2/3 and HSDP in `octopipe estimate`: what each stage holds, when it gathers and
+scatters, the held-across-microbatches mode under PP, HSDP's replicas, and bad shard groups
+refused in one line."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from octopipe.costmodel import load_architecture
+from octopipe.costmodel.build import estimate_layers
+from octopipe.costmodel.hardware import hardware_preset
+from octopipe.costmodel.settings import Settings
+from octopipe.errors import InputError
+from octopipe.layouts import Cluster, Job, Layout, parse_gpus
+from octopipe.layouts.estimate import Given, estimate
+from octopipe.layouts.sharded_dp import sharding, state_bytes
+from octopipe.layouts.stack import Stack
+
+
+def _job(gpus: int = 64, batch: int = 128) -> Job:
+    return Job("llama3-8b", Cluster(parse_gpus(str(gpus), "h100"), 8), batch, 4096, Stack())
+
+
+FSDP = Layout(tp=1, pp=1, dp=64, microbatch_size=1, num_microbatches=1)
+
+
+def _run(layout: Layout, gpus: int = 64):
+    return estimate(_job(gpus), Given(layout))
+
+
+def test_zero1_is_the_same_layout_spelled_either_way():
+    assert Layout(1, 1, 8, 1, 1, zero1=True) == Layout(1, 1, 8, 1, 1, zero=1)
+    assert Layout(1, 1, 8, 1, 1, zero=3).zero1  # the optimizer state is sharded too
+
+
+def test_each_stage_holds_less():
+    peaks = [_run(replace(FSDP, zero=z)).peak_memory_bytes for z in range(4)]
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 4
+
+
+def test_state_bytes_follow_what_each_stage_shards():
+    arch = load_architecture("llama3-8b")
+    s = Settings(seq_len=1024)
+    e = estimate_layers(arch, hardware_preset("h100"), s)[1]
+    w, g, o, n = s.weight_bytes, s.grad_bytes, s.optimizer_bytes, e.params
+    assert state_bytes(e, sharding(2, 8, 1, 1), s, 1) == pytest.approx(n * (w + (g + o) / 8), 1)
+    assert state_bytes(e, sharding(3, 8, 1, 1), s, 1) == pytest.approx(n * (w + g + o) / 8, 1)
+    held = sharding(3, 8, 1, 4)  # under PP: weights and gradients gathered for the whole step
+    assert held.held and state_bytes(e, held, s, 1) == pytest.approx(n * (w + g + o / 8), 1)
+
+
+def test_zero3_gathers_per_microbatch_without_pp_and_once_a_step_under_pp():
+    per_mb = _run(replace(FSDP, zero=3))
+    assert per_mb.breakdown.fsdp_comm > 0  # every microbatch's gathers, partly exposed
+    pp = Layout(tp=1, pp=4, dp=16, microbatch_size=1, num_microbatches=1)
+    held, zero1 = _run(replace(pp, zero=3)), _run(replace(pp, zero=1))
+    assert held.breakdown.fsdp_comm == 0  # gathered once, held across the microbatches
+    assert held.step_time == pytest.approx(zero1.step_time)  # ZeRO-1's traffic
+    # The state (FP32 master weights and moments) sharded, weights and gradients whole for the
+    # step: what ZeRO-1 holds.
+    assert held.peak_memory_bytes == zero1.peak_memory_bytes
+
+
+def test_hsdp_shards_within_groups_and_reduces_across_them():
+    full, hsdp = _run(replace(FSDP, zero=3)), _run(replace(FSDP, zero=3, shard_group=8))
+    assert full.peak_memory_bytes < hsdp.peak_memory_bytes  # 8 shards, not 64
+    # Shards inside a node over NVLink; the replicas' all-reduce of the shards is new.
+    assert hsdp.breakdown.fsdp_comm < full.breakdown.fsdp_comm
+    assert hsdp.breakdown.dp_exposed > 0
+
+
+@pytest.mark.parametrize(
+    ("layout", "says"),
+    [
+        (replace(FSDP, zero=1, shard_group=8), "needs --zero 2 or 3"),
+        (replace(FSDP, zero=3, shard_group=7), "must divide"),
+        (replace(FSDP, zero=4), "0 to 3"),
+    ],
+)
+def test_bad_shard_groups_are_one_line(layout, says):
+    with pytest.raises(InputError, match=says):
+        _run(layout)
