@@ -28,7 +28,10 @@ BAD = [
     (["--lr", "inf"], "argument --lr: expected a finite number in [0, 1e+06], got inf"),
     (["--momentum", "-1"], "argument --momentum: expected a number in [0, 1), got -1"),
     (["--momentum", "5"], "argument --momentum: expected a number in [0, 1), got 5"),
-    (["--min-lr", "0.1"], "--min-lr: 0.1 is above --lr 0.01: the cosine would rise"),
+    (
+        ["--lr", "0.01", "--min-lr", "0.1"],
+        "--min-lr: 0.1 is above --lr 0.01: the cosine would rise",
+    ),
     (["--dp", "3", "--nproc", "4"], "--dp: 3 replicas do not divide the 4 processes"),
     (["--trace", "/no/such/folder/t.json"], "--trace: folder /no/such/folder does not exist"),
 ]
