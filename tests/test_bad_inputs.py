@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from bad_inputs_second import OUTPUT_CASES, second_pass_files, specials_changed
 from executor_helpers import TOY, gpipe, layer_count, one_f_one_b
 from model_zoo import HF_CONFIGS
 
@@ -115,6 +116,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     put("not-a-tokenizer.json", '{"model": 3}')
     paths["ran"] = str(root / "ran")  # what the crafted checkpoints would create
     put("a-file", "not a folder")
+    paths.update(second_pass_files(root))
     return paths
 
 
@@ -1219,6 +1221,7 @@ HAND_WRITTEN = [
 
 def all_cases() -> list[Case]:
     cases = flag_cases() + file_cases() + HAND_WRITTEN
+    cases += [Case(*case) for case in OUTPUT_CASES]
     for name, expect in CHECKPOINT_EXPECT.items():
         cases.append(
             Case(
@@ -1255,6 +1258,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, files, tmp_path, 
     assert sorted(p.name for p in out.iterdir()) == ["old.json"]
     assert (out / "old.json").read_text() == OLD
     assert not Path(files["ran"]).exists()
+    assert not specials_changed(files)  # no device, FIFO or link was written over
 
 
 ENTRY_POINT = {  # id -> (argv, the line's start)

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from octopipe.errors import InputError, OctoPipeError, OctoPipeWarning
 from octopipe.jsonfile import read_json
+from octopipe.outfiles import refuse_not_regular
 from octopipe.runtime.checkpoint.metadata import DamagedCheckpoint, read_metadata
 
 FORMAT = "octopipe.checkpoint/1"
@@ -176,7 +177,7 @@ def check_folder(root: str | Path) -> None:
     """`--checkpoint-dir` is a folder this process can write, or one it can create."""
     from octopipe.commands._output_paths import check_output_folder  # plain path checks
 
-    check_output_folder("--checkpoint-dir", root)
+    check_output_folder("--checkpoint-dir", root, (LOCK,))
 
 
 def check_room(root: str | Path, nbytes: int, what: str = "a checkpoint") -> None:
@@ -216,6 +217,7 @@ def hold(root: str | Path) -> Iterator[None]:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK
+    refuse_not_regular(path, "--checkpoint-dir")  # opening a FIFO would block, a device worse
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
