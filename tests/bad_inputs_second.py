@@ -67,10 +67,293 @@ def second_pass_files(root: Path) -> dict[str, str]:
     made["logs~log.jsonl fifo"] = str(root / "logs~log.jsonl fifo")
     fifo("ckpts~lock fifo/.octopipe.lock")
     made["ckpts~lock fifo"] = str(root / "ckpts~lock fifo")
+    _plans_of_other_models(root, made)
     (root / "link-loop-a").symlink_to(root / "link-loop-b")
     (root / "link-loop-b").symlink_to(root / "link-loop-a")
     made["link-loop"] = str(root / "link-loop-a")
     return made
+
+
+def with_checksums(folder: Path, marker: str, **changes) -> None:
+    """The checkpoint `folder`'s marker with the checksums a save records (or `changes`)."""
+    import json
+
+    from octopipe.runtime.checkpoint.checksums import digests, hashed_files
+
+    path = folder / marker
+    data = json.loads(path.read_text())
+    data["checksums"] = digests(folder, hashed_files(folder, marker))
+    path.write_text(json.dumps({**data, **changes}))
+
+
+def flip_byte(path: Path, at: float = 0.5) -> None:
+    """One byte of `path` changed in place, its length kept."""
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+# Checkpoints (the toy model's, one `step-2` each) whose bytes are not what their marker says,
+# as `--resume` and `export-hf` see them: made by `test_bad_inputs._checkpoints`.
+CHECKSUM_DAMAGES = {
+    "ckpt~shard byte flipped": ("shard", 0.5, None),
+    "ckpt~shard first byte flipped": ("shard", 0.0, None),
+    "ckpt~shard last byte flipped": ("shard", 0.9999999, None),
+    "ckpt~index byte flipped": (".metadata", 0.9, None),
+    "ckpt~checksum not hex": (None, 0, {".metadata": "sha256:xyz"}),
+    "ckpt~checksum names a path": (None, 0, {"../x": "sha256:" + "0" * 64}),
+    "ckpt~checksums as text": (None, 0, "sha256:" + "0" * 64),
+    "ckpt~checksums lack the shard": (None, 0, "index only"),
+}
+CHECKSUM_EXPECT = {
+    "ckpt~shard byte flipped": "its bytes changed since the save (sha256 ",
+    "ckpt~shard first byte flipped": "its bytes changed since the save",
+    "ckpt~shard last byte flipped": "its bytes changed since the save",
+    "ckpt~index byte flipped": "step-2/.metadata: ",  # unreadable, or its checksum differs
+    "ckpt~checksum not hex": "checksums: .metadata: expected sha256:<64 hex digits>",
+    "ckpt~checksum names a path": "checksums: '../x' is not a file of the checkpoint's folder",
+    "ckpt~checksums as text": "checksums: Input should be a valid dictionary",
+    "ckpt~checksums lack the shard": "has no checksum in the marker",
+}
+
+
+def damage_checksummed(folder: Path, marker: str, name: str) -> None:
+    """Give the checkpoint `folder` its checksums, then the damage `name` of CHECKSUM_DAMAGES."""
+    target, at, checksums = CHECKSUM_DAMAGES[name]
+    if checksums is None:
+        with_checksums(folder, marker)
+    elif checksums == "index only":
+        with_checksums(folder, marker)
+        import json
+
+        data = json.loads((folder / marker).read_text())
+        data["checksums"] = {".metadata": data["checksums"][".metadata"]}
+        (folder / marker).write_text(json.dumps(data))
+    else:
+        with_checksums(folder, marker, checksums=checksums)
+    if target == "shard":
+        flip_byte(next(folder.glob("*.distcp")), at)
+    elif target is not None:
+        flip_byte(folder / target, at)
+
+
+def checkpoint_cases() -> list[tuple[str, Argv, str]]:
+    """Each damaged checkpoint resumed (its folder) and exported (its `step-2`, and its folder
+    for the first)."""
+    cases: list[tuple[str, Argv, str]] = []
+    for name, expect in CHECKSUM_EXPECT.items():
+        cases.append(
+            (
+                f"run --resume {name}",
+                lambda f, n=name: _toy_run(f, "--steps", "4", "--resume", "--checkpoint-dir", f[n]),
+                expect,
+            )
+        )
+        cases.append(
+            (
+                f"export-hf {name}",
+                lambda f, n=name: [
+                    "export-hf",
+                    "--checkpoint",
+                    str(Path(f[n]) / "step-2"),
+                    "--model",
+                    f["hf-llama"],
+                    "-o",
+                    _out(f, "hf"),
+                ],
+                expect,
+            )
+        )
+    cases.append(
+        (
+            "export-hf a folder whose only checkpoint has a flipped byte",
+            lambda f: [
+                "export-hf",
+                "--checkpoint",
+                f["ckpt~shard byte flipped"],
+                "--model",
+                f["hf-llama"],
+                "-o",
+                _out(f, "hf"),
+            ],
+            "no complete checkpoint in",
+        )
+    )
+    return cases
+
+
+def _plans_of_other_models(root: Path, made: dict[str, str]) -> None:
+    """Plans whose `profile` key says what they were made for, at odds with a run's model."""
+    import json
+
+    import octopipe as op
+    from octopipe.plan import save_plan
+
+    gemma = op.baseline(op.profile_from_config("tiny-gemma", devices=2), "1f1b", "uniform", 4)
+    save_plan(gemma, root / "gemma-plan.json")
+    made["gemma-plan.json"] = str(root / "gemma-plan.json")
+    llama = op.baseline(
+        op.profile_from_config("tiny-llama", devices=2, seq_len=128), "1f1b", "uniform", 4
+    )
+    save_plan(llama, root / "llama-plan-128.json")
+    from executor_helpers import one_f_one_b
+
+    save_plan(one_f_one_b(2, 2, num_layers=6), root / "hf-plan.json")  # the hf: Llama's 6
+    made["hf-plan.json"] = str(root / "hf-plan.json")
+    made["llama-plan-128.json"] = str(root / "llama-plan-128.json")
+    for name, change in PLAN_CHANGES.items():
+        data = json.loads((root / "llama-plan-128.json").read_text())
+        change(data)
+        (root / name).write_text(json.dumps(data))
+        made[name] = str(root / name)
+    job = root / "job~resume maybe.toml"
+    job.write_text("[checkpoint]\nresume = 'maybe'\ndir = 'x'\n")
+    made["job~resume maybe"] = str(job)
+    job = root / "job~resume as number.toml"
+    job.write_text("[checkpoint]\nresume = 1\ndir = 'x'\n")
+    made["job~resume as number"] = str(job)
+    (root / "resume~step-4 a file").mkdir()
+    (root / "resume~step-4 a file" / "step-4").write_text("not a checkpoint")
+    made["resume~step-4 a file"] = str(root / "resume~step-4 a file")
+
+
+def _parallelism(**degrees):
+    def change(data):
+        data["parallelism"] = {"tp": 1, "pp": 2, "dp": 1, "microbatch_size": 1, **degrees}
+
+    return change
+
+
+def _profile_key(**keys):
+    def change(data):
+        data["profile"] = {**data["profile"], **keys}
+
+    return change
+
+
+PLAN_CHANGES = {  # the tiny Llama's plan (seq_len 128), changed one way each
+    "llama-plan~zero 2": _parallelism(zero=2),
+    "llama-plan~zero as text": _parallelism(zero="1"),
+    "llama-plan~zero 1.0": _parallelism(zero=1.0),
+    "llama-plan~recompute unknown": _parallelism(recompute="some"),
+    "llama-plan~stage recompute in capitals": lambda d: d["stages"][0].update(recompute="FULL"),
+    "llama-plan~made for tiny-moe": _profile_key(name="tiny-moe-tp1-h100"),
+    "llama-plan~made for llama3-8b on an a100": _profile_key(name="llama3-8b-tp8-a100"),
+    "llama-plan~seq_len beyond the positions": _profile_key(seq_len=257),
+}
+
+
+def _tiny_llama(f, plan: str, *extra) -> list[str]:
+    return ["run", "--plan", f[plan], "--model", "tiny-llama", *extra]
+
+
+MISMATCH_CASES: list[tuple[str, Argv, str]] = [
+    (
+        "run tiny-gemma's plan on tiny-llama",
+        lambda f: _tiny_llama(f, "gemma-plan.json"),
+        "profile.name: a plan made for tiny-gemma (its profile 'tiny-gemma-tp1-h100'), not "
+        "tiny-llama",
+    ),
+    (
+        "run a plan made for tiny-moe",
+        lambda f: _tiny_llama(f, "llama-plan~made for tiny-moe"),
+        "a plan made for tiny-moe",
+    ),
+    (
+        "run a plan made for llama3-8b",
+        lambda f: _tiny_llama(f, "llama-plan~made for llama3-8b on an a100"),
+        "a plan made for llama3-8b (its profile 'llama3-8b-tp8-a100'), not tiny-llama",
+    ),
+    (
+        "run a plan of 4,096 tokens on 256 positions",
+        lambda f: _tiny_llama(f, "plan.json"),
+        "--seq-len: 4,096 tokens (what the plan was made for) are more than tiny-llama's 256 "
+        "positions",
+    ),
+    (
+        "run a plan of 257 tokens on 256 positions",
+        lambda f: _tiny_llama(f, "llama-plan~seq_len beyond the positions"),
+        "257 tokens (what the plan was made for) are more than",
+    ),
+    (
+        "run --seq-len 512 on 256 positions",
+        lambda f: _tiny_llama(f, "llama-plan-128.json", "--seq-len", "512"),
+        "--seq-len: 512 tokens are more than tiny-llama's 256 positions",
+    ),
+    (
+        "run --seq-len 4096 on an hf: model of 64 positions",
+        lambda f: [
+            "run",
+            "--plan",
+            f["hf-plan.json"],
+            "--model",
+            f["hf-llama"],
+            "--seq-len",
+            "4096",
+        ],
+        "--seq-len: 4,096 tokens are more than",
+    ),
+    (
+        "run a plan of ZeRO-2",
+        lambda f: _tiny_llama(f, "llama-plan~zero 2"),
+        "parallelism.zero: expected 0, 1 or 3 (ZeRO-2 is neither planned nor run), got 2",
+    ),
+    (
+        "run a plan of ZeRO '1'",
+        lambda f: _tiny_llama(f, "llama-plan~zero as text"),
+        "parallelism.zero: expected 0, 1 or 3",
+    ),
+    (
+        "run a plan of ZeRO 1.0",
+        lambda f: _tiny_llama(f, "llama-plan~zero 1.0"),
+        "parallelism.zero: expected 0, 1 or 3",
+    ),
+    (
+        "simulate a plan of ZeRO-2",
+        lambda f: ["simulate", "--profile", f["profile.json"], "--plan", f["llama-plan~zero 2"]],
+        "parallelism.zero: expected 0, 1 or 3",
+    ),
+    (
+        "run a plan of an unknown recompute",
+        lambda f: _tiny_llama(f, "llama-plan~recompute unknown"),
+        "parallelism.recompute: expected one of",
+    ),
+    (
+        "run a plan whose stage recomputes FULL",
+        lambda f: _tiny_llama(f, "llama-plan~stage recompute in capitals"),
+        "stages[0].recompute: expected one of none, selective, full, got 'FULL'",
+    ),
+    (
+        "run --resume=require, no folder",
+        lambda f: _toy_run(f, "--resume=require", "--checkpoint-dir", _out(f, "none")),
+        "--resume: require: no checkpoint in",
+    ),
+    (
+        "run --resume require, step-4 a file",
+        lambda f: _toy_run(f, "--resume", "require", "--checkpoint-dir", f["resume~step-4 a file"]),
+        "--resume: require: no checkpoint in",
+    ),
+    (
+        "run --resume=maybe",
+        lambda f: _toy_run(f, "--resume=maybe", "--checkpoint-dir", "x"),
+        "argument --resume: invalid choice: 'maybe'",
+    ),
+    (
+        "run --resume=require alone",
+        lambda f: _toy_run(f, "--resume=require"),
+        "--resume: needs --checkpoint-dir",
+    ),
+    (
+        "run a job file of resume 'maybe'",
+        lambda f: ["run", "--config", f["job~resume maybe"]],
+        "checkpoint.resume: expected one of no, yes, require, got 'maybe'",
+    ),
+    (
+        "run a job file of resume 1",
+        lambda f: ["run", "--config", f["job~resume as number"]],
+        "checkpoint.resume: expected text, got 1",
+    ),
+]
 
 
 def specials_changed(files: dict[str, str]) -> list[str]:

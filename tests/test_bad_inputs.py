@@ -23,7 +23,15 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from bad_inputs_second import OUTPUT_CASES, second_pass_files, specials_changed
+from bad_inputs_second import (
+    CHECKSUM_DAMAGES,
+    MISMATCH_CASES,
+    OUTPUT_CASES,
+    checkpoint_cases,
+    damage_checksummed,
+    second_pass_files,
+    specials_changed,
+)
 from executor_helpers import TOY, gpipe, layer_count, one_f_one_b
 from model_zoo import HF_CONFIGS
 
@@ -321,12 +329,12 @@ PLAN_FAULTS = {
     "parallelism zero 4": (
         "parallelism",
         {"tp": 1, "pp": 2, "dp": 1, "microbatch_size": 1, "zero": 4},
-        "parallelism.zero: expected 0 to 3",
+        "parallelism.zero: expected 0, 1 or 3",
     ),
     "parallelism zero true": (
         "parallelism",
         {"tp": 1, "pp": 2, "dp": 1, "microbatch_size": 1, "zero": True},
-        "parallelism.zero: expected 0 to 3",
+        "parallelism.zero: expected 0, 1 or 3",
     ),
     "parallelism dp huge": (
         "parallelism",
@@ -530,6 +538,8 @@ def _checkpoints(root: Path) -> dict[str, str]:
     checkpoint("ckpt~another model", model_id="sha256:00", model="m.json")
     checkpoint("ckpt~other layers", layers=["a", "b"])
     next(checkpoint("ckpt~shard gone").glob("*.distcp")).unlink()
+    for name in CHECKSUM_DAMAGES:
+        damage_checksummed(checkpoint(name), MARKER, name)
     return made
 
 
@@ -1221,7 +1231,7 @@ HAND_WRITTEN = [
 
 def all_cases() -> list[Case]:
     cases = flag_cases() + file_cases() + HAND_WRITTEN
-    cases += [Case(*case) for case in OUTPUT_CASES]
+    cases += [Case(*case) for case in OUTPUT_CASES + checkpoint_cases() + MISMATCH_CASES]
     for name, expect in CHECKPOINT_EXPECT.items():
         cases.append(
             Case(

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from executor_helpers import TOY, gpipe
 
 from octopipe.cli import main
-from octopipe.errors import InputError
+from octopipe.errors import InputError, OctoPipeWarning
 from octopipe.plan import save_plan
 from octopipe.runtime.checkpoint import store as checkpoint
 from octopipe.runtime.checkpoint.folder import (
@@ -437,3 +437,28 @@ def test_a_run_that_fills_its_disk_stops_in_one_line_keeping_its_complete_checkp
         assert choose(ckpt).step == kept[-1] and not list(ckpt.glob(".step-*"))
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("folder", ["absent", "empty", "step-4 a file"])
+def test_resume_without_a_checkpoint_says_it_starts_from_step_0_or_refuses_if_required(
+    tmp_path, toy, folder
+):
+    from octopipe.runtime.job.run_config import RunConfig
+    from octopipe.runtime.launch.preflight import check_resumable
+
+    root = tmp_path / "ckpt"
+    if folder != "absent":
+        root.mkdir()
+    if folder == "step-4 a file":
+        (root / "step-4").write_text("not a checkpoint")
+    config = RunConfig(TOY, checkpoint_dir=str(root), resume=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert check_resumable(config, toy).resume_checkpoint is None
+    (warning,) = [w for w in caught if issubclass(w.category, OctoPipeWarning)]
+    assert str(warning.message) == (
+        f"--resume: no checkpoint in {root} (no step-K folder); starting from step 0"
+    )
+    required = RunConfig(TOY, checkpoint_dir=str(root), resume=True, resume_required=True)
+    with pytest.raises(InputError, match=r"--resume: require: no checkpoint in .* \(no step-K"):
+        check_resumable(required, toy)

@@ -247,10 +247,12 @@ def checkpoint_bytes(model, optimizer: str, momentum: float = 0.0) -> int:
 def hold(root: str | Path) -> Iterator[None]:
     """Keep every other run out of `root` while the block runs (module docstring)."""
     root = Path(root)
+    made = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK
     refuse_not_regular(path, "--checkpoint-dir")  # opening a FIFO would block, a device worse
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    refused = True
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -260,8 +262,12 @@ def hold(root: str | Path) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         yield
+        refused = False
     finally:
         os.close(fd)  # closing drops the lock
+        if made and refused and [p.name for p in root.iterdir()] == [LOCK]:
+            path.unlink(missing_ok=True)  # a run refused before it wrote: the folder it made
+            root.rmdir()  # goes too, as it was
 
 
 def _in_use(root: Path, lock: Path) -> str:

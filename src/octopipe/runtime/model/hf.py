@@ -136,6 +136,8 @@ def hf_recipe(path: str) -> ModelRecipe:
     recipe.tp_plan = lambda tp: hf_plan(recipe.meta_model, tp)
     recipe.synthetic = token_chains(recipe)
     recipe.kinds = tuple(_kind(name) for name in recipe.layers)
+    positions = getattr(config, "max_position_embeddings", None)
+    recipe.max_positions = positions if isinstance(positions, int) and positions > 0 else None
     return recipe
 
 
