@@ -356,6 +356,146 @@ MISMATCH_CASES: list[tuple[str, Argv, str]] = [
 ]
 
 
+def all_times_zero(data):
+    for layer in data["layers"]:
+        layer.update(f=0.0, b=0.0, w=0.0)
+    return data
+
+
+def _hf_config(**changes):
+    """The tiny Llama's config.json with `changes` (None deletes a key)."""
+
+    def change(config):
+        config = {**config, **changes}
+        return {k: v for k, v in config.items() if v is not None}
+
+    return change
+
+
+CONFIG_CHANGES = {  # config.json faults, read by profile-arch and by run --model hf:
+    "cfg~hidden 66 over 4 heads": (
+        _hf_config(hidden_size=66),
+        "num_attention_heads: 4 heads do not divide hidden_size 66 (a head of 16.5 dimensions)",
+    ),
+    "cfg~heads beyond the hidden size": (
+        _hf_config(num_attention_heads=128, num_key_value_heads=128),
+        "num_attention_heads: 128 heads do not divide hidden_size 64",
+    ),
+    "cfg~odd head size": (
+        _hf_config(hidden_size=36, num_attention_heads=4, num_key_value_heads=2),
+        "a head of 9 dimensions: rotary embeddings need an even head size",
+    ),
+    "cfg~head_dim as text": (_hf_config(head_dim="16"), "head_dim: expected an integer >= 1"),
+    "cfg~head_dim 0": (_hf_config(head_dim=0), "head_dim: expected an integer >= 1 (got 0)"),
+    "cfg~rope_scaling as text": (
+        _hf_config(rope_scaling="linear"),
+        "rope_scaling: expected an object such as",
+    ),
+    "cfg~rope_scaling as list": (_hf_config(rope_scaling=[2.0]), "rope_scaling: expected an"),
+    "cfg~rope_type unknown": (
+        _hf_config(rope_scaling={"rope_type": "nosuch", "factor": 2.0}),
+        "rope_scaling.rope_type: unknown rope_type 'nosuch'; transformers knows default",
+    ),
+    "cfg~rope type as number": (
+        _hf_config(rope_scaling={"type": 2, "factor": 2.0}),
+        "rope_scaling.rope_type: unknown rope_type 2",
+    ),
+    "cfg~linear without factor": (
+        _hf_config(rope_scaling={"rope_type": "linear"}),
+        "rope_scaling.factor: rope_type 'linear' needs factor",
+    ),
+    "cfg~linear factor as text": (
+        _hf_config(rope_scaling={"rope_type": "linear", "factor": "2"}),
+        "rope_scaling.factor: expected a positive number (got '2')",
+    ),
+    "cfg~linear factor below 1": (
+        _hf_config(rope_scaling={"rope_type": "linear", "factor": 0.5}),
+        "rope_scaling.factor: expected a number >= 1 (got 0.5)",
+    ),
+    "cfg~llama3 without high_freq_factor": (
+        _hf_config(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 64,
+            }
+        ),
+        "rope_scaling.high_freq_factor: rope_type 'llama3' needs high_freq_factor",
+    ),
+    "cfg~llama3 original positions as float": (
+        _hf_config(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64.0,
+            }
+        ),
+        "rope_scaling.original_max_position_embeddings: expected an integer >= 1",
+    ),
+    "cfg~longrope factors as text": (
+        _hf_config(
+            rope_scaling={"rope_type": "longrope", "short_factor": "1", "long_factor": [1.0]}
+        ),
+        "rope_scaling.short_factor: expected a list of positive numbers",
+    ),
+    "cfg~rope_parameters unknown type": (
+        _hf_config(rope_parameters={"rope_type": "spiral", "rope_theta": 1e4}),
+        "rope_parameters.rope_type: unknown rope_type 'spiral'",
+    ),
+}
+
+
+def config_files(root: Path, base: dict) -> dict[str, str]:
+    """Each CONFIG_CHANGES config twice: a config.json file (profile-arch) and an hf: folder
+    (run), beside an all-zero profile."""
+    import json
+
+    made = {}
+    for name, (change, _) in CONFIG_CHANGES.items():
+        folder = root / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(change(dict(base))))
+        made[name] = str(folder)
+    return made
+
+
+def config_cases() -> list[tuple[str, Argv, str]]:
+    cases: list[tuple[str, Argv, str]] = []
+    for name, (_, expect) in CONFIG_CHANGES.items():
+        cases.append(
+            (
+                f"profile-arch {name}",
+                lambda f, n=name: ["profile-arch", f"{f[n]}/config.json", "-o", _out(f, "p.json")],
+                expect,
+            )
+        )
+        cases.append(
+            (
+                f"run --model hf: {name}",
+                lambda f, n=name: ["run", "--plan", f["hf-plan.json"], "--model", f"hf:{f[n]}"],
+                expect,
+            )
+        )
+    cases.append(
+        (
+            "simulate a profile of zero times",
+            lambda f: ["simulate", "--profile", f["profile~all zero"], "--plan", f["plan.json"]],
+            "layers: every layer's f, b and w is 0: nothing to plan or simulate",
+        )
+    )
+    cases.append(
+        (
+            "plan a profile of zero times",
+            lambda f: ["plan", "--profile", f["profile~all zero"], "-o", _out(f, "x")],
+            "every layer's f, b and w is 0",
+        )
+    )
+    return cases
+
+
 def specials_changed(files: dict[str, str]) -> list[str]:
     """The special files that are no longer what `second_pass_files` made (empty: all are)."""
     wrong = []

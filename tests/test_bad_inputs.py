@@ -27,7 +27,10 @@ from bad_inputs_second import (
     CHECKSUM_DAMAGES,
     MISMATCH_CASES,
     OUTPUT_CASES,
+    all_times_zero,
     checkpoint_cases,
+    config_cases,
+    config_files,
     damage_checksummed,
     second_pass_files,
     specials_changed,
@@ -125,6 +128,8 @@ def files(tmp_path_factory) -> dict[str, str]:
     paths["ran"] = str(root / "ran")  # what the crafted checkpoints would create
     put("a-file", "not a folder")
     paths.update(second_pass_files(root))
+    paths.update(config_files(root, arch))
+    put("profile~all zero", all_times_zero(json.loads((root / "profile.json").read_text())))
     return paths
 
 
@@ -1232,6 +1237,7 @@ HAND_WRITTEN = [
 def all_cases() -> list[Case]:
     cases = flag_cases() + file_cases() + HAND_WRITTEN
     cases += [Case(*case) for case in OUTPUT_CASES + checkpoint_cases() + MISMATCH_CASES]
+    cases += [Case(*case) for case in config_cases()]
     for name, expect in CHECKPOINT_EXPECT.items():
         cases.append(
             Case(
