@@ -696,6 +696,26 @@ OUTPUT_CASES: list[tuple[str, Argv, str]] = [
         lambda f: _toy_run(f, "--checkpoint-dir", f["link-loop"], "--resume"),
         "is a symbolic link that leads nowhere",
     ),
+    (
+        "run --data a folder",
+        lambda f: _toy_run(f, "--data", f["OUT"]),
+        "is a folder, not a file of token ids",
+    ),
+    (
+        "run --data a FIFO",
+        lambda f: _toy_run(f, "--data", f["fifo"]),
+        "is a FIFO (named pipe), not a file of token ids",
+    ),
+    (
+        "run --data /dev/null",
+        lambda f: _toy_run(f, "--data", "/dev/null"),
+        "--data: /dev/null is a character device, not a file of token ids",
+    ),
+    (
+        "run --val-data a folder",
+        lambda f: _toy_run(f, "--val-data", f["OUT"]),
+        "is a folder, not a file of token ids",
+    ),
     ("run --log-dir a FIFO", lambda f: _toy_run(f, "--log-dir", f["fifo"]), "not a folder"),
     (
         "export-hf -o /dev/full",
