@@ -23,6 +23,18 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from bad_inputs_second import (
+    CHECKSUM_DAMAGES,
+    MISMATCH_CASES,
+    OUTPUT_CASES,
+    all_times_zero,
+    checkpoint_cases,
+    config_cases,
+    config_files,
+    damage_checksummed,
+    second_pass_files,
+    specials_changed,
+)
 from executor_helpers import SGD_FLAGS, TOY, gpipe, layer_count, one_f_one_b
 from model_zoo import HF_CONFIGS
 
@@ -115,6 +127,9 @@ def files(tmp_path_factory) -> dict[str, str]:
     put("not-a-tokenizer.json", '{"model": 3}')
     paths["ran"] = str(root / "ran")  # what the crafted checkpoints would create
     put("a-file", "not a folder")
+    paths.update(second_pass_files(root))
+    paths.update(config_files(root, arch))
+    put("profile~all zero", all_times_zero(json.loads((root / "profile.json").read_text())))
     return paths
 
 
@@ -319,12 +334,12 @@ PLAN_FAULTS = {
     "parallelism zero 4": (
         "parallelism",
         {"tp": 1, "pp": 2, "dp": 1, "microbatch_size": 1, "zero": 4},
-        "parallelism.zero: expected 0 to 3",
+        "parallelism.zero: expected 0, 1 or 3",
     ),
     "parallelism zero true": (
         "parallelism",
         {"tp": 1, "pp": 2, "dp": 1, "microbatch_size": 1, "zero": True},
-        "parallelism.zero: expected 0 to 3",
+        "parallelism.zero: expected 0, 1 or 3",
     ),
     "parallelism dp huge": (
         "parallelism",
@@ -528,6 +543,8 @@ def _checkpoints(root: Path) -> dict[str, str]:
     checkpoint("ckpt~another model", model_id="sha256:00", model="m.json")
     checkpoint("ckpt~other layers", layers=["a", "b"])
     next(checkpoint("ckpt~shard gone").glob("*.distcp")).unlink()
+    for name in CHECKSUM_DAMAGES:
+        damage_checksummed(checkpoint(name), MARKER, name)
     return made
 
 
@@ -1219,6 +1236,8 @@ HAND_WRITTEN = [
 
 def all_cases() -> list[Case]:
     cases = flag_cases() + file_cases() + HAND_WRITTEN
+    cases += [Case(*case) for case in OUTPUT_CASES + checkpoint_cases() + MISMATCH_CASES]
+    cases += [Case(*case) for case in config_cases()]
     for name, expect in CHECKPOINT_EXPECT.items():
         cases.append(
             Case(
@@ -1255,6 +1274,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, files, tmp_path, 
     assert sorted(p.name for p in out.iterdir()) == ["old.json"]
     assert (out / "old.json").read_text() == OLD
     assert not Path(files["ran"]).exists()
+    assert not specials_changed(files)  # no device, FIFO or link was written over
 
 
 ENTRY_POINT = {  # id -> (argv, the line's start)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from executor_helpers import SGD_FLAGS, TOY, gpipe
 
 from octopipe.cli import main
-from octopipe.errors import InputError
+from octopipe.errors import InputError, OctoPipeWarning
 from octopipe.plan import save_plan
 from octopipe.runtime.checkpoint import store as checkpoint
 from octopipe.runtime.checkpoint.folder import (
@@ -76,6 +76,19 @@ def _shard(folder: Path) -> Path:
     return next(folder.glob("*.distcp"))
 
 
+def flip_byte(path: Path, at: float = 0.5) -> None:
+    """One byte of `path` changed in place (its length kept): what a bad disk or copy does."""
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _digest_of_another(folder: Path) -> None:
+    marker = json.loads((folder / "octopipe.json").read_text())
+    name = next(iter(marker["checksums"]))
+    _edit_marker(folder, checksums={**marker["checksums"], name: "sha256:" + "0" * 64})
+
+
 DAMAGES = {
     "marker emptied": lambda f: (f / "octopipe.json").write_text(""),
     "marker truncated": lambda f: _truncate(f / "octopipe.json"),
@@ -89,6 +102,18 @@ DAMAGES = {
     "index garbled": lambda f: (f / ".metadata").write_bytes(os.urandom(64)),
     "shard removed": lambda f: _shard(f).unlink(),
     "shard truncated": lambda f: _truncate(_shard(f)),
+    "shard byte flipped": lambda f: flip_byte(_shard(f)),
+    "shard's last byte flipped": lambda f: flip_byte(_shard(f), at=0.9999999),
+    "index byte flipped": lambda f: flip_byte(f / ".metadata", at=0.9),
+    "marker checksum of another file": _digest_of_another,
+    "marker checksum not hex": lambda f: _edit_marker(f, checksums={".metadata": "sha256:xyz"}),
+    "marker checksum names a path": lambda f: _edit_marker(
+        f, checksums={"../x": "sha256:" + "0" * 64}
+    ),
+    "marker checksums lack a shard": lambda f: _edit_marker(
+        f, checksums={".metadata": "sha256:" + "0" * 64}
+    ),
+    "marker checksums as list": lambda f: _edit_marker(f, checksums=["sha256:0"]),
 }
 
 
@@ -111,6 +136,34 @@ def test_a_damaged_latest_checkpoint_is_skipped_with_one_warning(tmp_path, toy, 
     text = str(warning.message)
     assert text.startswith(str(root / "step-4")) and text.endswith("; skipped for step-2")
     assert "\n" not in text
+
+
+def test_a_changed_byte_is_found_by_its_checksum(tmp_path, toy):
+    root = tmp_path / "ckpt"
+    write_checkpoints(root, toy, [2])
+    marker = json.loads((root / "step-2" / "octopipe.json").read_text())
+    saved = sorted(p.name for p in (root / "step-2").iterdir() if p.name != "octopipe.json")
+    assert sorted(marker["checksums"]) == saved  # every shard and the index
+    assert choose(root).step == 2
+    shard = _shard(root / "step-2")
+    size = shard.stat().st_size
+    flip_byte(shard)
+    assert shard.stat().st_size == size  # every earlier check passes: the length is right
+    with pytest.raises(InputError, match=r"its bytes changed since the save \(sha256 "):
+        choose(root)
+
+
+def test_a_checkpoint_without_checksums_still_resumes(tmp_path, toy):
+    """Checkpoints written before checksums existed have no `checksums` key: not checked."""
+    root = tmp_path / "ckpt"
+    write_checkpoints(root, toy, [2])
+    path = root / "step-2" / "octopipe.json"
+    marker = json.loads(path.read_text())
+    del marker["checksums"]
+    path.write_text(json.dumps(marker))
+    flip_byte(_shard(root / "step-2"))  # unseen, as before checksums
+    found = choose(root)
+    assert (found.step, found.marker.checksums) == (2, None)
 
 
 def test_no_complete_checkpoint_is_one_refusal_and_an_empty_folder_starts_afresh(tmp_path, toy):
@@ -329,8 +382,9 @@ def test_a_disk_that_fills_during_a_save_is_one_line_and_leaves_no_partial_folde
 
 @pytest.mark.slow  # a real process group
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("damage", ["shard truncated", "shard byte flipped"])
 def test_a_run_resumes_from_the_last_complete_checkpoint_when_the_latest_is_damaged(
-    tmp_path, run_argv, capsys
+    tmp_path, run_argv, capsys, damage
 ):
     from octopipe.runtime.job.run_config import RunConfig
     from octopipe.runtime.reference import train_reference
@@ -339,14 +393,13 @@ def test_a_run_resumes_from_the_last_complete_checkpoint_when_the_latest_is_dama
     ckpt = tmp_path / "ckpt"
     assert main(run_argv(ckpt, "--steps", "4", "--checkpoint-every", "2", "--json")) == 0
     capsys.readouterr()
-    DAMAGES["shard truncated"](ckpt / "step-4")
+    DAMAGES[damage](ckpt / "step-4")
     assert main(run_argv(ckpt, "--steps", "6", "--resume", "--json")) == 0
     captured = capsys.readouterr()
     warning = [line for line in captured.err.splitlines() if "warning" in line]
-    assert warning == [
-        f"octopipe run: warning: {_shard(ckpt / 'step-4')}: shard holds "
-        + warning[0].split("shard holds ")[1]
-    ]
+    fault = "shard holds " if damage == "shard truncated" else "its bytes changed since the save"
+    assert len(warning) == 1, captured.err
+    assert warning[0].startswith(f"octopipe run: warning: {_shard(ckpt / 'step-4')}: {fault}")
     assert warning[0].endswith("; skipped for step-2")
     summary = json.loads(captured.out.splitlines()[-1])
     straight = train_reference(
@@ -385,3 +438,28 @@ def test_a_run_that_fills_its_disk_stops_in_one_line_keeping_its_complete_checkp
         assert choose(ckpt).step == kept[-1] and not list(ckpt.glob(".step-*"))
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("folder", ["absent", "empty", "step-4 a file"])
+def test_resume_without_a_checkpoint_says_it_starts_from_step_0_or_refuses_if_required(
+    tmp_path, toy, folder
+):
+    from octopipe.runtime.job.run_config import RunConfig
+    from octopipe.runtime.launch.preflight import check_resumable
+
+    root = tmp_path / "ckpt"
+    if folder != "absent":
+        root.mkdir()
+    if folder == "step-4 a file":
+        (root / "step-4").write_text("not a checkpoint")
+    config = RunConfig(TOY, checkpoint_dir=str(root), resume=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert check_resumable(config, toy).resume_checkpoint is None
+    (warning,) = [w for w in caught if issubclass(w.category, OctoPipeWarning)]
+    assert str(warning.message) == (
+        f"--resume: no checkpoint in {root} (no step-K folder); starting from step 0"
+    )
+    required = RunConfig(TOY, checkpoint_dir=str(root), resume=True, resume_required=True)
+    with pytest.raises(InputError, match=r"--resume: require: no checkpoint in .* \(no step-K"):
+        check_resumable(required, toy)

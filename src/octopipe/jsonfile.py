@@ -9,7 +9,8 @@ naming the file and, where it can, the line.
 
 Writing emits standard JSON only (`allow_nan=False`: a non-finite figure is an error, not an
 `Infinity` no other reader takes) into a temporary file beside the target, renamed into place
-once complete, so no reader ever sees half a file.
+once complete, so no reader ever sees half a file; only a regular file is written over
+(`outfiles`).
 
 Only syntax lives here; what a file's keys mean is its format's module (profile, plan, trace).
 """
@@ -18,11 +19,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from octopipe import outfiles
 from octopipe.errors import InputError, OctoPipeError
 from octopipe.limits import MAX_INPUT_FILE_BYTES
 
@@ -84,31 +84,9 @@ def write_json(path: str | Path, data: Any, indent: int | None = 1, sync: bool =
 
 
 def write_text(path: str | Path, text: str, sync: bool = False) -> None:
-    """`text` (UTF-8) in `path`: a temporary file beside it, renamed into place once complete,
-    so that an interrupted write leaves the old file (or none), never half of the new one.
-    `sync`: on the disk before the rename (survives a power cut, not only a crash)."""
-    path = Path(path)
-    try:
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:  # name the file the caller asked for, not the temporary one
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-            if sync:
-                file.flush()
-                os.fsync(file.fileno())
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from others
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """`text` (UTF-8) in `path`, whole or not at all, and only over a regular file
+    (`octopipe.outfiles`)."""
+    outfiles.write_text(path, text, sync)
 
 
 class _Refused(ValueError):

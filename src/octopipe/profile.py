@@ -293,6 +293,12 @@ def profile_from_dict(data: Any, where: str = "<profile>") -> Profile:
         place, msg = first_error(exc)
         raise InputError(where, msg, place) from None
     _check_unique_names(profile, where)
+    if not any(layer.f or layer.b or layer.w for layer in profile.layers):
+        raise InputError(
+            where,
+            "every layer's f, b and w is 0: nothing to plan or simulate (a profile of times)",
+            "layers",
+        )
     return profile
 
 

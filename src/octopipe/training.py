@@ -141,7 +141,8 @@ def runtime_config(
         autocast="bf16" if t.bf16 else None,
         checkpoint_dir=config.checkpoint.dir,
         checkpoint_every=config.checkpoint.every,
-        resume=config.checkpoint.resume,
+        resume=config.checkpoint.resume != "no",
+        resume_required=config.checkpoint.resume == "require",
         overlap_steps=t.overlap_steps,
         val_data=_data_source(
             val_data if val_data is not None else config.evaluation.data,

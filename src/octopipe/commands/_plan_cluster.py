@@ -23,6 +23,7 @@ from rich.table import Table
 from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
+    OUTPUT_FILES,
     pictures_fit,
     since,
     torchtitan_base,
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     spec = parse_layout(args.from_layout) if args.from_layout else None
     started = time.perf_counter()
     out = Path(args.output)
-    check_output_folder("--output", out)  # before the search: a bad folder fails at once
+    check_output_folder("--output", out, OUTPUT_FILES)  # before the search: fails at once
     show = not args.quiet and sys.stderr.isatty()
     with _progress(show) as report:
         result = plan_layout(

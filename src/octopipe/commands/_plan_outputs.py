@@ -17,11 +17,24 @@ from octopipe.export import (
     write_torchtitan_config,
     write_torchtitan_toml,
 )
+from octopipe.export.titan_config import CONFIG_MODULE, STAGES_MODULE
 from octopipe.export.titan_plan import placement_style, world_size
 from octopipe.plan import Plan, save_plan, save_schedule_csv
 from octopipe.profile import Profile
 from octopipe.sim import Simulator
 
+# Every file `write_outputs` may write (and profile.json, the cluster plan's): checked before
+# the search, so that none stands there as a folder, a device or a FIFO.
+OUTPUT_FILES = (
+    "plan.json",
+    "schedule.csv",
+    "torchtitan.toml",
+    f"{CONFIG_MODULE}.py",
+    f"{STAGES_MODULE}.py",
+    "timeline.png",
+    "timeline.html",
+    "profile.json",
+)
 PICTURE_SECONDS = (0.5, 30e-6)  # timeline.png + .html: fixed, per action (benchmarks/bench_viz)
 
 

@@ -23,6 +23,7 @@ from octopipe.commands import _plan_cluster as plan_cluster
 from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
+    OUTPUT_FILES,
     picture_seconds,
     pictures_fit,
     since,
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         args.time_budget = DEFAULT_TIME_BUDGET
     started = time.perf_counter()
     out = Path(args.output)
-    check_output_folder("--output", out)  # before any work: a bad folder fails at once
+    check_output_folder("--output", out, OUTPUT_FILES)  # before any work: fails at once
     profile = _profile(args)
     titan = torchtitan_base(args, DEFAULT_MODEL)
     source = args.profile or args.model or DEFAULT_MODEL

@@ -57,11 +57,12 @@ def run(args: argparse.Namespace) -> int:
     )
 
     from octopipe.commands._output_paths import check_output_folder
-    from octopipe.tokens.prepare import prepare, total_bytes
+    from octopipe.tokens.meta import META
+    from octopipe.tokens.prepare import TRAIN, VAL, prepare, total_bytes
     from octopipe.tokens.sources import input_files
     from octopipe.tokens.tokenizer import load_tokenizer
 
-    check_output_folder("--output", args.output)
+    check_output_folder("--output", args.output, (TRAIN, VAL, META))
     tokenizer = load_tokenizer(args.tokenizer, args.eos)
     files = input_files(args.input)
     with Progress(

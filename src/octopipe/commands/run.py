@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_file("--trace", out.trace, JSON)
     check_output_file("--png", out.png, PICTURE)
     if out.dir is not None:
-        check_output_folder("--log-dir", out.dir)
+        check_output_folder("--log-dir", out.dir, ("log.jsonl",))
     plan_file = config.plan.file
     plan = load_plan(plan_file)
     profile = _prediction_profile(config, plan)

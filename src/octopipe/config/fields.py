@@ -29,6 +29,8 @@ class Spec:
     open_high: bool = False
     choices: tuple[Any, ...] | None = None
     required: bool = False  # no default: a job must give it (by flag, file or argument)
+    flag_const: Any = None  # the value of the flag given without one (`--resume`), if it may be
+    aliases: tuple[tuple[Any, Any], ...] = ()  # (value taken, value held): `true` -> "yes"
 
 
 def setting(default: Any, doc: str, **spec: Any) -> Any:
@@ -86,6 +88,14 @@ class Setting:
             if self.optional:
                 return None
             raise InputError(where, "must be given" if self.spec.required else "must not be null")
+        value = next(
+            (
+                held
+                for taken, held in self.spec.aliases
+                if type(taken) is type(value) and taken == value
+            ),
+            value,
+        )
         value = self._typed(value, where)
         s = self.spec
         if s.choices is not None and value not in s.choices:

@@ -205,10 +205,15 @@ class CheckpointSection:
         low=0,
         high=MAX_STEPS,
     )
-    resume: bool = setting(
-        False,
-        "continue from the latest checkpoint in the folder (any plan, any --dp)",
+    resume: str = setting(
+        "no",
+        "continue from the newest intact checkpoint in the folder (any plan, any --dp): `yes` "
+        "(the flag alone; true in a job file) starts from step 0 with a warning when there is "
+        "none, `require` refuses then; `no` (false) starts from step 0",
         flag="--resume",
+        choices=("no", "yes", "require"),
+        flag_const="yes",
+        aliases=((True, "yes"), (False, "no")),
     )
 
 
@@ -329,9 +334,10 @@ class JobConfig:
             raise InputError(
                 "--min-lr", f"{lr.min_lr} is above --lr {opt.lr}: the cosine would rise"
             )
-        if (ckpt.every or ckpt.resume) and ckpt.dir is None:
+        resume = ckpt.resume != "no"
+        if (ckpt.every or resume) and ckpt.dir is None:
             raise InputError(
-                "--resume" if ckpt.resume else "--checkpoint-every", "needs --checkpoint-dir"
+                "--resume" if resume else "--checkpoint-every", "needs --checkpoint-dir"
             )
         if ckpt.keep_last and not ckpt.every:
             raise InputError("--keep-last", "needs --checkpoint-every (and --checkpoint-dir)")

@@ -121,6 +121,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             options["metavar"] = s.spec.flag.lstrip("-").upper().replace("-", "_")
         else:
             options["choices"] = s.spec.choices
+        if s.spec.flag_const is not None:  # `--resume` alone, or `--resume=require`
+            options.update(nargs="?", const=s.spec.flag_const)
         if s.kind is int:
             low = 0 if s.spec.low is None else int(s.spec.low)
             high = max(s.spec.choices or (int(s.spec.high),))

@@ -31,6 +31,7 @@ from octopipe.costmodel.arch import (
     MoEShape,
     VisionShape,
 )
+from octopipe.costmodel.config_checks import check_config_fields
 from octopipe.costmodel.hf_fields import Fields as _Fields
 from octopipe.errors import InputError
 from octopipe.limits import MAX_LAYERS
@@ -82,6 +83,7 @@ def check_hf_runnable(model_type: str, where: str, place: str | None = None) -> 
 
 def architecture_from_hf(data: Any, where: str, name: str) -> Architecture:
     """Build an Architecture from a parsed config.json (`where` names the file in errors)."""
+    check_config_fields(data, where)  # what the reader below does not bound (config_checks)
     top = _Fields(data, where)
     model_type = top.str("model_type")
     family = FAMILY_OF_MODEL_TYPE.get(model_type)

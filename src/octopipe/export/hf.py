@@ -105,7 +105,7 @@ def _checkpoint(path: Path):
         MARKER,
         STEP_DIR,
         Resumable,
-        check_shards,
+        check_complete,
         choose,
         read_marker,
     )
@@ -114,7 +114,7 @@ def _checkpoint(path: Path):
         raise InputError("--checkpoint", f"no such folder: {path}")
     if (path / MARKER).is_file() or STEP_DIR.fullmatch(path.name):
         marker = read_marker(path)
-        check_shards(path)
+        check_complete(path, marker)  # its bytes too: a changed shard is refused
         return Resumable(path, marker.step, marker)
     found = choose(path)
     if found is None:

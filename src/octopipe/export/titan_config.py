@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from octopipe.export.titan_plan import (
     tp_dp_degrees,
     world_size,
 )
+from octopipe.outfiles import write_text
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 
@@ -170,10 +170,11 @@ def write_torchtitan_config(
     template = (_SHIPPED / "torchtitan_module.py").read_text(encoding="utf-8")
     text, count = _SETTINGS.subn(lambda _: block, template)
     assert count == 1, "torchtitan_module.py lost its settings markers"
-    (folder / f"{CONFIG_MODULE}.py").write_text(text, encoding="utf-8")
+    write_text(folder / f"{CONFIG_MODULE}.py", text)
     written = [f"{CONFIG_MODULE}.py"]
     if settings["PLACEMENT"] == "free":
-        shutil.copyfile(_SHIPPED / "torchtitan_stages.py", folder / f"{STAGES_MODULE}.py")
+        stages = (_SHIPPED / "torchtitan_stages.py").read_text(encoding="utf-8")
+        write_text(folder / f"{STAGES_MODULE}.py", stages)
         written.append(f"{STAGES_MODULE}.py")
     return written
 

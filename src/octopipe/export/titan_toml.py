@@ -27,6 +27,7 @@ from octopipe.export.titan_plan import (
     schedule_name,
     tp_dp_degrees,
 )
+from octopipe.outfiles import write_text
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 
@@ -106,4 +107,4 @@ def write_torchtitan_toml(plan: Plan, profile: Profile, path: str | Path, csv_pa
         )
     header += "\n"
     body = to_toml(torchtitan_settings(plan, profile, csv_path))
-    Path(path).write_text(header + body, encoding="utf-8")  # TOML is UTF-8 whatever the locale
+    write_text(path, header + body)  # UTF-8 (TOML's) whatever the locale, whole or not at all

@@ -208,6 +208,7 @@ def _predicted(raw: Any, where: str) -> dict[str, Any] | None:
 
 PARALLELISM_KEYS = ("tp", "pp", "dp", "microbatch_size")
 MAX_ZERO_STAGE = 3  # ZeRO-1 to -3; what the optimizer state sharding of the memory figures is
+ZERO_STAGES = (0, 1, 3)  # what `run --zero` runs (FSDP2 for 3); a plan of ZeRO-2 is refused
 
 
 def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | None:
@@ -223,8 +224,12 @@ def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | Non
         for key in PARALLELISM_KEYS
     }
     zero = raw.get("zero", 0)
-    if not (_is_int(zero) and 0 <= zero <= MAX_ZERO_STAGE):
-        raise InputError(where, f"expected 0 to {MAX_ZERO_STAGE}, got {zero!r}", "parallelism.zero")
+    if not (_is_int(zero) and zero in ZERO_STAGES):
+        raise InputError(
+            where,
+            f"expected 0, 1 or 3 (ZeRO-2 is neither planned nor run), got {zero!r}",
+            "parallelism.zero",
+        )
     if zero:
         out["zero"] = zero
     for key in ("cp", "ep"):  # optional degrees, 1 when absent

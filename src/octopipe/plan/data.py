@@ -258,5 +258,7 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 
 
 def save_schedule_csv(plan: Plan, path: str | Path) -> None:
-    with open(path, "w", newline="") as fh:
+    from octopipe.outfiles import replacing
+
+    with replacing(path) as fh:
         csv.writer(fh).writerows(plan.csv_rows())

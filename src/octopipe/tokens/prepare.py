@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from octopipe.outfiles import rename_into_place
 from octopipe.tokens.meta import META, FileEntry, TokenMeta, dtype_for, write_meta
 from octopipe.tokens.sources import Piece, input_files, pieces
 from octopipe.tokens.tokenizer import Tokenizer
@@ -110,7 +111,7 @@ def _write_tokens(
             sink.flush()
             os.fsync(sink.fileno())
             sink.close()
-            os.replace(partial[name], folder / name)
+            rename_into_place(partial[name], folder / name)
     return counts, documents
 
 

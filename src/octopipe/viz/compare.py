@@ -20,6 +20,7 @@ matplotlib.use("Agg")  # files only; never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from octopipe.actions import Event  # noqa: E402
+from octopipe.outfiles import replacing  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
 from octopipe.units import time_unit  # noqa: E402
 from octopipe.viz.boxes import draw_boxes, kind_colors  # noqa: E402
@@ -78,6 +79,7 @@ def save_measured_and_predicted(
     axes[-1].set_xlabel(f"time ({unit})", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10, x=0.1, ha="left")
-    fig.savefig(path, format=fmt, dpi=_DPI)
+    with replacing(path, "wb") as file:  # whole or not at all, over a regular file only
+        fig.savefig(file, format=fmt, dpi=_DPI)
     plt.close(fig)
     return path

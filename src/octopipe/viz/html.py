@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from octopipe.actions import Event
+from octopipe.outfiles import write_text
 from octopipe.sim import SimResult
 from octopipe.units import time_unit
 from octopipe.viz.layout import REDUCE_ROW, TimelineRows, timeline_rows
@@ -170,7 +171,7 @@ def save_html_timeline(
 ) -> Path:
     """Write `html_timeline(result, title, device_names)` to `path` (one file, opens offline)."""
     path = Path(path)
-    path.write_text(html_timeline(result, title, device_names), encoding="utf-8")
+    write_text(path, html_timeline(result, title, device_names))
     return path
 
 

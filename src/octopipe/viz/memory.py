@@ -17,6 +17,7 @@ matplotlib.use("Agg")  # files only; never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from octopipe.actions import Event  # noqa: E402
+from octopipe.outfiles import replacing  # noqa: E402
 from octopipe.plan import Plan  # noqa: E402
 from octopipe.profile import Profile  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
@@ -95,6 +96,7 @@ def save_memory_plot(
     )
     fig.suptitle(f"{title}\n{heading}" if title else heading, fontsize=10, x=0.1, ha="left")
     fig.subplots_adjust(left=0.1, right=0.84, top=1.0 - 0.7 / fig.get_size_inches()[1])
-    fig.savefig(path, format=fmt, dpi=130)
+    with replacing(path, "wb") as file:  # whole or not at all, over a regular file only
+        fig.savefig(file, format=fmt, dpi=130)
     plt.close(fig)
     return path

@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from octopipe.actions import Event, F  # noqa: E402
+from octopipe.outfiles import replacing  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
 from octopipe.units import time_unit  # noqa: E402
 from octopipe.viz.boxes import draw_boxes, kind_colors  # noqa: E402
@@ -129,7 +130,8 @@ def save_overview(
     heading = f"{title}\n" if title else ""
     fig.suptitle(f"{heading}{headline(stats)}\n{note}", fontsize=10, x=0.06, ha="left", y=0.995)
     fig.subplots_adjust(left=0.1, right=0.97, top=1.0 - 1.1 / height, bottom=0.6 / height)
-    fig.savefig(path, format=fmt, dpi=_DPI)
+    with replacing(path, "wb") as file:  # whole or not at all, over a regular file only
+        fig.savefig(file, format=fmt, dpi=_DPI)
     plt.close(fig)
     return path
 

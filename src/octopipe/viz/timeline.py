@@ -29,6 +29,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from octopipe.actions import Event  # noqa: E402
+from octopipe.outfiles import replacing  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
 from octopipe.units import time_unit  # noqa: E402
 from octopipe.viz.boxes import add_boxes, draw_boxes, kind_colors  # noqa: E402
@@ -145,7 +146,8 @@ def save_timeline(
         va="top",
         fontsize=11,
     )
-    fig.savefig(path, format=fmt, dpi=layout.dpi)
+    with replacing(path, "wb") as file:  # whole or not at all, over a regular file only
+        fig.savefig(file, format=fmt, dpi=layout.dpi)
     plt.close(fig)
     return path
 

@@ -3,7 +3,8 @@ keeps a second run out, and whether there is room for the next one.
 
 - `choose(root)`: the newest complete checkpoint. Complete means its marker (`octopipe.json`)
   reads strictly and names the step its folder's name does, its index reads safely
-  (`checkpoint_metadata`) and every shard the index names is there, long enough. A newer
+  (`metadata`), every shard the index names is there, long enough, and, where the marker
+  records checksums (`checksums`), every file has the bytes that were saved. A newer
   folder that fails is skipped with a one-line warning (`CheckpointSkipped`); if every one
   fails, the run is refused. An index that would run code is refused, never skipped.
 - `hold(root)`: an exclusive lock (`DIR/.octopipe.lock`, `flock`) for the run's whole life. The
@@ -11,8 +12,8 @@ keeps a second run out, and whether there is room for the next one.
   the file records the holder's pid, host and start, for the message a second run gets.
 - `check_room(root, nbytes)`: free space for one more checkpoint, refused in one line.
 
-Writing and loading the tensors is `checkpoint.py`'s; this module reads only markers, indices
-and file sizes.
+Writing and loading the tensors is `store.py`'s; this module reads only markers, indices,
+file sizes and (`checksums.py`) the files' bytes.
 """
 
 from __future__ import annotations
@@ -31,13 +32,18 @@ from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from octopipe.errors import InputError, OctoPipeError, OctoPipeWarning
 from octopipe.jsonfile import read_json
-from octopipe.runtime.checkpoint.metadata import DamagedCheckpoint, read_metadata
+from octopipe.outfiles import refuse_not_regular
+from octopipe.runtime.checkpoint.checksums import DIGEST, verify
+from octopipe.runtime.checkpoint.metadata import METADATA_FILE, DamagedCheckpoint, read_metadata
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
 
 FORMAT = "octopipe.checkpoint/1"
 MARKER = "octopipe.json"
@@ -66,6 +72,19 @@ class Marker(BaseModel):
     seed: int = Field(strict=True)
     model_id: str | None = Field(default=None, strict=True)
     optimizer: str | None = Field(default=None, strict=True)
+    # file name -> "sha256:<hex>" of every file the save wrote but this one (`checksums`);
+    # absent in checkpoints written before checksums existed
+    checksums: dict[str, str] | None = None
+
+    @field_validator("checksums")
+    @classmethod
+    def _plain_names_and_digests(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name, digest in (value or {}).items():
+            if Path(name).name != name or name in ("", ".", "..", MARKER):
+                raise ValueError(f"{name!r} is not a file of the checkpoint's folder")
+            if not DIGEST.fullmatch(digest):
+                raise ValueError(f"{name}: expected sha256:<64 hex digits>, got {digest!r}")
+        return value
 
 
 @dataclass(frozen=True)
@@ -113,7 +132,7 @@ def choose(root: str | Path) -> Resumable | None:
                 raise DamagedCheckpoint(
                     str(folder / MARKER), f"says step {marker.step}, its folder step {step}"
                 )
-            check_shards(folder)
+            check_complete(folder, marker)
         except DamagedCheckpoint as exc:  # an UnsafeCheckpoint is not skipped: it propagates
             faults.append(str(exc))
             continue
@@ -125,9 +144,22 @@ def choose(root: str | Path) -> Resumable | None:
     return None
 
 
-def check_shards(folder: Path) -> None:
-    """The index reads safely, and every shard file it names is there and long enough."""
-    index = read_metadata(folder)
+def check_complete(folder: Path, marker: Marker) -> None:
+    """DamagedCheckpoint unless the index reads safely, every shard file it names is there
+    and long enough, and every file has the checksum the marker records (where it does)."""
+    index = read_metadata(folder)  # first: an index that would run code is refused, not skipped
+    sums = marker.checksums
+    if sums is not None:  # the index's bytes before what it says is believed
+        verify(folder, sums, [METADATA_FILE])
+    shards = check_shards(folder, index)  # a short shard is named as such, before its digest
+    if sums is not None:
+        verify(folder, sums, sorted({*shards, *sums} - {METADATA_FILE}))
+
+
+def check_shards(folder: Path, index: Metadata | None = None) -> list[str]:
+    """The index (read safely, unless given) names shard files that are all there and long
+    enough; their names."""
+    index = read_metadata(folder) if index is None else index
     needed: dict[str, int] = {}
     for info in index.storage_data.values():
         end = info.offset + info.length
@@ -138,6 +170,7 @@ def check_shards(folder: Path) -> None:
         if size is None or size < end:
             state = "is missing" if size is None else f"holds {size:,} of {end:,} bytes"
             raise DamagedCheckpoint(str(shard), f"shard {state}")
+    return sorted(needed)
 
 
 def _children(root: Path) -> list[Path]:
@@ -176,7 +209,7 @@ def check_folder(root: str | Path) -> None:
     """`--checkpoint-dir` is a folder this process can write, or one it can create."""
     from octopipe.commands._output_paths import check_output_folder  # plain path checks
 
-    check_output_folder("--checkpoint-dir", root)
+    check_output_folder("--checkpoint-dir", root, (LOCK,))
 
 
 def check_room(root: str | Path, nbytes: int, what: str = "a checkpoint") -> None:
@@ -214,9 +247,12 @@ def checkpoint_bytes(model, optimizer: str, momentum: float = 0.0) -> int:
 def hold(root: str | Path) -> Iterator[None]:
     """Keep every other run out of `root` while the block runs (module docstring)."""
     root = Path(root)
+    made = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK
+    refuse_not_regular(path, "--checkpoint-dir")  # opening a FIFO would block, a device worse
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    refused = True
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -226,8 +262,12 @@ def hold(root: str | Path) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         yield
+        refused = False
     finally:
         os.close(fd)  # closing drops the lock
+        if made and refused and [p.name for p in root.iterdir()] == [LOCK]:
+            path.unlink(missing_ok=True)  # a run refused before it wrote: the folder it made
+            root.rmdir()  # goes too, as it was
 
 
 def _in_use(root: Path, lock: Path) -> str:

@@ -13,7 +13,7 @@ rank's load, which hands the checked index to `dcp.load` through `CheckedReader`
 index is not read a second time) with `TensorsOnlyPlanner` (which refuses bytes entries).
 Tensor data itself is read by torch with `weights_only=True`.
 
-Nothing here decides which checkpoint to use or what a run does with it (`checkpoint.py`).
+Nothing here decides which checkpoint to use or what a run does with it (`store.py`, `folder.py`).
 """
 
 from __future__ import annotations

@@ -6,14 +6,15 @@ tensor of its optimizer state as `optim.<fqn>.<name>` (`exp_avg`, `momentum_buff
 written by whichever ranks hold them (replicas write a tensor once: DCP deduplicates; a
 tensor-parallel or FSDP2 parameter is a DTensor, each rank writing its shard under the same
 full FQN, and any later layout reads the pieces it needs), and
-`octopipe.json`, by rank 0, once every rank has written. All of it is written into
-`DIR/.step-N.partial` and renamed to `step-N` once complete, so a `step-N` folder is whole or
-damaged, never half-written; a crash leaves at most a `.partial` folder, which the next save
-clears. The learning rate and the data are functions of the step, so the step is all the rest
-a run needs to continue as if it had not stopped. Which checkpoint a run resumes, the folder's
-lock and its free space: `checkpoint_folder.py`.
+`octopipe.json`, by rank 0, once every rank has written, with the SHA-256 of every other file
+(`checksums`: the ranks hash their shares of the files, rank 0 gathers them). All of it is
+written into `DIR/.step-N.partial` and renamed to `step-N` once complete, so a `step-N`
+folder is whole or damaged, never half-written; a crash leaves at most a `.partial` folder,
+which the next save clears. The learning rate and the data are functions of the step, so the
+step is all the rest a run needs to continue as if it had not stopped. Which checkpoint a run
+resumes, the folder's lock and its free space: `folder.py`.
 
-Every read of a checkpoint's index goes through `checkpoint_metadata.read_metadata`, which runs
+Every read of a checkpoint's index goes through `metadata.read_metadata`, which runs
 nothing the file names, and only tensor entries are loaded: opening a checkpoint never runs code.
 """
 
@@ -33,6 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from octopipe.errors import InputError
 from octopipe.jsonfile import write_json
+from octopipe.runtime.checkpoint.checksums import digests, hashed_files, share
 from octopipe.runtime.checkpoint.folder import (
     FORMAT,
     MARKER,
@@ -151,9 +153,11 @@ def save(
             ) from None
         raise
     dist.barrier()
+    checksums = _checksums(partial)
     if rank0:
+        marker = {"format": FORMAT, "step": step, **about, "checksums": checksums}
         try:
-            write_json(partial / MARKER, {"format": FORMAT, "step": step, **about}, sync=True)
+            write_json(partial / MARKER, marker, sync=True)
         except OSError as exc:
             shutil.rmtree(partial, ignore_errors=True)
             if is_no_space(exc):
@@ -164,6 +168,16 @@ def save(
         _put_in_place(partial, path)
     dist.barrier()
     return path
+
+
+def _checksums(partial: Path) -> dict[str, str]:
+    """Collective, once every rank has written: the digest of every file of the checkpoint
+    (`checksums`), the files shared among the ranks, each hashing its part as a stream."""
+    names = hashed_files(partial, MARKER)
+    mine = digests(partial, share(names, dist.get_rank(), dist.get_world_size()))
+    every: list[dict[str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return {name: digest for part in every for name, digest in (part or {}).items()}
 
 
 def _prepare(root: Path, nbytes: int, step: int) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,11 @@ class TokenFile(DataSource):
     ) -> None:
         path = Path(path)
         if not path.is_file():
+            from octopipe.outfiles import not_regular
+
+            kind = not_regular(path) if os.path.lexists(path) else None
+            if kind is not None:  # a folder, /dev/null, a FIFO: it is there, but no token file
+                raise InputError(flag, f"{path} is {kind}, not a file of token ids")
             raise InputError(flag, f"no such file: {path}")
         described = meta_beside(path)
         if dtype is None:

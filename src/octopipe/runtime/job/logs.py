@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from octopipe.jsonfile import dumps
+from octopipe.outfiles import refuse_not_regular
 
 LOG = "log.jsonl"
 
@@ -37,6 +38,7 @@ class RunLogs:
 
     def _open(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        refuse_not_regular(self.folder / LOG, "--log-dir")  # appending to a FIFO would block
         self._lines = (self.folder / LOG).open("a", encoding="utf-8")
         if tensorboard_available():
             from torch.utils.tensorboard import SummaryWriter

@@ -53,6 +53,7 @@ class RunConfig:
     checkpoint_dir: str | None = None  # where DIR/step-N checkpoints go
     checkpoint_every: int = 0  # save after every this many steps (0: never)
     resume: bool = False  # start from the latest checkpoint in checkpoint_dir, if any
+    resume_required: bool = False  # `--resume=require`: no checkpoint to resume is refused
     resume_checkpoint: str | None = None  # the one chosen before the ranks start (preflight)
     resume_at_start: bool = False  # an earlier job of the launch writes it: choose at the start
     overlap_steps: bool = False  # no barrier between steps; post-validated per-stage updates

@@ -27,6 +27,7 @@ from octopipe.runtime.checkpoint.folder import hold_all
 from octopipe.runtime.job.progress import OnReport, say
 from octopipe.runtime.job.run_config import Job
 from octopipe.runtime.job.session import RunResult, run_job_on_rank
+from octopipe.runtime.launch.made_for import check_made_for_model
 from octopipe.runtime.launch.preflight import (
     check_checkpoint_room,
     check_first_batch,
@@ -89,6 +90,7 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
         check_sizes(job.config)
         check_runnable(job.plan, len(layers), world_size // (dp * tp), job.source)
         check_plan_layer_names(job.plan.layer_names, layers)
+        check_made_for_model(job.plan, recipe, job.config.seq_len, job.source)
         check_parallelism(job.config, recipe)
         check_recomputable(job.plan, recipe, job.source)
         check_overlap(job.config)

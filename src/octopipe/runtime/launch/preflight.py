@@ -7,10 +7,11 @@ Each would otherwise fail late, inside every rank at once, or not at all.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from octopipe.errors import InputError
+from octopipe.errors import InputError, OctoPipeWarning
 from octopipe.limits import (
     MAX_MICROBATCH_TOKENS,
     MAX_PROCESSES,
@@ -73,6 +74,10 @@ def check_resumable(config: RunConfig, recipe: ModelRecipe) -> RunConfig:
 
     found = choose(config.checkpoint_dir)
     if found is None:
+        where = f"no checkpoint in {config.checkpoint_dir} (no step-K folder)"
+        if config.resume_required:
+            raise InputError("--resume", f"require: {where}")
+        warnings.warn(f"--resume: {where}; starting from step 0", OctoPipeWarning, stacklevel=2)
         return config
     check_compatible(
         found,

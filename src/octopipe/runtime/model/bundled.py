@@ -37,6 +37,7 @@ def arch_recipe(arch) -> ModelRecipe:
 
     recipe = from_module(arch.name, lambda: ArchModel(arch))
     recipe.tp_plan = lambda tp: bundled_plan(recipe.meta_model, tp)
+    recipe.max_positions = arch.learned_positions or arch.max_position_embeddings
     return recipe
 
 

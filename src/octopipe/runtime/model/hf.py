@@ -75,6 +75,7 @@ def check_config(raw, where: str) -> None:
     """A config OctoPipe builds a model from: an object with a `model_type`, no remote code,
     and the shapes of its family, each a positive integer (the cost model's own checks for the
     families it knows, which hold every key its estimate needs)."""
+    from octopipe.costmodel.config_checks import check_config_fields
     from octopipe.costmodel.hf_config import (
         FAMILY_OF_MODEL_TYPE,
         architecture_from_hf,
@@ -89,6 +90,7 @@ def check_config(raw, where: str) -> None:
         raise InputError(
             where, "names code of its own (auto_map); OctoPipe runs no remote code", "auto_map"
         )
+    check_config_fields(raw, where)  # heads, RoPE scaling: before transformers sees them
     if raw["model_type"] in FAMILY_OF_MODEL_TYPE:
         # The cost model's other families (GPT-2, Nemotron-H, ...) are refused here, by the rule
         # `profile-arch --layer-names hf` keeps; a type it does not know meets _check_structure.
@@ -136,6 +138,8 @@ def hf_recipe(path: str) -> ModelRecipe:
     recipe.tp_plan = lambda tp: hf_plan(recipe.meta_model, tp)
     recipe.synthetic = token_chains(recipe)
     recipe.kinds = tuple(_kind(name) for name in recipe.layers)
+    positions = getattr(config, "max_position_embeddings", None)
+    recipe.max_positions = positions if isinstance(positions, int) and positions > 0 else None
     return recipe
 
 

@@ -119,6 +119,7 @@ class ModelRecipe:
     kinds: Sequence[str] | None = None  # per layer, for profiles ("layer" when unknown)
     listed_layers: Sequence[str] | None = field(default=None, repr=False)
     tp_plan: PlanOf | None = None  # the TP degree -> FQN pattern -> ParallelStyle
+    max_positions: int | None = None  # the longest sequence the model is made for, if known
 
     @cached_property
     def meta_model(self) -> nn.Module:
