@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from octopipe.errors import InputError
 from octopipe.plan import Plan
 from octopipe.runtime.data.batches import Batch, replica_batch
 from octopipe.runtime.job.evaluate import Evaluation
@@ -30,6 +31,7 @@ from octopipe.runtime.model.recipe import (
 )
 from octopipe.runtime.model.recompute import apply_recompute, stage_layers
 from octopipe.runtime.model.split import parameter_bytes
+from octopipe.runtime.model.ties import share_across_stages, spans_stages
 from octopipe.runtime.parallel.dtensors import local, whole
 from octopipe.runtime.parallel.fsdp import ShardedStages, fsdp_units
 from octopipe.runtime.parallel.layout import Place, RankLayout
@@ -37,6 +39,7 @@ from octopipe.runtime.parallel.mesh import build_job_mesh
 from octopipe.runtime.parallel.parallelize import parallelizer
 from octopipe.runtime.step.overlap import OverlappedSteps
 from octopipe.runtime.step.shapes import exchange_boundary_specs
+from octopipe.runtime.step.tied import tied_gradients
 from octopipe.runtime.step.worker import ActionRecord, StepRecord, Worker
 
 
@@ -142,6 +145,9 @@ def run_job_on_rank(
         )
         for s in mine
     }
+    _check_ties(recipe, plan, modules, cfg)
+    share_across_stages(modules, recipe.ties)  # a tied weight is one parameter on one rank
+    tied = tied_gradients(plan, recipe.layers, recipe.ties, layout, rank, modules)
     for s, module in modules.items():  # what the plan has each stage recompute
         apply_recompute(module, *stage_layers(plan, recipe, s), plan.recompute_of(s))
     b = cfg.micro_batch_size
@@ -175,6 +181,7 @@ def run_job_on_rank(
         tp=cfg.tp,
         tp_rank=tp_rank,
         sharded=sharded,
+        tied=tied,
     )
     first_step = _resume(cfg, modules, worker)
     if first_step:
@@ -231,6 +238,28 @@ def run_job_on_rank(
     if reports is None:
         return None
     return assemble(plan, reports, cfg.dp, first_step, cfg.tp, tuple(progress.reports))
+
+
+def _check_ties(recipe: ModelRecipe, plan: Plan, modules: dict, cfg: RunConfig) -> None:
+    """What tied weights on several stages do not run with, refused in one line."""
+    if not recipe.ties:
+        return
+    stage_of = {
+        layer: i for i, st in enumerate(plan.stages) for layer in recipe.layers[st.start : st.end]
+    }
+    one_stage = all(len({stage_of[layer] for layer in tie.layers}) == 1 for tie in recipe.ties)
+    if cfg.overlap_steps and not one_stage:
+        raise InputError(
+            "--overlap-steps",
+            "the model's tied weights sit on several stages, whose gradients are summed before "
+            "one update; run without --overlap-steps (or keep them on one stage)",
+        )
+    if cfg.zero == 3 and spans_stages(modules, recipe.ties):
+        raise InputError(
+            "--zero",
+            "--zero 3 with tied weights on two stages of one device (each stage is its own "
+            "FSDP2 unit) is not built; place them on other devices or on one stage",
+        )
 
 
 def _evaluation(
@@ -349,7 +378,7 @@ def _state(worker: Worker) -> tuple[dict[str, torch.Tensor], dict[str, torch.Ten
     whole (sharded ones gathered: a collective of the ranks holding the stage)."""
     params, grads = {}, {}
     for module in worker.modules.values():
-        for name, p in module.part.named_parameters():
+        for name, p in module.named_weights().items():
             params[name] = whole(p.detach()).cpu().clone()
             if p.grad is not None:
                 grads[name] = whole(p.grad.detach()).cpu().clone()

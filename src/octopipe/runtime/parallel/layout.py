@@ -45,6 +45,15 @@ class RankLayout:
     def rank(self, replica: int, device: int, tp_rank: int = 0) -> int:
         return tp_rank + self.tp * (device + self.pp * replica)
 
+    def pipelines(self) -> list[list[int]]:
+        """Every pipeline of the job (one per replica and TP rank) as its devices' global
+        ranks, in one order on every rank."""
+        return [
+            [self.rank(r, d, t) for d in range(self.pp)]
+            for r in range(self.dp)
+            for t in range(self.tp)
+        ]
+
     def place(self, rank: int) -> Place | None:
         """The coordinates of `rank`, or None for a rank past the job."""
         if rank >= self.size:

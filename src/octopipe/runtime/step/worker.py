@@ -39,6 +39,7 @@ from octopipe.runtime.step.optim import (
 from octopipe.runtime.step.reduce import GradientReducer
 from octopipe.runtime.step.shapes import BoundarySpec
 from octopipe.runtime.step.stage import StageCompute, as_leaves
+from octopipe.runtime.step.tied import TiedGradients
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,15 @@ class Worker:
         tp: int = 1,
         tp_rank: int = 0,
         sharded: ShardedStages | None = None,
+        tied: TiedGradients | None = None,
     ) -> None:
         """`stages[s]` holds stage s's layers, for every stage placed on `rank`; `specs[b]` is
         the activation entering stage b, for every stage but the first. `dp_group` holds this
         device's ranks of every replica (needed when `replicas > 1`). `reduce_at_end` holds every
         all-reduce back until the last action (to measure what the overlap gains). With `tp`
         > 1 the stages are tensor-parallel and this rank is `tp_rank` of its device's group;
-        `sharded`: the stages are FSDP2 units (`--zero 3`), gathered and reduced by it."""
+        `sharded`: the stages are FSDP2 units (`--zero 3`), gathered and reduced by it;
+        `tied`: tied copies on this rank whose gradients are summed with other ranks'."""
         self.plan, self.rank, self.device = plan, rank, device
         self.lookahead = lookahead
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
@@ -108,7 +111,9 @@ class Worker:
         }
         self.modules = stages
         self.comm = P2P(plan, rank, specs, device, per_channel_groups, layout, replica, tp_rank)
-        self.params = [p for st in self.stages.values() for p in st.params]
+        # A tied parameter two stages of this rank share is one parameter to the optimizer.
+        self.params = list({id(p): p for st in self.stages.values() for p in st.params}.values())
+        self.tied = tied
         self.tensor_parallel, self.sharded = tp > 1, sharded
         self.stage_ranks = layout.stage_ranks  # ranks holding each stage, for the global norm
         self.reducer = (
@@ -146,7 +151,11 @@ class Worker:
             self.reducer.finish()
         if self.sharded is not None:
             self.sharded.finish()
-        squares = squared_norm(self.params, self.device)  # this rank's share, before clipping
+        if self.tied is not None:
+            self.tied.reduce()
+        # This rank's share, before clipping (a tied copy counted where its first holder is).
+        counted = self.tied.counted(self.params) if self.tied is not None else self.params
+        squares = squared_norm(counted, self.device)
         self.grad_norm = self._clip(squares)
         if self.optimizer is not None:
             set_lr(self.optimizer, self.optimizer_config.lr_at(step))
