@@ -134,6 +134,7 @@ def runtime_config(
         dp=config.parallelism.dp or _planned(plan, "dp"),
         zero=config.parallelism.zero,
         tp=config.parallelism.tp or _planned(plan, "tp"),
+        ep=_expert_degree(config, plan),
         data=_data_source(
             data if data is not None else config.data.path, seq_len, seed, dtype, t.steps
         ),
@@ -259,12 +260,30 @@ def _planned(plan: Plan, degree: str) -> int:
     return plan.parallelism.get(degree, 1) if plan.parallelism else 1
 
 
+def _expert_degree(config: JobConfig, plan: Plan) -> int:
+    """`--ep`, else the plan's; refused in one line where it cannot run."""
+    from octopipe.errors import InputError
+
+    ep = config.parallelism.ep or _planned(plan, "ep")
+    if ep == 1:
+        return ep
+    p = config.parallelism
+    tp, dp = p.tp or _planned(plan, "tp"), p.dp or _planned(plan, "dp")
+    if (tp * dp) % ep:
+        raise InputError("--ep", f"{ep} does not divide a device's TP x DP = {tp * dp} ranks")
+    if p.zero:
+        raise InputError("--zero", f"{p.zero} is not built with expert parallelism yet (--ep {ep})")
+    if config.training.overlap_steps:
+        raise InputError("--overlap-steps", "not built with expert parallelism yet")
+    return ep
+
+
 def _check_runnable_degrees(plan: Plan, where: str) -> None:
     """A plan laid out with degrees the executor does not run yet is refused in one line, not
     run on fewer ranks as if it had none."""
     from octopipe.errors import InputError
 
-    for degree, what in (("cp", "context"), ("ep", "expert")):
+    for degree, what in (("cp", "context"),):
         if _planned(plan, degree) > 1:
             raise InputError(
                 where,

@@ -111,6 +111,15 @@ class ParallelismSection:
         low=1,
         high=MAX_PARALLEL_DEGREE,
     )
+    ep: int | None = setting(
+        None,
+        "expert parallelism: each MoE layer's routed experts divided over this many of a "
+        "device's TP x DP ranks, tokens sent by all-to-all (default: the plan's parallelism.ep, "
+        "else 1)",
+        flag="--ep",
+        low=1,
+        high=MAX_PARALLEL_DEGREE,
+    )
     zero: int = setting(
         0,
         "1: shard the optimizer state across the replicas (ZeRO-1); 3: also the weights and "

@@ -33,10 +33,12 @@ from octopipe.runtime.model.recompute import apply_recompute, stage_layers
 from octopipe.runtime.model.split import parameter_bytes
 from octopipe.runtime.model.ties import share_across_stages, spans_stages
 from octopipe.runtime.parallel.dtensors import local, whole
+from octopipe.runtime.parallel.experts import expert_parameters, tp_summed_parameters
 from octopipe.runtime.parallel.fsdp import ShardedStages, fsdp_units
 from octopipe.runtime.parallel.layout import Place, RankLayout
-from octopipe.runtime.parallel.mesh import build_job_mesh
+from octopipe.runtime.parallel.mesh import JobMesh, build_job_mesh
 from octopipe.runtime.parallel.parallelize import parallelizer
+from octopipe.runtime.step.experts import ExpertGrads
 from octopipe.runtime.step.overlap import OverlappedSteps
 from octopipe.runtime.step.shapes import exchange_boundary_specs
 from octopipe.runtime.step.tied import tied_gradients
@@ -138,7 +140,7 @@ def run_job_on_rank(
     data = cfg.data_source(recipe)
     mine = plan.stages_on(d)
     say(on_report, f"{world_size} processes joined; building each rank's stages")
-    shard = parallelizer(groups, recipe.tp_plan(cfg.tp) if cfg.tp > 1 else None, cfg.zero)
+    shard = parallelizer(groups, _tp_plan(recipe, cfg), cfg.zero)
     modules = {
         s: recipe.stage(
             recipe.layers[plan.stages[s].start : plan.stages[s].end], device, cfg.seed, shard
@@ -154,8 +156,9 @@ def run_job_on_rank(
     first = data.global_batch(0, cfg.global_sequences(plan))
     sample = replica_batch(first, 0, 1, b).inputs[0]
     owners = [layout.rank(0, st.device) for st in plan.stages]  # replica 0's TP rank 0
-    # FSDP2 gathers over the replicas inside the forward: then every replica runs its stages.
-    runs = modules if replica == 0 or cfg.zero == 3 else {}
+    # FSDP2 gathers over the replicas inside the forward, EP sends tokens between them: then
+    # every replica runs its stages.
+    runs = modules if replica == 0 or cfg.zero == 3 or cfg.ep > 1 else {}
     say(on_report, "stages built; running one microbatch to learn the shapes between stages")
     specs = exchange_boundary_specs(owners, runs, sample, device, cfg.tp, tp_rank)
     sharded = None
@@ -182,6 +185,7 @@ def run_job_on_rank(
         tp_rank=tp_rank,
         sharded=sharded,
         tied=tied,
+        experts=_expert_grads(groups, modules, cfg),
     )
     first_step = _resume(cfg, modules, worker)
     if first_step:
@@ -220,9 +224,10 @@ def run_job_on_rank(
                 _save(cfg, recipe, k + 1, modules, worker, on_report)
     # Whole tensors of sharded parameters are gathered by every rank holding a share (all
     # replicas under FSDP2); the first replica's TP rank 0 reports them.
-    gathers = replica == 0 or cfg.zero == 3
+    # Under EP the experts are divided over replicas (and TP ranks): every rank reports its own.
+    gathers = replica == 0 or cfg.zero == 3 or cfg.ep > 1
     state = _state(worker) if cfg.collect_state and gathers else ({}, {})
-    reports_state = replica == 0 and tp_rank == 0
+    reports_state = (replica == 0 and tp_rank == 0) or cfg.ep > 1
     report = RankReport(
         rank,
         tuple(steps),
@@ -238,6 +243,29 @@ def run_job_on_rank(
     if reports is None:
         return None
     return assemble(plan, reports, cfg.dp, first_step, cfg.tp, tuple(progress.reports))
+
+
+def _tp_plan(recipe: ModelRecipe, cfg: RunConfig):
+    """The TP plan the stages apply (under EP: MoE blocks on each rank's own tokens)."""
+    if cfg.ep > 1 and recipe.expert_tp_plan is None:
+        raise InputError("--ep", f"{recipe.name} has no experts OctoPipe can divide")
+    if cfg.tp == 1:
+        return None
+    return recipe.expert_tp_plan(cfg.tp) if cfg.ep > 1 else recipe.tp_plan(cfg.tp)
+
+
+def _expert_grads(groups: JobMesh, modules: dict, cfg: RunConfig) -> ExpertGrads | None:
+    """What EP leaves the step to settle: expert gradients and TP-replicated routers."""
+    if groups.experts is None:
+        return None
+    tp_group = groups.tp_mesh.get_group() if cfg.tp > 1 and groups.tp_mesh is not None else None
+    return ExpertGrads(
+        cfg.ep,
+        [p for m in modules.values() for p in expert_parameters(m)],
+        groups.expert_dp_group,
+        {s: tp_summed_parameters(m) for s, m in modules.items()},
+        tp_group,
+    )
 
 
 def _check_ties(recipe: ModelRecipe, plan: Plan, modules: dict, cfg: RunConfig) -> None:

@@ -37,6 +37,7 @@ def arch_recipe(arch) -> ModelRecipe:
 
     recipe = from_module(arch.name, lambda: ArchModel(arch))
     recipe.tp_plan = lambda tp: bundled_plan(recipe.meta_model, tp)
+    recipe.expert_tp_plan = lambda tp: bundled_plan(recipe.meta_model, tp, expert_parallel=True)
     return recipe
 
 

@@ -134,6 +134,7 @@ def hf_recipe(path: str) -> ModelRecipe:
     )
     _check_structure(recipe.meta_model)
     recipe.tp_plan = lambda tp: hf_plan(recipe.meta_model, tp)
+    recipe.expert_tp_plan = lambda tp: hf_plan(recipe.meta_model, tp, expert_parallel=True)
     recipe.synthetic = token_chains(recipe)
     recipe.kinds = tuple(_kind(name) for name in recipe.layers)
     return recipe

@@ -128,6 +128,9 @@ class ModelRecipe:
     kinds: Sequence[str] | None = None  # per layer, for profiles ("layer" when unknown)
     listed_layers: Sequence[str] | None = field(default=None, repr=False)
     tp_plan: PlanOf | None = None  # the TP degree -> FQN pattern -> ParallelStyle
+    # The TP plan under expert parallelism (MoE blocks on each rank's own tokens); None: the
+    # model's experts cannot be divided (`parallel.experts`).
+    expert_tp_plan: PlanOf | None = None
 
     @cached_property
     def meta_model(self) -> nn.Module:

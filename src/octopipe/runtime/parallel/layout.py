@@ -27,10 +27,13 @@ class RankLayout:
     tp: int
     pp: int
     dp: int
+    ep: int = 1  # expert parallelism: MoE experts divided over this many of a device's ranks
 
     def __post_init__(self) -> None:
-        if min(self.tp, self.pp, self.dp) < 1:
+        if min(self.tp, self.pp, self.dp, self.ep) < 1:
             raise ValueError(f"degrees must be positive: {self}")
+        if (self.tp * self.dp) % self.ep:
+            raise ValueError(f"EP {self.ep} does not divide a device's TP x DP ranks: {self}")
 
     @property
     def size(self) -> int:
@@ -53,6 +56,14 @@ class RankLayout:
             for r in range(self.dp)
             for t in range(self.tp)
         ]
+
+    def expert_groups(self, device: int) -> list[list[int]]:
+        """The EP groups of a pipeline device: consecutive runs of `ep` of its ranks listed
+        DP-fastest, then TP (docs/FORMATS.md): within one TP rank while EP divides DP, over
+        TP ranks too beyond (Megatron-Core's MoE parallel folding). Each group in rank order
+        (its process group's): its i-th member holds the i-th E/ep of the experts."""
+        ranks = [self.rank(r, device, t) for t in range(self.tp) for r in range(self.dp)]
+        return [sorted(ranks[i : i + self.ep]) for i in range(0, len(ranks), self.ep)]
 
     def place(self, rank: int) -> Place | None:
         """The coordinates of `rank`, or None for a rank past the job."""

@@ -1,4 +1,5 @@
-"""The job's process groups and its device mesh: DP x PP x TP, in the documented rank order.
+"""The job's process groups and its device mesh: DP x PP x TP, in the documented rank order,
+and the EP groups over a device's ranks (`layout.expert_groups`).
 
 Every group is made with the run's timeout (`octopipe.runtime.parallel.groups`), and the mesh is put
 together from them with `DeviceMesh.from_group`, so a stuck DTensor or FSDP collective fails
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from octopipe.runtime.parallel.experts import ExpertGroup
 from octopipe.runtime.parallel.groups import new_group
 from octopipe.runtime.parallel.layout import Place, RankLayout
 
@@ -29,6 +31,10 @@ class JobMesh:
     place: Place | None  # None: a rank past the job
     mesh: DeviceMesh | None  # dims DIMS; only when DTensors are needed (TP or FSDP)
     dp_group: dist.ProcessGroup | None  # this device's ranks of every replica (dp > 1)
+    experts: ExpertGroup | None = None  # this rank's EP group (ep > 1)
+    # The ranks holding the same experts as this one (their gradients are summed), where
+    # there are more than one.
+    expert_dp_group: dist.ProcessGroup | None = None
 
     @property
     def tp_mesh(self) -> DeviceMesh | None:
@@ -52,7 +58,32 @@ def build_job_mesh(layout: RankLayout, rank: int, device_type: str, with_mesh: b
             [mine[name] for name in DIMS], device_type, mesh=grid, mesh_dim_names=DIMS
         )
     dp_group = mine.get("dp") if layout.dp > 1 else None
-    return JobMesh(layout, place, mesh, dp_group)
+    experts, expert_dp = (
+        _expert_groups(layout, rank, device_type) if layout.ep > 1 else (None, None)
+    )
+    return JobMesh(layout, place, mesh, dp_group, experts, expert_dp)
+
+
+def _expert_groups(
+    layout: RankLayout, rank: int, device_type: str
+) -> tuple[ExpertGroup | None, dist.ProcessGroup | None]:
+    """Every device's EP groups and the groups of ranks holding the same experts (made by
+    every rank, in one order); this rank's."""
+    mine, same = None, None
+    for device in range(layout.pp):
+        groups = layout.expert_groups(device)
+        for ranks in groups:
+            group = new_group(ranks)
+            if rank in ranks:
+                mesh = DeviceMesh.from_group(group, device_type, mesh=ranks)
+                mine = ExpertGroup(layout.ep, ranks.index(rank), group, mesh)
+        if len(groups) > 1:
+            for i in range(layout.ep):
+                holders = [ranks[i] for ranks in groups]
+                group = new_group(holders)
+                if rank in holders:
+                    same = group
+    return mine, same
 
 
 def _groups_along(grid: torch.Tensor, dim: int, rank: int) -> dist.ProcessGroup | None:

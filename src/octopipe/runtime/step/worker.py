@@ -28,6 +28,7 @@ from octopipe.runtime.parallel.fsdp import ShardedStages
 from octopipe.runtime.parallel.layout import RankLayout
 from octopipe.runtime.parallel.tensor_parallel import loss_context, settle_grads
 from octopipe.runtime.step.comm import P2P
+from octopipe.runtime.step.experts import ExpertGrads
 from octopipe.runtime.step.optim import (
     OptimizerConfig,
     clip_factor,
@@ -90,6 +91,7 @@ class Worker:
         tp_rank: int = 0,
         sharded: ShardedStages | None = None,
         tied: TiedGradients | None = None,
+        experts: ExpertGrads | None = None,
     ) -> None:
         """`stages[s]` holds stage s's layers, for every stage placed on `rank`; `specs[b]` is
         the activation entering stage b, for every stage but the first. `dp_group` holds this
@@ -97,7 +99,8 @@ class Worker:
         all-reduce back until the last action (to measure what the overlap gains). With `tp`
         > 1 the stages are tensor-parallel and this rank is `tp_rank` of its device's group;
         `sharded`: the stages are FSDP2 units (`--zero 3`), gathered and reduced by it;
-        `tied`: tied copies on this rank whose gradients are summed with other ranks'."""
+        `tied`: tied copies on this rank whose gradients are summed with other ranks';
+        `experts`: the routed experts' parameters and groups under expert parallelism."""
         self.plan, self.rank, self.device = plan, rank, device
         self.lookahead = lookahead
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
@@ -116,9 +119,17 @@ class Worker:
         self.tied = tied
         self.tensor_parallel, self.sharded = tp > 1, sharded
         self.stage_ranks = layout.stage_ranks  # ranks holding each stage, for the global norm
+        self.experts = experts
+        expert_group = experts.expert_dp_group if experts is not None else None
         self.reducer = (
-            GradientReducer({s: st.params for s, st in self.stages.items()}, dp_group, replicas)
-            if replicas > 1 and sharded is None
+            GradientReducer(
+                {s: st.params for s, st in self.stages.items()},
+                dp_group,
+                replicas,
+                experts.ids if experts is not None else frozenset(),
+                expert_group,
+            )
+            if (replicas > 1 or expert_group is not None) and sharded is None
             else None
         )
         # Action index -> the stages whose gradients are final once it has run.
@@ -156,6 +167,8 @@ class Worker:
         # This rank's share, before clipping (a tied copy counted where its first holder is).
         counted = self.tied.counted(self.params) if self.tied is not None else self.params
         squares = squared_norm(counted, self.device)
+        if self.experts is not None:  # experts divided by pruning count once per EP group
+            squares = squares + self.experts.extra_squares(self.device)
         self.grad_norm = self._clip(squares)
         if self.optimizer is not None:
             set_lr(self.optimizer, self.optimizer_config.lr_at(step))
@@ -215,6 +228,8 @@ class Worker:
         parameters' layout (partial sums summed over the group). FSDP2 does it itself."""
         if self.tensor_parallel and self.sharded is None:
             settle_grads(self.stages[stage].params)
+        if self.experts is not None:
+            self.experts.sum_over_tp(stage)
 
     def reduce_stage(self, stage: int) -> None:
         """After the stage's last backward of the step: settle its gradients and start their
