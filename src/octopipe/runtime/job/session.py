@@ -135,7 +135,8 @@ def run_job_on_rank(
     sharding = cfg.tp > 1 or cfg.zero == 3
     groups = build_job_mesh(layout, rank, device.type, with_mesh=sharding)
     place = groups.place or Place(cfg.dp, -1, 0)  # past the job: no device
-    replica, d, tp_rank = place.replica, place.device, place.tp_rank
+    replica, d, tp_rank, cp_rank = place.replica, place.device, place.tp_rank, place.cp_rank
+    part = _context_part(groups)
     recipe = cfg.recipe()
     data = cfg.data_source(recipe)
     mine = plan.stages_on(d)
@@ -154,7 +155,7 @@ def run_job_on_rank(
         apply_recompute(module, *stage_layers(plan, recipe, s), plan.recompute_of(s))
     b = cfg.micro_batch_size
     first = data.global_batch(0, cfg.global_sequences(plan))
-    sample = replica_batch(first, 0, 1, b).inputs[0]
+    sample = part(replica_batch(first, 0, 1, b)).inputs[0]
     owners = [layout.rank(0, st.device) for st in plan.stages]  # replica 0's TP rank 0
     # FSDP2 gathers over the replicas inside the forward, EP sends tokens between them: then
     # every replica runs its stages.
@@ -183,6 +184,8 @@ def run_job_on_rank(
         cfg.autocast_dtype,
         tp=cfg.tp,
         tp_rank=tp_rank,
+        cp=cfg.cp,
+        cp_rank=cp_rank,
         sharded=sharded,
         tied=tied,
         experts=_expert_grads(groups, modules, cfg),
@@ -191,13 +194,13 @@ def run_job_on_rank(
     if first_step:
         say(on_report, f"resumed from {cfg.resume_checkpoint} ({first_step} steps done)")
     needs_data = 0 in mine or plan.num_stages - 1 in mine
-    evaluation = _evaluation(cfg, worker, plan, replica, needs_data, recipe)
+    evaluation = _evaluation(cfg, worker, plan, replica, needs_data, recipe, part)
 
     def batch_of(k: int) -> Batch:
         if not needs_data:
             return Batch([], [])
         sequences = data.global_batch(k, cfg.global_sequences(plan))
-        return replica_batch(sequences, replica, plan.num_microbatches, b)
+        return part(replica_batch(sequences, replica, plan.num_microbatches, b))
 
     dist.barrier()
     origin = time.perf_counter()
@@ -242,7 +245,7 @@ def run_job_on_rank(
     dist.gather_object(report, reports, dst=0)
     if reports is None:
         return None
-    return assemble(plan, reports, cfg.dp, first_step, cfg.tp, tuple(progress.reports))
+    return assemble(plan, reports, cfg.dp, first_step, cfg.tp, tuple(progress.reports), cfg.cp)
 
 
 def _tp_plan(recipe: ModelRecipe, cfg: RunConfig):
@@ -290,8 +293,20 @@ def _check_ties(recipe: ModelRecipe, plan: Plan, modules: dict, cfg: RunConfig) 
         )
 
 
+def _context_part(groups: JobMesh):
+    """The rank's part of a replica's batch: under CP its share of every sequence (inputs and
+    targets, `parallel.context`), else the batch."""
+    context = groups.context
+    if context is None:
+        return lambda batch: batch
+    return lambda batch: Batch(
+        [tuple(context.shard(t) for t in inputs) for inputs in batch.inputs],
+        [context.shard(t) for t in batch.targets],
+    )
+
+
 def _evaluation(
-    cfg: RunConfig, worker: Worker, plan: Plan, replica: int, needs_data: bool, recipe
+    cfg: RunConfig, worker: Worker, plan: Plan, replica: int, needs_data: bool, recipe, part
 ) -> Evaluation | None:
     val = cfg.val_source(recipe)
     if val is None:
@@ -307,6 +322,7 @@ def _evaluation(
         sequences=cfg.global_sequences(plan),
         micro_batch_size=cfg.micro_batch_size,
         needs_data=needs_data,
+        part=part,
     )
 
 
@@ -371,10 +387,12 @@ def assemble(
     first_step: int = 0,
     tp: int = 1,
     step_reports: tuple[StepReport, ...] = (),
+    cp: int = 1,
 ) -> RunResult:
     reports = sorted(reports, key=lambda r: r.rank)
-    layout = RankLayout(tp, plan.num_devices, replicas)
-    last = [layout.rank(r, plan.stages[-1].device) for r in range(replicas)]
+    layout = RankLayout(tp, plan.num_devices, replicas, cp=cp)
+    device = plan.stages[-1].device  # every replica's and CP rank's loss (TP ranks share it)
+    last = [layout.rank(r, device, 0, c) for r in range(replicas) for c in range(cp)]
     num_steps = len(reports[last[0]].steps)
     losses = tuple(
         statistics.fmean(x for rank in last for x in reports[rank].steps[k].losses)

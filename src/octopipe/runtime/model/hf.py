@@ -28,6 +28,7 @@ from octopipe.errors import InputError
 from octopipe.jsonfile import read_json
 from octopipe.runtime.model.hf_attention import route_attention
 from octopipe.runtime.model.recipe import Activation, ModelRecipe, token_chains
+from octopipe.runtime.parallel.context import context_of
 from octopipe.runtime.parallel.tensor_parallel import tp_degree
 from octopipe.runtime.parallel.tp_plans import hf_plan
 
@@ -178,9 +179,15 @@ def run_causal_lm_stage(part: nn.Module, inputs: Activation) -> Activation:
     if layers:
         # Under tensor parallelism h holds the rank's share of the sequence; positions, masks
         # and rotary embeddings are the whole sequence's (the attention gathers it).
+        # Under context parallelism the rank's share of the sequence, at its global positions.
         length = h.shape[1] * tp_degree(part)
         whole = h.new_empty((h.shape[0], length, 0)) if length != h.shape[1] else h
-        positions = torch.arange(length, device=h.device).unsqueeze(0)
+        context = context_of(part)
+        positions = (
+            torch.arange(length, device=h.device)
+            if context is None
+            else context.positions(length, h.device)
+        ).unsqueeze(0)
         masks = {}
         for index, _ in layers:
             kind = _attention_kind(index, inner.config)

@@ -89,6 +89,8 @@ class Worker:
         *,
         tp: int = 1,
         tp_rank: int = 0,
+        cp: int = 1,
+        cp_rank: int = 0,
         sharded: ShardedStages | None = None,
         tied: TiedGradients | None = None,
         experts: ExpertGrads | None = None,
@@ -106,14 +108,19 @@ class Worker:
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
         self._forward_only = forward_only(plan)  # the order held-out batches run in
         self._last = last = plan.num_stages - 1
-        layout = RankLayout(tp, plan.num_devices, replicas)
+        layout = RankLayout(tp, plan.num_devices, replicas, cp=cp)
+        # Context-parallel ranks hold the same weights and see other tokens: they average
+        # their gradients as replicas do (`dp_group` is then all D x C of them).
+        copies = layout.copies
         context = loss_context if tp > 1 else nullcontext
         self.stages = {
             s: StageCompute(module, s == last, loss, plan.num_microbatches, autocast, context)
             for s, module in stages.items()
         }
         self.modules = stages
-        self.comm = P2P(plan, rank, specs, device, per_channel_groups, layout, replica, tp_rank)
+        self.comm = P2P(
+            plan, rank, specs, device, per_channel_groups, layout, replica, tp_rank, cp_rank
+        )
         # A tied parameter two stages of this rank share is one parameter to the optimizer.
         self.params = list({id(p): p for st in self.stages.values() for p in st.params}.values())
         self.tied = tied
@@ -125,11 +132,11 @@ class Worker:
             GradientReducer(
                 {s: st.params for s, st in self.stages.items()},
                 dp_group,
-                replicas,
+                copies,
                 experts.ids if experts is not None else frozenset(),
                 expert_group,
             )
-            if (replicas > 1 or expert_group is not None) and sharded is None
+            if (copies > 1 or expert_group is not None) and sharded is None
             else None
         )
         # Action index -> the stages whose gradients are final once it has run.
@@ -137,7 +144,7 @@ class Worker:
         if reduce_at_end and self._stage_done_after:
             every = [s for stages in self._stage_done_after.values() for s in stages]
             self._stage_done_after = {len(self.actions) - 1: every}
-        shard = dp_group if zero == 1 and replicas > 1 else None
+        shard = dp_group if zero == 1 and copies > 1 else None
         self.optimizer_config, self.replicas = optimizer, replicas
         self.optimizer = optimizer.build(self.params, shard) if self.params else None
         self.grad_norm: float | None = None  # the last step's, when clipping
