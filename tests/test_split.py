@@ -18,6 +18,7 @@ from octopipe.runtime.model.split import (
     prune,
     reset_parameters,
 )
+from octopipe.runtime.model.ties import find_ties
 
 CPU = torch.device("cpu")
 TITAN = ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm", "output"]
@@ -89,11 +90,19 @@ def test_a_tied_weight_stays_tied_after_materializing():
     assert model[1].weight is model[0].weight and model[0].weight.device == CPU
 
 
-def test_models_that_cannot_be_split_are_refused_in_one_line():
+def test_a_weight_two_layers_share_is_a_tie_of_both_layers():
     tied = TitanStyle()
     tied.output.weight = tied.tok_embeddings.weight
-    with pytest.raises(InputError, match="share a parameter .* untie"):
-        check_layers(tied, TITAN)
+    check_layers(tied, TITAN)  # tied embeddings split: a copy on each stage (`ties`)
+    (tie,) = find_ties(tied, TITAN)
+    assert (tie.name, tie.aliases, tie.layers) == (
+        "tok_embeddings.weight",
+        ("output.weight",),
+        ("tok_embeddings", "output"),
+    )
+
+
+def test_models_that_cannot_be_split_are_refused_in_one_line():
     loose = TitanStyle()
     loose.scale = nn.Parameter(torch.ones(1))
     with pytest.raises(InputError, match="'scale' belongs to no layer"):

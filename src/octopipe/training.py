@@ -76,7 +76,6 @@ def run(
     if model_spec is None:
         model_spec = config.model.name
     plan, where = _the_plan(plan, config, where)
-    _check_runnable_degrees(plan, where)
     objects = {"data": _object(data), "val_data": _object(val_data)}
     config.check(val_data_given=objects["val_data"] is not None)
     run_config = runtime_config(config, plan, model_spec, loss=loss, **objects)
@@ -134,6 +133,8 @@ def runtime_config(
         dp=config.parallelism.dp or _planned(plan, "dp"),
         zero=config.parallelism.zero,
         tp=config.parallelism.tp or _planned(plan, "tp"),
+        ep=_expert_degree(config, plan),
+        cp=_context_degree(config, plan, seq_len),
         data=_data_source(
             data if data is not None else config.data.path, seq_len, seed, dtype, t.steps
         ),
@@ -285,19 +286,43 @@ def _planned(plan: Plan, degree: str) -> int:
     return plan.parallelism.get(degree, 1) if plan.parallelism else 1
 
 
-def _check_runnable_degrees(plan: Plan, where: str) -> None:
-    """A plan laid out with degrees the executor does not run yet is refused in one line, not
-    run on fewer ranks as if it had none."""
+def _expert_degree(config: JobConfig, plan: Plan) -> int:
+    """`--ep`, else the plan's; refused in one line where it cannot run."""
     from octopipe.errors import InputError
 
-    for degree, what in (("cp", "context"), ("ep", "expert")):
-        if _planned(plan, degree) > 1:
-            raise InputError(
-                where,
-                f"planned with {what} parallelism ({degree} {_planned(plan, degree)}), which "
-                "octopipe run does not run yet",
-                f"parallelism.{degree}",
-            )
+    ep = config.parallelism.ep or _planned(plan, "ep")
+    if ep == 1:
+        return ep
+    p = config.parallelism
+    tp, dp, cp = (getattr(p, n) or _planned(plan, n) for n in ("tp", "dp", "cp"))
+    if (tp * cp * dp) % ep:
+        raise InputError(
+            "--ep", f"{ep} does not divide a device's TP x CP x DP = {tp * cp * dp} ranks"
+        )
+    if p.zero:
+        raise InputError("--zero", f"{p.zero} is not built with expert parallelism yet (--ep {ep})")
+    if config.training.overlap_steps:
+        raise InputError("--overlap-steps", "not built with expert parallelism yet")
+    return ep
+
+
+def _context_degree(config: JobConfig, plan: Plan, seq_len: int) -> int:
+    """`--cp`, else the plan's; refused in one line where it cannot run."""
+    from octopipe.errors import InputError
+
+    cp = config.parallelism.cp or _planned(plan, "cp")
+    if cp == 1:
+        return cp
+    tp = config.parallelism.tp or _planned(plan, "tp")
+    if seq_len % (2 * cp) or (seq_len // cp) % tp:
+        raise InputError(
+            "--seq-len",
+            f"{seq_len} tokens do not split into {2 * cp} equal chunks, each rank's two of them "
+            f"into {tp} tensor-parallel shares (--cp {cp} --tp {tp})",
+        )
+    if config.parallelism.zero == 3:
+        raise InputError("--zero", f"3 is not built with context parallelism yet (--cp {cp})")
+    return cp
 
 
 def _data_source(

@@ -121,6 +121,24 @@ class ParallelismSection:
         low=1,
         high=MAX_PARALLEL_DEGREE,
     )
+    cp: int | None = setting(
+        None,
+        "context parallelism: each sequence divided over this many ranks per pipeline device "
+        "(ring attention; default: the plan's parallelism.cp, else 1); rank = tp_rank + TP x "
+        "(cp_rank + CP x (device + PP x replica))",
+        flag="--cp",
+        low=1,
+        high=MAX_PARALLEL_DEGREE,
+    )
+    ep: int | None = setting(
+        None,
+        "expert parallelism: each MoE layer's routed experts divided over this many of a "
+        "device's TP x DP ranks, tokens sent by all-to-all (default: the plan's parallelism.ep, "
+        "else 1)",
+        flag="--ep",
+        low=1,
+        high=MAX_PARALLEL_DEGREE,
+    )
     zero: int = setting(
         0,
         "1: shard the optimizer state across the replicas (ZeRO-1); 3: also the weights and "

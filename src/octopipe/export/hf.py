@@ -93,6 +93,7 @@ def _with_weights(config, weights: dict[str, torch.Tensor], dtype: torch.dtype):
         logging.set_verbosity(verbosity)
     cast = {name: tensor.to(dtype) for name, tensor in weights.items()}
     model.load_state_dict(cast, strict=False, assign=True)
+    model.tie_weights()  # assigning the tied table unties its holders; the config ties them
     left = [name for name, p in model.named_parameters() if p.is_meta]
     if left:  # the checkpoint's parameters are the model's (check_compatible): cannot happen
         raise InputError("--checkpoint", f"holds no weights for {left[0]}")

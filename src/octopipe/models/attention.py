@@ -25,11 +25,16 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate [batch, heads, seq, head_dim] by position (rotate-half layout, as in HF LLaMA)."""
+def apply_rope(
+    x: torch.Tensor, theta: float, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rotate [batch, heads, seq, head_dim] by position (rotate-half layout, as in HF LLaMA);
+    `positions` of the tokens along seq (default 0, 1, ...)."""
     seq, head_dim = x.shape[-2], x.shape[-1]
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=x.device, dtype=x.dtype) / head_dim)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=x.dtype), inv_freq)
+    if positions is None:
+        positions = torch.arange(seq, device=x.device)
+    angles = torch.outer(positions.to(x.dtype), inv_freq)
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-second, first], -1) * sin
@@ -67,7 +72,11 @@ def attend(
 
 class AttentionCore(nn.Module):
     """softmax(q k^T) v, weightless: a module of its own so that a stage recomputing its
-    attention cores only (selective recomputation) can checkpoint exactly this part."""
+    attention cores only (selective recomputation) can checkpoint exactly this part.
+    `context`, when set, attends over the whole sequence of which q, k, v hold a share (the
+    executor's context parallelism: `attend(q, k, v, scale)`)."""
+
+    context = None
 
     def __init__(self, scale: float, softcap: float | None = None, causal: bool = False):
         super().__init__()
@@ -76,13 +85,19 @@ class AttentionCore(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if self.context is not None:
+            return self.context.attend(q, k, v, self.scale)
         if self.causal:  # the fused kernel's own mask
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return attend(q, k, v, mask, self.scale, self.softcap)
 
 
 class SelfAttention(nn.Module):
-    """Grouped-query self-attention; causal with RoPE for text, bidirectional without for vision."""
+    """Grouped-query self-attention; causal with RoPE for text, bidirectional without for vision.
+    `context`, when set, gives the positions of the tokens it holds (`positions(n, device)`:
+    the executor's context parallelism, whose core then attends over the whole sequence)."""
+
+    context = None
 
     def __init__(
         self,
@@ -121,9 +136,12 @@ class SelfAttention(nn.Module):
         q = self.q_norm(self._heads(self.wq(x)))
         k = self.k_norm(self._heads(self.wk(x)))
         v = self._heads(self.wv(x))
+        where = None if self.context is None else self.context.positions(x.shape[1], x.device)
         if self.rope_theta is not None:
-            q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
-        mask = causal_mask(x.shape[1], self.window, x.device) if self.causal else None
+            q, k = apply_rope(q, self.rope_theta, where), apply_rope(k, self.rope_theta, where)
+        mask = None
+        if self.causal and self.context is None:
+            mask = causal_mask(x.shape[1], self.window, x.device)
         out = self.core(q, k, v, mask)
         return self.wo(out.transpose(1, 2).flatten(2))
 

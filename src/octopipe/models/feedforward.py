@@ -7,6 +7,8 @@ point of these models is to be real and readable, not fast.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,7 +58,12 @@ class MLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Each token goes to its top-k routed experts (softmax router) plus every shared expert."""
+    """Each token goes to its top-k routed experts (softmax router) plus every shared expert.
+
+    `route_experts`, when set, computes the routed part in place of the loop over `experts`
+    (the executor's expert parallelism: `(tokens, chosen, weights) -> output`, the same sum)."""
+
+    route_experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def __init__(
         self,
@@ -87,9 +94,17 @@ class MoE(nn.Module):
             out = self.shared(tokens)
             if self.shared_gate is not None:
                 out = out * torch.sigmoid(self.shared_gate(tokens))
+        routed = self.route_experts or self.experts_output
+        return (out + routed(tokens, chosen, weights)).view_as(x)
+
+    def experts_output(
+        self, tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """The routed experts' weighted sum, expert by expert."""
+        out = torch.zeros_like(tokens)
         for e, expert in enumerate(self.experts):
             token_idx, slot = (chosen == e).nonzero(as_tuple=True)
             if token_idx.numel():
                 contribution = expert(tokens[token_idx]) * weights[token_idx, slot, None]
                 out = out.index_add(0, token_idx, contribution)
-        return out.view_as(x)
+        return out

@@ -278,7 +278,7 @@ def _load_target(param: torch.Tensor, meta) -> torch.Tensor:
 
 def _named_parameters(modules: Mapping[int, nn.Module]) -> dict[str, nn.Parameter]:
     """The rank's parameters by FQN in the whole model (a stage module's `part` keeps them)."""
-    return {k: p for m in modules.values() for k, p in m.part.named_parameters()}
+    return {k: p for m in modules.values() for k, p in m.named_weights().items()}
 
 
 def _local(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:

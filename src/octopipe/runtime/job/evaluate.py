@@ -11,6 +11,8 @@ with the step's report (`progress`), which averages them as it averages the trai
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from octopipe.plan import Plan
 from octopipe.runtime.data.batches import Batch, DataSource, replica_batch
 from octopipe.runtime.step.worker import Worker
@@ -32,11 +34,14 @@ class Evaluation:
         sequences: int,
         micro_batch_size: int,
         needs_data: bool,
+        part: Callable[[Batch], Batch] = lambda batch: batch,
     ) -> None:
+        """`part`: the rank's part of a replica's batch (its share of each sequence under
+        context parallelism)."""
         self.worker, self.data, self.plan = worker, data, plan
         self.every, self.batches, self.last_step = every, batches, last_step
         self.replica, self.sequences, self.b = replica, sequences, micro_batch_size
-        self.needs_data = needs_data
+        self.needs_data, self.part = needs_data, part
 
     def due(self, step: int) -> bool:
         done = step + 1
@@ -56,4 +61,4 @@ class Evaluation:
         if not self.needs_data:
             return Batch([], [])
         sequences = self.data.global_batch(index, self.sequences)
-        return replica_batch(sequences, self.replica, self.plan.num_microbatches, self.b)
+        return self.part(replica_batch(sequences, self.replica, self.plan.num_microbatches, self.b))

@@ -135,7 +135,9 @@ class StepProgress:
     ) -> None:
         last, layout = plan.stages[-1].device, cfg.layout(plan)
         # Replica order; of a tensor-parallel group, TP rank 0 (all hold the same loss).
-        self._loss_ranks = [layout.rank(r, last) for r in range(cfg.dp)]
+        self._loss_ranks = [
+            layout.rank(r, last, 0, c) for r in range(cfg.dp) for c in range(layout.cp)
+        ]
         self._num_mb = plan.num_microbatches * cfg.accumulation  # losses of a step
         self._held_out_mb = plan.num_microbatches * cfg.eval_batches  # of an evaluation
         self._world, self._device = world_size, device

@@ -46,6 +46,8 @@ class RunConfig:
     dp: int = 1  # data-parallel replicas of the plan
     zero: int = 0  # 1: optimizer state sharded across the replicas (ZeRO-1); 3: FSDP2
     tp: int = 1  # tensor-parallel ranks per pipeline device
+    cp: int = 1  # context parallelism: each sequence divided over this many ranks per device
+    ep: int = 1  # expert parallelism: each MoE layer's experts over this many of a device's ranks
     data: DataSource | None = None  # None: the model's synthetic sequences
     loss: Loss | None = None  # None: the model's loss (next-token cross-entropy by default)
     reduce_at_end: bool = False  # all-reduces after the last action, not each stage's last B/W
@@ -94,7 +96,7 @@ class RunConfig:
 
     def layout(self, plan: Plan) -> RankLayout:
         """Which global rank runs what (docs/FORMATS.md, plan `parallelism`)."""
-        return RankLayout(self.tp, plan.num_devices, self.dp)
+        return RankLayout(self.tp, plan.num_devices, self.dp, self.ep, self.cp)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from octopipe.errors import InputError
 from octopipe.plan import Plan
 from octopipe.runtime.data.batches import Batch, replica_batch, split_sequences
 from octopipe.runtime.job.evaluate import Evaluation
@@ -30,13 +31,17 @@ from octopipe.runtime.model.recipe import (
 )
 from octopipe.runtime.model.recompute import apply_recompute, stage_layers
 from octopipe.runtime.model.split import parameter_bytes
+from octopipe.runtime.model.ties import share_across_stages, spans_stages
 from octopipe.runtime.parallel.dtensors import local, whole
+from octopipe.runtime.parallel.experts import expert_parameters, tp_summed_parameters
 from octopipe.runtime.parallel.fsdp import ShardedStages, fsdp_units
 from octopipe.runtime.parallel.layout import Place, RankLayout
-from octopipe.runtime.parallel.mesh import build_job_mesh
+from octopipe.runtime.parallel.mesh import JobMesh, build_job_mesh
 from octopipe.runtime.parallel.parallelize import parallelizer
+from octopipe.runtime.step.experts import ExpertGrads
 from octopipe.runtime.step.overlap import OverlappedSteps
 from octopipe.runtime.step.shapes import exchange_boundary_specs
+from octopipe.runtime.step.tied import tied_gradients
 from octopipe.runtime.step.worker import ActionRecord, StepRecord, Worker
 
 
@@ -130,26 +135,31 @@ def run_job_on_rank(
     sharding = cfg.tp > 1 or cfg.zero == 3
     groups = build_job_mesh(layout, rank, device.type, with_mesh=sharding)
     place = groups.place or Place(cfg.dp, -1, 0)  # past the job: no device
-    replica, d, tp_rank = place.replica, place.device, place.tp_rank
+    replica, d, tp_rank, cp_rank = place.replica, place.device, place.tp_rank, place.cp_rank
+    part = _context_part(groups)
     recipe = cfg.recipe()
     data = cfg.data_source(recipe)
     mine = plan.stages_on(d)
     say(on_report, f"{world_size} processes joined; building each rank's stages")
-    shard = parallelizer(groups, recipe.tp_plan(cfg.tp) if cfg.tp > 1 else None, cfg.zero)
+    shard = parallelizer(groups, _tp_plan(recipe, cfg), cfg.zero)
     modules = {
         s: recipe.stage(
             recipe.layers[plan.stages[s].start : plan.stages[s].end], device, cfg.seed, shard
         )
         for s in mine
     }
+    _check_ties(recipe, plan, modules, cfg)
+    share_across_stages(modules, recipe.ties)  # a tied weight is one parameter on one rank
+    tied = tied_gradients(plan, recipe.layers, recipe.ties, layout, rank, modules)
     for s, module in modules.items():  # what the plan has each stage recompute
         apply_recompute(module, *stage_layers(plan, recipe, s), plan.recompute_of(s))
     b = cfg.micro_batch_size
     first = data.global_batch(0, cfg.global_sequences(plan))
-    sample = replica_batch(first, 0, 1, b).inputs[0]
+    sample = part(replica_batch(first, 0, 1, b)).inputs[0]
     owners = [layout.rank(0, st.device) for st in plan.stages]  # replica 0's TP rank 0
-    # FSDP2 gathers over the replicas inside the forward: then every replica runs its stages.
-    runs = modules if replica == 0 or cfg.zero == 3 else {}
+    # FSDP2 gathers over the replicas inside the forward, EP sends tokens between them: then
+    # every replica runs its stages.
+    runs = modules if replica == 0 or cfg.zero == 3 or cfg.ep > 1 else {}
     say(on_report, "stages built; running one microbatch to learn the shapes between stages")
     specs = exchange_boundary_specs(owners, runs, sample, device, cfg.tp, tp_rank)
     sharded = None
@@ -174,30 +184,34 @@ def run_job_on_rank(
         cfg.autocast_dtype,
         tp=cfg.tp,
         tp_rank=tp_rank,
+        cp=cfg.cp,
+        cp_rank=cp_rank,
         sharded=sharded,
         accumulation=cfg.accumulation,
+        tied=tied,
+        experts=_expert_grads(groups, modules, cfg),
     )
     first_step = _resume(cfg, modules, worker)
     if first_step:
         say(on_report, f"resumed from {cfg.resume_checkpoint} ({first_step} steps done)")
     needs_data = 0 in mine or plan.num_stages - 1 in mine
-    evaluation = _evaluation(cfg, worker, plan, replica, needs_data, recipe)
+    evaluation = _evaluation(cfg, worker, plan, replica, needs_data, recipe, part)
 
     def batch_of(k: int) -> Batch:
         if not needs_data:
             return Batch([], [])
         sequences = data.global_batch(k, cfg.global_sequences(plan))
-        return replica_batch(sequences, replica, plan.num_microbatches, b)
+        return part(replica_batch(sequences, replica, plan.num_microbatches, b))
 
     def passes_of(k: int) -> list[Batch]:
         """Step k's global batch as the plan's passes (gradients accumulated over them): pass
-        a takes sequences [a D M b, (a+1) D M b), then this replica's share of those."""
+        a takes sequences [a D M b, (a+1) D M b), then this replica's (and CP rank's) share."""
         if not needs_data:
             return [Batch([], [])] * cfg.accumulation
         sequences = data.global_batch(k, cfg.global_sequences(plan))
         return [
-            replica_batch(part, replica, plan.num_microbatches, b)
-            for part in split_sequences(sequences, cfg.pass_sequences(plan))
+            part(replica_batch(piece, replica, plan.num_microbatches, b))
+            for piece in split_sequences(sequences, cfg.pass_sequences(plan))
         ]
 
     dist.barrier()
@@ -225,9 +239,10 @@ def run_job_on_rank(
                 _save(cfg, recipe, k + 1, modules, worker, on_report)
     # Whole tensors of sharded parameters are gathered by every rank holding a share (all
     # replicas under FSDP2); the first replica's TP rank 0 reports them.
-    gathers = replica == 0 or cfg.zero == 3
+    # Under EP the experts are divided over replicas (and TP ranks): every rank reports its own.
+    gathers = replica == 0 or cfg.zero == 3 or cfg.ep > 1
     state = _state(worker) if cfg.collect_state and gathers else ({}, {})
-    reports_state = replica == 0 and tp_rank == 0
+    reports_state = (replica == 0 and tp_rank == 0) or cfg.ep > 1
     report = RankReport(
         rank,
         tuple(steps),
@@ -242,11 +257,68 @@ def run_job_on_rank(
     dist.gather_object(report, reports, dst=0)
     if reports is None:
         return None
-    return assemble(plan, reports, cfg.dp, first_step, cfg.tp, tuple(progress.reports))
+    return assemble(plan, reports, cfg.dp, first_step, cfg.tp, tuple(progress.reports), cfg.cp)
+
+
+def _tp_plan(recipe: ModelRecipe, cfg: RunConfig):
+    """The TP plan the stages apply (under EP: MoE blocks on each rank's own tokens)."""
+    if cfg.ep > 1 and recipe.expert_tp_plan is None:
+        raise InputError("--ep", f"{recipe.name} has no experts OctoPipe can divide")
+    if cfg.tp == 1:
+        return None
+    return recipe.expert_tp_plan(cfg.tp) if cfg.ep > 1 else recipe.tp_plan(cfg.tp)
+
+
+def _expert_grads(groups: JobMesh, modules: dict, cfg: RunConfig) -> ExpertGrads | None:
+    """What EP leaves the step to settle: expert gradients and TP-replicated routers."""
+    if groups.experts is None:
+        return None
+    tp_group = groups.tp_mesh.get_group() if cfg.tp > 1 and groups.tp_mesh is not None else None
+    return ExpertGrads(
+        cfg.ep,
+        [p for m in modules.values() for p in expert_parameters(m)],
+        groups.expert_dp_group,
+        {s: tp_summed_parameters(m) for s, m in modules.items()},
+        tp_group,
+    )
+
+
+def _check_ties(recipe: ModelRecipe, plan: Plan, modules: dict, cfg: RunConfig) -> None:
+    """What tied weights on several stages do not run with, refused in one line."""
+    if not recipe.ties:
+        return
+    stage_of = {
+        layer: i for i, st in enumerate(plan.stages) for layer in recipe.layers[st.start : st.end]
+    }
+    one_stage = all(len({stage_of[layer] for layer in tie.layers}) == 1 for tie in recipe.ties)
+    if cfg.overlap_steps and not one_stage:
+        raise InputError(
+            "--overlap-steps",
+            "the model's tied weights sit on several stages, whose gradients are summed before "
+            "one update; run without --overlap-steps (or keep them on one stage)",
+        )
+    if cfg.zero == 3 and spans_stages(modules, recipe.ties):
+        raise InputError(
+            "--zero",
+            "--zero 3 with tied weights on two stages of one device (each stage is its own "
+            "FSDP2 unit) is not built; place them on other devices or on one stage",
+        )
+
+
+def _context_part(groups: JobMesh):
+    """The rank's part of a replica's batch: under CP its share of every sequence (inputs and
+    targets, `parallel.context`), else the batch."""
+    context = groups.context
+    if context is None:
+        return lambda batch: batch
+    return lambda batch: Batch(
+        [tuple(context.shard(t) for t in inputs) for inputs in batch.inputs],
+        [context.shard(t) for t in batch.targets],
+    )
 
 
 def _evaluation(
-    cfg: RunConfig, worker: Worker, plan: Plan, replica: int, needs_data: bool, recipe
+    cfg: RunConfig, worker: Worker, plan: Plan, replica: int, needs_data: bool, recipe, part
 ) -> Evaluation | None:
     val = cfg.val_source(recipe)
     if val is None:
@@ -262,6 +334,7 @@ def _evaluation(
         sequences=cfg.pass_sequences(plan),
         micro_batch_size=cfg.micro_batch_size,
         needs_data=needs_data,
+        part=part,
     )
 
 
@@ -326,10 +399,12 @@ def assemble(
     first_step: int = 0,
     tp: int = 1,
     step_reports: tuple[StepReport, ...] = (),
+    cp: int = 1,
 ) -> RunResult:
     reports = sorted(reports, key=lambda r: r.rank)
-    layout = RankLayout(tp, plan.num_devices, replicas)
-    last = [layout.rank(r, plan.stages[-1].device) for r in range(replicas)]
+    layout = RankLayout(tp, plan.num_devices, replicas, cp=cp)
+    device = plan.stages[-1].device  # every replica's and CP rank's loss (TP ranks share it)
+    last = [layout.rank(r, device, 0, c) for r in range(replicas) for c in range(cp)]
     num_steps = len(reports[last[0]].steps)
     losses = tuple(
         statistics.fmean(x for rank in last for x in reports[rank].steps[k].losses)
@@ -361,7 +436,7 @@ def _state(worker: Worker) -> tuple[dict[str, torch.Tensor], dict[str, torch.Ten
     whole (sharded ones gathered: a collective of the ranks holding the stage)."""
     params, grads = {}, {}
     for module in worker.modules.values():
-        for name, p in module.part.named_parameters():
+        for name, p in module.named_weights().items():
             params[name] = whole(p.detach()).cpu().clone()
             if p.grad is not None:
                 grads[name] = whole(p.grad.detach()).cpu().clone()

@@ -38,6 +38,7 @@ def arch_recipe(arch) -> ModelRecipe:
     recipe = from_module(arch.name, lambda: ArchModel(arch))
     recipe.tp_plan = lambda tp: bundled_plan(recipe.meta_model, tp)
     recipe.max_positions = arch.learned_positions or arch.max_position_embeddings
+    recipe.expert_tp_plan = lambda tp: bundled_plan(recipe.meta_model, tp, expert_parallel=True)
     return recipe
 
 

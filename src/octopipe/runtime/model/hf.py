@@ -28,6 +28,7 @@ from octopipe.errors import InputError
 from octopipe.jsonfile import read_json
 from octopipe.runtime.model.hf_attention import route_attention
 from octopipe.runtime.model.recipe import Activation, ModelRecipe, token_chains
+from octopipe.runtime.parallel.context import context_of
 from octopipe.runtime.parallel.tensor_parallel import tp_degree
 from octopipe.runtime.parallel.tp_plans import hf_plan
 
@@ -136,6 +137,7 @@ def hf_recipe(path: str) -> ModelRecipe:
     )
     _check_structure(recipe.meta_model)
     recipe.tp_plan = lambda tp: hf_plan(recipe.meta_model, tp)
+    recipe.expert_tp_plan = lambda tp: hf_plan(recipe.meta_model, tp, expert_parallel=True)
     recipe.synthetic = token_chains(recipe)
     recipe.kinds = tuple(_kind(name) for name in recipe.layers)
     positions = getattr(config, "max_position_embeddings", None)
@@ -181,9 +183,15 @@ def run_causal_lm_stage(part: nn.Module, inputs: Activation) -> Activation:
     if layers:
         # Under tensor parallelism h holds the rank's share of the sequence; positions, masks
         # and rotary embeddings are the whole sequence's (the attention gathers it).
+        # Under context parallelism the rank's share of the sequence, at its global positions.
         length = h.shape[1] * tp_degree(part)
         whole = h.new_empty((h.shape[0], length, 0)) if length != h.shape[1] else h
-        positions = torch.arange(length, device=h.device).unsqueeze(0)
+        context = context_of(part)
+        positions = (
+            torch.arange(length, device=h.device)
+            if context is None
+            else context.positions(length, h.device)
+        ).unsqueeze(0)
         masks = {}
         for index, _ in layers:
             kind = _attention_kind(index, inner.config)

@@ -16,6 +16,8 @@ projections run once; so the module is not a checkpointed module of its stage
 its FQNs, tensor-parallel plans and FSDP2 are those of the unrouted model. An attention module
 that calls no such function (a model built elsewhere, a family that computes its attention
 inline) is not routed: its stage cannot recompute selectively (`runtime/model/recompute.py`).
+Under context parallelism a routed module marked by `parallel.context.apply_cp` runs ring
+attention in place of the inner implementation.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 PREFIX = "octopipe_"  # of the implementations registered here: PREFIX + the inner one's name
 _DISPATCH = "ALL_ATTENTION_FUNCTIONS"  # the name transformers' attention modules look up
 _MARK = "_octopipe_recompute_core"  # set on the attention modules of a selective stage
+_CONTEXT = "_octopipe_context"  # set on attention modules under context parallelism
 
 
 def route_attention(config) -> None:
@@ -69,9 +72,20 @@ def recompute_core(module: nn.Module) -> None:
 
 def _attention(inner: str, module: nn.Module, *args, **kwargs):
     attend = _implementation(inner, module)
+    if getattr(module, _CONTEXT, None) is not None:
+        attend = _context_parallel
     if getattr(module, _MARK, False) and torch.is_grad_enabled():
         return checkpoint(attend, module, *args, use_reentrant=False, **kwargs)
     return attend(module, *args, **kwargs)
+
+
+def _context_parallel(module: nn.Module, query, key, value, attention_mask=None, **kwargs):
+    """The core under context parallelism (`parallel.context`): the rank's queries over the
+    whole sequence, causal by global position (the mask, made for the rank's share, unused),
+    shaped as transformers' sdpa returns it."""
+    scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
+    out = getattr(module, _CONTEXT).attend(query, key, value, scale)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _implementation(inner: str, module: nn.Module):

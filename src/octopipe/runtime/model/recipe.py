@@ -39,6 +39,7 @@ from octopipe.runtime.model.split import (
     prune,
     reset_parameters,
 )
+from octopipe.runtime.model.ties import Tie, alias_names, find_ties, init_copies, named_weights
 from octopipe.runtime.parallel.tp_plans import PlanOf, user_plan
 
 Activation = tuple[torch.Tensor, ...]
@@ -96,16 +97,24 @@ class StageModule(nn.Module):
     """Some layers of a model, materialized: `forward(*inputs)` runs them, returns a tuple.
     `part` is the pruned model, so its parameters keep their FQNs in the whole model."""
 
-    def __init__(self, part: nn.Module, run: Forward) -> None:
+    def __init__(
+        self, part: nn.Module, run: Forward, aliases: dict[str, str] | None = None
+    ) -> None:
         super().__init__()
         self.part = part
         self._run = run
+        self.aliases = aliases or {}  # a tied copy's FQN -> the tied parameter's name
         # The modules whose whole forward it redoes under activation checkpoint
         # (`octopipe.runtime.model.recompute`); not those whose attention core alone it redoes.
         self.recomputed: tuple[nn.Module, ...] = ()
 
     def forward(self, *inputs: torch.Tensor) -> Activation:
         return self._run(self.part, inputs)
+
+    def named_weights(self) -> dict[str, nn.Parameter]:
+        """The stage's parameters by their names in the whole model (a tied copy by the tied
+        parameter's: checkpoints and reports hold one copy)."""
+        return dict(named_weights(self.part, self.aliases))
 
 
 @dataclass
@@ -120,6 +129,9 @@ class ModelRecipe:
     listed_layers: Sequence[str] | None = field(default=None, repr=False)
     tp_plan: PlanOf | None = None  # the TP degree -> FQN pattern -> ParallelStyle
     max_positions: int | None = None  # the longest sequence the model is made for, if known
+    # The TP plan under expert parallelism (MoE blocks on each rank's own tokens); None: the
+    # model's experts cannot be divided (`parallel.experts`).
+    expert_tp_plan: PlanOf | None = None
 
     @cached_property
     def meta_model(self) -> nn.Module:
@@ -137,6 +149,11 @@ class ModelRecipe:
         check_layers(self.meta_model, names)
         return names
 
+    @cached_property
+    def ties(self) -> tuple[Tie, ...]:
+        """The parameters several layers share (tied embeddings)."""
+        return find_ties(self.meta_model, self.layers)
+
     def layer_kind(self, index: int) -> str:
         return self.kinds[index] if self.kinds else "layer"
 
@@ -150,12 +167,15 @@ class ModelRecipe:
         """The layers `keep`, built and initialized on `device`; `parallelize` shards the
         stage (tensor parallelism, FSDP2) before its weights are allocated."""
         part = prune(self.meta_model, self.layers, keep)
+        aliases = alias_names(self.ties)
         if parallelize is None:
-            return StageModule(materialize(part, device, seed, self.init), self.forward)
-        module = StageModule(part, self.forward)
-        parallelize(module)
-        allocate(module, device)
-        initialize(part, seed, self.init)
+            module = StageModule(materialize(part, device, seed, self.init), self.forward, aliases)
+        else:
+            module = StageModule(part, self.forward, aliases)
+            parallelize(module)
+            allocate(module, device)
+            initialize(part, seed, self.init)
+        init_copies(part, self.meta_model, self.ties, seed, self.init)
         return module
 
     def whole(self, device: torch.device, seed: int) -> StageModule:

@@ -11,7 +11,9 @@ allocate (`to_empty`) and initialize: every module with tensors of its own is in
 torch's generator seeded by (seed, module FQN) alone, so a stage gets exactly the weights the
 whole model has in one process, whatever the plan. Modules sharded by tensor parallelism or
 FSDP2 (applied to the meta copy) are initialized at full size and keep their share
-(`octopipe.runtime.parallel.init`).
+(`octopipe.runtime.parallel.init`). A parameter two layers share (tied embeddings) is
+initialized by its first holder in module order; a stage holding only a later holder gets the
+same values (`ties`).
 """
 
 from __future__ import annotations
@@ -79,14 +81,10 @@ def check_layers(model: nn.Module, layers: Sequence[str]) -> None:
                 raise InputError("--model", f"layer {other!r} lies inside layer {name!r}")
     owner = {}
     for layer in layers:
+        # A parameter two layers share (tied embeddings) is theirs both: `ties` keeps a copy
+        # on each stage holding one, their gradients summed.
         for p in model.get_submodule(layer).parameters():
-            if id(p) in owner:
-                raise InputError(
-                    "--model",
-                    f"layers {owner[id(p)]!r} and {layer!r} share a parameter (tied weights); "
-                    "untie them (e.g. tie_word_embeddings: false) to pipeline the model",
-                )
-            owner[id(p)] = layer
+            owner.setdefault(id(p), layer)
     loose = [n for n, p in model.named_parameters(remove_duplicate=False) if id(p) not in owner]
     if loose:
         raise InputError(
@@ -151,10 +149,12 @@ def allocate(root: nn.Module, device: torch.device) -> None:
 def initialize(part: nn.Module, seed: int, init: InitModule) -> None:
     """Initialize every module of an allocated (pruned) model that holds tensors of its own,
     each from (seed, its FQN in the model)."""
+    done: set[int] = set()  # tied parameters: their first holder initializes them
     for fqn, module in part.named_modules():
         own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-        if not own:
+        if not own or all(id(t) in done for t in own):
             continue
+        kept = {id(t): local(t).detach().clone() for t in own if id(t) in done}
         # fork_rng keeps the caller's generators untouched; devices=[] leaves CUDA's alone,
         # so a module is initialized on the CPU generator's stream wherever it lives.
         with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -163,6 +163,10 @@ def initialize(part: nn.Module, seed: int, init: InitModule) -> None:
                 init_sharded(module, lambda m: init(part, m))
             else:
                 init(part, module)
+            for t in own:
+                if id(t) in kept:
+                    local(t).copy_(kept[id(t)])
+        done.update(id(t) for t in own)
 
 
 def _shared_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:

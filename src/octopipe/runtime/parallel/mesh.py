@@ -1,4 +1,5 @@
-"""The job's process groups and its device mesh: DP x PP x TP, in the documented rank order.
+"""The job's process groups and its device mesh: DP x PP x TP, in the documented rank order,
+and the EP groups over a device's ranks (`layout.expert_groups`).
 
 Every group is made with the run's timeout (`octopipe.runtime.parallel.groups`), and the mesh is put
 together from them with `DeviceMesh.from_group`, so a stuck DTensor or FSDP collective fails
@@ -15,10 +16,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from octopipe.runtime.parallel.context import ContextGroup
+from octopipe.runtime.parallel.experts import ExpertGroup
 from octopipe.runtime.parallel.groups import new_group
 from octopipe.runtime.parallel.layout import Place, RankLayout
 
-DIMS = ("dp", "pp", "tp")  # outermost first: the layout's rank order read as a grid
+DIMS = ("dp", "pp", "cp", "tp")  # outermost first: the layout's rank order read as a grid
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,14 @@ class JobMesh:
     layout: RankLayout
     place: Place | None  # None: a rank past the job
     mesh: DeviceMesh | None  # dims DIMS; only when DTensors are needed (TP or FSDP)
-    dp_group: dist.ProcessGroup | None  # this device's ranks of every replica (dp > 1)
+    # The ranks holding the same weights as this one (this device's TP rank in every replica
+    # and CP rank; dp x cp > 1): they average their gradients.
+    dp_group: dist.ProcessGroup | None
+    experts: ExpertGroup | None = None  # this rank's EP group (ep > 1)
+    # The ranks holding the same experts as this one (their gradients are summed), where
+    # there are more than one.
+    expert_dp_group: dist.ProcessGroup | None = None
+    context: ContextGroup | None = None  # this rank's CP group (cp > 1)
 
     @property
     def tp_mesh(self) -> DeviceMesh | None:
@@ -41,10 +51,11 @@ class JobMesh:
 
 def build_job_mesh(layout: RankLayout, rank: int, device_type: str, with_mesh: bool) -> JobMesh:
     """The groups of `layout` seen from `rank`; with `with_mesh`, the DeviceMesh too (made of the
-    groups along each dimension). Without it only data parallelism's groups are made."""
+    groups along each dimension). Without it only data and context parallelism's groups are
+    made."""
     place = layout.place(rank)
-    grid = torch.arange(layout.size).view(layout.dp, layout.pp, layout.tp)
-    dims = DIMS if with_mesh else ("dp",) if layout.dp > 1 else ()
+    grid = torch.arange(layout.size).view(layout.dp, layout.pp, layout.cp, layout.tp)
+    dims = DIMS if with_mesh else tuple(n for n in ("dp", "cp") if getattr(layout, n) > 1)
     mine = {name: _groups_along(grid, DIMS.index(name), rank) for name in dims}
     mesh = None
     if with_mesh and place is not None:
@@ -52,12 +63,52 @@ def build_job_mesh(layout: RankLayout, rank: int, device_type: str, with_mesh: b
             [mine[name] for name in DIMS], device_type, mesh=grid, mesh_dim_names=DIMS
         )
     dp_group = mine.get("dp") if layout.dp > 1 else None
-    return JobMesh(layout, place, mesh, dp_group)
+    context = None
+    if layout.cp > 1:
+        # The copies of a weight: one TP rank of one device, every replica and CP rank.
+        copies = grid.permute(1, 3, 0, 2).reshape(-1, layout.dp * layout.cp)
+        dp_group = mine["cp"] if layout.dp == 1 else _groups_of(copies.tolist(), rank)
+        if place is not None:
+            ranks = tuple(
+                layout.rank(place.replica, place.device, place.tp_rank, c) for c in range(layout.cp)
+            )
+            context = ContextGroup(layout.cp, place.cp_rank, ranks, mine["cp"])
+    experts, expert_dp = (
+        _expert_groups(layout, rank, device_type) if layout.ep > 1 else (None, None)
+    )
+    return JobMesh(layout, place, mesh, dp_group, experts, expert_dp, context)
+
+
+def _expert_groups(
+    layout: RankLayout, rank: int, device_type: str
+) -> tuple[ExpertGroup | None, dist.ProcessGroup | None]:
+    """Every device's EP groups and the groups of ranks holding the same experts (made by
+    every rank, in one order); this rank's."""
+    mine, same = None, None
+    for device in range(layout.pp):
+        groups = layout.expert_groups(device)
+        for ranks in groups:
+            group = new_group(ranks)
+            if rank in ranks:
+                mesh = DeviceMesh.from_group(group, device_type, mesh=ranks)
+                mine = ExpertGroup(layout.ep, ranks.index(rank), group, mesh)
+        if len(groups) > 1:
+            for i in range(layout.ep):
+                holders = [ranks[i] for ranks in groups]
+                group = new_group(holders)
+                if rank in holders:
+                    same = group
+    return mine, same
 
 
 def _groups_along(grid: torch.Tensor, dim: int, rank: int) -> dist.ProcessGroup | None:
     """Create the group of every line of the grid along `dim`; the one holding `rank`."""
-    lines = grid.movedim(dim, -1).reshape(-1, grid.shape[dim]).tolist()
+    return _groups_of(grid.movedim(dim, -1).reshape(-1, grid.shape[dim]).tolist(), rank)
+
+
+def _groups_of(lines: list[list[int]], rank: int) -> dist.ProcessGroup | None:
+    """Create a group of each list of ranks (collective: every rank, in one order); the one
+    holding `rank`."""
     found = None
     for ranks in lines:
         group = new_group(ranks)

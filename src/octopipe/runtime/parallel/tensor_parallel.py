@@ -42,9 +42,42 @@ def apply_tp(module: nn.Module, mesh: DeviceMesh, plan: TensorParallelPlan) -> N
     `plan` names; patterns naming none of them (another stage's layers) are skipped. Works on
     the meta device, before the weights are allocated."""
     styles = resolve(plan, [name for name, _ in module.named_modules()])
+    ties = _tied(module)
     if styles:
         parallelize_module(module, mesh, styles, src_data_rank=None)
+    _retie(ties)
     setattr(module, _DEGREE, mesh.size())
+
+
+def _tied(module: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """(module, name) of every parameter held in more than one place (tied embeddings)."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for m in module.modules():
+        for name, p in m.named_parameters(recurse=False):
+            holders.setdefault(id(p), []).append((m, name))
+    return [h for h in holders.values() if len(h) > 1]
+
+
+def _retie(ties: list[list[tuple[nn.Module, str]]]) -> None:
+    """Each style makes its module's weights anew, which unties them: the holders share the
+    first one's again. Tied holders must be split alike (a vocabulary-parallel embedding and
+    head: both cut the table's rows)."""
+    for holders in ties:
+        first = getattr(holders[0][0], holders[0][1])
+        for module, name in holders[1:]:
+            other = getattr(module, name)
+            if _layout(other) != _layout(first):
+                raise InputError(
+                    "--tp",
+                    f"{type(holders[0][0]).__name__}.{holders[0][1]} and "
+                    f"{type(module).__name__}.{name} share a weight the tensor-parallel plan "
+                    "splits two ways",
+                )
+            setattr(module, name, first)
+
+
+def _layout(p: torch.Tensor) -> tuple:
+    return tuple(p.placements) if isinstance(p, DTensor) else ()
 
 
 def resolve(styles: Mapping[str, ParallelStyle], names: Iterable[str]) -> dict[str, ParallelStyle]:

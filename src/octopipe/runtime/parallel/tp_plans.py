@@ -6,7 +6,9 @@ rank's share of the sequence (sequence parallelism), so that between layers ever
 1/T of the sequence (`tensor_parallel`'s conventions). Mixture-of-experts blocks run on the
 gathered sequence: the router is replicated, so every rank routes every token alike; experts
 held as linear layers (ours) and shared experts are split by width like an MLP; Hugging Face's
-fused 3-D expert weights (Mixtral, Qwen-MoE) stay replicated. Expert parallelism is not built.
+fused 3-D expert weights (Mixtral, Qwen-MoE) stay replicated. Under expert parallelism
+(`experts`) a MoE block runs on the rank's own tokens instead: routed experts divided over the
+EP group, the router replicated, the shared expert split by width (`moe_on_own_tokens`).
 
 - `bundled_plan`: our own models (`octopipe.models`): GQA attention with its options (biases,
   per-head q/k norms, Gemma's post-norms and soft-caps), gated and plain MLPs, MoE blocks.
@@ -94,6 +96,21 @@ def moe_block(
     return plan
 
 
+def moe_on_own_tokens(prefix: str, shared: str | None, ups: tuple[str, ...], down: str) -> Plan:
+    """A mixture of experts under expert parallelism: on the rank's own share of the sequence
+    (its tokens are its to route; `parallel.experts` sends them to their experts' ranks), the
+    router replicated with its gradient summed over the group. Only the shared expert is split
+    by width, on the tokens gathered for it (flattened: dimension 0) and scattered back."""
+    if shared is None:
+        return {}
+    at = f"{prefix}.{shared}"
+    return {
+        at: PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),)),
+        **{f"{at}.{up}": ColwiseParallel() for up in ups},
+        f"{at}.{down}": RowwiseParallel(output_layouts=Shard(0)),
+    }
+
+
 def split_mlp(prefix: str, ups: tuple[str, ...], down: str) -> Plan:
     return {
         prefix: gather_sequence(),
@@ -114,7 +131,7 @@ def check_heads(what: str, heads: int, kv_heads: int, tp: int) -> None:
 # --- our bundled models -------------------------------------------------------------------------
 
 
-def bundled_plan(model: nn.Module, tp: int) -> Plan:
+def bundled_plan(model: nn.Module, tp: int, expert_parallel: bool = False) -> Plan:
     """The plan of an `octopipe.models.ArchModel`, layer by layer."""
     from octopipe.models.layers import FinalNorm, OutputHead, TextLayer, TokenEmbedding
 
@@ -128,13 +145,13 @@ def bundled_plan(model: nn.Module, tp: int) -> Plan:
         elif isinstance(layer, OutputHead):
             plan[f"{fqn}.proj"] = vocab_head()
         elif isinstance(layer, TextLayer):
-            plan.update(_text_layer(fqn, layer, tp))
+            plan.update(_text_layer(fqn, layer, tp, expert_parallel))
         else:
             raise _no_plan(fqn, layer)
     return plan
 
 
-def _text_layer(fqn: str, layer: nn.Module, tp: int) -> Plan:
+def _text_layer(fqn: str, layer: nn.Module, tp: int, expert_parallel: bool) -> Plan:
     from octopipe.models.attention import RMSNorm, SelfAttention
     from octopipe.models.feedforward import MLP, GatedMLP, MoE
 
@@ -158,6 +175,9 @@ def _text_layer(fqn: str, layer: nn.Module, tp: int) -> Plan:
         plan.update(split_mlp(f"{fqn}.ffn", ("w_gate", "w_up"), "w_down"))
     elif isinstance(ffn, MLP):
         plan.update(split_mlp(f"{fqn}.ffn", ("fc1",), "fc2"))
+    elif isinstance(ffn, MoE) and expert_parallel:
+        shared = "shared" if ffn.shared else None
+        plan.update(moe_on_own_tokens(f"{fqn}.ffn", shared, ("w_gate", "w_up"), "w_down"))
     elif isinstance(ffn, MoE):
         plan.update(
             moe_block(
@@ -183,7 +203,7 @@ def _no_plan(fqn: str, module: nn.Module) -> InputError:
 # --- Hugging Face causal LMs --------------------------------------------------------------------
 
 
-def hf_plan(model: nn.Module, tp: int) -> Plan:
+def hf_plan(model: nn.Module, tp: int, expert_parallel: bool = False) -> Plan:
     """The plan of a transformers causal LM of the Llama structure, decoder layer by layer."""
     config = model.config
     heads = config.num_attention_heads
@@ -216,7 +236,11 @@ def hf_plan(model: nn.Module, tp: int) -> Plan:
             shared = (
                 "shared_expert" if _has(getattr(mlp, "shared_expert", None), "down_proj") else None
             )
-            plan.update(moe_block(f"{at}.mlp", None, shared, ("gate_proj", "up_proj"), "down_proj"))
+            ups = ("gate_proj", "up_proj")
+            if expert_parallel:
+                plan.update(moe_on_own_tokens(f"{at}.mlp", shared, ups, "down_proj"))
+            else:
+                plan.update(moe_block(f"{at}.mlp", None, shared, ups, "down_proj"))
         elif _has(mlp, "gate_proj", "up_proj", "down_proj"):
             plan.update(split_mlp(f"{at}.mlp", ("gate_proj", "up_proj"), "down_proj"))
         else:

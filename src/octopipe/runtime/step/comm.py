@@ -65,8 +65,9 @@ class P2P:
     """The channels touching one rank; `specs[b]` is the activation entering stage b.
 
     Ranks are the plan's devices; globally, the job's layout numbers them (`RankLayout`:
-    replica, device, tensor-parallel rank). Each pipeline, one per replica and TP rank, has
-    channels of its own: TP rank t of a stage sends its shard to TP rank t of the next."""
+    replica, device, context- and tensor-parallel rank). Each pipeline, one per replica, CP
+    rank and TP rank, has channels of its own: TP rank t of CP rank c of a stage sends its part
+    to TP rank t of CP rank c of the next."""
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class P2P:
         layout: RankLayout | None = None,
         replica: int = 0,
         tp_rank: int = 0,
+        cp_rank: int = 0,
     ) -> None:
         """`rank` is the plan's device index; `layout` the job's degrees (default: one replica,
         no tensor parallelism). `per_channel_groups`: one group per channel, transfers matched
@@ -85,7 +87,7 @@ class P2P:
         relies on)."""
         self.rank, self.device = rank, device
         layout = layout or RankLayout(1, plan.num_devices, 1)
-        self._global = lambda d: layout.rank(replica, d, tp_rank)  # device -> global rank
+        self._global = lambda d: layout.rank(replica, d, tp_rank, cp_rank)  # device -> rank
         self._tagged = not per_channel_groups
         self._num_mb = plan.num_microbatches
         self._max_entries = max((len(s) for s in specs.values()), default=1)
@@ -97,12 +99,12 @@ class P2P:
         if per_channel_groups:
             # new_group is collective: every rank creates every channel's group of every
             # pipeline, in one order.
-            for r in range(layout.dp):
-                for t in range(layout.tp):
-                    for key in keys:
-                        group = new_group(sorted(layout.rank(r, d, t) for d in self._ends(key)))
-                        if (r, t) == (replica, tp_rank):
-                            groups[key] = group
+            mine = layout.rank(replica, 0, tp_rank, cp_rank)
+            for ranks in layout.pipelines():
+                for key in keys:
+                    group = new_group(sorted(ranks[d] for d in self._ends(key)))
+                    if ranks[0] == mine:
+                        groups[key] = group
         for key in keys:
             src, dst = self._ends(key)
             if rank not in (src, dst):

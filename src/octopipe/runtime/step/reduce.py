@@ -18,29 +18,49 @@ from octopipe.runtime.parallel.dtensors import local, set_local_grad
 
 
 class GradientReducer:
-    """The rank's stages' parameters, and the collectives that average their gradients."""
+    """The rank's stages' parameters, and the collectives that average their gradients.
+
+    Under expert parallelism a routed expert's gradient already holds the tokens every rank
+    of its EP group sent it: it is summed only over the ranks holding the same expert
+    (`expert_group`, None where this rank is the only one) and divided, as every gradient, by
+    the replicas (the loss is the mean over all of them)."""
 
     def __init__(
-        self, stage_params: dict[int, list[nn.Parameter]], group: dist.ProcessGroup, degree: int
+        self,
+        stage_params: dict[int, list[nn.Parameter]],
+        group: dist.ProcessGroup | None,
+        degree: int,
+        experts: frozenset[int] = frozenset(),
+        expert_group: dist.ProcessGroup | None = None,
     ) -> None:
-        self.stage_params, self.group, self.degree = stage_params, group, degree
-        self._pending: list[tuple[int, dist.Work, torch.Tensor]] = []
+        """`experts`: ids of the routed experts' parameters."""
+        self.stage_params, self.degree = {}, degree
+        for stage, params in stage_params.items():  # the stage's dense and expert buckets
+            dense = [p for p in params if id(p) not in experts]
+            routed = [p for p in params if id(p) in experts]
+            self.stage_params[stage] = [(dense, group), (routed, expert_group)]
+        self._pending: list[tuple[list[nn.Parameter], dist.Work | None, torch.Tensor]] = []
+        self._stages_pending: list[tuple[int, int]] = []  # (stage, its buckets), in launch order
 
     def launch(self, stage: int) -> None:
-        params = self.stage_params[stage]
-        if not params:
-            return
-        # A parameter no microbatch reached (an expert never routed to) has no gradient here
-        # but may have one on another replica: it takes part as zeros, as in one process.
-        # Tensor-parallel gradients are reduced shard by shard: each rank its local part.
-        flat = torch.cat(
-            [
-                (local(p.grad) if p.grad is not None else torch.zeros_like(local(p))).reshape(-1)
-                for p in params
-            ]
-        )
-        work = dist.all_reduce(flat, group=self.group, async_op=True)
-        self._pending.append((stage, work, flat))
+        before = len(self._pending)
+        for params, group in self.stage_params[stage]:
+            if not params:
+                continue
+            # A parameter no microbatch reached (an expert never routed to) has no gradient
+            # here but may have one on another replica: it takes part as zeros, as in one
+            # process. Sharded gradients are reduced shard by shard: each rank its local part.
+            flat = torch.cat(
+                [
+                    (local(p.grad) if p.grad is not None else torch.zeros_like(local(p))).reshape(
+                        -1
+                    )
+                    for p in params
+                ]
+            )
+            work = None if group is None else dist.all_reduce(flat, group=group, async_op=True)
+            self._pending.append((params, work, flat))
+        self._stages_pending.append((stage, len(self._pending) - before))
 
     def finish(self) -> None:
         """Wait for every launched reduction and write the averages back into `.grad`."""
@@ -48,20 +68,25 @@ class GradientReducer:
 
     def finish_ready(self, block: bool) -> list[int]:
         """Write back the reductions that are done (with `block`, all of them, waiting): the
-        stages whose gradients are now averaged."""
-        done, left = [], []
-        for stage, work, flat in self._pending:
-            if not (block or work.is_completed()):
-                left.append((stage, work, flat))
-                continue
-            work.wait()
-            flat.div_(self.degree)
-            offset = 0
-            for p in self.stage_params[stage]:
-                shard = local(p)
-                n = shard.numel()
-                set_local_grad(p, flat[offset : offset + n].view_as(shard))
-                offset += n
+        stages whose gradients are now averaged (in launch order)."""
+        done: list[int] = []
+        while self._stages_pending:
+            stage, upto = self._stages_pending[0]
+            buckets = self._pending[:upto]
+            ready = all(w is None or w.is_completed() for _, w, _ in buckets)
+            if not (block or ready):
+                break
+            for params, work, flat in buckets:
+                if work is not None:
+                    work.wait()
+                flat.div_(self.degree)
+                offset = 0
+                for p in params:
+                    shard = local(p)
+                    n = shard.numel()
+                    set_local_grad(p, flat[offset : offset + n].view_as(shard))
+                    offset += n
+            self._pending = self._pending[upto:]
+            self._stages_pending = self._stages_pending[1:]
             done.append(stage)
-        self._pending = left
         return done

@@ -28,6 +28,7 @@ from octopipe.runtime.parallel.fsdp import ShardedStages
 from octopipe.runtime.parallel.layout import RankLayout
 from octopipe.runtime.parallel.tensor_parallel import loss_context, settle_grads
 from octopipe.runtime.step.comm import P2P
+from octopipe.runtime.step.experts import ExpertGrads
 from octopipe.runtime.step.optim import (
     OptimizerConfig,
     clip_factor,
@@ -39,6 +40,7 @@ from octopipe.runtime.step.optim import (
 from octopipe.runtime.step.reduce import GradientReducer
 from octopipe.runtime.step.shapes import BoundarySpec
 from octopipe.runtime.step.stage import StageCompute, as_leaves
+from octopipe.runtime.step.tied import TiedGradients
 
 
 @dataclass(frozen=True)
@@ -87,15 +89,21 @@ class Worker:
         *,
         tp: int = 1,
         tp_rank: int = 0,
+        cp: int = 1,
+        cp_rank: int = 0,
         sharded: ShardedStages | None = None,
         accumulation: int = 1,
+        tied: TiedGradients | None = None,
+        experts: ExpertGrads | None = None,
     ) -> None:
         """`stages[s]` holds stage s's layers, for every stage placed on `rank`; `specs[b]` is
         the activation entering stage b, for every stage but the first. `dp_group` holds this
         device's ranks of every replica (needed when `replicas > 1`). `reduce_at_end` holds every
         all-reduce back until the last action (to measure what the overlap gains). With `tp`
         > 1 the stages are tensor-parallel and this rank is `tp_rank` of its device's group;
-        `sharded`: the stages are FSDP2 units (`--zero 3`), gathered and reduced by it.
+        `sharded`: the stages are FSDP2 units (`--zero 3`), gathered and reduced by it;
+        `tied`: tied copies on this rank whose gradients are summed with other ranks';
+        `experts`: the routed experts' parameters and groups under expert parallelism.
         `accumulation`: passes of the plan per step, their gradients summed (the loss of a
         step is the mean over all their microbatches)."""
         self.plan, self.rank, self.device = plan, rank, device
@@ -103,7 +111,10 @@ class Worker:
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
         self._forward_only = forward_only(plan)  # the order held-out batches run in
         self._last = last = plan.num_stages - 1
-        layout = RankLayout(tp, plan.num_devices, replicas)
+        layout = RankLayout(tp, plan.num_devices, replicas, cp=cp)
+        # Context-parallel ranks hold the same weights and see other tokens: they average
+        # their gradients as replicas do (`dp_group` is then all D x C of them).
+        copies = layout.copies
         context = loss_context if tp > 1 else nullcontext
         self.stages = {
             s: StageCompute(
@@ -112,13 +123,25 @@ class Worker:
             for s, module in stages.items()
         }
         self.modules = stages
-        self.comm = P2P(plan, rank, specs, device, per_channel_groups, layout, replica, tp_rank)
-        self.params = [p for st in self.stages.values() for p in st.params]
+        self.comm = P2P(
+            plan, rank, specs, device, per_channel_groups, layout, replica, tp_rank, cp_rank
+        )
+        # A tied parameter two stages of this rank share is one parameter to the optimizer.
+        self.params = list({id(p): p for st in self.stages.values() for p in st.params}.values())
+        self.tied = tied
         self.tensor_parallel, self.sharded = tp > 1, sharded
         self.stage_ranks = layout.stage_ranks  # ranks holding each stage, for the global norm
+        self.experts = experts
+        expert_group = experts.expert_dp_group if experts is not None else None
         self.reducer = (
-            GradientReducer({s: st.params for s, st in self.stages.items()}, dp_group, replicas)
-            if replicas > 1 and sharded is None
+            GradientReducer(
+                {s: st.params for s, st in self.stages.items()},
+                dp_group,
+                copies,
+                experts.ids if experts is not None else frozenset(),
+                expert_group,
+            )
+            if (copies > 1 or expert_group is not None) and sharded is None
             else None
         )
         # Action index -> the stages whose gradients are final once it has run.
@@ -126,7 +149,7 @@ class Worker:
         if reduce_at_end and self._stage_done_after:
             every = [s for stages in self._stage_done_after.values() for s in stages]
             self._stage_done_after = {len(self.actions) - 1: every}
-        shard = dp_group if zero == 1 and replicas > 1 else None
+        shard = dp_group if zero == 1 and copies > 1 else None
         self.optimizer_config, self.replicas = optimizer, replicas
         self.optimizer = optimizer.build(self.params, shard) if self.params else None
         self.grad_norm: float | None = None  # the last step's, when clipping
@@ -156,7 +179,13 @@ class Worker:
             self.reducer.finish()
         if self.sharded is not None:
             self.sharded.finish()
-        squares = squared_norm(self.params, self.device)  # this rank's share, before clipping
+        if self.tied is not None:
+            self.tied.reduce()
+        # This rank's share, before clipping (a tied copy counted where its first holder is).
+        counted = self.tied.counted(self.params) if self.tied is not None else self.params
+        squares = squared_norm(counted, self.device)
+        if self.experts is not None:  # experts divided by pruning count once per EP group
+            squares = squares + self.experts.extra_squares(self.device)
         self.grad_norm = self._clip(squares)
         if self.optimizer is not None:
             set_lr(self.optimizer, self.optimizer_config.lr_at(step))
@@ -216,6 +245,8 @@ class Worker:
         parameters' layout (partial sums summed over the group). FSDP2 does it itself."""
         if self.tensor_parallel and self.sharded is None:
             settle_grads(self.stages[stage].params)
+        if self.experts is not None:
+            self.experts.sum_over_tp(stage)
 
     def reduce_stage(self, stage: int) -> None:
         """After the stage's last backward of the step: settle its gradients and start their
