@@ -49,8 +49,8 @@ import octopipe as op
 from octopipe.baselines import make_baseline
 from octopipe.plan import Plan
 from octopipe.profile import Profile
+from octopipe.runtime.job.result import RunResult
 from octopipe.runtime.job.run_config import Job, RunConfig
-from octopipe.runtime.job.session import RunResult
 from octopipe.runtime.launch.launcher import launch
 from octopipe.sim import Simulator
 

@@ -17,8 +17,8 @@ from octopipe.baselines import make_baseline
 from octopipe.calibrate import RunFit, fit_run, scaled
 from octopipe.plan import Plan, load_plan
 from octopipe.profile import Profile, load_profile, save_profile
+from octopipe.runtime.job.result import RunResult
 from octopipe.runtime.job.run_config import Job, RunConfig
-from octopipe.runtime.job.session import RunResult
 from octopipe.runtime.step.worker import ActionRecord
 from octopipe.runtime.torch_pipelining import CSV_RUNTIME, TorchJob, TorchResult, launch_torch
 from octopipe.sim import Simulator

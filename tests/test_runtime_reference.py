@@ -4,8 +4,8 @@ import dataclasses
 
 from executor_helpers import TOY
 
+from octopipe.runtime.job.result import RunResult
 from octopipe.runtime.job.run_config import RunConfig
-from octopipe.runtime.job.session import RunResult
 from octopipe.runtime.reference import mismatches, relative_difference, train_reference
 from octopipe.runtime.step.optim import OptimizerConfig
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from octopipe.plan import make_plan
+from octopipe.runtime.job.result import RunResult
 from octopipe.runtime.job.run_config import Job, RunConfig
-from octopipe.runtime.job.session import RunResult
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.torch_pipelining import (
     CSV_RUNTIME,

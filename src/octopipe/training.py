@@ -23,8 +23,8 @@ from octopipe.config import JobConfig
 if TYPE_CHECKING:
     from octopipe.plan import Plan
     from octopipe.runtime.job.progress import RunNote, StepReport
+    from octopipe.runtime.job.result import RunResult
     from octopipe.runtime.job.run_config import RunConfig
-    from octopipe.runtime.job.session import RunResult
 
 
 def run(

@@ -17,8 +17,8 @@ from octopipe.runtime.data.batches import replica_batch
 from octopipe.runtime.step.optim import clip_factor, scale_grads, set_lr, squared_norm
 
 if TYPE_CHECKING:
+    from octopipe.runtime.job.result import RunResult
     from octopipe.runtime.job.run_config import RunConfig
-    from octopipe.runtime.job.session import RunResult
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,9 @@ from octopipe.placement import interleaved, v_shape
 from octopipe.plan import Plan, save_schedule_csv
 from octopipe.runtime import DEFAULT_TIMEOUT_S
 from octopipe.runtime.data.batches import SyntheticData, replica_batch
+from octopipe.runtime.job.result import RunResult
 from octopipe.runtime.job.run_config import Job
-from octopipe.runtime.job.session import RunResult, run_job_on_rank
+from octopipe.runtime.job.session import run_job_on_rank
 from octopipe.runtime.launch.launcher import validate_jobs
 from octopipe.runtime.launch.spawn import spawn_ranks
 from octopipe.runtime.model.load import load_recipe

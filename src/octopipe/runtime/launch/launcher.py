@@ -25,8 +25,9 @@ from octopipe.errors import InputError
 from octopipe.runtime import DEFAULT_TIMEOUT_S
 from octopipe.runtime.checkpoint.folder import hold_all
 from octopipe.runtime.job.progress import OnReport, say
+from octopipe.runtime.job.result import RunResult
 from octopipe.runtime.job.run_config import Job
-from octopipe.runtime.job.session import RunResult, run_job_on_rank
+from octopipe.runtime.job.session import run_job_on_rank
 from octopipe.runtime.launch.made_for import check_made_for_model
 from octopipe.runtime.launch.preflight import (
     check_checkpoint_room,
