@@ -113,7 +113,7 @@ def test_calibrate_command_scales_to_the_traced_run(tmp_path, capsys):
     argv = ["run", "--plan", str(paths["plan"]), "--model", "tiny-llama", "--steps", "3"]
     assert main([*argv, "--trace", str(paths["trace"])]) == 0
     ran = capsys.readouterr().out
-    assert "plan predicted 10.000 ms (" in ran and "octopipe calibrate" in ran  # error, hint
+    assert "plan predicted 10.00 ms (" in ran and "octopipe calibrate" in ran  # error, hint
     args = ["--profile", str(paths["profile"]), "--plan", str(paths["plan"])]
     code = main(["calibrate", *args, "--trace", str(paths["trace"]), "-o", str(paths["out"])])
     assert code == 0

@@ -56,7 +56,9 @@ def test_run_prints_json_and_writes_a_trace(tmp_path, capsys):
     steps, report = json_lines(capsys.readouterr().out)
     assert len(report["losses"]) == 3 and all(x > 0 for x in report["losses"])
     # One line per step as it finished, then the summary: the same losses and times.
-    assert [s["step"] for s in steps] == [0, 1, 2] and report["first_step"] == 0
+    assert [s["step"] for s in steps] == [1, 2, 3] and report[
+        "first_step"
+    ] == 0  # steps done before
     assert [s["loss"] for s in steps] == report["losses"]
     assert [s["step_time"] for s in steps] == report["step_times"]
     assert all(s["tokens_per_second"] > 0 for s in steps)

@@ -82,7 +82,7 @@ def test_a_non_finite_gradient_is_caught_and_its_step_run_again():
     (result,) = launch([Job(plan, poisoned)], 3)
     assert result.redone_steps == 1
     assert mismatches(result, train_reference(overlapped(), 4)) == []  # as if no fault
-    with pytest.raises(RankFailure, match="the loss became nan at step 2"):  # the fault is real
+    with pytest.raises(RankFailure, match="the loss became nan at step 3"):  # the fault is real
         launch([Job(plan, synchronous)], 3)
 
 

@@ -32,7 +32,8 @@ def test_baseline_and_plan_record_the_profile_they_were_made_for(made, tmp_path)
     profile, plan = made
     recorded = json.loads(plan.read_text())["profile"]
     name = json.loads(profile.read_text())["name"]
-    assert recorded == {"name": name, "microbatch_size": 4, "seq_len": 16, "devices": 2}
+    want = {"name": name, "microbatch_size": 4, "seq_len": 16, "devices": 2, "device": "h100"}
+    assert recorded == want
     argv = ["plan", "--profile", str(profile), "--microbatches", "2", "--time-budget", "1"]
     assert main([*argv, "--no-png", "--quiet", "-o", str(tmp_path / "tuned")]) == 0
     tuned = json.loads((tmp_path / "tuned" / "plan.json").read_text())

@@ -141,6 +141,23 @@ def test_a_token_file_takes_its_dtype_from_meta_json(tmp_path):
     assert int(batch.targets.max()) < 200
 
 
+def test_a_prepared_folder_stands_for_its_train_and_val_files(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text(STORY * 400, encoding="utf-8")
+    out = tmp_path / "data"
+    argv = ["prepare-data", "--tokenizer", "byte", "--input", str(text), "-o", str(out)]
+    assert main([*argv, "--val-fraction", "0.1"]) == 0
+    train = TokenFile(out, seq_len=8, seed=0)
+    val = TokenFile(out, seq_len=8, seed=0, flag="--val-data")
+    assert (train.path, val.path) == (out / "train.bin", out / "val.bin")
+    assert train.global_batch(0, 2).inputs[0].shape == (2, 8)
+    (out / "val.bin").unlink()
+    with pytest.raises(InputError, match=r"--val-data: .*data is a folder without val.bin"):
+        TokenFile(out, seq_len=8, seed=0, flag="--val-data")
+    with pytest.raises(InputError, match="--data: no such file or folder: "):
+        TokenFile(tmp_path / "nowhere", seq_len=8, seed=0)
+
+
 def test_meta_json_refuses_another_dtype_a_larger_vocabulary_and_a_changed_file(tmp_path):
     path = _token_folder(tmp_path, 1000, "uint16")
     with pytest.raises(InputError, match="--data-dtype: uint32, but .* holds uint16 ids"):

@@ -1,8 +1,9 @@
 """The README's examples run as written: every code block whose info string names a file
 (`python mymodel.py` after the fence) is copied out into one folder as that file, then every
 `sh` block runs there, line by line, in the README's order, as a user would paste them (the
-`octopipe` command of this environment, the folder as the current one). A `texts/` folder of
-plain text is the only thing the README asks the user to bring."""
+`octopipe` command of this environment, the folder as the current one, `NAME=value` words
+before a command set in its environment as a shell would; nothing is downloaded). A `texts/`
+folder of plain text is the only thing the README asks the user to bring."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.slow  # runs the README's runs: process groups
 
 README = Path(__file__).parent.parent / "README.md"
 _BLOCK = re.compile(r"^```(\S*)[ \t]*(\S*)\n(.*?)^```$", re.M | re.S)
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
 
 
 def blocks() -> list[tuple[str, str, str]]:
@@ -62,17 +64,23 @@ def test_every_readme_example_runs_as_written(tmp_path):
     bin_dir = Path(sys.executable).parent  # this environment's `octopipe` and `python`
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     env.pop("PYTHONPATH", None)  # the folder's own modules must be found without it
+    env["HF_HUB_OFFLINE"] = "1"
     printed = {}
     for command in commands():
         argv = shlex.split(command, comments=True)
+        assigned = {}
+        while argv and _ASSIGNMENT.fullmatch(argv[0]):
+            name, value = argv.pop(0).split("=", 1)
+            assigned[name] = value
         done = subprocess.run(
-            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+            argv, cwd=tmp_path, env={**env, **assigned}, capture_output=True, text=True, timeout=600
         )
         assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         printed[command] = done.stdout
     for script in ("python train.py", "python tour.py"):
         assert printed[script].count("losses") == 1, printed[script]
-    assert printed["python generate.py"].startswith("A pipeline ")
+    assert printed["HF_HUB_OFFLINE=1 python generate.py"].startswith("A pipeline")
+    assert (tmp_path / "trained" / "tokenizer.json").is_file()
     assert (tmp_path / "logs" / "log.jsonl").is_file() and (tmp_path / "trained").is_dir()
 
 

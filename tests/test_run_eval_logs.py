@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,12 +93,12 @@ def test_evaluation_and_gradient_norms_match_single_process_training(token_files
         summary = result.summary()
         assert summary["grad_norms"] == pytest.approx(reference.grad_norms, rel=1e-5)
         got = [(e["step"], e["val_loss"]) for e in summary["evaluations"]]
-        assert [s for s, _ in got] == [s for s, _ in reference.evaluations]
+        assert [s for s, _ in got] == [k + 1 for k, _ in reference.evaluations]  # its indices
         assert [v for _, v in got] == pytest.approx([v for _, v in reference.evaluations], 1e-5)
         for e in summary["evaluations"]:
             assert e["perplexity"] == pytest.approx(math.exp(e["val_loss"]))
-    assert [e["step"] for e in results[0].summary()["evaluations"]] == [1, 3]
-    assert [e["step"] for e in results[1].summary()["evaluations"]] == [2, 3]  # and the last
+    assert [e["step"] for e in results[0].summary()["evaluations"]] == [2, 4]
+    assert [e["step"] for e in results[1].summary()["evaluations"]] == [3, 4]  # and the last
     lrs = results[0].summary()["learning_rates"]
     assert lrs == [jobs[0].config.optimizer.lr_at(k) for k in range(steps)]
 
@@ -128,7 +129,7 @@ def test_the_command_logs_evaluates_keeps_the_newest_checkpoints_and_resumes(
     first = capsys.readouterr()
     lines = [json.loads(x) for x in first.out.splitlines()]
     steps, summary = lines[:-1], lines[-1]
-    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
     assert [s["lr"] for s in steps] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
     assert all(s["grad_norm"] > 0 and s["mfu"] > 0 for s in steps)
     for s in steps:  # MFU is the cost model's FLOPs over the step time, ranks and the peak
@@ -138,11 +139,11 @@ def test_the_command_logs_evaluates_keeps_the_newest_checkpoints_and_resumes(
     err = first.err
     for said in (
         "starting 2 processes",
-        "training steps 0 to 3",
+        "training steps 1 to 4",
         f"saved {ckpt}/step-1 (1 steps done)",
         f"removed {ckpt}/step-2 (--keep-last 2)",
-        "step 3/3: loss",
-        "step 3: held-out loss",
+        "step 4/4: loss",
+        "step 4: held-out loss",
     ):
         assert said in err, err
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-")) == [
@@ -163,13 +164,20 @@ def test_the_command_logs_evaluates_keeps_the_newest_checkpoints_and_resumes(
         assert [v for _, v in scalars[tag]] == pytest.approx([v for _, v in want], rel=1e-6)
     assert {"train/lr", "train/mfu", "train/tokens_per_second", "memory/peak_bytes"} <= set(scalars)
 
+    # As if the run had stopped after step 4 with its last checkpoint at step 3: step 4 is
+    # trained again, and the logs hold it once, as the resumed run trained it.
+    shutil.rmtree(ckpt / "step-4")
     assert main([*argv, "--steps", "6", "--resume"]) == 0
     again = capsys.readouterr()
-    assert f"resumed from {ckpt}/step-4 (4 steps done)" in again.err
+    assert f"resumed from {ckpt}/step-3 (3 steps done)" in again.err
+    assert "training steps 4 to 6" in again.err
     resumed = [json.loads(x) for x in again.out.splitlines()[:-1]]
-    assert [s["step"] for s in resumed] == [4, 5]
+    assert [s["step"] for s in resumed] == [4, 5, 6]
     logged = [json.loads(x) for x in (logs / "log.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in logged] == [0, 1, 2, 3, 4, 5]  # the log continues
+    assert logged == steps[:3] + resumed  # the log continues, each step once
+    scalars = _scalars(logs)
+    assert scalars["train/loss"] == [(s["step"], pytest.approx(s["loss"])) for s in logged]
+    assert [k for k, _ in scalars["val/loss"]] == [2, 4, 6]
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-")) == [
         "step-5",
         "step-6",

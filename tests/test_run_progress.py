@@ -1,6 +1,7 @@
 """What `octopipe run` shows per step: a JSON line on stdout with --json, and on stderr one line
-per step and per note, numbered as the JSON lines are, with a progress bar below the lines on a
-terminal."""
+per step and per note, numbered as the JSON lines are (from 1), with a progress bar below the
+lines on a terminal; and the logs of `--log-dir`, which hold each step once when a run
+continues a folder."""
 
 import json
 import sys
@@ -9,6 +10,7 @@ import pytest
 
 from octopipe.commands._run_progress import RunProgress
 from octopipe.runtime.checkpoint.folder import keep_newest
+from octopipe.runtime.job.logs import LOG, RunLogs
 from octopipe.runtime.job.progress import RunNote, StepReport
 
 REPORT = StepReport(step=1, loss=2.5, step_time=0.25, tokens=1000)
@@ -42,7 +44,7 @@ def test_each_step_is_a_json_line_and_a_plain_line_off_a_terminal(capsys):
         "model_tflops_per_rank": None,
         "mfu": None,
     }
-    assert captured.err == "step 1/3: loss 2.5, 250.0 ms, 4,000 tokens/s\n"
+    assert captured.err == "step 1/4: loss 2.5, 250.0 ms, 4,000 tokens/s\n"  # the first of 4
 
 
 def test_a_step_line_has_every_figure_and_the_evaluation_its_own(capsys):
@@ -56,7 +58,7 @@ def test_a_step_line_has_every_figure_and_the_evaluation_its_own(capsys):
     assert (line["step"], line["lr"], line["val_loss"]) == (2, 3e-4, 1.5)
     assert line["perplexity"] == pytest.approx(4.4816890703)
     assert captured.err.splitlines() == [
-        "step 2/9: loss 2.25, lr 0.0003, grad norm 0.8125, 500.0 ms, 4,000 tokens/s, "
+        "step 2/10: loss 2.25, lr 0.0003, grad norm 0.8125, 500.0 ms, 4,000 tokens/s, "
         "2 TFLOP/s per rank, MFU 200.0%, peak 3.0 MiB",
         "step 2: held-out loss 1.5, perplexity 4.482",
     ]
@@ -68,7 +70,7 @@ def test_on_a_terminal_the_lines_stay_above_a_bar_that_counts_steps_done(capsys,
         show(RunNote("starting 2 processes (gloo on CPU)"))
         show(REPORT)
         (task,) = show._bar.tasks
-        assert (task.completed, task.total) == (2, 4)
+        assert (task.completed, task.total) == (1, 4)
         assert task.fields["doing"] == "loss 2.5, 4,000 tokens/s"
         show._bar.refresh()
         drawn = capsys.readouterr()
@@ -76,10 +78,10 @@ def test_on_a_terminal_the_lines_stay_above_a_bar_that_counts_steps_done(capsys,
     err = drawn.err
     note, step = (
         err.index("starting 2 processes (gloo on CPU)\n"),
-        err.index("step 1/3: loss 2.5, 250.0 ms, 4,000 tokens/s\n"),
+        err.index("step 1/4: loss 2.5, 250.0 ms, 4,000 tokens/s\n"),
     )
     assert note < step < err.rindex("steps done")
-    assert "2/4" in err[step:]
+    assert "1/4" in err[step + 5 :]
     assert drawn.out == ""  # no JSON lines without --json
 
 
@@ -112,3 +114,38 @@ def test_keep_newest_removes_older_checkpoints_only(tmp_path):
     assert [p.name for p in removed] == ["step-1", "step-2"]
     # step-9 is newer than the save (a damaged leftover): not this save's to remove.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step-3", "step-4", "step-9"]
+
+
+def _log(folder, steps, loss: float, torn: bool = False) -> None:
+    with RunLogs(folder) as logs:
+        for step in steps:
+            logs(StepReport(step=step, loss=loss + step, step_time=0.1, tokens=10))
+            logs(RunNote("not logged"))
+    if torn:  # a killed run's last line, cut short
+        with (folder / LOG).open("a") as log:
+            log.write('{"step": 8, "lo')
+
+
+def _tensorboard_losses(folder) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars("train/loss")]
+
+
+def test_a_run_that_continues_a_log_folder_replaces_what_followed_its_checkpoint(tmp_path):
+    """Stopped after step 7 with its last checkpoint at step-4, a run resumes at step 5: the
+    log and TensorBoard hold steps 1-4 of the first run and 5-6 of the second, each once."""
+    pytest.importorskip("tensorboard")
+    _log(tmp_path, range(1, 8), loss=10.0, torn=True)
+    _log(tmp_path, range(5, 7), loss=100.0)
+    lines = [json.loads(x) for x in (tmp_path / LOG).read_text().splitlines()]
+    want = [(k, 10.0 + k) for k in range(1, 5)] + [(k, 100.0 + k) for k in (5, 6)]
+    assert [(x["step"], x["loss"]) for x in lines] == want
+    assert _tensorboard_losses(tmp_path) == want
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2  # TensorBoard purges on read
+    _log(tmp_path, range(1, 3), loss=1000.0)  # a new run from step 1 replaces the whole log
+    want = [(k, 1000.0 + k) for k in (1, 2)]
+    assert [(json.loads(x)["step"], json.loads(x)["loss"]) for x in (tmp_path / LOG).open()] == want
+    assert _tensorboard_losses(tmp_path) == want

@@ -79,4 +79,4 @@ def test_a_loss_turned_non_finite_stops_the_run_naming_the_step(tmp_path, capsys
     assert match, last
     assert "Traceback" not in captured.err
     steps = [json.loads(line)["step"] for line in captured.out.splitlines()]
-    assert steps == list(range(int(match.group(2))))  # every step before it, none after
+    assert steps == list(range(1, int(match.group(2))))  # every step before it, none after

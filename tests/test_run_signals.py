@@ -77,7 +77,7 @@ def training(tmp_path):
     )
     try:
         first = proc.stdout.readline()  # a step line: both ranks are training
-        assert first.startswith('{"step": 0'), proc.stderr.read()
+        assert first.startswith('{"step": 1'), proc.stderr.read()
         assert run_folders(temp), "the launcher's temp folder should exist while it runs"
         yield proc, mark, temp
     finally:

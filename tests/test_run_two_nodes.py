@@ -87,7 +87,7 @@ def test_two_torchrun_nodes_train_a_tp_pp_dp_plan_as_one_process(tmp_path):
     printed = [out for out in read["out"] if out.strip()]
     assert len(printed) == 1
     *steps, summary = [json.loads(line) for line in printed[0].strip().splitlines()]
-    assert [s["step"] for s in steps] == list(range(STEPS))
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     assert len(summary["peak_memory_bytes"]) == 2 * PER_NODE
     # Each node is one replica: its ranks hold the same shares of the stages as the other's.
     held = summary["state_bytes"]

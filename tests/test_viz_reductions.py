@@ -236,7 +236,7 @@ const script = %s, page = %s, on = {}, els = {};
 function el() {
   return {style: {}, clientWidth: 1000, scrollLeft: 0, addEventListener(t, f) { on[t] = f; },
     getBoundingClientRect() { return {left: 0, top: 0, width: 1000}; },
-    querySelectorAll() { return []; }, setAttribute() {}};
+    querySelectorAll() { return []; }, setAttribute() {}, classList: {toggle() {}}};
 }
 global.document = {getElementById(id) { return els[id] ||= el(); }, addEventListener() {},
   querySelectorAll() { return []; }};

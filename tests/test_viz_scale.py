@@ -53,6 +53,7 @@ def test_a_plan_past_a_screen_of_actions_draws_an_overview(big, tmp_path):
     assert "an overview (every action: the HTML timeline)" in text
     assert "idle share of each slice" in text and "utilization" in text
     assert "one period of the steady state" in text
+    assert "(F blue, B red; lighter: later chunks)" in text  # the kinds drawn, and no others
     # The zoomed window draws its actions one by one; the rest are in the heat map.
     assert 0 < len(_action_ids(svg)) < len(events) / 20
 
@@ -184,6 +185,28 @@ def test_a_measured_step_sits_above_its_prediction_on_one_axis(tmp_path, monkeyp
     unit_scale = viz.style.time_unit(1.3 * predicted.iteration_time)[1]
     assert top.get_xlim() == pytest.approx((0, 1.3 * predicted.iteration_time * unit_scale))
     assert top.get_title(loc="left").startswith("measured")  # ... the measured step on top
+    (legend,) = figures[0].legends  # what both panels draw: 1F1B's kinds, the critical path
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels == ["F forward", "B backward", "idle", "critical path"]
+
+
+def test_a_chunk_in_the_legend_shows_the_kinds_it_lightens(tmp_path, monkeypatch):
+    """Interleaved: the legend's chunk swatches are the kinds' shades, as the boxes are."""
+    profile = layer_profile(8, 2)
+    result = Simulator(profile).run(make_baseline(profile, "i1f1b", "uniform", 2, 4))
+    figures = []
+    monkeypatch.setattr(viz.timeline.plt, "close", figures.append)
+    viz.save_timeline(result, tmp_path / "i.png")
+    (legend,) = figures[0].legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels == ["F forward", "B backward", "chunk 0", "chunk 1", "idle", "critical path"]
+    from octopipe.viz.boxes import kind_colors, legend_entries
+
+    handles, labels, _ = legend_entries(viz.events_of(result), 2, critical=True)
+    for chunk in (0, 1):  # each swatch is a box's colour: F's and B's shade of that chunk
+        swatch = handles[labels.index(f"chunk {chunk}")]
+        got = [tuple(p.get_facecolor()[:3]) for p in swatch]
+        assert got == [pytest.approx(kind_colors(2)[(k, chunk)]) for k in "FB"]
 
 
 def test_devices_carry_no_name_unless_given():
@@ -208,3 +231,13 @@ def test_run_png_sets_the_measured_step_above_the_prediction(tmp_path):
     assert len(ids) == 2 * 8 and len(set(ids)) == 8  # 2 devices x 2 microbatches x F, B
     text = _svg_texts(svg)
     assert "measured: iteration" in text and "predicted: iteration" in text
+
+
+def test_the_overview_names_only_the_colours_it_draws():
+    from octopipe.actions import Action, Event
+    from octopipe.viz.overview import _colors_drawn
+
+    split = [Event(0, Action(0, k, 0), t, t + 1.0) for t, k in enumerate("FIW")]
+    assert _colors_drawn(split, {0: 0}) == "F blue, I orange, W green"
+    two = [*split, Event(0, Action(2, "F", 0), 4.0, 5.0)]
+    assert _colors_drawn(two, {0: 0, 2: 1}) == "F blue, I orange, W green; lighter: later chunks"

@@ -2,14 +2,20 @@
 
     fmt_bytes(3 * 2**30)      -> "3.0 GiB"       fmt_time(0.0123) -> "12.30 ms"
     byte_unit(3 * 2**30)      -> ("GiB", 2**30)  time_unit(0.0123) -> ("ms", 1e3)
+    fmt_count(213_568)        -> "213.6K"        fmt_count(8.03e9) -> "8.03B"
+    fmt_column([182.4, 0.05]) -> ["182.4", "0.1"] (a table column, in the unit of its largest)
     parse_size("40GiB", "--memory-limit") -> 42949672960.0
 
-Every command, report and picture formats through here, so a number reads the same everywhere.
+Every command, report and picture formats through here, so a number reads the same everywhere:
+small models and CPUs included, a figure is shown in the unit that keeps its digits
+(213.6K params, 120.2 us, 3.3 MiB), never as 0.00B, 0.0001 s or 0.0 GiB.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Sequence
 
 from octopipe.errors import InputError
 from octopipe.limits import MAX_BYTES
@@ -49,6 +55,25 @@ def fmt_time(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e6:.1f} us"
+
+
+def fmt_count(n: float) -> str:
+    """A count of things (parameters, tokens) in K, M, B or T with 3 or 4 digits: '512',
+    '213.6K', '8.03B'."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            x = n / size
+            return f"{x:.1f}{unit}" if x >= 100 else f"{x:.4g}{unit}"
+    return f"{n:.0f}"
+
+
+def fmt_column(figures: Sequence[float]) -> list[str]:
+    """A table column's figures, already in the column's unit (`time_unit` or `byte_unit` of
+    its largest), with the decimals that give the largest 4 digits (3 at most): [182.4, 0.05]
+    -> ['182.4', '0.1']; [3.259, 0.0009] -> ['3.259', '0.001']."""
+    largest = max((abs(x) for x in figures), default=0.0)
+    decimals = 3 if largest < 1 else max(0, 3 - int(math.log10(largest)))
+    return [f"{x:,.{decimals}f}" for x in figures]
 
 
 def time_unit(span: float) -> tuple[str, float]:

@@ -2,7 +2,8 @@
 launcher, or rank 0 under torchrun): every note and every step as one line on stderr, and,
 when stderr is a terminal, a progress bar below the lines.
 
-A step's line and its JSON line (`--json`, on stdout) number it alike, from 0; the bar counts
+A step's line, its JSON line (`--json`, on stdout) and its log number it alike, from 1 (step N
+of M: N steps done after it, so the checkpoint saved after it is `step-N`); the bar counts
 the steps done. Notes (start-up stages, checkpoints saved and resumed) carry the seconds since
 the run began; a passing one (what is under way before the processes start) shows in the bar
 only, so that a run refused meanwhile prints its one error line and nothing else.
@@ -55,7 +56,7 @@ class RunProgress:
             speed = f"{report.tokens_per_second:,.0f}"
             self._bar.update(
                 self._task,
-                completed=report.step + 1,
+                completed=report.step,
                 doing=f"loss {report.loss:.4g}, {speed} tokens/s",
             )
 
@@ -99,8 +100,8 @@ class RunProgress:
 
 
 def step_line(report, total_steps: int) -> str:
-    """`step 4/9: loss 5.21, lr 3e-04, grad norm 0.81, 12.3 ms, 5,570 tokens/s, MFU 31.2%`:
-    the step's number (from 0) over the run's last; unknown figures left out."""
+    """`step 5/10: loss 5.21, lr 3e-04, grad norm 0.81, 12.3 ms, 5,570 tokens/s, MFU 31.2%`:
+    the step's number (from 1) over the run's last; unknown figures left out."""
     parts = [f"loss {report.loss:.6g}"]
     if report.lr is not None:
         parts.append(f"lr {report.lr:.3g}")
@@ -114,7 +115,7 @@ def step_line(report, total_steps: int) -> str:
         parts.append(f"MFU {100 * report.mfu:.1f}%")
     if report.peak_memory_bytes:
         parts.append(f"peak {fmt_bytes(report.peak_memory_bytes)}")
-    return f"step {report.step}/{total_steps - 1}: " + ", ".join(parts)
+    return f"step {report.step}/{total_steps}: " + ", ".join(parts)
 
 
 def evaluation_line(report) -> str:

@@ -44,9 +44,9 @@ from octopipe.limits import (
     MAX_SEED,
     MAX_SEQ_LEN,
 )
-from octopipe.profile import Device, Profile, load_profile
+from octopipe.profile import Profile, load_profile
 from octopipe.tuner import Evaluated, TuneResult
-from octopipe.units import GIB, parse_size
+from octopipe.units import GIB, byte_unit, fmt_column, fmt_time, parse_size, time_unit
 
 NAME = "plan"
 HELP = (
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     devices = profile.device_list(args.devices)  # a profile without devices needs --devices
     if args.memory_limit is not None:
         limit = parse_size(args.memory_limit, "--memory-limit")
-        devices = tuple(Device(speed=d.speed, memory_bytes=limit) for d in devices)
+        devices = tuple(d.model_copy(update={"memory_bytes": limit}) for d in devices)
     profile = profile.with_devices(devices)
     P = len(devices)
     M = args.microbatches if args.microbatches is not None else 4 * P
@@ -231,18 +231,23 @@ def comparison_table(result: TuneResult, title: str) -> Table:
         caption += "; (kept): no plan faster than this baseline was found"
     table = Table(title=f"{title}: tuned plan vs baselines (simulated)", caption=caption)
     table.add_column("plan", no_wrap=True)
-    for col in ("time s", "vs tuned", "bubble", "eff.", "peak GiB", "fits"):
-        table.add_column(col, justify="right")
     rows = [best, *sorted(result.baselines, key=lambda e: e.sim.iteration_time)]
+    # Times and memory in the units of the column's largest figure: a small model's keep digits.
+    time_name, per_second = time_unit(max(e.sim.iteration_time for e in rows))
+    byte_name, per_byte = byte_unit(max(max(e.sim.peak_memory_bytes) for e in rows))
+    for col in (f"time {time_name}", "vs tuned", "bubble", "eff.", f"peak {byte_name}", "fits"):
+        table.add_column(col, justify="right")
+    times = fmt_column([e.sim.iteration_time * per_second for e in rows])
+    peaks = fmt_column([max(e.sim.peak_memory_bytes) / per_byte for e in rows])
     for i, e in enumerate(rows):
         sim = e.sim
         table.add_row(
             e.label if i else f"[bold]{e.label}[/bold]",
-            f"{sim.iteration_time:.4f}",
+            times[i],
             f"{sim.iteration_time / best.sim.iteration_time:.3f}x",
             f"{sim.bubble_ratio:.1%}",
             f"{sim.efficiency:.3f}",
-            f"{max(sim.peak_memory_bytes) / GIB:.1f}",
+            peaks[i],
             "yes" if sim.fits else "[red]no[/red]",
         )
     return table
@@ -288,7 +293,7 @@ class _progress:
 
     def report(self, best_time: float, elapsed: float) -> None:
         assert self.bar is not None
-        self.bar.update(self.task, completed=min(elapsed, self.budget), best=f"{best_time:.4f} s")
+        self.bar.update(self.task, completed=min(elapsed, self.budget), best=fmt_time(best_time))
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from octopipe.commands._flags import number
+from octopipe.errors import InputError
 
 NAME = "prepare-data"
 HELP = "Tokenize text files or JSONL into train.bin, val.bin and meta.json for `run --data`."
@@ -19,8 +20,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer",
         required=True,
-        help="a Hugging Face tokenizers file (tokenizer.json, or a folder holding one), or "
-        "'byte' (UTF-8 bytes: 256 ids)",
+        help="a Hugging Face tokenizers file (tokenizer.json, or a folder holding one), "
+        "'byte' (UTF-8 bytes: 256 ids), or 'train:bpe' (a byte-level BPE of --vocab-size ids "
+        "trained on the input; saved as tokenizer.json beside the tokens)",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --tokenizer train:bpe: the most ids the tokenizer learns (257 or more: the "
+        "256 bytes and <|endoftext|>); the model's vocab_size must hold them",
     )
     parser.add_argument(
         "--input",
@@ -58,36 +68,47 @@ def run(args: argparse.Namespace) -> int:
 
     from octopipe.commands._output_paths import check_output_folder
     from octopipe.tokens.meta import META
-    from octopipe.tokens.prepare import TRAIN, VAL, prepare, total_bytes
+    from octopipe.tokens.prepare import TOKENIZER_FILE, TRAIN, VAL, prepare, total_bytes
     from octopipe.tokens.sources import input_files
-    from octopipe.tokens.tokenizer import load_tokenizer
+    from octopipe.tokens.train_bpe import TRAIN_BPE, check_vocab_size
 
-    check_output_folder("--output", args.output, (TRAIN, VAL, META))
-    tokenizer = load_tokenizer(args.tokenizer, args.eos)
+    check_output_folder("--output", args.output, (TRAIN, VAL, META, TOKENIZER_FILE))
+    trained = args.tokenizer == TRAIN_BPE
+    if trained and args.vocab_size is None:
+        raise InputError("--vocab-size", "--tokenizer train:bpe needs it: the most ids to learn")
+    if not trained and args.vocab_size is not None:
+        raise InputError(
+            "--vocab-size", "only with --tokenizer train:bpe (a tokenizer has its own)"
+        )
+    if trained:
+        check_vocab_size(args.vocab_size)
     files = input_files(args.input)
+    size = total_bytes(files)
     with Progress(
-        TextColumn("[bold]tokenizing[/]"),
+        TextColumn("[bold]{task.description}[/]"),
         BarColumn(),
         DownloadColumn(),
-        TextColumn("{task.fields[tokens]:,} tokens"),
+        TextColumn("{task.fields[tokens]}"),
         TimeRemainingColumn(),
         console=Console(stderr=True),
         transient=True,
     ) as progress:
-        task = progress.add_task("", total=total_bytes(files), tokens=0)
+        tokenizer = _tokenizer(args, files, size, progress)
+        task = progress.add_task("tokenizing", total=size, tokens="0 tokens")
         made = 0
 
         def advance(nbytes: int, tokens: int) -> None:
             nonlocal made
             made += tokens
-            progress.update(task, advance=nbytes, tokens=made)
+            progress.update(task, advance=nbytes, tokens=f"{made:,} tokens")
 
         done = prepare(files, tokenizer, args.output, args.val_fraction, advance)
     meta = done.meta
     eos = "none" if meta.eos_id is None else f"id {meta.eos_id}"
+    saved = f", {meta.tokenizer_file}" if meta.tokenizer_file else ""
     print(
         f"wrote {done.folder}/train.bin ({done.train_tokens:,} tokens), val.bin "
-        f"({done.val_tokens:,}), meta.json: {_count(len(files), 'file')}, "
+        f"({done.val_tokens:,}){saved}, meta.json: {_count(len(files), 'file')}, "
         f"{_count(done.documents, 'document')}, "
         f"vocabulary {meta.vocab_size:,} ({meta.dtype}), end of text {eos}"
     )
@@ -98,6 +119,21 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _tokenizer(args: argparse.Namespace, files, size: int, progress):
+    """The tokenizer `--tokenizer` names; `train:bpe` is trained here, with its own bar."""
+    from octopipe.tokens.tokenizer import from_tokenizers, load_tokenizer
+    from octopipe.tokens.train_bpe import TRAIN_BPE, train_bpe
+
+    if args.tokenizer != TRAIN_BPE:
+        return load_tokenizer(args.tokenizer, args.eos)
+    task = progress.add_task(
+        "training a tokenizer", total=size, tokens=f"up to {args.vocab_size:,} ids"
+    )
+    impl = train_bpe(files, args.vocab_size, lambda n: progress.update(task, advance=n))
+    progress.remove_task(task)
+    return from_tokenizers(TRAIN_BPE, impl, args.eos)
 
 
 def _count(n: int, what: str) -> str:

@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopipe.commands._output_paths import check_output_file
+    from octopipe.device_kinds import local_kind
     from octopipe.limits import MAX_MICROBATCH_TOKENS, check_microbatch_tokens
     from octopipe.profile import save_profile
     from octopipe.runtime.measure.profile_job import measure_profile
@@ -79,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         threads=args.threads,
     )
+    # Named after where they were measured: a plan records it, a run elsewhere says so.
+    kind = local_kind(args.device)
+    devices = tuple(d.model_copy(update={"name": kind}) for d in profile.devices or ())
+    profile = profile.with_devices(devices) if devices else profile
     save_profile(profile, args.output)
     work = sum(layer.work for layer in profile.layers)
     link = ""

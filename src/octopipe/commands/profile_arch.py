@@ -120,26 +120,40 @@ def _print_summary(profile: Profile, params: int, path: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from octopipe.units import byte_unit, fmt_column, fmt_count, time_unit
+
     by_kind: dict[str, list] = defaultdict(list)
     for layer in profile.layers:
         by_kind[layer.kind].append(layer)
-    table = Table(title=f"{profile.name}: {len(profile.layers)} layers, {params / 1e9:.2f}B params")
-    for column in ("kind", "layers", "f ms", "b ms", "w ms", "act GB", "param GB", "out MB"):
+    title = f"{profile.name}: {len(profile.layers)} layers, {fmt_count(params)} params"
+    table = Table(title=title)
+    # Each column in the unit of its largest figure (the total's): a small model's keep digits.
+    layers = profile.layers
+    seconds = time_unit(max(sum(x.f for x in layers), sum(x.b + x.w for x in layers)))
+    memory = byte_unit(max(sum(x.act_bytes for x in layers), sum(x.param_bytes for x in layers)))
+    out = byte_unit(max(x.out_bytes for x in layers))
+    times = (f"{k} {seconds[0]}" for k in "fbw")
+    sizes = (f"act {memory[0]}", f"param {memory[0]}", f"out {out[0]}")
+    for column in ("kind", "layers", *times, *sizes):
         table.add_column(column, justify="left" if column == "kind" else "right")
-    for kind, layers in by_kind.items():
-        table.add_row(kind, str(len(layers)), *_sums(layers))
-    table.add_row("total", str(len(profile.layers)), *_sums(profile.layers), style="bold")
+    groups = [*by_kind.values(), layers]
+    sums = [_sums(group, seconds[1], memory[1], out[1]) for group in groups]
+    columns = [fmt_column([row[i] for row in sums]) for i in range(len(sums[0]))]
+    cells = [[column[r] for column in columns] for r in range(len(groups))]
+    for (kind, group), row in zip(by_kind.items(), cells):
+        table.add_row(kind, str(len(group)), *row)
+    table.add_row("total", str(len(layers)), *cells[-1], style="bold")
     console = Console()
     console.print(table)
     console.print(f"wrote {path}")
 
 
-def _sums(layers) -> list[str]:
+def _sums(layers, per_second: float, memory_unit: float, out_unit: float) -> list[float]:
     return [
-        f"{sum(x.f for x in layers) * 1e3:.2f}",
-        f"{sum(x.b for x in layers) * 1e3:.2f}",
-        f"{sum(x.w for x in layers) * 1e3:.2f}",
-        f"{sum(x.act_bytes for x in layers) / GB:.2f}",
-        f"{sum(x.param_bytes for x in layers) / GB:.2f}",
-        f"{max(x.out_bytes for x in layers) / 1e6:.1f}",
+        sum(x.f for x in layers) * per_second,
+        sum(x.b for x in layers) * per_second,
+        sum(x.w for x in layers) * per_second,
+        sum(x.act_bytes for x in layers) / memory_unit,
+        sum(x.param_bytes for x in layers) / memory_unit,
+        max(x.out_bytes for x in layers) / out_unit,
     ]

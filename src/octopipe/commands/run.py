@@ -8,7 +8,7 @@ import sys
 from contextlib import nullcontext
 
 from octopipe.jsonfile import dumps
-from octopipe.units import fmt_bytes
+from octopipe.units import fmt_bytes, fmt_time
 
 NAME = "run"
 HELP = "Run a plan on torch.distributed (spawned processes or inside torchrun) and measure it."
@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         _draw_last_step(result, out.png, plan, profile, RankLayout(tp, plan.num_devices, dp))
     comparable = _note_other_shape(config, plan)
     summary = result.summary()
+    comparable = not _note_other_device(plan, plan_file, summary) and comparable
     summary["seq_len"], summary["micro_batch_size"] = run_shape(
         plan, config.data.seq_len, config.data.micro_batch_size
     )
@@ -91,13 +92,23 @@ def run(args: argparse.Namespace) -> int:
         if dp > 1 or tp > 1:
             print(RankLayout(tp, plan.num_devices, dp).describe())
         if out.trace and summary["predicted_iteration_time"] is not None:
+            given = out.profile  # --profile, when the run was given the plan's profile
+            calibrated = "CALIBRATED" if given is None else _calibrated_name(given)
             print(
-                "to fit the profile to this run: octopipe calibrate --profile PROFILE "
-                f"--plan {plan_file} --trace {out.trace} -o CALIBRATED"
+                "to fit the profile to this run: octopipe calibrate --profile "
+                f"{given or 'PROFILE'} --plan {plan_file} --trace {out.trace} -o {calibrated}"
             )
     if under_torchrun():
         _leave_rank()
     return 0
+
+
+def _calibrated_name(profile: str) -> str:
+    """tiny.json -> tiny.cal.json, beside it."""
+    from pathlib import Path
+
+    path = Path(profile)
+    return str(path.with_name(f"{path.stem}.cal{path.suffix or '.json'}"))
 
 
 def _require(config) -> None:
@@ -210,6 +221,17 @@ def _note_other_shape(config, plan) -> bool:
     return comparable
 
 
+def _note_other_device(plan, plan_file: str, summary: dict) -> bool:
+    """Say where the plan was priced for another kind of device; whether it was."""
+    from octopipe.device_kinds import local_kind, other_device_note
+
+    ran_on = local_kind("cuda" if summary["peak_memory_source"].startswith("cuda") else "cpu")
+    note = other_device_note(plan, plan_file, ran_on)
+    if note is not None:
+        print(f"octopipe run: note: {note}", file=sys.stderr)
+    return note is not None
+
+
 def _planned(plan, key: str) -> int | None:
     return plan.parallelism.get(key) if plan.parallelism else None
 
@@ -221,9 +243,9 @@ def _print_human(summary: dict, comparable: bool = True) -> None:
     line = f"iteration time: {summary['iteration_time'] * 1e3:.3f} ms (median after the first step)"
     if predicted is not None and comparable:
         error = summary["iteration_time"] / predicted - 1
-        line += f"; plan predicted {predicted * 1e3:.3f} ms ({error:+.1%})"
+        line += f"; plan predicted {fmt_time(predicted)} ({error:+.1%})"
     elif predicted is not None:
-        line += f"; plan predicted {predicted * 1e3:.3f} ms for another size (note above)"
+        line += f"; plan predicted {fmt_time(predicted)} for another job (note above)"
     print(line)
     mems = ", ".join(
         f"rank {r}: {fmt_bytes(b)}" for r, b in enumerate(summary["peak_memory_bytes"])

@@ -196,7 +196,9 @@ def build_profile(
     devices = None
     if num_devices is not None:
         devices = tuple(
-            Device(speed=1.0, memory_bytes=hardware.memory_bytes) for _ in range(num_devices)
+            # named: a plan records what device its costs are for, and a run on another says so
+            Device(speed=1.0, memory_bytes=hardware.memory_bytes, name=hardware.name)
+            for _ in range(num_devices)
         )
     return Profile(
         name=f"{arch.name}-tp{settings.tensor_parallel}-{hardware.name}",

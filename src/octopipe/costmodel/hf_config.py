@@ -368,4 +368,18 @@ def load_architecture(name_or_path: str | Path) -> Architecture:
         raise InputError(
             str(name_or_path), f"no such config file or shipped model (known: {known})"
         )
-    return architecture_from_hf(read_json(path), where=str(path), name=path.stem)
+    data = read_json(path)
+    return architecture_from_hf(data, where=str(path), name=model_name(data, path))
+
+
+def model_name(data: Any, path: Path) -> str:
+    """What a config's model is called (a profile's name starts with it): the file's stem, but
+    for a `config.json` the model's own `_name_or_path` (its last part) or its `model_type`,
+    so that profiles of Hugging Face folders are not all called "config"."""
+    if path.stem != "config" or not isinstance(data, dict):
+        return path.stem
+    given = data.get("_name_or_path")
+    if isinstance(given, str) and given.strip("/"):
+        return given.strip("/").rsplit("/", 1)[-1]
+    model_type = data.get("model_type")
+    return model_type if isinstance(model_type, str) and model_type else path.stem

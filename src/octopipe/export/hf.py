@@ -7,7 +7,8 @@ only tensor entries are loaded (`checkpoint.load_weights`): exporting a checkpoi
 code from it. The weights, keyed by the very FQNs transformers gives them (the run trained the
 transformers model itself), are assigned to the model built from the config on the meta
 device and saved with `save_pretrained` as safetensors beside its config.json, so
-`AutoModelForCausalLM.from_pretrained(OUT)` loads the trained model. The folder is written
+`AutoModelForCausalLM.from_pretrained(OUT)` loads the trained model; with a tokenizer
+(`hf_tokenizer.py`), `AutoTokenizer` and `pipeline` load the folder too. The folder is written
 beside OUT and renamed into place when complete.
 
 Imports torch and transformers: import this module directly, not through `octopipe.export`.
@@ -33,10 +34,19 @@ class Exported:
     checkpoint: Path
     step: int
     parameters: int  # elements
+    tokenizer: Path | None  # the tokenizer.json copied into the folder, if any
 
 
-def export_hf(checkpoint: str | Path, model: str, out: str | Path, dtype: str = "float32"):
-    """Write the checkpoint's weights of the `hf:` model `model` into the folder `out`."""
+def export_hf(
+    checkpoint: str | Path,
+    model: str,
+    out: str | Path,
+    dtype: str = "float32",
+    tokenizer: str | Path | None = None,
+):
+    """Write the checkpoint's weights of the `hf:` model `model` into the folder `out`, with
+    the tokenizer `tokenizer` names (a prepare-data folder or a tokenizer.json) if given."""
+    from octopipe.export.hf_tokenizer import find_tokenizer, save_tokenizer
     from octopipe.runtime.checkpoint.folder import model_identity
     from octopipe.runtime.checkpoint.store import check_compatible, load_weights
     from octopipe.runtime.model.hf import load_config
@@ -53,6 +63,7 @@ def export_hf(checkpoint: str | Path, model: str, out: str | Path, dtype: str = 
         raise InputError("--dtype", f"expected one of {', '.join(DTYPES)}, got {dtype}")
     out = Path(out)
     _check_output(out)
+    found_tokenizer = None if tokenizer is None else find_tokenizer(tokenizer)
     recipe = load_recipe(model)
     found = _checkpoint(Path(checkpoint))
     marker = found.marker
@@ -69,13 +80,17 @@ def export_hf(checkpoint: str | Path, model: str, out: str | Path, dtype: str = 
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
+        if found_tokenizer is not None:
+            save_tokenizer(found_tokenizer, hf_model, partial)
         hf_model.save_pretrained(partial, safe_serialization=True)
         if out.exists():
             out.rmdir()  # empty: `_check_output`
         os.rename(partial, out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return Exported(out, found.path, found.step, sum(w.numel() for w in weights.values()))
+    parameters = sum(w.numel() for w in weights.values())
+    saved = None if found_tokenizer is None else found_tokenizer.path
+    return Exported(out, found.path, found.step, parameters, saved)
 
 
 def _with_weights(config, weights: dict[str, torch.Tensor], dtype: torch.dtype):

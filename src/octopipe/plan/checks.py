@@ -166,19 +166,24 @@ _MADE_FOR = (
 )
 
 
+_MAX_NAME = 4096  # characters of a name in the profile key, as limits.Text
+
+
 def _made_for(raw: Any, num_devices: int, where: str) -> dict[str, Any] | None:
-    """The optional `profile` object: a `name` string and positive `microbatch_size`,
-    `seq_len` and `devices` (the plan's device count), each optional; other keys ignored."""
+    """The optional `profile` object: `name` and `device` strings and positive
+    `microbatch_size`, `seq_len` and `devices` (the plan's device count), each optional;
+    other keys ignored."""
     if raw is None:
         return None
     if not isinstance(raw, dict):
         raise InputError(where, "expected an object of the profile's figures", "profile")
     out: dict[str, Any] = {}
-    name = raw.get("name")
-    if name is not None:
-        if not isinstance(name, str):
-            raise InputError(where, f"expected a string, got {name!r}", "profile.name")
-        out["name"] = name
+    for key in ("name", "device"):
+        text = raw.get(key)
+        if text is not None:
+            if not isinstance(text, str) or len(text) > _MAX_NAME:
+                raise InputError(where, f"expected a string, got {text!r}", f"profile.{key}")
+            out[key] = text
     for key, maximum in _MADE_FOR:
         if key in raw:
             out[key] = _positive_int(raw, key, where, "profile.", maximum)

@@ -132,13 +132,17 @@ class Plan:
 
     def made_for(self, profile) -> Plan:
         """The plan with what its profile's costs are for recorded (`profile` key): the name,
-        and the microbatch size, sequence length and device count the profile knows."""
+        and the microbatch size, sequence length, device count and device kind the profile
+        knows."""
         devices = profile.devices
+        kinds = {d.name for d in devices or ()}
         known = {
             "name": profile.name,
             "microbatch_size": profile.microbatch_size,
             "seq_len": profile.seq_len,
             "devices": len(devices) if devices and len(devices) == self.num_devices else None,
+            # the one kind of device the costs are for (h100, cpu, ...), where the profile says
+            "device": kinds.pop() if len(kinds) == 1 and None not in kinds else None,
         }
         return replace(self, profile={k: v for k, v in known.items() if v is not None})
 

@@ -2,7 +2,7 @@
 `octopipe prepare-data` and read by `octopipe run` beside its `--data` and `--val-data` files.
 
     {"format": "octopipe.tokens/1", "vocab_size": 50257, "dtype": "uint16",
-     "tokenizer": "tokenizer.json", "eos_id": 50256,
+     "tokenizer": "gpt2/tokenizer.json", "tokenizer_file": "tokenizer.json", "eos_id": 50256,
      "files": {"train.bin": {"tokens": 1204000}, "val.bin": {"tokens": 12160}}}
 
 A token file's reader uses it to refuse, in one line, ids of a larger vocabulary than the
@@ -45,6 +45,8 @@ class TokenMeta(BaseModel):
     dtype: Literal["uint16", "uint32"]
     tokenizer: Text
     eos_id: Annotated[int, Field(strict=True, ge=0, le=MAX_VOCABULARY)] | None = None
+    # The tokenizer saved beside the token files (a `tokenizers` file), absent for bytes.
+    tokenizer_file: Text | None = None
     files: dict[str, FileEntry] = Field(default_factory=dict)
 
 

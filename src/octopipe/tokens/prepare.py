@@ -28,6 +28,7 @@ from octopipe.tokens.sources import Piece, input_files, pieces
 from octopipe.tokens.tokenizer import Tokenizer
 
 TRAIN, VAL = "train.bin", "val.bin"
+TOKENIZER_FILE = "tokenizer.json"
 _BATCH_CHARS = 1 << 20  # text tokenized per call
 
 
@@ -59,6 +60,7 @@ def prepare(
     folder.mkdir(parents=True, exist_ok=True)
     try:
         counts, documents = _write_tokens(files, tokenizer, folder, val_fraction, on_bytes)
+        saved = _save_tokenizer(tokenizer, folder)
     except BaseException:
         if made_folder:  # a refused input leaves nothing behind, not even an empty folder
             shutil.rmtree(folder, ignore_errors=True)
@@ -69,10 +71,24 @@ def prepare(
         dtype=dtype_for(tokenizer.vocab_size),
         tokenizer=tokenizer.name,
         eos_id=tokenizer.eos_id,
+        tokenizer_file=saved,
         files={name: FileEntry(tokens=n) for name, n in counts.items()},
     )
     write_meta(folder, meta)
     return Prepared(folder, counts[TRAIN], counts[VAL], documents, meta)
+
+
+def _save_tokenizer(tokenizer: Tokenizer, folder: Path) -> str | None:
+    """Write a `tokenizers` tokenizer as folder/tokenizer.json; its name, or None for bytes."""
+    if tokenizer.impl is None:
+        return None
+    partial = folder / f".{TOKENIZER_FILE}.partial"
+    try:
+        tokenizer.impl.save(str(partial))
+        os.replace(partial, folder / TOKENIZER_FILE)
+    finally:
+        partial.unlink(missing_ok=True)
+    return TOKENIZER_FILE
 
 
 def _write_tokens(

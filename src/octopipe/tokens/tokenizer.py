@@ -1,5 +1,6 @@
 """The tokenizers `prepare-data` takes: a Hugging Face `tokenizers` file (`tokenizer.json`, or
-a folder holding one) or `byte`, the UTF-8 bytes themselves (256 ids, nothing to install).
+a folder holding one), `byte`, the UTF-8 bytes themselves (256 ids, nothing to install), or
+`train:bpe`, a byte-level BPE trained on the input (`train_bpe.py`).
 
 A tokenizer file is data (its vocabulary, merges and rules), never code: reading one runs
 nothing from it. The `tokenizers` package is the `[data]` extra (`pip install 'octopipe[data]'`).
@@ -27,13 +28,13 @@ class Tokenizer:
     name: str  # what meta.json records: the path given, or "byte"
     vocab_size: int
     eos_id: int | None  # appended after every document; None: nothing is
-    _impl: Any = None  # the `tokenizers.Tokenizer`; None for bytes
+    impl: Any = None  # the `tokenizers.Tokenizer`; None for bytes
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """The ids of each text (no special tokens added), as int64 arrays."""
-        if self._impl is None:
+        if self.impl is None:
             return [np.frombuffer(t.encode("utf-8"), np.uint8).astype(np.int64) for t in texts]
-        encodings = self._impl.encode_batch_fast(list(texts), add_special_tokens=False)
+        encodings = self.impl.encode_batch_fast(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
 
 
@@ -61,7 +62,12 @@ def load_tokenizer(spec: str, eos: str = "auto") -> Tokenizer:
     except Exception as exc:  # tokenizers raises its own Exception type for any bad file
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(str(path), f"not a tokenizers file: {reason}") from None
-    return Tokenizer(spec, impl.get_vocab_size(with_added_tokens=True), _eos_id(impl, eos), impl)
+    return from_tokenizers(spec, impl, eos)
+
+
+def from_tokenizers(name: str, impl, eos: str = "auto") -> Tokenizer:
+    """A `tokenizers.Tokenizer` (read from a file or just trained) as prepare-data uses it."""
+    return Tokenizer(name, impl.get_vocab_size(with_added_tokens=True), _eos_id(impl, eos), impl)
 
 
 def _eos_id(impl, eos: str) -> int | None:

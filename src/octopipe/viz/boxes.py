@@ -9,10 +9,19 @@ pictures beside it do).
 from __future__ import annotations
 
 from matplotlib.collections import PolyCollection
-from matplotlib.patches import Rectangle
+from matplotlib.legend_handler import HandlerTuple
+from matplotlib.patches import Patch, Rectangle
 
 from octopipe.viz.layout import BAR_FILL
-from octopipe.viz.style import CRITICAL_EDGE, IDLE_COLOR, KIND_COLORS, KIND_ORDER, shade
+from octopipe.viz.style import (
+    CRITICAL_EDGE,
+    IDLE_COLOR,
+    KIND_COLORS,
+    KIND_NAMES,
+    KIND_ORDER,
+    REDUCE_COLOR,
+    shade,
+)
 
 
 def kind_colors(num_chunks: int) -> dict:
@@ -20,6 +29,30 @@ def kind_colors(num_chunks: int) -> dict:
     return {
         (k, c): shade(KIND_COLORS[k], c, num_chunks) for k in KIND_ORDER for c in range(num_chunks)
     }
+
+
+def legend_entries(events, num_chunks: int, critical: bool, reductions: bool = False):
+    """(handles, labels, handler_map) of a legend of what `draw_boxes` draws for `events`: the
+    kinds present; each chunk as its kinds' shades side by side (a chunk is the kinds' colours
+    lightened, never a colour of its own); idle; the critical path where it is marked."""
+    kinds = [k for k in KIND_ORDER if any(e.action.kind == k for e in events)]
+    handles: list = [Patch(facecolor=KIND_COLORS[k]) for k in kinds]
+    labels = [f"{k} {KIND_NAMES[k]}" for k in kinds]
+    if reductions:
+        handles.append(Patch(facecolor=REDUCE_COLOR))
+        labels.append("gradient all-reduce")
+    if num_chunks > 1:
+        for c in range(num_chunks):
+            handles.append(
+                tuple(Patch(facecolor=shade(KIND_COLORS[k], c, num_chunks)) for k in kinds)
+            )
+            labels.append(f"chunk {c}")
+    handles.append(Patch(facecolor=IDLE_COLOR))
+    labels.append("idle")
+    if critical:
+        handles.append(Patch(facecolor="white", edgecolor=CRITICAL_EDGE))
+        labels.append("critical path")
+    return handles, labels, {tuple: HandlerTuple(ndivide=None, pad=0.0)}
 
 
 def draw_boxes(ax, events, layout, scale, window, colors, chunk_of, critical, fmt, band=0) -> None:

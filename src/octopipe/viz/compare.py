@@ -1,11 +1,11 @@
 """A measured step above its prediction (PNG or SVG), on one time axis: `octopipe run --png
 --profile`.
 
-Two panels, one row per device in each: the run's last step as measured (the first replica's
-ranks, the first tensor-parallel rank of each device), then the simulator's prediction of the
-plan on its profile, both from 0 and drawn as the timeline draws them, so the same action
-sits at the same height in both and a stretch of the measured row is a slower action, and
-a gap where the prediction has none a wait.
+Two panels, one row per device in each, under one legend of what they draw: the run's last
+step as measured (the first replica's ranks, the first tensor-parallel rank of each device),
+then the simulator's prediction of the plan on its profile, both from 0 and drawn as the
+timeline draws them, so the same action sits at the same height in both and a stretch of the
+measured row is a slower action, and a gap where the prediction has none a wait.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from octopipe.actions import Event  # noqa: E402
 from octopipe.outfiles import replacing  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
 from octopipe.units import time_unit  # noqa: E402
-from octopipe.viz.boxes import draw_boxes, kind_colors  # noqa: E402
+from octopipe.viz.boxes import draw_boxes, kind_colors, legend_entries  # noqa: E402
 from octopipe.viz.layout import TimelineLayout  # noqa: E402
 from octopipe.viz.style import (  # noqa: E402
     chunk_indices,
@@ -77,6 +77,23 @@ def save_measured_and_predicted(
         ax.tick_params(axis="x", labelsize=7)
         ax.spines[["top", "right"]].set_visible(False)
     axes[-1].set_xlabel(f"time ({unit})", fontsize=8)
+    both = [e for _, events in panels for e in events]
+    handles, labels, handler_map = legend_entries(
+        both, 1 + max(chunk_indices(both).values()), bool(critical)
+    )
+    fig.legend(  # top right, beside the title
+        handles=handles,
+        labels=labels,
+        handler_map=handler_map,
+        loc="upper right",
+        bbox_to_anchor=(0.97, 1.0 - 0.08 / height),
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+        handlelength=1.2,
+        columnspacing=1.2,
+        borderaxespad=0.0,
+    )
     if title:
         fig.suptitle(title, fontsize=10, x=0.1, ha="left")
     with replacing(path, "wb") as file:  # whole or not at all, over a regular file only

@@ -8,11 +8,14 @@ the browser does the hit-testing for the tooltip, and tens of thousands of recta
 32-device, 256-microbatch plan has 49k) still scroll and zoom smoothly. Rectangles sit in time
 coordinates (`viewBox` = the iteration by the devices, stretched to the page), so zooming only
 changes the drawing's width. A few lines of script, inline and offline, add the rest: the rows
-grow to fill the window's height (from 14 to 120 pixels a row); every box wide enough for it
-carries its microbatch (drawn, for the boxes in view, in an overlay at screen scale, so text is
-never stretched); hovering an action shows it, its device, start, end and duration; the mouse
-wheel (or + and -) zooms around the pointer, dragging or scrolling pans, 0 fits the page. No
-network, no libraries. On a mixed cluster each row names its device's kind.
+fill the window's height at every size (a few devices as a few tall rows; hundreds as rows of a
+few pixels, every k-th labelled, so the page opens on the whole plan at once, its fill, drain
+and bubbles visible as in an overview); the critical path's outlines show where its boxes are
+wide enough (outlines of boxes a pixel wide would paint their rows black); every box wide
+enough for it carries its microbatch (drawn, for the boxes in view, in an overlay at screen
+scale, so text is never stretched); hovering an action shows it, its device, start, end and
+duration; the mouse wheel (or + and -) zooms around the pointer, dragging or scrolling pans, 0
+fits the page. No network, no libraries. On a mixed cluster each row names its device's kind.
 
 A device with data-parallel gradient all-reduces gets a thin row just below its own, one
 `<rect id="reduce-d{device}-s{stage}">` per reduction; hovering one shows its stage, start, end
@@ -51,6 +54,7 @@ from octopipe.viz.style import (
 )
 
 _BAR_FILL = 0.82
+_MIN_ROW_PX = 3  # rows shrink to this so that a plan of hundreds of devices fits a window
 
 
 def html_timeline(
@@ -68,7 +72,7 @@ def html_timeline(
     chunk_of = chunk_indices(events)
     num_chunks = 1 + max(chunk_of.values())
     P = stats.num_devices
-    row_px = max(14, min(64, 640 // max(P, 1)))  # before the script sizes the rows to the page
+    row_px = max(_MIN_ROW_PX, min(64, 640 // max(P, 1)))  # till the script fits the window
     span = stats.iteration_time * scale
     reductions = reductions_of(result)
     rows = timeline_rows(P, {r.device for r in reductions})
@@ -83,13 +87,16 @@ def html_timeline(
     if reductions:
         styles.append(f".ar{{fill:{REDUCE_COLOR}}}")
         legend.append((REDUCE_COLOR, "gradient all-reduce"))
-    if num_chunks > 1:
+    if num_chunks > 1:  # a chunk is the kinds' colours lightened: its chip shows them so
         legend += [
-            (hex_color(shade("#666666", c, num_chunks)), f"chunk {c} (lighter: later)")
+            (
+                [hex_color(shade(KIND_COLORS[k], c, num_chunks)) for k in kinds],
+                f"chunk {c}" + (" (lighter: later)" if c else ""),
+            )
             for c in range(num_chunks)
         ]
     if critical:
-        legend.append(("#FFFFFF", "critical path (outlined)"))
+        legend.append(("#FFFFFF", "critical path (outlined where boxes are wide enough)"))
 
     # Bars are centred on their row: the top is the centre less half the bar.
     top = [y - _BAR_FILL / 2 for y in rows.compute]
@@ -107,7 +114,12 @@ def html_timeline(
     rects += _reduction_rects(reductions, rows, scale)
     labels = _row_labels(events, rows, row_px, device_names)
     chips = "".join(
-        f'<span class="chip"><i style="background:{color}"></i>{html.escape(text)}</span>'
+        '<span class="chip">'
+        + "".join(
+            f'<i style="background:{c}"></i>'
+            for c in (color if isinstance(color, list) else [color])
+        )
+        + f"{html.escape(text)}</span>"
         for color, text in legend
     )
     heading = html.escape(f"{title}: " if title else "") + html.escape(headline(stats))
@@ -125,6 +137,7 @@ def html_timeline(
         count=f"{len(events)} actions"
         + (f", {len(reductions)} gradient all-reduces" if reductions else ""),
         kind_names=json.dumps({str(k): name for k, name in KIND_NAMES.items()}),
+        min_row=_MIN_ROW_PX,
     )
 
 
@@ -181,12 +194,15 @@ _PAGE = """<!DOCTYPE html>
 body{{font:13px system-ui,sans-serif;margin:12px;color:#222}}
 h1{{font-size:15px;font-weight:600;margin:0 0 4px}}
 .chip{{margin-right:14px;white-space:nowrap}}
-.chip i{{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px;
-border:1px solid #999}}
+.chip i{{display:inline-block;width:11px;height:11px;vertical-align:-1px;border:1px solid #999}}
+.chip i:last-of-type{{margin-right:4px}}
 .help{{color:#666;margin:4px 0 8px}}
 #wrap{{display:flex;border:1px solid #ddd}}
 #labels{{flex:none;padding-right:6px;border-right:1px solid #ddd;padding-bottom:24px}}
-.lab{{display:flex;align-items:center;font-size:11px;white-space:nowrap;color:#333}}
+.lab{{display:flex;align-items:center;font-size:11px;white-space:nowrap;color:#333;
+overflow:visible}}
+.lab.hid{{visibility:hidden}}
+svg.dense .c{{stroke:none}}
 .ar-lab{{font-size:9px;color:#666}}
 #scroll{{flex:1;overflow-x:auto;overflow-y:hidden;cursor:grab;position:relative}}
 #content{{position:relative;width:100%}}
@@ -216,7 +232,7 @@ pan, 0: fit.</div>
 <div id="tip"></div>
 <script>
 (function(){{
-const SPAN={span}, ROWS={rows}, UNIT="{unit}", kinds={kind_names};
+const SPAN={span}, ROWS={rows}, UNIT="{unit}", MIN_ROW={min_row}, kinds={kind_names};
 const sc=document.getElementById("scroll"), ct=document.getElementById("content"),
   axis=document.getElementById("axis"), tip=document.getElementById("tip"),
   svg=document.getElementById("tl"), txt=document.getElementById("txt");
@@ -229,12 +245,24 @@ const boxes=[...svg.querySelectorAll('rect[id^="action-"]')].map(r=>{{
 }});
 let zoom=1, rowPx=0, pending=false;
 function fmt(v){{return (+v.toPrecision(6)).toString()+" "+UNIT;}}
+const widths=boxes.map(b=>b[1]).sort((a,b)=>a-b), typical=widths[widths.length>>1]||SPAN;
 function fitRows(){{
-  // Rows fill the window's height below the drawing's top, 14 to 120 pixels each.
+  // Rows fill the window's height below the drawing's top (at least MIN_ROW pixels each, so
+  // that hundreds of devices still fit); labels too small to read are left out, every k-th kept.
   const top=sc.getBoundingClientRect().top+window.scrollY;
-  rowPx=Math.max(14,Math.min(120,(window.innerHeight-top-40)/ROWS));
+  rowPx=Math.max(MIN_ROW,(window.innerHeight-top-40)/ROWS);
   svg.setAttribute("height",rowPx*ROWS);
-  for(const l of document.querySelectorAll(".lab"))l.style.height=(rowPx*l.dataset.rows)+"px";
+  const font=Math.max(7,Math.min(11,rowPx*0.8)), every=Math.ceil(font/rowPx);
+  let d=0;
+  for(const l of document.querySelectorAll(".lab")){{
+    l.style.height=(rowPx*l.dataset.rows)+"px"; l.style.fontSize=font+"px";
+    const device=l.dataset.rows==="1"?d++:-1;
+    l.classList.toggle("hid",device<0?rowPx*l.dataset.rows<font:device%every!==0);
+  }}
+}}
+function outline(){{
+  // Outlines of boxes a few pixels wide would paint their rows black: only where they fit.
+  svg.classList.toggle("dense",typical*ct.clientWidth/SPAN<4||rowPx<8);
 }}
 function labels(){{
   pending=false;
@@ -258,7 +286,7 @@ function ticks(){{
     h+='<div class="tick" style="left:'+(100*t/SPAN)+'%">'+(+t.toPrecision(6))+'</div>';
   }}
   axis.innerHTML=h+'<div class="tick" style="right:2px;border:0">'+UNIT+'</div>';
-  relabel();
+  outline(); relabel();
 }}
 function setZoom(z,atX){{
   z=Math.max(1,Math.min(500,z));

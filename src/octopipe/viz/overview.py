@@ -35,7 +35,9 @@ from octopipe.units import time_unit  # noqa: E402
 from octopipe.viz.boxes import draw_boxes, kind_colors  # noqa: E402
 from octopipe.viz.layout import TimelineLayout  # noqa: E402
 from octopipe.viz.style import (  # noqa: E402
+    KIND_COLOR_NAMES,
     KIND_COLORS,
+    KIND_ORDER,
     chunk_indices,
     device_label,
     events_of,
@@ -120,7 +122,7 @@ def save_overview(
     more = f", devices 0 to {zoomed - 1} of {P}" if zoomed < P else ""
     zoom.set_title(
         f"one period of the steady state, {lo * scale:.4g} to {hi * scale:.4g} {unit}{more} "
-        "(F blue, B red, I orange, W green; lighter: later chunks)",
+        f"({_colors_drawn(shown, chunk_of)})",
         fontsize=9,
     )
     zoom.set_xlabel(f"time ({unit})", fontsize=8)
@@ -134,6 +136,15 @@ def save_overview(
         fig.savefig(file, format=fmt, dpi=_DPI)
     plt.close(fig)
     return path
+
+
+def _colors_drawn(shown: Sequence[Event], chunk_of: dict[int, int]) -> str:
+    """What the zoomed boxes' colours mean, for the kinds and chunks drawn there only."""
+    kinds = {e.action.kind for e in shown}
+    said = ", ".join(f"{k} {KIND_COLOR_NAMES[k]}" for k in KIND_ORDER if k in kinds)
+    if len({chunk_of[e.action.stage] for e in shown}) > 1:
+        said += "; lighter: later chunks"
+    return said
 
 
 def idle_shares(events: Sequence[Event], num_devices: int, span: float, bins: int = BINS):

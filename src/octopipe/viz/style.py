@@ -19,6 +19,7 @@ from octopipe.units import time_unit
 __all__ = [
     "CRITICAL_EDGE",
     "IDLE_COLOR",
+    "KIND_COLOR_NAMES",
     "KIND_COLORS",
     "KIND_NAMES",
     "REDUCE_COLOR",
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 KIND_COLORS = {"F": "#3D85C6", "B": "#CC4125", "I": "#E69138", "W": "#6AA84F"}
+KIND_COLOR_NAMES = {"F": "blue", "B": "red", "I": "orange", "W": "green"}  # for captions
 REDUCE_COLOR = "#674EA7"  # data-parallel gradient all-reduces: apart from every kind
 IDLE_COLOR = "#ECECEC"
 CRITICAL_EDGE = "#111111"

@@ -24,7 +24,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never open a window
 
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
@@ -32,7 +32,7 @@ from octopipe.actions import Event  # noqa: E402
 from octopipe.outfiles import replacing  # noqa: E402
 from octopipe.sim import SimResult  # noqa: E402
 from octopipe.units import time_unit  # noqa: E402
-from octopipe.viz.boxes import add_boxes, draw_boxes, kind_colors  # noqa: E402
+from octopipe.viz.boxes import add_boxes, draw_boxes, kind_colors, legend_entries  # noqa: E402
 from octopipe.viz.layout import (  # noqa: E402
     BAND_GAP,
     BAR_FILL,
@@ -46,11 +46,6 @@ from octopipe.viz.layout import (  # noqa: E402
 )
 from octopipe.viz.overview import save_overview  # noqa: E402
 from octopipe.viz.style import (  # noqa: E402
-    CRITICAL_EDGE,
-    IDLE_COLOR,
-    KIND_COLORS,
-    KIND_NAMES,
-    KIND_ORDER,
     REDUCE_COLOR,
     TimelineSummary,
     chunk_indices,
@@ -60,7 +55,6 @@ from octopipe.viz.style import (  # noqa: E402
     image_format,
     label_font_size,
     reductions_of,
-    shade,
     stage_list,
     stages_per_device,
     summarize,
@@ -240,23 +234,12 @@ def _label_rows(
 def _add_legend(
     fig, events: Sequence[Event], num_chunks: int, critical: bool, reductions: bool
 ) -> None:
-    kinds = [k for k in KIND_ORDER if any(e.action.kind == k for e in events)]
-    handles = [Patch(facecolor=KIND_COLORS[k], label=f"{k} {KIND_NAMES[k]}") for k in kinds]
-    if reductions:
-        handles.append(Patch(facecolor=REDUCE_COLOR, label="gradient all-reduce"))
-    if num_chunks > 1:
-        grey = "#666666"
-        handles += [
-            Patch(facecolor=shade(grey, c, num_chunks), label=f"chunk {c}")
-            for c in range(num_chunks)
-        ]
-    handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
-    if critical:
-        handles.append(Patch(facecolor="white", edgecolor=CRITICAL_EDGE, label="critical path"))
+    handles, labels, handler_map = legend_entries(events, num_chunks, critical, reductions)
     fig_w, fig_h = fig.get_size_inches()
     # One row under the title, its left edge under the title's.
     fig.legend(
         handles=handles,
+        labels=labels,
         loc="upper left",
         ncol=len(handles),
         fontsize=8,
@@ -265,4 +248,5 @@ def _add_legend(
         borderaxespad=0.0,
         handlelength=1.2,
         columnspacing=1.2,
+        handler_map=handler_map,
     )

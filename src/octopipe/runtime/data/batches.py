@@ -88,8 +88,34 @@ class SyntheticData(DataSource):
         )
 
 
+# The file of a `prepare-data` folder each flag takes when given the folder.
+FOLDER_FILES = {"--data": "train.bin", "--val-data": "val.bin"}
+
+
+def token_file_of(path: str | Path, flag: str = "--data") -> Path:
+    """The token file `path` names: itself, or for a folder (`prepare-data`'s) its train.bin
+    (`--data`) or val.bin (`--val-data`)."""
+    path = Path(path)
+    if path.is_dir():
+        name = FOLDER_FILES.get(flag, FOLDER_FILES["--data"])
+        if not (path / name).is_file():
+            raise InputError(
+                flag, f"{path} is a folder without {name} (prepare-data's folder holds one)"
+            )
+        return path / name
+    if not path.is_file():
+        from octopipe.outfiles import not_regular
+
+        kind = not_regular(path) if os.path.lexists(path) else None
+        if kind is not None:  # /dev/null, a FIFO: it is there, but no token file
+            raise InputError(flag, f"{path} is {kind}, not a file of token ids")
+        raise InputError(flag, f"no such file or folder: {path}")
+    return path
+
+
 class TokenFile(DataSource):
-    """Windows of `seq_len + 1` tokens at offsets drawn from (seed, step, index).
+    """Windows of `seq_len + 1` tokens at offsets drawn from (seed, step, index), from a token
+    file or a `prepare-data` folder (`token_file_of`).
 
     A `meta.json` beside the file (`octopipe prepare-data`'s, `octopipe.tokens.meta`) says its
     dtype, which is then the default, and its tokenizer's vocabulary, which the model's must
@@ -103,14 +129,7 @@ class TokenFile(DataSource):
         dtype: str | None = None,
         flag: str = "--data",
     ) -> None:
-        path = Path(path)
-        if not path.is_file():
-            from octopipe.outfiles import not_regular
-
-            kind = not_regular(path) if os.path.lexists(path) else None
-            if kind is not None:  # a folder, /dev/null, a FIFO: it is there, but no token file
-                raise InputError(flag, f"{path} is {kind}, not a file of token ids")
-            raise InputError(flag, f"no such file: {path}")
+        path = token_file_of(path, flag)
         described = meta_beside(path)
         if dtype is None:
             dtype = described[1].dtype if described else "uint16"

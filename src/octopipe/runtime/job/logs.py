@@ -1,15 +1,24 @@
 """A run's logs (`octopipe run --log-dir DIR`): every step's report as a JSON line in
-`DIR/log.jsonl` (the `--json` step lines; appended to, so a resumed run continues the file),
-and as TensorBoard scalars in event files in DIR, through `torch.utils.tensorboard` (which
-needs the `tensorboard` package, the `[logs]` extra; without it, the JSON lines only).
+`DIR/log.jsonl` (the `--json` step lines), and as TensorBoard scalars in event files in DIR,
+through `torch.utils.tensorboard` (which needs the `tensorboard` package, the `[logs]` extra;
+without it, the JSON lines only).
 
-Scalars, by the step (from 0): `train/loss`, `train/lr`, `train/grad_norm`,
+Each step is logged once. A run that starts at step K + 1 (resumed from `step-K`, or K = 0)
+continues the folder: what it held from step K + 1 on (a run that went past its last
+checkpoint before it stopped) is what this run replaces. `log.jsonl` keeps only its lines of
+earlier steps (rewritten whole, then appended to); the TensorBoard writer is opened with
+`purge_step=K + 1`, so TensorBoard discards the older event files' scalars from that step on.
+
+Scalars, by the step (from 1, as the console's): `train/loss`, `train/lr`, `train/grad_norm`,
 `train/step_time`, `train/tokens_per_second`, `train/model_tflops_per_rank`, `train/mfu`,
 `memory/peak_bytes`, `val/loss`, `val/perplexity`; those unknown for a run are left out.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +45,17 @@ class RunLogs:
         self._lines: Any = None
         self._writer: Any = None
 
-    def _open(self) -> None:
+    def _open(self, first_step: int) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        refuse_not_regular(self.folder / LOG, "--log-dir")  # appending to a FIFO would block
-        self._lines = (self.folder / LOG).open("a", encoding="utf-8")
+        log = self.folder / LOG
+        refuse_not_regular(log, "--log-dir")  # appending to a FIFO would block
+        if log.exists():
+            _keep_before(log, first_step)
+        self._lines = log.open("a", encoding="utf-8")
         if tensorboard_available():
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.folder), flush_secs=10)
+            self._writer = SummaryWriter(str(self.folder), flush_secs=10, purge_step=first_step)
 
     def __call__(self, report) -> None:
         from octopipe.runtime.job.progress import StepReport
@@ -51,7 +63,7 @@ class RunLogs:
         if not isinstance(report, StepReport):
             return
         if self._lines is None:
-            self._open()
+            self._open(report.step)
         self._lines.write(dumps(report.as_json()) + "\n")
         self._lines.flush()
         if self._writer is None:
@@ -82,3 +94,26 @@ class RunLogs:
 
     def __exit__(self, *_exc) -> None:
         self.close()
+
+
+def _keep_before(log: Path, first_step: int) -> None:
+    """Keep the lines of `log` for steps before `first_step`, streamed into a file beside it
+    that replaces it. A line that is not a step's (one cut short by a killed run) goes too."""
+    partial = log.with_name(f".{log.name}.partial")
+    try:
+        with log.open(encoding="utf-8", errors="replace") as lines, partial.open("w") as kept:
+            for line in lines:
+                if _step_of(line) < first_step:
+                    kept.write(line if line.endswith("\n") else line + "\n")
+        os.replace(partial, log)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _step_of(line: str) -> float:
+    """A log line's step; infinity for a line that is not a step's."""
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return math.inf
+    return step if isinstance(step, int) else math.inf

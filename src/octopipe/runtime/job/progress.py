@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 class StepReport:
     """One finished step, over all ranks."""
 
-    step: int  # from 0, as the trace's and the JSON lines' `step`
+    step: int  # from 1: the steps done after it (the K of a checkpoint saved after it)
     loss: float  # mean over every replica's microbatches, as RunResult.losses
     step_time: float  # seconds, the slowest rank's, as RunResult.step_times
     tokens: int  # trained in the step, over all replicas: dp x microbatches x b x seq_len
@@ -108,7 +108,7 @@ class NonFiniteLoss(RankFailure):
     """Every rank raises it at the step whose loss became nan or inf."""
 
     def __init__(self, step: int, loss: float) -> None:
-        self.step, self.loss = step, loss
+        self.step, self.loss = step, loss  # step from 1, as the console's
         super().__init__(f"the loss became {loss} at step {step}; training stopped")
 
 
@@ -154,9 +154,10 @@ class StepProgress:
         peak_memory: int = 0,
         held_out: Sequence[float] | None = None,
     ) -> StepReport:
-        """The step's report; raises NonFiniteLoss on every rank if its loss is not finite.
-        `held_out`: the rank's held-out losses when the step evaluated (on every rank, then:
-        empty off the last stage), else None."""
+        """The report of the step of index `step` (from 0: the report numbers it `step + 1`);
+        raises NonFiniteLoss on every rank if its loss is not finite. `held_out`: the rank's
+        held-out losses when the step evaluated (on every rank, then: empty off the last
+        stage), else None."""
         # Row: step time, gradient-norm share, peak memory, the microbatch losses (none off the
         # last stage), then the held-out ones.
         M = self._num_mb
@@ -174,7 +175,7 @@ class StepProgress:
         loss = statistics.fmean(x for r in self._loss_ranks for x in table[r, 3 : 3 + M].tolist())
         squares = float(table[:, 1].sum())
         report = StepReport(
-            step,
+            step + 1,
             loss,
             float(table[:, 0].max()),
             self._tokens,
@@ -189,7 +190,7 @@ class StepProgress:
             else statistics.fmean(x for r in self._loss_ranks for x in table[r, 3 + M :].tolist()),
         )
         if not math.isfinite(loss):
-            raise NonFiniteLoss(step, loss)
+            raise NonFiniteLoss(step + 1, loss)
         self.reports.append(report)
         if self._on_report is not None:
             self._on_report(report)

@@ -147,7 +147,7 @@ def run_job_on_rank(
     progress = StepProgress(
         plan, cfg, rank, world_size, device, on_report, _rates(cfg, plan, device)
     )
-    say(on_report, f"training steps {first_step} to {cfg.steps - 1}")
+    say(on_report, f"training steps {first_step + 1} to {cfg.steps}")
     if cfg.overlap_steps:
         overlapped = OverlappedSteps(worker)
         steps = overlapped.run(batch_of, first_step, cfg.steps, origin)

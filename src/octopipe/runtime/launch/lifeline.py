@@ -6,6 +6,10 @@ parent is gone, removes the run's temporary folder (nobody else is left to) and 
 polls the parent's pid instead of PR_SET_PDEATHSIG, because the death signal would end the rank
 before it could clean up, and the thread works wherever Python runs. Torch's blocking calls
 (transfers, collectives, autograd) release the GIL, so the thread gets to run while they wait.
+
+The thread starts first thing in a rank (`rank_entry`), before the rank imports torch (seconds,
+on a loaded machine): what the rank runs travels `Deferred`, pickled as the process is spawned
+but unpickled only once the lifeline holds. This module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -21,6 +26,36 @@ import time
 from pathlib import Path
 
 POLL_S = 0.2  # how often a rank looks for its parent: it exits at most this long after
+
+
+class Deferred:
+    """`obj`, pickled while the process is spawned (so pipes, queues and shared tensors in it
+    travel as multiprocessing sends them) but unpickled only when `load` is called."""
+
+    def __init__(self, obj) -> None:
+        self._obj, self._data = obj, None
+
+    def __reduce__(self):
+        from multiprocessing.reduction import ForkingPickler
+
+        return (_packed, (bytes(ForkingPickler.dumps(self._obj)),))
+
+    def load(self):
+        return self._obj if self._data is None else pickle.loads(self._data)
+
+
+def _packed(data: bytes) -> Deferred:
+    deferred = Deferred(None)
+    deferred._data = data
+    return deferred
+
+
+def rank_entry(parent_pid: int, folder: Path, title: str, work: Deferred) -> None:
+    """A spawned rank's first call: hold on to the parent, then load and run `work`, a
+    (function, args) pair."""
+    hold_on(parent_pid, folder, title)
+    function, args = work.load()
+    function(*args)
 
 
 def hold_on(parent_pid: int, folder: Path, title: str) -> None:

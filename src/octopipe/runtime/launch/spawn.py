@@ -5,7 +5,9 @@ When the parent stops the ranks: only when one of them fails or dies, or when th
 to stop (SIGTERM, SIGINT, SIGHUP; it then raises `Stopped`). A healthy run of any length
 finishes: a wait stuck inside a rank (a transfer, a collective) is bounded by the process
 group's timeout, which turns it into that rank's error. If the parent is killed outright, every
-rank notices and exits by itself (`lifeline`).
+rank notices and exits by itself (`lifeline`), and nothing is left to clean up: each rank
+talks to the parent over a pipe of its own (no named semaphores, which a killed parent would
+leak, as multiprocessing's queues would), and starts its lifeline before it imports torch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import io
 import multiprocessing as mp
 import os
 import pickle
-import queue as queue_mod
 import signal
 import sys
 import tempfile
@@ -23,6 +24,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +69,8 @@ def spawn_ranks(
             '`if __name__ == "__main__":` (or move what the run uses into a module)'
         )
     ctx = mp.get_context("spawn")
-    messages = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(nproc)]  # (parent's end, the rank's)
+    inbox = _Inbox([reader for reader, _ in pipes])
     started: list[mp.process.BaseProcess] = []
     with _stop_on_signals(), tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         store = str(Path(tmp) / "store")
@@ -81,22 +84,27 @@ def spawn_ranks(
                 _children_ignore_sigint(),
                 _script_left_alone(body, args),
             ):
-                for rank in range(nproc):
+                for rank, (_, writer) in enumerate(pipes):
+                    work = lifeline.Deferred((_rank_main, (body, rank, nproc, store, args, writer)))
                     p = ctx.Process(
-                        target=_rank_main,
-                        args=(body, rank, nproc, store, args, messages, os.getpid(), name),
+                        target=lifeline.rank_entry,
+                        args=(os.getpid(), Path(tmp), f"{name}-rank{rank}", work),
                         name=f"{name}-rank{rank}",
                         daemon=True,
                     )
                     p.start()
                     started.append(p)
-            payload = _watch(started, messages, on_note)
+                    writer.close()  # the rank's copy is its own: EOF here when it is gone
+            payload = _watch(started, inbox, on_note)
         except RankFailure as failure:
             _stop(started)
             failure.exit_codes = tuple(p.exitcode for p in started)
             raise
         finally:
             _stop(started)
+            inbox.close()
+            for _, writer in pipes:
+                writer.close()
     # Not a file: the bytes rank 0 (our own child) put in this run's queue a moment ago.
     # Results hold dataclasses, so they need the full unpickler; nothing from disk is read here.
     return torch.load(io.BytesIO(payload), weights_only=False)
@@ -104,7 +112,7 @@ def spawn_ranks(
 
 # --- inside a rank -----------------------------------------------------------------------------
 
-_to_parent: tuple[Any, int] | None = None  # (the message queue, this rank), set in a rank
+_to_parent: tuple[Connection, int] | None = None  # (the pipe to the parent, this rank), in a rank
 # What a rank's error message holds: a traceback, or a whole story (plain, or a bad input).
 _TRACEBACK, _WHOLE, _BAD_INPUT = "traceback", "whole", "bad input"
 
@@ -112,17 +120,15 @@ _TRACEBACK, _WHOLE, _BAD_INPUT = "traceback", "whole", "bad input"
 def tell_parent(note: Any) -> None:
     """In a spawned rank: hand `note` (picklable) to the parent's `on_note`."""
     assert _to_parent is not None, "tell_parent is for spawned ranks"
-    messages, rank = _to_parent
-    messages.put(("note", rank, note))
+    pipe, rank = _to_parent
+    pipe.send(("note", rank, note))
 
 
-def _rank_main(
-    body, rank: int, world: int, store: str, args: tuple, messages, parent_pid: int, name: str
-) -> None:
-    """One spawned rank: run the body; rank 0 sends its results; any error is reported."""
+def _rank_main(body, rank: int, world: int, store: str, args: tuple, pipe: Connection) -> None:
+    """One spawned rank (its lifeline already holds): run the body; rank 0 sends its results;
+    any error is reported."""
     global _to_parent
-    lifeline.hold_on(parent_pid, Path(store).parent, f"{name}-rank{rank}")
-    _to_parent = (messages, rank)
+    _to_parent = (pipe, rank)
     code = 0
     try:
         torch.set_num_threads(1)  # ranks share the host's cores; oversubscription only slows them
@@ -130,25 +136,50 @@ def _rank_main(
         if rank == 0:
             buf = io.BytesIO()
             torch.save(results, buf)
-            messages.put(("ok", buf.getvalue()))
+            message: tuple = ("ok", buf.getvalue())
     except RankFailure as exc:  # says it all: no traceback
-        messages.put(("error", rank, str(exc), _WHOLE))
-        code = 1
+        message, code = ("error", rank, str(exc), _WHOLE), 1
     except OctoPipeError as exc:  # one line, as from the launcher (e.g. a file changed since)
-        messages.put(("error", rank, f"rank {rank}: {exc}", _BAD_INPUT))
-        code = 1
+        message, code = ("error", rank, f"rank {rank}: {exc}", _BAD_INPUT), 1
     except BaseException:  # noqa: BLE001 - whatever it was, the parent must hear of it
-        messages.put(("error", rank, traceback.format_exc(), _TRACEBACK))
-        code = 1
-    messages.close()
-    messages.join_thread()
+        message, code = ("error", rank, traceback.format_exc(), _TRACEBACK), 1
+    if rank == 0 or code:
+        try:
+            pipe.send(message)
+        except OSError:  # the parent is gone; the lifeline is on its way out too
+            code = 1
+    pipe.close()
     os._exit(code)  # skip interpreter teardown: a peer may be gone, and its sockets with it
 
 
 # --- in the parent -----------------------------------------------------------------------------
 
 
-def _watch(procs: list[mp.process.BaseProcess], messages, on_note) -> bytes:
+class _Inbox:
+    """The parent's ends of the ranks' pipes: the next message of any rank."""
+
+    def __init__(self, readers: list[Connection]) -> None:
+        self._open = list(readers)
+
+    def next(self, timeout: float) -> tuple | None:
+        if not self._open:
+            time.sleep(timeout)
+            return None
+        for reader in wait(self._open, timeout):
+            try:
+                return reader.recv()
+            except (EOFError, OSError):  # that rank is gone and said all it had
+                self._open.remove(reader)
+                reader.close()
+        return None
+
+    def close(self) -> None:
+        for reader in self._open:
+            reader.close()
+        self._open = []
+
+
+def _watch(procs: list[mp.process.BaseProcess], messages: _Inbox, on_note) -> bytes:
     """Wait for rank 0's results and every rank's clean exit, passing notes on; raise the cause
     of the first failure. No deadline: a healthy run may take as long as it takes."""
     payload: bytes | None = None
@@ -169,7 +200,7 @@ def _watch(procs: list[mp.process.BaseProcess], messages, on_note) -> bytes:
             return payload if payload is not None else _last_result(messages, on_note)
 
 
-def _last_result(messages, on_note) -> bytes:
+def _last_result(messages: _Inbox, on_note) -> bytes:
     """Every rank exited cleanly: rank 0's result is still in the queue, behind its notes."""
     deadline = time.monotonic() + _GRACE_S
     while time.monotonic() < deadline:
@@ -181,7 +212,9 @@ def _last_result(messages, on_note) -> bytes:
     raise RankFailure("every rank exited but rank 0 sent no result")
 
 
-def _failure(procs: list[mp.process.BaseProcess], messages, errors: list[tuple]) -> RankFailure:
+def _failure(
+    procs: list[mp.process.BaseProcess], messages: _Inbox, errors: list[tuple]
+) -> RankFailure:
     """The cause of a failed run. The ranks get a moment to report or exit, since one failure
     brings down its peers with errors of their own: a rank killed by a signal is the cause
     (its peers then fail on broken connections), else the first error reported, else the first
@@ -208,11 +241,8 @@ def _failure(procs: list[mp.process.BaseProcess], messages, errors: list[tuple])
     return RankFailure(f"rank {rank} died with exit code {code}")
 
 
-def _next_message(messages, timeout: float) -> tuple | None:
-    try:
-        return messages.get(timeout=timeout) if timeout > 0 else messages.get_nowait()
-    except queue_mod.Empty:
-        return None
+def _next_message(messages: _Inbox, timeout: float) -> tuple | None:
+    return messages.next(timeout)
 
 
 def _stop(procs: list[mp.process.BaseProcess]) -> None:

@@ -1,0 +1,135 @@
+"""Where the first seconds of a 2-rank `octopipe run` go, beside a bare torch.distributed start.
+
+    .venv/bin/python benchmarks/bench_run_startup.py [--runs 2]
+
+Three measurements, interleaved run by run so that all see the same machine load:
+
+- `bare`: 2 processes spawned as multiprocessing spawns them, each importing torch and joining
+  a gloo process group over a file store: the least any 2-rank job on this machine pays;
+- `imports`: in a fresh process, `import torch`, then what a rank of `octopipe run` imports on
+  top (the launcher and the session), then torch.distributed.checkpoint alone, which the
+  runtime's checkpoint modules import whether or not the run checkpoints;
+- `run`: `octopipe run` of tiny-llama on 2 ranks for 1 step, its notes' own clock ("[x s]
+  starting 2 processes", "2 processes joined", ...) and the command's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+_NOTE = re.compile(r"^\[([0-9.]+) s\] (.*)$")
+
+
+def _bare_rank(rank: int, store: str, t0: float, out) -> None:
+    import torch.distributed as dist
+
+    imported = time.time() - t0
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    dist.barrier()
+    out.put((rank, imported, time.time() - t0))
+    dist.destroy_process_group()
+
+
+def bare(tmp: Path) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    store = str(tmp / f"store-{time.time_ns()}")
+    t0 = time.time()
+    procs = [ctx.Process(target=_bare_rank, args=(r, store, t0, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return {
+        "ranks imported torch": max(g[1] for g in got),
+        "group joined": max(g[2] for g in got),
+        "processes exited": time.time() - t0,
+    }
+
+
+_IMPORTS = """
+import time
+t = time.perf_counter(); import torch; a = time.perf_counter()
+import octopipe.runtime.launch.launcher, octopipe.runtime.job.session; b = time.perf_counter()
+print(a - t, b - a)
+"""
+_DCP = """
+import time, torch, torch.distributed.tensor
+t = time.perf_counter(); import torch.distributed.checkpoint; print(time.perf_counter() - t)
+"""
+
+
+def imports() -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(HERE / "src")}
+    run = [sys.executable, "-c"]
+    torch_s, runtime_s = map(float, subprocess.check_output([*run, _IMPORTS], env=env).split())
+    dcp_s = float(subprocess.check_output([*run, _DCP], env=env))
+    return {
+        "import torch": torch_s,
+        "+ a rank's octopipe modules": runtime_s,
+        "  of which torch.distributed.checkpoint (after torch.distributed.tensor)": dcp_s,
+    }
+
+
+def octopipe_run(tmp: Path) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(HERE / "src")}
+    plan = tmp / "plan.json"
+    if not plan.exists():
+        sys.path.insert(0, str(HERE / "src"))
+        from octopipe import baseline, profile_from_config, save_plan
+
+        save_plan(
+            baseline(profile_from_config("tiny-llama", devices=2), "1f1b", "uniform", 2), plan
+        )
+    argv = [sys.executable, "-m", "octopipe", "run", "--plan", str(plan), "--model", "tiny-llama"]
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [*argv, "--steps", "1", "--seq-len", "16"], capture_output=True, text=True, env=env
+    )
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-2000:])
+    out: dict[str, float] = {}
+    for line in done.stderr.splitlines():
+        m = _NOTE.match(line)
+        if m:
+            key = re.sub(r"[0-9]+ ", "N ", m.group(2)).split(":")[0][:60]
+            out.setdefault(f"note: {key}", float(m.group(1)))
+    out["command's wall time"] = wall
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    rows: dict[str, dict[str, list[float]]] = {"bare": {}, "imports": {}, "run": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.runs):
+            for what, measure in (
+                ("bare", lambda: bare(Path(tmp))),
+                ("imports", imports),
+                ("run", lambda: octopipe_run(Path(tmp))),
+            ):
+                for key, value in measure().items():
+                    rows[what].setdefault(key, []).append(value)
+    print(f"| what | seconds: fastest, median of {args.runs} |")
+    print("|---|---|")
+    for what, figures in rows.items():
+        for key, values in figures.items():
+            print(f"| {what}: {key} | {min(values):.2f}, {statistics.median(values):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
