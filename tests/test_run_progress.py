@@ -149,3 +149,33 @@ def test_a_run_that_continues_a_log_folder_replaces_what_followed_its_checkpoint
     want = [(k, 1000.0 + k) for k in (1, 2)]
     assert [(json.loads(x)["step"], json.loads(x)["loss"]) for x in (tmp_path / LOG).open()] == want
     assert _tensorboard_losses(tmp_path) == want
+
+
+def test_the_step_line_says_the_time_left_at_the_pace_since_the_first_step(capsys, monkeypatch):
+    """No ETA on the first step (its time holds the start-up's warm-up) nor the last; between,
+    the steps left at the wall-clock pace of those since the first."""
+    from dataclasses import replace
+
+    import octopipe.commands._run_progress as shown
+
+    clock = iter([0.0, 100.0, 110.0, 130.0, 10_000.0])  # start, then steps 1, 2, 4, 10
+    monkeypatch.setattr(shown.time, "perf_counter", lambda: next(clock))
+    with RunProgress(total_steps=10, json_lines=False) as show:
+        for step in (1, 2, 4, 10):
+            show(replace(REPORT, step=step))
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.partition(": ")[0] for line in lines] == [f"step {k}/10" for k in (1, 2, 4, 10)]
+    assert "ETA" not in lines[0] and "ETA" not in lines[3]
+    assert lines[1].endswith(", ETA 1 min 20 s")  # 10 s a step, 8 steps left
+    assert lines[2].endswith(", ETA 1 min 00 s")  # 30 s for 3 steps, 6 left
+
+
+def test_times_left_read_as_people_say_them():
+    from octopipe.units import fmt_eta
+
+    assert [fmt_eta(s) for s in (0.4, 45, 185, 7_800)] == [
+        "0 s",
+        "45 s",
+        "3 min 05 s",
+        "2 h 10 min",
+    ]

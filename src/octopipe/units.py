@@ -57,6 +57,18 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
+def fmt_eta(seconds: float) -> str:
+    """A time left, to the second: '45 s', '3 min 05 s', '2 h 10 min'."""
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"
+
+
 def fmt_count(n: float) -> str:
     """A count of things (parameters, tokens) in K, M, B or T with 3 or 4 digits: '512',
     '213.6K', '8.03B'."""

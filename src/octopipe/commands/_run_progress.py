@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from octopipe.jsonfile import dumps
-from octopipe.units import fmt_bytes
+from octopipe.units import fmt_bytes, fmt_eta
 
 
 class RunProgress:
@@ -28,6 +28,7 @@ class RunProgress:
         self._started = time.perf_counter()
         self._bar: Any = None  # rich's Progress, on a terminal only, from the first report
         self._task: Any = None
+        self._first: tuple[int, float] | None = None  # the first step reported, and when
 
     def __enter__(self) -> RunProgress:
         return self
@@ -49,7 +50,7 @@ class RunProgress:
             return
         if self.json_lines:
             print(dumps(report.as_json()), flush=True)
-        self._line(step_line(report, self.total))
+        self._line(step_line(report, self.total, self._time_left(report.step)))
         if report.val_loss is not None:
             self._line(evaluation_line(report))
         if self._bar is not None:
@@ -59,6 +60,17 @@ class RunProgress:
                 completed=report.step,
                 doing=f"loss {report.loss:.4g}, {speed} tokens/s",
             )
+
+    def _time_left(self, step: int) -> float | None:
+        """Seconds to the last step at the wall-clock pace of the steps since the first one
+        reported (which carries the start-up's warm-up); None before a pace is known."""
+        now = time.perf_counter()
+        if self._first is None:
+            self._first = (step, now)
+        first_step, first_time = self._first
+        if step <= first_step or step >= self.total:
+            return None
+        return (now - first_time) / (step - first_step) * (self.total - step)
 
     def _under_way(self, text: str) -> None:
         if sys.stderr.isatty():
@@ -99,9 +111,10 @@ class RunProgress:
         self._task = self._bar.add_task("", total=self.total, doing="")
 
 
-def step_line(report, total_steps: int) -> str:
+def step_line(report, total_steps: int, time_left: float | None = None) -> str:
     """`step 5/10: loss 5.21, lr 3e-04, grad norm 0.81, 12.3 ms, 5,570 tokens/s, MFU 31.2%`:
-    the step's number (from 1) over the run's last; unknown figures left out."""
+    the step's number (from 1) over the run's last; unknown figures left out; `time_left`
+    (seconds), the estimate to the last step, as `ETA 3 min 05 s`."""
     parts = [f"loss {report.loss:.6g}"]
     if report.lr is not None:
         parts.append(f"lr {report.lr:.3g}")
@@ -115,6 +128,8 @@ def step_line(report, total_steps: int) -> str:
         parts.append(f"MFU {100 * report.mfu:.1f}%")
     if report.peak_memory_bytes:
         parts.append(f"peak {fmt_bytes(report.peak_memory_bytes)}")
+    if time_left is not None:
+        parts.append(f"ETA {fmt_eta(time_left)}")
     return f"step {report.step}/{total_steps}: " + ", ".join(parts)
 
 
