@@ -24,6 +24,7 @@ from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
     OUTPUT_FILES,
+    megatron_report,
     pictures_fit,
     since,
     titan_paths,
@@ -168,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
         plan, best.profile, out, titan, args.gpus_per_node, titan_paths(args)
     )
     console.print(titan_line, markup=False, highlight=False, soft_wrap=True)
+    if args.megatron:
+        line = megatron_report(plan, best.profile, out)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if args.json:
         print(json.dumps(json_summary(result)))
     return 0

@@ -18,6 +18,13 @@ from octopipe.export import (
     write_torchtitan_config,
     write_torchtitan_toml,
 )
+from octopipe.export.megatron import (
+    ARGS_FILE,
+    MEGATRON_TARGET,
+    megatron_notes,
+    megatron_world,
+    write_megatron_args,
+)
 from octopipe.export.titan_config import CONFIG_MODULE, STAGES_MODULE
 from octopipe.export.titan_layout import TitanLayout, titan_layout
 from octopipe.export.titan_plan import placement_style
@@ -36,6 +43,7 @@ OUTPUT_FILES = (
     "timeline.png",
     "timeline.html",
     "profile.json",
+    ARGS_FILE,
 )
 PICTURE_SECONDS = (0.5, 30e-6)  # timeline.png + .html: fixed, per action (benchmarks/bench_viz)
 
@@ -151,5 +159,21 @@ def torchtitan_report(
         f"torchtitan 0.3{placed}, from {torchtitan.module}.{torchtitan.config}, {lay.describe()}:",
         f"  {command}",
         *(f"note: {n}" for n in lay.notes),
+    ]
+    return "\n".join(lines)
+
+
+def megatron_report(plan: Plan, profile: Profile, out: Path) -> str:
+    """Write megatron_args.sh for `plan --megatron` and say so, with a line wherever
+    Megatron-LM runs the plan otherwise; or the one line why Megatron-LM cannot run it."""
+    try:
+        write_megatron_args(plan, profile, out / ARGS_FILE)
+    except InputError as exc:
+        return f"Megatron-LM: no {ARGS_FILE}: {exc}"
+    lines = [
+        f"Megatron-LM ({MEGATRON_TARGET}), {megatron_world(plan, profile)} GPUs: wrote "
+        f'{ARGS_FILE}; source it and pass "${{MEGATRON_ARGS[@]}}" to pretrain_gpt.py with '
+        "the model's, data's and optimizer's arguments",
+        *(f"note: {n}" for n in megatron_notes(plan)),
     ]
     return "\n".join(lines)

@@ -26,6 +26,7 @@ from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
     OUTPUT_FILES,
+    megatron_report,
     picture_seconds,
     pictures_fit,
     since,
@@ -130,6 +131,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "no 0.3 export",
     )
     p.add_argument(
+        "--megatron",
+        action="store_true",
+        help="also write megatron_args.sh: the plan as Megatron-LM's pretraining arguments "
+        "(degrees, batch sizes, distributed optimizer, recomputation, uneven stages), or say "
+        "in one line why Megatron-LM cannot run it",
+    )
+    p.add_argument(
         "--torchtitan-assets",
         metavar="DIR",
         help="the tokenizer folder torchtitan reads (its --hf_assets_path), written into the "
@@ -227,6 +235,10 @@ def run(args: argparse.Namespace) -> int:
     )
     report = torchtitan_report(result.best.plan, profile, out, titan, titan_paths=paths)
     console.print(report, markup=False, highlight=False, soft_wrap=True)
+    if args.megatron:
+        plan = result.best.plan.with_layer_names(profile.layer_names)
+        line = megatron_report(plan, profile, out)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
