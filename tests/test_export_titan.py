@@ -10,9 +10,11 @@ trains these files in torchtitan 0.3.0.
 from __future__ import annotations
 
 import importlib.util
+import re
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -26,6 +28,7 @@ from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 from octopipe.actions import Action
 from octopipe.api import baseline, profile_from_config
 from octopipe.cli import main
+from octopipe.commands._plan_outputs import torchtitan_report
 from octopipe.errors import InputError
 from octopipe.export import (
     TorchtitanBase,
@@ -34,6 +37,7 @@ from octopipe.export import (
     write_torchtitan_config,
 )
 from octopipe.export.titan_config import python_literal
+from octopipe.export.titan_layout import titan_layout
 from octopipe.plan import make_plan, save_schedule_csv
 from octopipe.profile import Device, LayerCost, Profile, save_profile
 from octopipe.sim import Simulator
@@ -125,8 +129,8 @@ def test_config_module_holds_the_plans_values(style, tmp_path):
         "seq_len": 128,
         "disable_cuda_graphs": True,
     }
-    # A split backward (ZB-V's I and W, the free plan has none) runs only without recomputation.
-    assert written.ACTIVATION_CHECKPOINTING == (style != "v")
+    # As planned: these plans recompute nothing (the base config's selective AC is replaced).
+    assert written.ACTIVATION_CHECKPOINTING == "none"
     assert written.LAUNCH == torchtitan_launch_command(folder, 2)
     assert (folder / "octopipe_torchtitan_stages.py").exists() == (style == "free")
 
@@ -140,6 +144,138 @@ def test_degrees_come_from_the_plans_parallelism(tmp_path):
     assert par["pipeline_parallel_microbatch_size"] == 1
     assert written.TRAINING["global_batch_size"] == 2 * written.TRAINING["local_batch_size"]
     assert "--nproc-per-node 16" in written.LAUNCH  # TP x PP x DP processes
+
+
+def test_the_whole_layout_reaches_torchtitan(tmp_path):
+    """The 64-GPU Llama-3-70B answer's shape: TP 2 x CP 4 x PP 2 (here) x DP 2, EP, ZeRO-3 over
+    HSDP groups: every degree is written and the launch takes every GPU."""
+    prof = profile(microbatch_size=1, seq_len=4096)
+    plan = plans(prof)["loop"].with_parallelism(tp=2, dp=2, microbatch_size=1, cp=4, ep=8)
+    plan = replace(plan, parallelism={**plan.parallelism, "zero": 3, "shard_group": 4})
+    written = export(plan, prof, tmp_path / "out")
+    par = written.PARALLELISM
+    got = {k: par[k] for k in par if k.endswith("_degree")}
+    assert got == {
+        "pipeline_parallel_degree": 2,
+        "tensor_parallel_degree": 2,
+        "context_parallel_degree": 4,
+        "data_parallel_replicate_degree": 2,  # 8 DP x CP ranks, shards of 4 = CP 4 x dp_shard 1
+        "data_parallel_shard_degree": 1,
+        "expert_parallel_degree": 8,
+    }
+    assert "--nproc-per-node 32" in written.LAUNCH  # 2 x 4 x 2 x 2
+    multi = torchtitan_launch_command(tmp_path / "out", 32, processes_per_node=8)
+    assert "--nnodes 4 --nproc-per-node 8" in multi
+
+
+@pytest.mark.parametrize(
+    "zero, cp, degrees, note",
+    [
+        (0, 1, (2, 1), None),  # DDP: the plan's whole replicas
+        (1, 1, (1, 2), "torchtitan has no ZeRO-1: the plan's optimizer-state sharding"),
+        (3, 1, (1, 2), None),  # FSDP over every DP rank
+        (0, 2, (2, 1), "torchtitan shards weights, gradients and optimizer state over the CP"),
+        (1, 2, (1, 2), "torchtitan has no ZeRO-1"),
+    ],
+)
+def test_data_parallelism_is_what_torchtitan_runs(zero, cp, degrees, note, tmp_path):
+    prof = profile(microbatch_size=1, seq_len=4096)
+    plan = plans(prof)["loop"].with_parallelism(tp=1, dp=2, microbatch_size=1, zero=zero, cp=cp)
+    lay = titan_layout(plan, prof)
+    assert (lay.dp_replicate, lay.dp_shard) == degrees
+    assert lay.world == 2 * cp * 2
+    if note is None:
+        assert lay.notes == ()
+    else:
+        assert len(lay.notes) == 1 and lay.notes[0].startswith(note)
+        assert "--runner torchtitan" in lay.notes[0]
+        text = export(plan, prof, tmp_path / "out").__file__
+        assert note.split(":")[0] in Path(text).read_text()
+
+
+def test_what_torchtitan_cannot_run_is_refused_in_one_line(tmp_path, capsys):
+    prof = profile(microbatch_size=1, seq_len=4096)
+    loop = plans(prof)["loop"]
+    cases = [
+        # EP over dp_shard x CP x TP = 1 x 1 x 2 under DDP: 4 does not divide 2.
+        (loop.with_parallelism(tp=2, dp=2, microbatch_size=1, ep=4), "parallelism.ep: torch"),
+        # HSDP shards of 3 across CP 2.
+        (
+            replace(
+                loop,
+                parallelism={
+                    "tp": 1,
+                    "pp": 2,
+                    "dp": 3,
+                    "microbatch_size": 1,
+                    "cp": 2,
+                    "zero": 3,
+                    "shard_group": 3,
+                },
+            ),
+            "parallelism.shard_group: torchtitan 0.3 shards over dp_shard x CP",
+        ),
+        # Recomputation under a split backward.
+        (
+            plans(prof)["v"].with_parallelism(tp=1, dp=1, microbatch_size=1, recompute="full"),
+            "the plan recomputes (full) under a split backward",
+        ),
+    ]
+    for plan, message in cases:
+        with pytest.raises(InputError, match=re.escape(message)) as caught:
+            titan_layout(plan, prof)
+        assert "\n" not in str(caught.value)
+        folder = tmp_path / str(len(message))
+        folder.mkdir()
+        save_schedule_csv(plan, folder / "schedule.csv")
+        with pytest.raises(InputError):
+            write_torchtitan_config(plan, prof, folder, BASE, "p.json")
+        assert not (folder / "octopipe_torchtitan.py").exists()
+        report = torchtitan_report(plan, prof, folder, BASE)
+        assert report.startswith("torchtitan 0.3: no octopipe_torchtitan.py: plan.json: ")
+        assert "\n" not in report
+
+
+@pytest.mark.parametrize(
+    "layout, stages, expected",
+    [
+        ("none", ("none", "none"), "none"),
+        ("selective", ("none", "none"), "selective"),
+        ("full", ("none", "none"), "full"),
+        ("none", ("selective", "none"), "selective"),  # one setting: the heaviest
+        ("none", ("full", "selective"), "full"),
+    ],
+)
+def test_activation_checkpointing_as_planned(layout, stages, expected, tmp_path):
+    prof = profile(microbatch_size=1, seq_len=64)
+    loop = baseline(prof, "1f1b", "uniform", num_microbatches=4, num_devices=2)
+    plan = loop.with_parallelism(tp=1, dp=1, microbatch_size=1, recompute=layout)
+    plan = replace(plan, recompute=stages)
+    written = export(plan, prof, tmp_path / "out")
+    assert written.ACTIVATION_CHECKPOINTING == expected
+    text = Path(written.__file__).read_text()
+    assert ("one setting for every block" in text) == (layout == "none" and len(set(stages)) > 1)
+    assert ("saves every second matmul" in text) == (expected == "selective")
+
+
+def test_the_printed_command_names_the_tokenizer_and_data(tmp_path):
+    command = torchtitan_launch_command(tmp_path, 2, assets=tmp_path / "tok", data="rel/data")
+    words = shlex.split(command)
+    assert words[-4:] == [
+        "--hf_assets_path",
+        str((tmp_path / "tok").resolve()),
+        "--dataloader.dataset_path",
+        str(Path("rel/data").resolve()),
+    ]
+    unset = torchtitan_launch_command(tmp_path, 2)
+    done = subprocess.run(
+        ["bash", "-c", unset.replace(" torchrun ", " echo ", 1)],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0
+    assert "TORCHTITAN_ASSETS: set TORCHTITAN_ASSETS to the tokenizer folder" in done.stderr
 
 
 def test_torchtitans_rank_order_is_pointed_out_where_it_moves_unlike_devices(tmp_path):
@@ -211,7 +347,7 @@ def test_apply_plan_sets_the_settings_and_refuses_another_torchtitans_fields(tmp
     written.apply_plan(config)
     assert vars(config.parallelism) == written.PARALLELISM
     assert vars(config.training) == written.TRAINING
-    assert config.activation_checkpoint is None  # split backward
+    assert config.activation_checkpoint is None  # the plan recomputes nothing
     del config.training.disable_cuda_graphs  # as in a torchtitan without that setting
     with pytest.raises(AttributeError, match="training has no 'disable_cuda_graphs'; this file"):
         written.apply_plan(config)
@@ -363,7 +499,7 @@ def test_plan_refuses_a_profile_torchtitan_cannot_run_before_writing(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("text", ["llama3", "llama3:", ":x", "a b:c", "llama3:8b-x"])
+@pytest.mark.parametrize("text", ["llama3", "llama3:", ":x", "x:"])
 def test_a_bad_torchtitan_config_is_one_line(text, tmp_path, capsys):
     argv = ["plan", "--model", "tiny-llama", "--devices", "2", "--torchtitan-config", text]
     assert main([*argv, "-o", str(tmp_path / "out")]) == 2
@@ -374,12 +510,53 @@ def test_a_bad_torchtitan_config_is_one_line(text, tmp_path, capsys):
     )
 
 
+# The written module calls MODULE.CONFIG() in every rank: only a torchtitan model registry's
+# config function is taken, checked as text (nothing is imported to check it).
+@pytest.mark.parametrize(
+    "text",
+    [
+        "os:system",
+        "subprocess:run",
+        "builtins:exec",
+        "mine:big",  # a module of one's own
+        "my_pkg.configs:big",
+        "torchtitan.models.llama3:llama3_8b",  # the package, not its config registry
+        "torchtitan.models.os.config_registry:x",
+        "torchtitan.train:main",
+        "a b:c",
+    ],
+)
+def test_only_a_torchtitan_registry_is_accepted(text, tmp_path, capsys):
+    argv = ["plan", "--model", "tiny-llama", "--devices", "2", "--torchtitan-config", text]
+    assert main([*argv, "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "is not a torchtitan 0.3 model registry; expected one of deepseek_v3, flux" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "llama3:8b-x",
+        "llama3:_private",
+        "llama3:__import__",
+        "llama3:a.b",
+        "llama3:a:b",
+        "llama3:class",
+        "llama3:x\n",
+        "llama3:llama3_8b()",
+    ],
+)
+def test_only_a_plain_function_name_is_accepted(text, capsys):
+    with pytest.raises(InputError, match="expected a config function's name after ':'"):
+        TorchtitanBase.parse(text)
+
+
 def test_torchtitan_config_names_a_module_as_torchtitan_does():
-    assert TorchtitanBase.parse("qwen3:qwen3_0_6b") == TorchtitanBase(
-        "torchtitan.models.qwen3.config_registry", "qwen3_0_6b"
-    )
-    assert TorchtitanBase.parse("my_pkg.configs:big") == TorchtitanBase("my_pkg.configs", "big")
-    assert TorchtitanBase.parse("mine:big") == TorchtitanBase("mine", "big")  # not torchtitan's
+    registry = "torchtitan.models.qwen3.config_registry"
+    assert TorchtitanBase.parse("qwen3:qwen3_0_6b") == TorchtitanBase(registry, "qwen3_0_6b")
+    assert TorchtitanBase.parse(f"{registry}:qwen3_0_6b") == TorchtitanBase(registry, "qwen3_0_6b")
 
 
 def test_plan_of_a_shipped_llama_exports_for_torchtitan_and_prints_the_launch(tmp_path, capsys):
@@ -431,10 +608,10 @@ def test_launch_command_quotes_the_folder_for_the_shell(tmp_path):
         check=True,
     )
     assert echoed.stdout.rstrip("\n") == f"{folder.resolve()}:/elsewhere"  # kept, not replaced
-    assert command.endswith(
+    assert (
         " torchrun --standalone --nproc-per-node 2 -m torchtitan.train "
-        "--module octopipe_torchtitan --config octopipe_plan"
-    )
+        "--module octopipe_torchtitan --config octopipe_plan --hf_assets_path "
+    ) in command
     multi = torchtitan_launch_command(folder, 16, processes_per_node=8)
     assert '--nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR' in (
         multi

@@ -24,8 +24,10 @@ from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
     OUTPUT_FILES,
+    megatron_report,
     pictures_fit,
     since,
+    titan_paths,
     torchtitan_base,
     torchtitan_report,
     write_outputs,
@@ -152,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         torchtitan=titan,
         source=args.model or DEFAULT_MODEL,
         gpus_per_node=args.gpus_per_node,
+        titan_paths=titan_paths(args),
     )
     console.print(
         f"{job.cluster.describe()}: {result.candidates} layouts, {result.unfit} set aside for "
@@ -162,7 +165,13 @@ def run(args: argparse.Namespace) -> int:
     console.print("to run it:")
     for line in launch_commands(out, args, lay, job):
         console.print(f"  {line}", soft_wrap=True, highlight=False)
-    console.print(torchtitan_report(plan, best.profile, out, titan, args.gpus_per_node))
+    titan_line = torchtitan_report(
+        plan, best.profile, out, titan, args.gpus_per_node, titan_paths(args)
+    )
+    console.print(titan_line, markup=False, highlight=False, soft_wrap=True)
+    if args.megatron:
+        line = megatron_report(plan, best.profile, out)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if args.json:
         print(json.dumps(json_summary(result)))
     return 0

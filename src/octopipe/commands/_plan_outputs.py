@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from octopipe.errors import InputError
 from octopipe.export import (
     SHIPPED_BASES,
     TorchtitanBase,
@@ -17,8 +18,16 @@ from octopipe.export import (
     write_torchtitan_config,
     write_torchtitan_toml,
 )
+from octopipe.export.megatron import (
+    ARGS_FILE,
+    MEGATRON_TARGET,
+    megatron_notes,
+    megatron_world,
+    write_megatron_args,
+)
 from octopipe.export.titan_config import CONFIG_MODULE, STAGES_MODULE
-from octopipe.export.titan_plan import placement_style, world_size
+from octopipe.export.titan_layout import TitanLayout, titan_layout
+from octopipe.export.titan_plan import placement_style
 from octopipe.plan import Plan, save_plan, save_schedule_csv
 from octopipe.profile import Profile
 from octopipe.sim import Simulator
@@ -34,6 +43,7 @@ OUTPUT_FILES = (
     "timeline.png",
     "timeline.html",
     "profile.json",
+    ARGS_FILE,
 )
 PICTURE_SECONDS = (0.5, 30e-6)  # timeline.png + .html: fixed, per action (benchmarks/bench_viz)
 
@@ -67,11 +77,13 @@ def write_outputs(
     torchtitan: TorchtitanBase | None = None,
     source: str | None = None,
     gpus_per_node: int | None = None,
+    titan_paths: tuple[str | None, str | None] = (None, None),
 ) -> list[str]:
     """Write the plan's files into `out`; returns their names. With a torchtitan base config,
-    also the torchtitan 0.3 config (launched over nodes of `gpus_per_node`, default one node),
-    whose layer names must map to torchtitan's (else an InputError naming `source`, the
-    profile's file or model)."""
+    also the torchtitan 0.3 config (launched over nodes of `gpus_per_node`, default one node,
+    with the tokenizer folder and data of `titan_paths`), whose layer names must map to
+    torchtitan's (else an InputError naming `source`, the profile's file or model); none for a
+    plan torchtitan 0.3 cannot run (`torchtitan_report` says why)."""
     plan = plan.with_layer_names(profile.layer_names).made_for(profile)
     save_plan(plan, out / "plan.json")
     save_schedule_csv(plan, out / "schedule.csv")
@@ -79,9 +91,11 @@ def write_outputs(
     csv_path = str((out / "schedule.csv").resolve())
     write_torchtitan_toml(plan, profile, out / "torchtitan.toml", csv_path)
     written = ["plan.json", "schedule.csv", "torchtitan.toml"]
-    if torchtitan is not None:
+    if torchtitan is not None and not isinstance(runs_in_torchtitan(plan, profile), str):
         where = source or profile.name
-        written += write_torchtitan_config(plan, profile, out, torchtitan, where, gpus_per_node)
+        written += write_torchtitan_config(
+            plan, profile, out, torchtitan, where, gpus_per_node, *titan_paths
+        )
     if not pictures:
         return written
     from octopipe.viz.html import save_html_timeline
@@ -104,22 +118,62 @@ def torchtitan_base(args: argparse.Namespace, default_model: str) -> TorchtitanB
     return None if args.profile else SHIPPED_BASES.get(args.model or default_model)
 
 
+def runs_in_torchtitan(plan: Plan, profile: Profile) -> TitanLayout | str:
+    """How torchtitan 0.3 runs the plan, or the one line that says why it cannot."""
+    try:
+        return titan_layout(plan, profile)
+    except InputError as exc:
+        return str(exc)
+
+
+def titan_paths(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """`--torchtitan-assets` and `--torchtitan-data`: the tokenizer folder and the data the
+    printed torchtitan command names."""
+    return args.torchtitan_assets, args.torchtitan_data
+
+
 def torchtitan_report(
     plan: Plan,
     profile: Profile,
     out: Path,
     torchtitan: TorchtitanBase | None,
     gpus_per_node: int | None = None,
+    titan_paths: tuple[str | None, str | None] = (None, None),
 ) -> str:
     """What `octopipe plan` says about running the plan in torchtitan: the 0.3 launch command
-    for the config `write_outputs` wrote, or why there is none."""
+    for the config `write_outputs` wrote and a line for each place torchtitan runs it otherwise
+    than planned, or why there is none."""
     if torchtitan is None:
         return (
             "torchtitan: torchtitan.toml is for torchtitan up to 0.2; for a 0.3 config, give "
             "--torchtitan-config MODULE:CONFIG (the torchtitan config to start from, e.g. "
             "llama3:llama3_8b)"
         )
-    command = torchtitan_launch_command(out, world_size(plan, profile), gpus_per_node)
+    lay = runs_in_torchtitan(plan, profile)
+    if isinstance(lay, str):
+        return f"torchtitan 0.3: no {CONFIG_MODULE}.py: {lay}"
+    command = torchtitan_launch_command(out, lay.world, gpus_per_node, *titan_paths)
     free = placement_style(plan) == "free"
     placed = " (stages placed by octopipe_torchtitan_stages.py)" if free else ""
-    return f"torchtitan 0.3{placed}, from {torchtitan.module}.{torchtitan.config}:\n  {command}"
+    lines = [
+        f"torchtitan 0.3{placed}, from {torchtitan.module}.{torchtitan.config}, {lay.describe()}:",
+        f"  {command}",
+        *(f"note: {n}" for n in lay.notes),
+    ]
+    return "\n".join(lines)
+
+
+def megatron_report(plan: Plan, profile: Profile, out: Path) -> str:
+    """Write megatron_args.sh for `plan --megatron` and say so, with a line wherever
+    Megatron-LM runs the plan otherwise; or the one line why Megatron-LM cannot run it."""
+    try:
+        write_megatron_args(plan, profile, out / ARGS_FILE)
+    except InputError as exc:
+        return f"Megatron-LM: no {ARGS_FILE}: {exc}"
+    lines = [
+        f"Megatron-LM ({MEGATRON_TARGET}), {megatron_world(plan, profile)} GPUs: wrote "
+        f'{ARGS_FILE}; source it and pass "${{MEGATRON_ARGS[@]}}" to pretrain_gpt.py with '
+        "the model's, data's and optimizer's arguments",
+        *(f"note: {n}" for n in megatron_notes(plan)),
+    ]
+    return "\n".join(lines)

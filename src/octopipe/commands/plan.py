@@ -1,7 +1,9 @@
 """`octopipe plan`: tune a plan for a profile (or a model config) and write it out.
 
 Writes OUTDIR/plan.json (with `predicted`), schedule.csv, torchtitan.toml (torchtitan up to
-0.2), octopipe_torchtitan.py (torchtitan 0.3, when a torchtitan base config is known),
+0.2), octopipe_torchtitan.py (torchtitan 0.3, when a torchtitan base config is known, with
+octopipe_torchtitan_stages.py for a placement torchtitan cannot build), megatron_args.sh
+(Megatron-LM's arguments, with --megatron),
 timeline.png and timeline.html (the interactive timeline; `--no-png` skips both pictures), and
 prints the tuned plan beside every baseline, and the torchtitan launch command. The search
 itself lives in `octopipe.tuner`; this module only gathers inputs, reports and writes files.
@@ -24,9 +26,11 @@ from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
     OUTPUT_FILES,
+    megatron_report,
     picture_seconds,
     pictures_fit,
     since,
+    titan_paths,
     torchtitan_base,
     torchtitan_report,
     write_outputs,
@@ -51,7 +55,7 @@ from octopipe.units import GIB, byte_unit, fmt_column, fmt_time, parse_size, tim
 NAME = "plan"
 HELP = (
     "Tune partition, placement and schedule together; write plan.json, schedule.csv, "
-    "torchtitan.toml, timeline.png and timeline.html."
+    "torchtitan.toml, octopipe_torchtitan.py (torchtitan 0.3), timeline.png and timeline.html."
 )
 
 DEFAULT_MODEL = "gemma2-9b"  # large vocabulary: what an uneven pipeline costs, at a glance
@@ -127,6 +131,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "no 0.3 export",
     )
     p.add_argument(
+        "--megatron",
+        action="store_true",
+        help="also write megatron_args.sh: the plan as Megatron-LM's pretraining arguments "
+        "(degrees, batch sizes, distributed optimizer, recomputation, uneven stages), or say "
+        "in one line why Megatron-LM cannot run it",
+    )
+    p.add_argument(
+        "--torchtitan-assets",
+        metavar="DIR",
+        help="the tokenizer folder torchtitan reads (its --hf_assets_path), written into the "
+        "printed launch command; default: $TORCHTITAN_ASSETS, which the command then needs",
+    )
+    p.add_argument(
+        "--torchtitan-data",
+        metavar="PATH",
+        help="the data set torchtitan reads (its --dataloader.dataset_path), written into the "
+        "printed launch command; default: $TORCHTITAN_DATA, which the command then needs",
+    )
+    p.add_argument(
         "--action-overhead",
         type=number(0, MAX_SECONDS),
         default=0.0,
@@ -194,7 +217,10 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     console = Console()
     pictures = args.png and pictures_fit(result.best.plan, args.time_budget - since(started))
-    written = write_outputs(result.best.plan, profile, out, pictures, titan, source)
+    paths = titan_paths(args)
+    written = write_outputs(
+        result.best.plan, profile, out, pictures, titan, source, titan_paths=paths
+    )
     title = profile.name
     if args.action_overhead:
         title += f", {args.action_overhead * 1e6:.0f} us per action"
@@ -207,8 +233,12 @@ def run(args: argparse.Namespace) -> int:
         f"searched {result.evaluations} candidates in {result.seconds:.1f} s"
         f"{'' if result.converged else ' (time budget reached)'}; wrote {', '.join(written)}"
     )
-    report = torchtitan_report(result.best.plan, profile, out, titan)
+    report = torchtitan_report(result.best.plan, profile, out, titan, titan_paths=paths)
     console.print(report, markup=False, highlight=False, soft_wrap=True)
+    if args.megatron:
+        plan = result.best.plan.with_layer_names(profile.layer_names)
+        line = megatron_report(plan, profile, out)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -13,6 +13,7 @@ The config starts from a torchtitan config function (`TorchtitanBase`, e.g.
 
 from __future__ import annotations
 
+import keyword
 import re
 import shlex
 from dataclasses import dataclass
@@ -20,18 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from octopipe.errors import InputError
+from octopipe.export.titan_layout import titan_layout
 from octopipe.export.titan_names import torchtitan_names
-from octopipe.export.titan_plan import (
-    batch_sizes,
-    caveats,
-    comment_lines,
-    microbatch_size,
-    placement_style,
-    schedule_name,
-    splits_backward,
-    tp_dp_degrees,
-    world_size,
-)
+from octopipe.export.titan_plan import caveats, comment_lines, placement_style, schedule_name
 from octopipe.outfiles import write_text
 from octopipe.plan import Plan
 from octopipe.profile import Profile
@@ -44,31 +36,50 @@ _SETTINGS = re.compile(
     r"(?ms)^# --- the plan's settings \(written by `octopipe plan`\) ---\n.*?"
     r"^# --- end of the plan's settings ---\n"
 )
-_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_CONFIG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # ASCII: a public function's name
 # torchtitan 0.3.0's `torchtitan.models._supported_models`: the names its --module takes short.
 TORCHTITAN_MODELS = frozenset(
     ("deepseek_v3", "flux", "gpt_oss", "kimi_k2_7", "llama3", "muse_glimmer", "qwen3", "qwen3_5")
 )
 
 
+_REGISTRY = "torchtitan.models.{}.config_registry"
+
+
 @dataclass(frozen=True)
 class TorchtitanBase:
     """The torchtitan config function a plan's config starts from: `module.config()`."""
 
-    module: str  # dotted module path, e.g. torchtitan.models.llama3.config_registry
+    module: str  # torchtitan.models.NAME.config_registry, NAME one of TORCHTITAN_MODELS
     config: str  # function name, e.g. llama3_8b
 
     @classmethod
     def parse(cls, text: str, where: str = "--torchtitan-config") -> TorchtitanBase:
-        """`MODULE:CONFIG`: the module that holds the config function CONFIG, where one of
-        torchtitan's model names (`llama3`) stands, as in torchtitan's `--module`, for
-        `torchtitan.models.NAME.config_registry`."""
+        """`MODEL:CONFIG`: the config function CONFIG of a torchtitan model registry, MODEL one
+        of torchtitan 0.3's model names (`llama3`, as its `--module` takes it) or its registry
+        module written out (`torchtitan.models.llama3.config_registry`). Checked as text,
+        nothing imported: the written module calls this function in every rank, so nothing
+        else (`os:system`, a module of one's own) is accepted."""
         module, sep, config = text.partition(":")
-        if not (sep and _DOTTED.match(module) and config.isidentifier()):
+        if not (sep and module and config):
             raise InputError(where, f"expected MODULE:CONFIG, e.g. llama3:llama3_8b, got {text!r}")
-        if module in TORCHTITAN_MODELS:
-            module = f"torchtitan.models.{module}.config_registry"
-        return cls(module, config)
+        name = module
+        match = re.fullmatch(r"torchtitan\.models\.(\w+)\.config_registry", module)
+        if match:
+            name = match.group(1)
+        if name not in TORCHTITAN_MODELS:
+            raise InputError(
+                where,
+                f"{module!r} is not a torchtitan 0.3 model registry; expected one of "
+                f"{', '.join(sorted(TORCHTITAN_MODELS))} (e.g. llama3:llama3_8b), got {text!r}",
+            )
+        if not _CONFIG_NAME.fullmatch(config) or keyword.iskeyword(config):
+            raise InputError(
+                where,
+                f"expected a config function's name after ':' (letters, digits, _; not starting "
+                f"with _), e.g. llama3:llama3_8b, got {text!r}",
+            )
+        return cls(_REGISTRY.format(name), config)
 
 
 # torchtitan 0.3.0's config for a shipped architecture with the same layers, where one exists.
@@ -78,13 +89,26 @@ SHIPPED_BASES = {
 }
 
 
+# What the printed command passes torchtitan for its tokenizer and data, where the plan was
+# not told them: shell variables that stop the command, with a message, until they are set.
+ASSETS_VARIABLE = "TORCHTITAN_ASSETS"
+DATA_VARIABLE = "TORCHTITAN_DATA"
+
+
 def torchtitan_launch_command(
-    folder: str | Path, num_processes: int, processes_per_node: int | None = None
+    folder: str | Path,
+    num_processes: int,
+    processes_per_node: int | None = None,
+    assets: str | Path | None = None,
+    data: str | Path | None = None,
 ) -> str:
     """The shell command that trains the plan whose export lies in `folder` under torchtitan
-    0.3.x: one process per GPU, `num_processes` = TP x PP x DP of them. On one node (the
+    0.3.x: one process per GPU, `num_processes` = TP x CP x PP x DP of them. On one node (the
     default) torchrun's `--standalone`; over several, the same command on every node, with
-    `$MASTER_ADDR` the first node's address."""
+    `$MASTER_ADDR` the first node's address. It ends with torchtitan's flags for the tokenizer
+    folder (`--hf_assets_path`) and the data (`--dataloader.dataset_path`): `assets` and `data`
+    (absolute), or the variables $TORCHTITAN_ASSETS and $TORCHTITAN_DATA, which the shell
+    insists on, so that the command runs from anywhere, not only a torchtitan checkout."""
     folder = Path(folder).resolve()
     launch = f"PYTHONPATH={shlex.quote(str(folder))}${{PYTHONPATH:+:$PYTHONPATH}} torchrun"
     if processes_per_node is None or num_processes <= processes_per_node:
@@ -97,21 +121,32 @@ def torchtitan_launch_command(
             f" --nnodes {nodes} --nproc-per-node {processes_per_node}"
             ' --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500"'
         )
-    return launch + f" -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION}"
+    launch += f" -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION}"
+    launch += " --hf_assets_path " + _path_word(assets, ASSETS_VARIABLE, "the tokenizer folder")
+    launch += " --dataloader.dataset_path " + _path_word(data, DATA_VARIABLE, "the data set")
+    return launch
+
+
+def _path_word(path: str | Path | None, variable: str, what: str) -> str:
+    if path is not None:
+        return shlex.quote(str(Path(path).resolve()))
+    return f'"${{{variable}:?set {variable} to {what}}}"'
 
 
 def torchtitan_config_settings(
     plan: Plan, profile: Profile, base: TorchtitanBase, csv_path: Path, where: str
 ) -> dict[str, Any]:
     """The values of the written module's settings block, by constant name. The stages'
-    names are torchtitan 0.3's (`titan_names`); a profile whose names have none is an
-    InputError naming `where`."""
+    names are torchtitan 0.3's (`titan_names`); a profile whose names have none, or a plan
+    torchtitan 0.3 cannot run (`titan_layout`), is an InputError."""
     if not csv_path.is_absolute():
         raise ValueError(f"the schedule CSV path must be absolute, got {csv_path}")
     names = torchtitan_names(profile, where)
-    tp, dp = tp_dp_degrees(plan, profile)
-    local_batch, global_batch = batch_sizes(plan, profile)
-    training: dict[str, Any] = {"local_batch_size": local_batch, "global_batch_size": global_batch}
+    lay = titan_layout(plan, profile)
+    training: dict[str, Any] = {
+        "local_batch_size": lay.local_batch_size,
+        "global_batch_size": lay.local_batch_size * lay.dp,  # no gradient accumulation
+    }
     if profile.seq_len is not None:
         training["seq_len"] = profile.seq_len
     # torchtitan 0.3 refuses CUDA graphs with pipeline parallelism unless told to skip them.
@@ -123,25 +158,15 @@ def torchtitan_config_settings(
         "SCHEDULE_CSV": str(csv_path),
         "PLACEMENT": placement_style(plan),
         "PARALLELISM": {
-            "pipeline_parallel_degree": plan.num_devices,
+            **lay.parallelism(),
             "pipeline_parallel_schedule": schedule_name(plan),
             "pipeline_parallel_schedule_csv": str(csv_path),
-            "pipeline_parallel_microbatch_size": microbatch_size(plan, profile) or 1,
+            "pipeline_parallel_microbatch_size": lay.microbatch_size,
             "module_fqns_per_model_part": [names[s.start : s.end] for s in plan.stages],
             "pipeline_parallel_layers_per_stage": None,  # the stages are given by name
-            "tensor_parallel_degree": tp,
-            "data_parallel_replicate_degree": dp,
-            # The default (-1) shards over every rank left (FSDP); the plan's memory and
-            # gradient all-reduce are those of whole replicas.
-            "data_parallel_shard_degree": 1,
-            # The plan's world is TP x PP x DP, whatever the base config had.
-            "context_parallel_degree": 1,
-            "expert_parallel_degree": 1,
         },
         "TRAINING": training,
-        # A checkpointed block's recomputation is freed by the first half of a split
-        # backward, which the second half then needs.
-        "ACTIVATION_CHECKPOINTING": not splits_backward(plan),
+        "ACTIVATION_CHECKPOINTING": lay.activation_checkpoint,
     }
 
 
@@ -152,15 +177,19 @@ def write_torchtitan_config(
     base: TorchtitanBase,
     where: str,
     processes_per_node: int | None = None,
+    assets: str | Path | None = None,
+    data: str | Path | None = None,
 ) -> list[str]:
     """Write the torchtitan 0.3.x config for `plan` into `folder` (which holds the plan's
-    `schedule.csv`); returns the names of the files written."""
+    `schedule.csv`); returns the names of the files written. Nothing is written for a plan
+    torchtitan 0.3 cannot run (an InputError)."""
     folder = Path(folder).resolve()
     if ":" in str(folder):
         raise InputError(str(folder), "a folder whose path holds ':' cannot be on PYTHONPATH")
     settings = torchtitan_config_settings(plan, profile, base, folder / "schedule.csv", where)
-    launch = torchtitan_launch_command(folder, world_size(plan, profile), processes_per_node)
-    notes = caveats(plan, profile)
+    lay = titan_layout(plan, profile)
+    launch = torchtitan_launch_command(folder, lay.world, processes_per_node, assets, data)
+    notes = [*lay.notes, *caveats(plan, profile, layout_notes=False)]
     if profile.seq_len is None:
         notes.append(
             "The profile does not record its sequence length, so the base config's "

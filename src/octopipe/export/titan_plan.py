@@ -52,9 +52,10 @@ def tp_dp_degrees(plan: Plan, profile: Profile) -> tuple[int, int]:
 
 
 def world_size(plan: Plan, profile: Profile) -> int:
-    """GPUs (processes) one run of the plan takes: TP x PP x DP."""
+    """GPUs (processes) one run of the plan takes: TP x CP x PP x DP."""
     tp, dp = tp_dp_degrees(plan, profile)
-    return tp * plan.num_devices * dp
+    cp = (plan.parallelism or {}).get("cp", 1)
+    return tp * cp * plan.num_devices * dp
 
 
 def batch_sizes(plan: Plan, profile: Profile) -> tuple[int, int]:
@@ -71,16 +72,17 @@ def splits_backward(plan: Plan) -> bool:
     return any(a.kind in (Kind.I, Kind.W) for acts in plan.schedule.values() for a in acts)
 
 
-def caveats(plan: Plan, profile: Profile) -> list[str]:
+def caveats(plan: Plan, profile: Profile, layout_notes: bool = True) -> list[str]:
     """Where torchtitan will not run the plan exactly as it was costed, one sentence each (the
-    writers put them in their files as comments)."""
+    writers put them in their files as comments). `layout_notes=False` leaves out the memory
+    technique and recomputation, which the 0.3 export sets itself (`titan_layout`)."""
     out = []
     if microbatch_size(plan, profile) is None:
         out.append(
             "The profile does not record its microbatch size, so 1 was assumed; for costs of b "
             "samples, multiply pipeline_parallel_microbatch_size and both batch sizes by b."
         )
-    if plan.parallelism is not None and plan.parallelism.get("zero"):
+    if layout_notes and plan.parallelism is not None and plan.parallelism.get("zero"):
         out.append(
             "The plan's memory figures assume the optimizer state sharded across the "
             "data-parallel replicas (ZeRO-1, Megatron-LM's distributed optimizer), which "
@@ -90,16 +92,17 @@ def caveats(plan: Plan, profile: Profile) -> list[str]:
     _, dp = tp_dp_degrees(plan, profile)
     if dp > 1 and len(set(profile.devices or ())) > 1:
         out.append(
-            "torchtitan numbers ranks with the pipeline outermost, rank = (pp x dp + dp_rank) x "
-            "tp + tp_rank, where the plan's GPU numbering is (pp + P x dp_rank) x tp + tp_rank; "
-            "the plan's devices differ, so order the GPUs (hosts) for torchtitan's numbering."
+            "torchtitan numbers ranks with the pipeline outermost (mesh pp, dp_replicate, "
+            "dp_shard, cp, tp), where the plan's GPU numbering puts DP outermost (TP, CP, PP, "
+            "DP); the plan's devices differ, so order the GPUs (hosts) for torchtitan's "
+            "numbering."
         )
     if plan.predicted is not None and "step_time" in plan.predicted:
         out.append(
             "The plan was tuned for overlapped steps (no barrier between steps); torchtitan "
             "runs synchronous steps, each of which takes longer than step_time."
         )
-    if plan.recompute:
+    if layout_notes and plan.recompute:
         out.append(
             f"The plan has {recompute_summary(plan)}; torchtitan's activation_checkpoint is one "
             "setting for every layer, so the base config's (none under a split backward) is "

@@ -9,16 +9,17 @@ setting, as with torchtitan's own configs.
 torchtitan 0.3 takes its configs as Python functions (`--module M --config F`). The function
 here, `octopipe_plan`, starts from the torchtitan config BASE_MODULE.BASE_CONFIG and sets what
 the plan decided: the pipeline degree, each stage's module FQNs, the schedule CSV (an absolute
-path), the microbatch size and count, the tensor- and data-parallel degrees, the sequence length,
-and what a pipeline needs in 0.3: no CUDA graphs, and no activation checkpointing under a split
-backward (I/W actions). It then checks the stages' module names against the model torchtitan
-builds from that config (on the meta device): a name the model lacks, or a module with weights
+path), the microbatch size and count, the tensor-, context-, expert- and data-parallel degrees
+(dp_replicate x dp_shard), the sequence length, the activation checkpointing (none, selective or
+full, for every block) and what a pipeline needs in 0.3: no CUDA graphs. It then checks the
+stages' module names against the model torchtitan builds from that config (on the meta
+device): a name the model lacks, or a module with weights
 in no stage, stops the launch instead of training another model. For a placement torchtitan's
 own loop and V cannot express (PLACEMENT "free"), it installs octopipe_torchtitan_stages.py,
 which places the stages as the CSV does.
 
-Ranks: torchtitan numbers them with PP outermost, rank = (pp x dp + dp_rank) x tp + tp_rank,
-where OctoPipe's executor uses (pp + P x dp_rank) x tp + tp_rank; the two agree when dp is 1.
+Ranks: torchtitan numbers them with PP outermost (its mesh: pp, dp_replicate, dp_shard, cp, tp),
+where OctoPipe's executor puts DP outermost (tp, cp, pp, dp); the two agree when dp is 1.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ SCHEDULE_CSV = ""
 PLACEMENT = "loop"
 PARALLELISM: dict = {}
 TRAINING: dict = {}
-ACTIVATION_CHECKPOINTING = True
+ACTIVATION_CHECKPOINTING = "none"
 # --- end of the plan's settings ---
 
 
@@ -62,8 +63,16 @@ def apply_plan(config) -> None:
                     "is for torchtitan 0.3.x"
                 )
             setattr(target, key, value)
-    if not ACTIVATION_CHECKPOINTING:
-        config.activation_checkpoint = None
+    config.activation_checkpoint = checkpointing(ACTIVATION_CHECKPOINTING)
+
+
+def checkpointing(kind: str):
+    """torchtitan 0.3's activation-checkpointing config for "none", "selective" or "full"."""
+    if kind == "none":
+        return None
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    return {"selective": SelectiveAC, "full": FullAC}[kind].Config()
 
 
 def model_modules(config) -> dict[str, bool]:

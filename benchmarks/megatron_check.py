@@ -1,0 +1,128 @@
+"""Do OctoPipe's Megatron-LM arguments parse in Megatron-LM? Three published layouts, each
+planned as OctoPipe plans it, exported by `export.megatron`, and parsed by Megatron-LM's own
+`megatron.training.arguments.parse_args` (and any pipeline layout by Megatron-Core's own
+`PipelineParallelLayerLayout`), in a venv of Megatron-LM's own.
+
+    .venv/bin/python benchmarks/megatron_check.py --megatron-venv VENV --megatron-src DIR
+
+Not run in CI. VENV holds torch, triton, numpy and packaging (`python3 -m venv VENV &&
+VENV/bin/pip install torch triton numpy packaging`); DIR holds Megatron-LM's source at the
+commit `export.megatron.MEGATRON_COMMIT` (`git archive <commit> megatron | tar -x -C DIR`).
+One shim, only here: Megatron-LM at that commit imports `typing.override` (Python 3.12);
+under Python 3.11 the script gives it `typing_extensions.override`, the same decorator.
+
+Layouts (sources in the table): Llama 3 405B as Meta trained it (Llama 3 paper, Table 4: TP 8,
+CP 1, PP 16, DP 64 at 8,192 tokens, interleaved, first and last stages with fewer layers);
+Llama 3 70B as NeMo's recipe (TP 4, PP 4, CP 2, virtual stages 5, 8,192 tokens); Mixtral 8x7B
+as NeMo's recipe (TP 1, PP 4, EP 8, virtual stages 8, 4,096 tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+# name, model, TP, CP, PP, DP, EP, V, partition, seq, microbatches, recompute, source
+LAYOUTS = [
+    ("llama3-405b 16K GPUs", "llama3-405b", 8, 1, 16, 64, 1, 2, "balanced", 8192, 32, "none",
+     "Llama 3 paper (arXiv 2407.21783), Table 4"),
+    ("llama3-70b NeMo", "llama3-70b", 4, 2, 4, 2, 1, 5, "uniform", 8192, 20, "selective",
+     "NeMo llama3_70b pretrain recipe"),
+    ("mixtral-8x7b NeMo", "mixtral-8x7b", 1, 1, 4, 8, 8, 8, "uniform", 4096, 32, "full",
+     "NeMo mixtral_8x7b pretrain recipe"),
+]  # fmt: skip
+
+PARSE = r"""
+import json, sys, typing, typing_extensions
+typing.override = typing_extensions.override  # Megatron-LM wants Python 3.12's
+args = json.loads(sys.argv[1])
+sys.argv = ["pretrain_gpt.py", *args]
+from megatron.training.arguments import parse_args
+parsed = parse_args()
+keys = ["tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+        "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
+        "num_layers", "micro_batch_size", "global_batch_size", "seq_length",
+        "use_distributed_optimizer", "recompute_granularity", "recompute_method",
+        "recompute_num_layers", "num_virtual_stages_per_pipeline_rank",
+        "pipeline_model_parallel_layout"]
+out = {k: getattr(parsed, k) for k in keys}
+if parsed.pipeline_model_parallel_layout:
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout as Layout)
+    layout = Layout(parsed.pipeline_model_parallel_layout, parsed.pipeline_model_parallel_size)
+    layout.validate_layer_layout(num_layers=parsed.num_layers, mtp_num_layers=None)
+    out["layout_stages"] = len(Layout.parse_str_to_list(parsed.pipeline_model_parallel_layout))
+print("OCTOPIPE-PARSED " + json.dumps(out))
+"""
+
+
+def plan_of(model, tp, cp, pp, dp, ep, v, partition, seq, m, recompute):
+    from octopipe.api import baseline
+    from octopipe.layouts import Cluster, Job, LayoutSearch, parse_gpus
+    from octopipe.layouts.layout import Layout
+
+    cluster = Cluster(parse_gpus(str(tp * cp * pp * dp)), 8)
+    job = Job(model, cluster, global_batch=dp * m, seq_len=seq)
+    layout = Layout(tp, pp, dp, 1, m, zero1=True, cp=cp, recompute=recompute, ep=ep)
+    profile, _ = LayoutSearch(job).profile(layout)
+    plan = baseline(profile, "i1f1b", partition, m, pp, v)
+    plan = plan.with_parallelism(tp, dp, 1, 1, cp, ep, recompute)
+    return plan.with_layer_names(profile.layer_names), profile
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--megatron-venv", type=Path, required=True)
+    p.add_argument("--megatron-src", type=Path, required=True)
+    a = p.parse_args()
+    from octopipe.export.megatron import MEGATRON_TARGET, megatron_arguments
+
+    python = a.megatron_venv.resolve() / "bin" / "python"
+    print(f"{MEGATRON_TARGET}, parsed by its megatron.training.arguments.parse_args\n")
+    print("| layout | source | arguments (OctoPipe's export) | parsed | same |")
+    print("|---|---|---|---|---|")
+    good = True
+    for name, model, tp, cp, pp, dp, ep, v, part, seq, m, rec, source in LAYOUTS:
+        plan, profile = plan_of(model, tp, cp, pp, dp, ep, v, part, seq, m, rec)
+        args = megatron_arguments(plan, profile)
+        done = subprocess.run(
+            [str(python), "-c", PARSE, json.dumps(args)],
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": str(a.megatron_src.resolve()), "PATH": "/usr/bin:/bin"},
+        )
+        line = next((x for x in done.stdout.splitlines() if x.startswith("OCTOPIPE-PARSED")), "")
+        if not line:
+            err = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            print(f"| {name} | {source} | `{' '.join(args)}` | FAILED: {err} | NO |")
+            good = False
+            continue
+        parsed = json.loads(line.split(" ", 1)[1])
+        same = _agrees(args, parsed)
+        good &= same
+        shown = ", ".join(f"{k}={v}" for k, v in parsed.items() if v not in (None, False))
+        print(f"| {name} | {source} | `{' '.join(args)}` | {shown} | {'yes' if same else 'NO'} |")
+    return 0 if good else 1
+
+
+def _agrees(args: list[str], parsed: dict) -> bool:
+    """Every flag's value reads back as written (a bare flag as True)."""
+    for i, word in enumerate(args):
+        if not word.startswith("--"):
+            continue
+        key = word[2:].replace("-", "_")
+        value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else True
+        got = parsed.get(key)
+        if value is True:
+            if got is not True:
+                return False
+        elif str(got) != value:
+            return False
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

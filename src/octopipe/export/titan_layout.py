@@ -1,0 +1,177 @@
+"""A plan's whole layout in torchtitan 0.3's terms: its degrees (TP, CP, PP, EP and the data
+parallelism as `dp_replicate` x `dp_shard`), the activation checkpointing, and where torchtitan
+runs the plan otherwise than it was priced (one line each), or why it cannot run it at all.
+
+    lay = titan_layout(plan, profile)        # TitanLayout; InputError: what 0.3 cannot express
+    lay.parallelism(), lay.world, lay.notes
+
+What torchtitan 0.3.0 does, from its source (`torchtitan/distributed/parallel_dims.py`,
+`models/llama3/parallelize.py`, `config/configs.py`):
+
+- data parallelism is FSDP2 over `dp_shard` x `cp` (it always shards the weights, gradients and
+  optimizer state over the CP ranks too) and replication over `dp_replicate`: DDP when both
+  `dp_shard` and `cp` are 1, HSDP when both sides are > 1. There is no ZeRO-1 (optimizer state
+  sharded alone, Megatron-LM's distributed optimizer);
+- expert parallelism borrows its ranks from `dp_shard` x `cp` x `tp` (experts are not
+  tensor-parallel once EP > 1); `dp_replicate` and `pp` lie outside it;
+- activation checkpointing is one setting for every block: none, selective (per op: every
+  second matmul's output saved) or full, and none is possible under a split backward (a
+  checkpointed block cannot be backpropagated twice, "Trying to backward an extra time").
+
+Nothing here writes a file or imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from octopipe.errors import InputError
+from octopipe.export.titan_plan import microbatch_size, splits_backward, tp_dp_degrees
+from octopipe.plan import Plan
+from octopipe.profile import Profile
+
+RECOMPUTE_ORDER = ("none", "selective", "full")
+RUNNER_HINT = "`octopipe plan --gpus N --runner torchtitan` plans only what torchtitan runs"
+
+
+@dataclass(frozen=True)
+class TitanLayout:
+    """The degrees and memory technique torchtitan 0.3 runs a plan with."""
+
+    tp: int
+    cp: int
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    ep: int
+    microbatch_size: int  # samples per pipeline microbatch (1 where nothing records it)
+    num_microbatches: int
+    activation_checkpoint: str  # none, selective or full: torchtitan's setting
+    notes: tuple[str, ...] = field(default=())  # where torchtitan departs from the plan's costs
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world(self) -> int:
+        """GPUs (processes) one run takes: TP x CP x PP x DP."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.num_microbatches * self.microbatch_size
+
+    def parallelism(self) -> dict[str, int]:
+        """torchtitan 0.3's `parallelism` degrees (its ParallelismConfig's field names)."""
+        return {
+            "pipeline_parallel_degree": self.pp,
+            "tensor_parallel_degree": self.tp,
+            "context_parallel_degree": self.cp,
+            "data_parallel_replicate_degree": self.dp_replicate,
+            "data_parallel_shard_degree": self.dp_shard,
+            "expert_parallel_degree": self.ep,
+        }
+
+    def describe(self) -> str:
+        return (
+            f"TP {self.tp}, CP {self.cp}, PP {self.pp}, DP {self.dp_replicate} replicated x "
+            f"{self.dp_shard} sharded, EP {self.ep}"
+        )
+
+
+def titan_layout(plan: Plan, profile: Profile) -> TitanLayout:
+    """How torchtitan 0.3 runs `plan`; an InputError (one line, naming the plan) where it
+    cannot run it as planned at all."""
+    par: dict[str, Any] = plan.parallelism or {}
+    tp, dp = tp_dp_degrees(plan, profile)
+    cp, ep, zero = par.get("cp", 1), par.get("ep", 1), par.get("zero", 0)
+    notes: list[str] = []
+    replicate, shard = _data_parallel(dp, cp, zero, par.get("shard_group", 0), notes)
+    if ep > 1:
+        expert_ranks = shard * cp * tp
+        if expert_ranks % ep:
+            raise InputError(
+                "plan.json",
+                f"parallelism.ep: torchtitan 0.3 spreads experts over dp_shard x CP x TP = "
+                f"{shard} x {cp} x {tp} ranks, which EP {ep} does not divide; {RUNNER_HINT}",
+            )
+        if tp > 1:
+            notes.append(
+                f"torchtitan's EP groups of {ep} take TP ranks too (experts are not "
+                "tensor-parallel under EP), where the plan's lie across DP x CP: the same "
+                "experts per GPU, other all-to-all groups."
+            )
+    return TitanLayout(
+        tp=tp,
+        cp=cp,
+        pp=plan.num_devices,
+        dp_replicate=replicate,
+        dp_shard=shard,
+        ep=ep,
+        microbatch_size=microbatch_size(plan, profile) or 1,
+        num_microbatches=plan.num_microbatches,
+        activation_checkpoint=_checkpointing(plan, par.get("recompute", "none"), notes),
+        notes=tuple(notes),
+    )
+
+
+def _data_parallel(dp: int, cp: int, zero: int, group: int, notes: list[str]) -> tuple[int, int]:
+    """(dp_replicate, dp_shard) for the plan's ZeRO stage; a note where torchtitan's memory
+    technique is not the plan's."""
+    if zero == 3:
+        group = group or dp * cp
+        if group % cp or (dp * cp) % group:
+            raise InputError(
+                "plan.json",
+                f"parallelism.shard_group: torchtitan 0.3 shards over dp_shard x CP, so a shard "
+                f"group of {group} must be a multiple of CP {cp} dividing DP x CP {dp * cp}",
+            )
+        return dp * cp // group, group // cp
+    if zero == 1 and dp * cp > 1:
+        notes.append(
+            f"torchtitan has no ZeRO-1: the plan's optimizer-state sharding over DP x CP runs "
+            f"as FSDP (data_parallel_shard_degree {dp}), which also shards weights and gradients "
+            f"and all-gathers the weights each step: memory and time are not the plan's; "
+            f"{RUNNER_HINT}."
+        )
+        return 1, dp
+    if cp > 1:
+        notes.append(
+            f"torchtitan shards weights, gradients and optimizer state over the CP ranks "
+            f"(FSDP over CP {cp}) where the plan replicates them: memory and time are not the "
+            f"plan's; {RUNNER_HINT}."
+        )
+    return dp, 1
+
+
+def _checkpointing(plan: Plan, layout_recompute: str, notes: list[str]) -> str:
+    """torchtitan's one activation-checkpointing setting for the plan: the plan's (the
+    layout's, or what its stages recompute: the heaviest, so that the plan's memory holds);
+    refused under a split backward, which no checkpointing survives in torchtitan 0.3."""
+    stage_kinds = [plan.recompute_of(s) for s in range(plan.num_stages)]
+    kinds = {layout_recompute, *stage_kinds} - {"none"}
+    kind = max(kinds, key=RECOMPUTE_ORDER.index, default="none")
+    if kind != "none" and splits_backward(plan):
+        raise InputError(
+            "plan.json",
+            f"the plan recomputes ({kind}) under a split backward (I/W actions), which "
+            "torchtitan 0.3's activation checkpointing cannot run (a checkpointed block is "
+            f"backpropagated once); {RUNNER_HINT}",
+        )
+    uneven = layout_recompute == "none" and any(k != kind for k in stage_kinds)
+    if kind != "none" and uneven:
+        some = sum(k != "none" for k in stage_kinds)
+        notes.append(
+            f"torchtitan's activation checkpointing is one setting for every block: {kind} "
+            f"everywhere, where the plan recomputes in {some} of {plan.num_stages} stages; "
+            "memory is at most the plan's, time more."
+        )
+    if kind == "selective":
+        notes.append(
+            "torchtitan's selective checkpointing saves every second matmul's output per op, "
+            "where the plan priced Megatron-LM's (attention's core recomputed): memory and "
+            "time differ from the plan's."
+        )
+    return kind
