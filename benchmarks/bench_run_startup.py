@@ -1,6 +1,6 @@
 """Where the first seconds of a 2-rank `octopipe run` go, beside a bare torch.distributed start.
 
-    .venv/bin/python benchmarks/bench_run_startup.py [--runs 2]
+    .venv/bin/python benchmarks/bench_run_startup.py [--runs 2] [--against REV]
 
 Three measurements, interleaved run by run so that all see the same machine load:
 
@@ -10,7 +10,9 @@ Three measurements, interleaved run by run so that all see the same machine load
   top (the launcher and the session), then torch.distributed.checkpoint alone, which the
   runtime's checkpoint modules import whether or not the run checkpoints;
 - `run`: `octopipe run` of tiny-llama on 2 ranks for 1 step, its notes' own clock ("[x s]
-  starting 2 processes", "2 processes joined", ...) and the command's wall time.
+  starting 2 processes", "2 processes joined", ...), the wall seconds at which its lines
+  arrived, and from its last line to its exit; with `--against REV`, the same for that commit
+  (a temporary worktree), run by run beside this one.
 """
 
 from __future__ import annotations
@@ -82,8 +84,10 @@ def imports() -> dict[str, float]:
     }
 
 
-def octopipe_run(tmp: Path) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(HERE / "src")}
+def octopipe_run(tmp: Path, src: Path = HERE / "src") -> dict[str, float]:
+    """One `octopipe run` of the code in `src`: its notes' clock, and wall seconds (from the
+    command's start) at which its lines arrived and it exited."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
     plan = tmp / "plan.json"
     if not plan.exists():
         sys.path.insert(0, str(HERE / "src"))
@@ -94,41 +98,70 @@ def octopipe_run(tmp: Path) -> dict[str, float]:
         )
     argv = [sys.executable, "-m", "octopipe", "run", "--plan", str(plan), "--model", "tiny-llama"]
     t0 = time.perf_counter()
-    done = subprocess.run(
-        [*argv, "--steps", "1", "--seq-len", "16"], capture_output=True, text=True, env=env
+    proc = subprocess.Popen(
+        [*argv, "--steps", "1", "--seq-len", "16"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(done.stderr[-2000:])
     out: dict[str, float] = {}
-    for line in done.stderr.splitlines():
-        m = _NOTE.match(line)
+    last = 0.0
+    for line in proc.stdout:
+        last = time.perf_counter() - t0
+        m = _NOTE.match(line.rstrip())
         if m:
             key = re.sub(r"[0-9]+ ", "N ", m.group(2)).split(":")[0][:60]
-            out.setdefault(f"note: {key}", float(m.group(1)))
-    out["command's wall time"] = wall
+            out.setdefault(f"note on its clock: {key}", float(m.group(1)))
+            out.setdefault(f"wall: {key}", last)
+    if proc.wait() != 0:
+        raise SystemExit(f"octopipe run failed in {src}")
+    wall = time.perf_counter() - t0
+    out["wall: the last line printed"] = last
+    out["wall: the command exited"] = wall
+    out["from the last line to the exit"] = wall - last
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--against", metavar="REV", help="also run this commit's octopipe run")
     args = parser.parse_args()
     rows: dict[str, dict[str, list[float]]] = {"bare": {}, "imports": {}, "run": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.runs):
-            for what, measure in (
-                ("bare", lambda: bare(Path(tmp))),
-                ("imports", imports),
-                ("run", lambda: octopipe_run(Path(tmp))),
-            ):
-                for key, value in measure().items():
-                    rows[what].setdefault(key, []).append(value)
+        measures = [
+            ("bare", lambda: bare(Path(tmp))),
+            ("imports", imports),
+            ("run", lambda: octopipe_run(Path(tmp))),
+        ]
+        if args.against:
+            tree = str(Path(tmp) / "against")
+            subprocess.run(
+                ["git", "-C", str(HERE), "worktree", "add", "--detach", tree, args.against],
+                check=True,
+                capture_output=True,
+            )
+            rows[f"run at {args.against}"] = {}
+            measures.append(
+                (f"run at {args.against}", lambda: octopipe_run(Path(tmp), Path(tree) / "src"))
+            )
+        try:
+            for _ in range(args.runs):
+                for what, measure in measures:
+                    for key, value in measure().items():
+                        rows[what].setdefault(key, []).append(value)
+        finally:
+            if args.against:
+                subprocess.run(
+                    ["git", "-C", str(HERE), "worktree", "remove", "--force", tree],
+                    capture_output=True,
+                )
     print(f"| what | seconds: fastest, median of {args.runs} |")
     print("|---|---|")
     for what, figures in rows.items():
-        for key, values in figures.items():
-            print(f"| {what}: {key} | {min(values):.2f}, {statistics.median(values):.2f} |")
+        for key, value in figures.items():
+            print(f"| {what}: {key} | {min(value):.2f}, {statistics.median(value):.2f} |")
 
 
 if __name__ == "__main__":

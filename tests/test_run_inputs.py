@@ -29,11 +29,23 @@ def _run(plan, **given):
 @pytest.mark.parametrize(
     ("data", "says"),
     [
-        (TOKENS, "step 0's batch is a Tensor; expected (inputs, targets), e.g. ((tokens,)"),
-        ([(TOKENS,)], "step 0's batch is a tuple; expected (inputs, targets)"),
-        ([((TOKENS[:4, :-1],), TOKENS[:, 1:])] * 2, "hold different numbers of rows: [4, 8]"),
-        ([(("text",), TOKENS)], "step 0's inputs: expected a tensor or a tuple of tensors"),
-        ([GOOD, ((TOKENS[:, :-1],), "targets")], "step 1's targets: expected a tensor"),
+        (
+            TOKENS,
+            "step 1's batch (data[0]) is a Tensor; expected (inputs, targets), e.g. ((tokens,)",
+        ),
+        ([(TOKENS,)], "step 1's batch (data[0]) is a tuple; expected (inputs, targets)"),
+        (
+            [((TOKENS[:4, :-1],), TOKENS[:, 1:])] * 2,
+            "inputs and targets of different numbers of rows: [4, 8]",
+        ),
+        (
+            [(("text",), TOKENS)],
+            "step 1's inputs (data[0][0]): expected a tensor or a tuple of tensors",
+        ),
+        (
+            [GOOD, ((TOKENS[:, :-1],), "targets")],
+            "step 2's targets (data[1][1]): expected a tensor",
+        ),
         ([((TOKENS[:, :-1] + 512,), TOKENS[:, 1:])] * 2, "outside the model's vocabulary of 512"),
         ([((TOKENS[:4, :-1],), TOKENS[:4, 1:])] * 2, "holds 4 sequences, not 8 (replicas x"),
         ([GOOD], "holds 1 batches; a run of 2 steps reads 2"),

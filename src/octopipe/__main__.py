@@ -1,5 +1,3 @@
-import sys
+from octopipe.cli import entry
 
-from octopipe.cli import main
-
-sys.exit(main())
+entry()

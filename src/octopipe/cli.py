@@ -10,6 +10,7 @@ prints one line and exits 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import pkgutil
@@ -93,6 +94,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `octopipe` command (and `python -m octopipe`): `main`, then exit with its code. A
+    command that loaded torch leaves without the interpreter's teardown, its output flushed
+    (every file it wrote is closed by then): tearing torch's modules down took 2.6-3.7 s after
+    the last line (BENCHMARKS.md, "Start-up of a 2-rank run"), as the ranks already skip it."""
+    code = main()
+    if "torch" in sys.modules:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError):  # a reader gone (`| head`) changes nothing
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def _one_line_warnings(command: str, default):
     """OctoPipe's warnings as one line each (`octopipe run: warning: ...`), once per job: under
     torchrun only global rank 0 prints them. Other warnings keep Python's format."""
@@ -107,4 +122,4 @@ def _one_line_warnings(command: str, default):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -6,6 +6,7 @@ and reports."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 NAME = "profile"
 HELP = "Measure a model's per-layer costs (every layer by FQN) on this device; write a profile."
@@ -64,11 +65,20 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.device_kinds import local_kind
     from octopipe.limits import MAX_MICROBATCH_TOKENS, check_microbatch_tokens
     from octopipe.profile import save_profile
-    from octopipe.runtime.measure.profile_job import measure_profile
+    from octopipe.runtime.measure.profile_job import check_fits, measure_profile
 
     check_output_file("--output", args.output)
     check_microbatch_tokens(args.seq_len, args.micro_batch_size, MAX_MICROBATCH_TOKENS)
 
+    if sys.stderr.isatty():  # the processes take seconds to start before their bar shows
+        check_fits(args.model, args.device)  # a refused model stays one line
+        processes = f"{args.nproc} processes" if args.nproc > 1 else "a process"
+        print(
+            f"starting {processes} on {args.device} to time {args.model}'s layers "
+            f"({args.warmup} + {args.repeats} runs each); a bar follows once they have started",
+            file=sys.stderr,
+            flush=True,
+        )
     profile = measure_profile(
         args.model,
         nproc=args.nproc,

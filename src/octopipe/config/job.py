@@ -50,7 +50,8 @@ class ModelSection:
 class DataSection:
     path: str | None = setting(
         None,
-        "flat file of little-endian token ids (nanoGPT style); default: synthetic data",
+        "flat file of little-endian token ids (nanoGPT style), or prepare-data's folder (its "
+        "train.bin); default: synthetic data",
         flag="--data",
         keyword="data",
     )
@@ -239,8 +240,8 @@ class CheckpointSection:
 class EvaluationSection:
     data: str | None = setting(
         None,
-        "held-out token file (as --data; prepare-data's val.bin): its loss and perplexity after "
-        "every N steps and after the last",
+        "held-out token file (as --data), or prepare-data's folder (its val.bin): its loss and "
+        "perplexity after every N steps and after the last",
         flag="--val-data",
     )
     every: int = setting(

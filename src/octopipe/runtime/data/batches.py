@@ -236,7 +236,7 @@ class GivenBatches(DataSource):
         if isinstance(self.batches, Sequence):
             if not 0 <= step < len(self.batches):
                 raise InputError(
-                    "data", f"holds {len(self.batches)} batches; step {step} needs one"
+                    "data", f"holds {len(self.batches)} batches; step {step + 1} needs one"
                 )
             batch = self.batches[step]
         elif self._last is not None and self._last[0] == step:
@@ -251,11 +251,18 @@ class GivenBatches(DataSource):
         if batch.sequences != sequences:
             raise InputError(
                 "data",
-                f"step {step}'s batch holds {batch.sequences} sequences, not {sequences} "
+                f"{_batch(step)} holds {batch.sequences} sequences, not {sequences} "
                 "(replicas x microbatches x microbatch size)",
             )
         _check_ids(batch, self.vocabulary, step)
         return batch
+
+
+def _batch(index: int, part: str = "batch") -> str:
+    """A step's batch (or its inputs or targets) as messages name it: the step from 1, as the
+    run's lines number it, and the batch's place in the data."""
+    at = {"batch": "", "inputs": "[0]", "targets": "[1]"}[part]
+    return f"step {index + 1}'s {part} (data[{index}]{at})"
 
 
 def as_global_batch(batch, step: int) -> GlobalBatch:
@@ -265,7 +272,7 @@ def as_global_batch(batch, step: int) -> GlobalBatch:
     if not (isinstance(batch, tuple | list) and len(batch) == 2):
         raise InputError(
             "data",
-            f"step {step}'s batch is a {type(batch).__name__}; expected (inputs, targets), e.g. "
+            f"{_batch(step)} is a {type(batch).__name__}; expected (inputs, targets), e.g. "
             "((tokens,), targets): the model's forward arguments and the loss's targets",
         )
     inputs, targets = batch
@@ -278,18 +285,18 @@ def as_global_batch(batch, step: int) -> GlobalBatch:
     ):
         raise InputError(
             "data",
-            f"step {step}'s inputs: expected a tensor or a tuple of tensors (the model's "
+            f"{_batch(step, 'inputs')}: expected a tensor or a tuple of tensors (the model's "
             "forward arguments), each with a row per sequence",
         )
     if not (isinstance(targets, torch.Tensor) and targets.dim() >= 1):
         raise InputError(
-            "data", f"step {step}'s targets: expected a tensor with a row per sequence"
+            "data", f"{_batch(step, 'targets')}: expected a tensor with a row per sequence"
         )
     rows = {int(t.shape[0]) for t in (*inputs, targets)}
     if len(rows) > 1:
         raise InputError(
             "data",
-            f"step {step}'s inputs and targets hold different numbers of rows: {sorted(rows)}",
+            f"{_batch(step)}: inputs and targets of different numbers of rows: {sorted(rows)}",
         )
     return GlobalBatch(tuple(inputs), targets)
 
@@ -304,7 +311,7 @@ def _check_ids(batch: GlobalBatch, vocabulary: int | None, step: int) -> None:
         bad = low if low < 0 else high
         raise InputError(
             "data",
-            f"step {step}'s inputs hold token id {bad}, outside the model's "
+            f"{_batch(step, 'inputs')} hold token id {bad}, outside the model's "
             f"vocabulary of {vocabulary:,}",
         )
 

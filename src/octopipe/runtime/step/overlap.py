@@ -185,7 +185,7 @@ class OverlappedSteps:
         if not math.isfinite(invalid.norm):
             if self._rerun == invalid.index:  # not a passing fault: the step itself is bad
                 raise FloatingPointError(
-                    f"step {invalid.index}: the gradients are not finite, again after the step "
+                    f"step {invalid.index + 1}: the gradients are not finite, again after the step "
                     "was run a second time; stopping"
                 )
             self._rerun = invalid.index
