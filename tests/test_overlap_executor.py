@@ -116,8 +116,9 @@ def always_poisoned_toy() -> ToyModel:
 
 @pytest.mark.timeout(300)
 def test_gradients_non_finite_again_after_a_rerun_stop_the_run_naming_the_step():
+    # 4 microbatches a step: the 6th forward is the second step (steps count from 1)
     config = overlapped(model="test_overlap_executor:always_poisoned_toy")
-    with pytest.raises(RankFailure, match="step 1: the gradients are not finite, again"):
+    with pytest.raises(RankFailure, match="step 2: the gradients are not finite, again"):
         launch([Job(one_f_one_b(3, 4), config)], 3, "gloo", timeout_s=60)
 
 
