@@ -467,9 +467,13 @@ CONFIG_CHANGES = {  # config.json faults, read by profile-arch and by run --mode
     ),
     "cfg~longrope factors of the wrong length": (
         _hf_config(
-            rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}
+            rope_scaling={
+                "rope_type": "longrope",
+                "short_factor": [1.0] * 3,
+                "long_factor": [1.0] * 3,
+            }
         ),
-        "rope_scaling.short_factor: expected 8 factors, one per rotary frequency (got 1)",
+        "rope_scaling.short_factor: expected 8 factors, one per rotary frequency (got 3)",
     ),
     "cfg~partial_rotary_factor as text": (
         _hf_config(partial_rotary_factor="half"),

@@ -155,7 +155,7 @@ def _check_rope(value: Any, fields: dict, where: str, key: str) -> None:
                 where, f"expected a number >= 0 (got {value[name]!r})", f"{key}.{name}"
             )
     if rope_type == "llama3" and value["high_freq_factor"] <= value["low_freq_factor"]:
-        raise InputError(  # transformers divides by their difference
+        raise InputError(  # transformers' own rule (it only warns, then divides by the gap)
             where,
             f"must be above low_freq_factor {value['low_freq_factor']!r} "
             f"(got {value['high_freq_factor']!r})",
@@ -173,7 +173,7 @@ def _check_rope(value: Any, fields: dict, where: str, key: str) -> None:
             raise InputError(where, "expected a list of positive numbers", f"{key}.{name}")
         pairs = _rotary_pairs(fields)
         if name in value and pairs is not None and len(value[name]) != pairs:
-            raise InputError(  # transformers scales each rotary frequency by one of them
+            raise InputError(  # else a shape error in transformers' forward (3 against 4)
                 where,
                 f"expected {pairs} factors, one per rotary frequency (got {len(value[name])})",
                 f"{key}.{name}",
