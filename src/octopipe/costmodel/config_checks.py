@@ -100,7 +100,7 @@ def _check_attention(f: dict, where: str, prefix: str) -> None:
             prefix + heads_key,
         )
     size = head_dim or hidden // heads
-    rotary = f.get("partial_rotary_factor", 1.0)
+    rotary = _rotary_factor(f)
     if not (_is_positive(rotary) and rotary <= 1):
         raise InputError(
             where, f"expected a number in (0, 1] (got {rotary!r})", prefix + "partial_rotary_factor"
@@ -186,10 +186,16 @@ def _rotary_pairs(f: dict) -> int | None:
     size = head_dim if _is_count(head_dim) else None
     if size is None and _is_count(hidden) and _is_count(heads) and hidden % heads == 0:
         size = hidden // heads
-    rotary = f.get("partial_rotary_factor", 1.0)
+    rotary = _rotary_factor(f)
     if size is None or not _is_positive(rotary):
         return None
     return int(size * rotary) // 2
+
+
+def _rotary_factor(f: dict) -> Any:
+    """The share of a head that rotates: `partial_rotary_factor`, all of it when absent or null."""
+    rotary = f.get("partial_rotary_factor")
+    return 1.0 if rotary is None else rotary
 
 
 def _is_count(x: Any) -> bool:
