@@ -445,15 +445,73 @@ CONFIG_CHANGES = {  # config.json faults, read by profile-arch and by run --mode
         _hf_config(rope_parameters={"rope_type": "spiral", "rope_theta": 1e4}),
         "rope_parameters.rope_type: unknown rope_type 'spiral'",
     ),
+    "cfg~yarn beta_fast as text": (
+        _hf_config(rope_scaling={"rope_type": "yarn", "factor": 2.0, "beta_fast": "x"}),
+        "rope_scaling.beta_fast: expected a number >= 0 (got 'x')",
+    ),
+    "cfg~yarn mscale as text": (
+        _hf_config(rope_scaling={"rope_type": "yarn", "factor": 2.0, "mscale": "a"}),
+        "rope_scaling.mscale: expected a number >= 0",
+    ),
+    "cfg~llama3 high_freq_factor below low": (
+        _hf_config(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 4.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        ),
+        "rope_scaling.high_freq_factor: must be above low_freq_factor 4.0 (got 4.0)",
+    ),
+    "cfg~longrope factors of the wrong length": (
+        _hf_config(
+            rope_scaling={
+                "rope_type": "longrope",
+                "short_factor": [1.0] * 3,
+                "long_factor": [1.0] * 3,
+            }
+        ),
+        "rope_scaling.short_factor: expected 8 factors, one per rotary frequency (got 3)",
+    ),
+    "cfg~partial_rotary_factor as text": (
+        _hf_config(partial_rotary_factor="half"),
+        "partial_rotary_factor: expected a number in (0, 1] (got 'half')",
+    ),
+    "cfg~partial_rotary_factor 2": (
+        _hf_config(partial_rotary_factor=2.0),
+        "partial_rotary_factor: expected a number in (0, 1] (got 2.0)",
+    ),
+    "cfg~a million layers": (
+        _hf_config(num_hidden_layers=1_000_000),
+        "num_hidden_layers: 1,000,000 layers in all; at most 4,096 are estimated or built",
+    ),
+    "cfg~4,097 layers": (
+        _hf_config(num_hidden_layers=4097),
+        "num_hidden_layers: 4,097 layers in all; at most 4,096",
+    ),
+    "cfg~text and vision layers beyond the cap": (
+        _hf_config(
+            text_config={"num_hidden_layers": 3000}, vision_config={"num_hidden_layers": 2000}
+        ),
+        "vision_config.num_hidden_layers: 5,004 layers in all",
+    ),
 }
+
+
+def _p(f) -> str:
+    return _out(f, "p.json")
 
 
 def config_files(root: Path, base: dict) -> dict[str, str]:
     """Each CONFIG_CHANGES config twice: a config.json file (profile-arch) and an hf: folder
-    (run), beside an all-zero profile."""
+    (run), beside an all-zero profile; and the tiny Llama made for 2^20 positions."""
     import json
 
-    made = {}
+    made = {"long-positions.json": str(root / "long-positions.json")}
+    long = {**base, "max_position_embeddings": 2**20}
+    (root / "long-positions.json").write_text(json.dumps(long))
     for name, (change, _) in CONFIG_CHANGES.items():
         folder = root / name
         folder.mkdir()
@@ -479,6 +537,27 @@ def config_cases() -> list[tuple[str, Argv, str]]:
                 expect,
             )
         )
+    cases += [
+        (
+            "profile --seq-len beyond the model's positions",
+            lambda f: ["profile", "--model", "tiny-llama", "--seq-len", "100000", "-o", _p(f)],
+            "--seq-len: 100,000 tokens are more than tiny-llama's 256 positions",
+        ),
+        (  # 4 masks of 2^40 pairs: beyond any machine's memory
+            "profile a million tokens of a model of long positions",
+            lambda f: (
+                ["profile", "--model", f["long-positions.json"], "--seq-len", "1048576"]
+                + ["--micro-batch-size", "1", "-o", _p(f)]
+            ),
+            "--seq-len: measuring layers.3 at 1,048,576 tokens x 1 sample holds at least "
+            "20,498.2 GiB of activations (4 microbatches at once); this cpu has",
+        ),
+        (
+            "profile hf: of a million layers",
+            lambda f: ["profile", "--model", f"hf:{f['cfg~a million layers']}", "-o", _p(f)],
+            "num_hidden_layers: 1,000,000 layers in all",
+        ),
+    ]
     cases.append(
         (
             "simulate a profile of zero times",

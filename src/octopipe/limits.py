@@ -20,6 +20,11 @@ from pydantic import AfterValidator, Field
 
 # --- sizes of a job -----------------------------------------------------------------------------
 MAX_LAYERS = 1_000_000  # layers of a profile or model
+# Layers a config.json declares (text, vision and global layers together): each is estimated
+# or built one by one (`profile-arch` of 4,096 tiny-llama layers: 1.6 s of CPU, its plan: the
+# tuner's budget; a million ran past 120 s; BENCHMARKS.md), far beyond any published model
+# (Llama 3 405B: 126).
+MAX_CONFIG_LAYERS = 4096
 MAX_DEVICES = 4096  # pipeline devices of a profile or plan (--devices)
 MAX_MICROBATCHES = 2**18  # microbatches per step (--microbatches, num_microbatches)
 MAX_STAGE_MICROBATCHES = 2**22  # stages x microbatches of one plan: its (stage, microbatch) pairs

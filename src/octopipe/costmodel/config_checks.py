@@ -10,6 +10,11 @@ value that would end in a traceback there.
   older key) or `rope_parameters` is null or an object whose `rope_type` (or older `type`) is
   one transformers knows, holding the keys that type requires, each of its kind.
 
+- The work: the layers the config declares (`num_hidden_layers` or `n_layer`, with
+  `text_config`'s and `vision_config`'s and a vision tower's `num_global_layers`) number at most
+  `limits.MAX_CONFIG_LAYERS` together, so that no config makes an estimate or a model build
+  run for minutes.
+
 The GPT-2 spelling (`n_embd`, `n_head`) is checked the same way. Each fault is one
 InputError naming the file and the field. Pure: no torch, no transformers.
 """
@@ -20,6 +25,7 @@ import math
 from typing import Any
 
 from octopipe.errors import InputError
+from octopipe.limits import MAX_CONFIG_LAYERS
 
 # rope_type -> keys it requires besides rope_type (transformers 5.24, modeling_rope_utils).
 ROPE_TYPES: dict[str, tuple[str, ...]] = {
@@ -33,8 +39,10 @@ ROPE_TYPES: dict[str, tuple[str, ...]] = {
 }
 _FACTORS = ("factor", "low_freq_factor", "high_freq_factor", "attention_factor")
 _FACTOR_LISTS = ("short_factor", "long_factor")
+_NUMBERS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")  # yarn's, any number >= 0
 _COUNTS = ("original_max_position_embeddings",)
 _ROPE_KEYS = ("rope_scaling", "rope_parameters")
+_LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_global_layers")
 _MAX_DIM = 2**31
 
 
@@ -43,12 +51,35 @@ def check_config_fields(data: Any, where: str) -> None:
     multimodal config's `text_config` is checked as well."""
     if not isinstance(data, dict):
         return  # the reader says "expected a JSON object"
+    _check_layer_count(data, where)
     for prefix, fields in (("", data), ("text_config.", data.get("text_config"))):
         if isinstance(fields, dict):
             _check_attention(fields, where, prefix)
             for key in _ROPE_KEYS:
                 if fields.get(key) is not None:
                     _check_rope(fields[key], fields, where, prefix + key)
+
+
+def _check_layer_count(data: dict, where: str) -> None:
+    total = 0
+    for prefix, fields in (
+        ("", data),
+        ("text_config.", data.get("text_config")),
+        ("vision_config.", data.get("vision_config")),
+    ):
+        if not isinstance(fields, dict):
+            continue
+        for key in _LAYER_COUNTS:
+            count = fields.get(key)
+            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+                total += count
+                if total > MAX_CONFIG_LAYERS:
+                    raise InputError(
+                        where,
+                        f"{total:,} layers in all; at most {MAX_CONFIG_LAYERS:,} are estimated "
+                        "or built (Llama 3 405B has 126)",
+                        prefix + key,
+                    )
 
 
 def _check_attention(f: dict, where: str, prefix: str) -> None:
@@ -69,7 +100,11 @@ def _check_attention(f: dict, where: str, prefix: str) -> None:
             prefix + heads_key,
         )
     size = head_dim or hidden // heads
-    rotary = f.get("partial_rotary_factor", 1.0)
+    rotary = _rotary_factor(f)
+    if not (_is_positive(rotary) and rotary <= 1):
+        raise InputError(
+            where, f"expected a number in (0, 1] (got {rotary!r})", prefix + "partial_rotary_factor"
+        )
     if hidden_key == "hidden_size" and size > 4 and size % 2 and rotary == 1.0:
         raise InputError(
             where,
@@ -114,6 +149,18 @@ def _check_rope(value: Any, fields: dict, where: str, key: str) -> None:
             raise InputError(
                 where, f"expected a number >= 1 (got {value['factor']!r})", f"{key}.factor"
             )
+    for name in _NUMBERS:
+        if name in value and value[name] is not None and not _is_number(value[name]):
+            raise InputError(
+                where, f"expected a number >= 0 (got {value[name]!r})", f"{key}.{name}"
+            )
+    if rope_type == "llama3" and value["high_freq_factor"] <= value["low_freq_factor"]:
+        raise InputError(  # transformers' own rule (it only warns, then divides by the gap)
+            where,
+            f"must be above low_freq_factor {value['low_freq_factor']!r} "
+            f"(got {value['high_freq_factor']!r})",
+            f"{key}.high_freq_factor",
+        )
     for name in _COUNTS:
         if name in value and not _is_count(value[name]):
             raise InputError(
@@ -124,10 +171,44 @@ def _check_rope(value: Any, fields: dict, where: str, key: str) -> None:
             isinstance(value[name], list) and value[name] and all(map(_is_positive, value[name]))
         ):
             raise InputError(where, "expected a list of positive numbers", f"{key}.{name}")
+        pairs = _rotary_pairs(fields)
+        if name in value and pairs is not None and len(value[name]) != pairs:
+            raise InputError(  # else a shape error in transformers' forward (3 against 4)
+                where,
+                f"expected {pairs} factors, one per rotary frequency (got {len(value[name])})",
+                f"{key}.{name}",
+            )
+
+
+def _rotary_pairs(f: dict) -> int | None:
+    """The rotary frequencies of a head (half its rotated dimensions), when the config says."""
+    hidden, heads, head_dim = f.get("hidden_size"), f.get("num_attention_heads"), f.get("head_dim")
+    size = head_dim if _is_count(head_dim) else None
+    if size is None and _is_count(hidden) and _is_count(heads) and hidden % heads == 0:
+        size = hidden // heads
+    rotary = _rotary_factor(f)
+    if size is None or not _is_positive(rotary):
+        return None
+    return int(size * rotary) // 2
+
+
+def _rotary_factor(f: dict) -> Any:
+    """The share of a head that rotates: `partial_rotary_factor`, all of it when absent or null."""
+    rotary = f.get("partial_rotary_factor")
+    return 1.0 if rotary is None else rotary
 
 
 def _is_count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= _MAX_DIM
+
+
+def _is_number(x: Any) -> bool:
+    return (
+        isinstance(x, int | float)
+        and not isinstance(x, bool)
+        and math.isfinite(x)
+        and 0 <= x <= 1e12
+    )
 
 
 def _is_positive(x: Any) -> bool:

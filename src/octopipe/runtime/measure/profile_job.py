@@ -68,18 +68,23 @@ def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:
             "--nproc",
             f"{nproc} processes need as many GPUs; this machine has {torch.cuda.device_count()}",
         )
-    check_fits(o.model, o.device)
+    check_fits(o.model, o.device, o.seq_len, o.micro_batch_size, nproc)
     # Measured in fresh processes that start as the executor's ranks do (same allocator
     # settings, one process per device), so the profile's times are the run's.
     return spawn_ranks(_measure_in_child, (asdict(o),), nproc, name="octopipe-profile")
 
 
-def check_fits(name: str, device: str) -> None:
-    """Refuse, in one line, a model whose fp32 weights alone would crowd out the device (counted
-    on the meta device: nothing is allocated)."""
+def check_fits(
+    name: str, device: str, seq_len: int = 32, micro_batch_size: int = 2, nproc: int = 1
+) -> None:
+    """Refuse, in one line, a model whose fp32 weights alone would crowd out the device, or
+    whose activations at these sizes cannot fit (`memory_floor`); counted on the meta device:
+    nothing is allocated."""
+    from octopipe.runtime.measure.memory_floor import check_activations
     from octopipe.runtime.model.load import load_recipe
 
-    meta = load_recipe(name).meta_model
+    recipe = load_recipe(name)
+    meta = recipe.meta_model
     weights = FP32_BYTES * sum(p.numel() for p in meta.parameters())
     memory = _device_memory(device)
     if weights > WEIGHT_SHARE * memory:
@@ -89,6 +94,7 @@ def check_fits(name: str, device: str) -> None:
             f"{device}'s {memory / GIB:.0f} GiB; profile a smaller config, or use "
             "`octopipe profile-arch` for the analytic cost model",
         )
+    check_activations(recipe, device, seq_len, micro_batch_size, nproc)
 
 
 def _device_memory(device: str) -> int:
