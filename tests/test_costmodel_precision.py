@@ -102,3 +102,21 @@ def test_blackwell_presets_take_mxfp8_and_gb200_spans_72_gpus_of_nvlink(capsys):
     nodes = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # One NVLink domain: the DP ring runs over NVLink 5, not the NICs of 8-GPU nodes.
     assert nvl72["breakdown"]["dp_exposed"] < nodes["breakdown"]["dp_exposed"] / 10
+
+
+def test_profile_arch_writes_an_fp8_profile_of_the_same_layers(tmp_path):
+    from octopipe.cli import main
+    from octopipe.profile import load_profile
+
+    paths = {}
+    for precision in ("bf16", "fp8"):
+        paths[precision] = tmp_path / f"{precision}.json"
+        argv = ["profile-arch", "llama3-8b", "--hardware", "h100", "--tp", "2"]
+        argv += ["--layer-names", "hf", "--precision", precision, "-o", str(paths[precision])]
+        assert main(argv) == 0
+    bf16, fp8 = (load_profile(paths[p]) for p in ("bf16", "fp8"))
+    assert [layer.name for layer in fp8.layers] == [layer.name for layer in bf16.layers]
+    assert fp8.layers[1].name == "model.layers.0"
+    assert fp8.layers[1].f < bf16.layers[1].f
+    assert fp8.layers[1].param_bytes > bf16.layers[1].param_bytes  # the FP8 weight copies
+    assert fp8.layers[-1].f == pytest.approx(bf16.layers[-1].f)  # the head stays BF16
