@@ -56,6 +56,18 @@ def test_fp8_linears_add_casts_and_current_scaling_reads_once_more():
     assert cast_bytes(n, 2, "mxfp8", "delayed") == 2 * n + 2 * n + 2 * n / 32  # and scales
 
 
+def test_casts_fused_into_the_norm_and_activation_cost_the_forward_nothing():
+    # Llama-3-8B's block: Transformer Engine fuses the casts of q/k/v's and the MLP's inputs
+    # into the norms and the activation; only the attention output casts on its own in F.
+    def forward_memory(precision: str) -> float:
+        work = _work("layers.0", precision)
+        return sum(k.bytes for k in work.kernels if k.unit == MEMORY and k.phase == "f")
+
+    tokens, width = 4096, 32 * 128  # the o-projection's input: every head's output
+    extra = forward_memory("fp8") - forward_memory("bf16")
+    assert extra == pytest.approx(cast_bytes(tokens * width, 2, "fp8", "delayed"))
+
+
 def test_fp8_keeps_fp8_inputs_and_fp8_weight_copies():
     b, f = _layers("bf16")["layers.0"], _layers("fp8")["layers.0"]
     assert f.fp8_params == f.params - 2 * 4096  # every weight but the two norms'
