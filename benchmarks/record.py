@@ -65,6 +65,7 @@ def estimate_argv(row: dict[str, str]) -> list[str] | None:
         argv += ["--tp-comm-overlap"]
     if row["grad_bucket_mb"]:
         argv += ["--grad-bucket-mb", row["grad_bucket_mb"]]
+    argv += ["--rank-order", row["rank_order"]]
     return [*argv, "--json"]
 
 

@@ -1,17 +1,21 @@
-"""The H100 record predicted with constants fitted without each row's source.
+"""The training record predicted with constants fitted without each row's source.
 
     .venv/bin/python benchmarks/bench_fidelity.py --record
 
-Three global constants of the `h100` preset are fitted, nothing per row: the achieved fraction
-of the BF16 peak in GEMMs (`matmul_efficiency`), of the FP8 peak in FP8 GEMMs
-(`fp8_matmul_efficiency`) and of HBM bandwidth in streaming kernels (`memory_efficiency`).
-Every expressible row of an H100 SXM (no `variant`) is predicted at every point of a grid of
-the three; a fit is the point of least mean squared log error (predicted / published tokens
-per second per GPU) over its rows, with a small pull towards the preset's prior values so that
-a constant no fitted row depends on keeps its prior. Leave one source out: each source's rows
-are predicted at the point fitted on the other sources' rows. Rows of another part (the
-power-capped H100 HBM2e of torchtitan's benchmarks) are fitted on no row: they are predicted
-with the SXM fit of every source, their own being none of them.
+Per GPU, a few global constants of its preset are fitted, nothing per row: the achieved
+fraction of the BF16 peak in GEMMs (`matmul_efficiency`, kept at its measured 0.67 unless
+`--fit-matmul`), of the FP8 peak in FP8 GEMMs (`fp8_matmul_efficiency`) and of HBM bandwidth in
+streaming kernels (`memory_efficiency`). Every expressible row of a GPU (no `variant`) is
+predicted at every point of a grid; a fit is the point of least mean squared log error
+(predicted / published tokens per second per GPU) over its rows, with a small pull towards the
+preset's values so that a constant no fitted row depends on keeps them. Leave one source out:
+each source's rows are predicted at the point fitted on the other sources' rows of that GPU. A
+GPU with one source (the Blackwell rows) is predicted with its preset's values as they stand.
+Only dense rows are fitted: the constants are dense kernels' efficiencies, and MoE rows carry
+costs the model does not price well yet (routing, permutation, all-to-all efficiency, small
+grouped GEMMs); they are predicted with the dense fit and reported like the others.
+Rows of another part (the power-capped H100 HBM2e of torchtitan's benchmarks) are fitted on
+no row: they are predicted with the SXM fit of every source, their own being none of them.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from octopipe.cli import main as octopipe
 from octopipe.costmodel import hardware, load_architecture
 from octopipe.costmodel.error_band import FIDELITY, layout_kinds
 
-GPU = "h100"
 GRID = {
     # Measured on an H200 (the same die, docs/COSTMODEL.md): kept, not fitted. Fitting it too
     # leaves it to the three BF16 rows of one source (`--fit-matmul` does).
@@ -47,14 +50,15 @@ def predict(row: dict[str, str], constants: dict[str, float]) -> dict | None:
     """`octopipe estimate --json` of the row on the preset with `constants`; None if refused."""
     argv = estimate_argv(row)
     assert argv is not None
-    saved = hardware.PRESETS[GPU]
-    hardware.PRESETS[GPU] = with_variant(replace(saved, **constants), row)
+    gpu = row["hardware"]
+    saved = hardware.PRESETS[gpu]
+    hardware.PRESETS[gpu] = with_variant(replace(saved, **constants), row)
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = octopipe(argv)
     finally:
-        hardware.PRESETS[GPU] = saved
+        hardware.PRESETS[gpu] = saved
     if code:
         print(f"{row['model']}: {err.getvalue().strip()}", file=sys.stderr)
         return None
@@ -67,9 +71,8 @@ def log_ratio(row: dict[str, str], summary: dict) -> float:
     return math.log(summary["tokens_per_gpu"] / published_tokens(row))
 
 
-def fit(logs: dict[tuple, list[float]], use: list[bool]) -> tuple:
+def fit(logs: dict[tuple, list[float]], use: list[bool], prior) -> tuple:
     """The grid point of least mean squared log error over the rows `use` marks."""
-    prior = hardware.PRESETS[GPU]
     names = list(GRID)
 
     def loss(key: tuple) -> float:
@@ -78,6 +81,10 @@ def fit(logs: dict[tuple, list[float]], use: list[bool]) -> tuple:
         return (sum(errors) / max(1, len(errors))) + PRIOR_PULL * pull
 
     return min(logs, key=loss)
+
+
+def _is_moe(r: dict[str, str]) -> bool:
+    return load_architecture(config_path(r)).moe is not None
 
 
 def band_row(r: dict[str, str], ratio: float) -> dict:
@@ -90,20 +97,15 @@ def band_row(r: dict[str, str], ratio: float) -> dict:
         "variant": r["variant"],
         "precision": r["precision"],
         "kinds": sorted(kinds),
-        "moe": load_architecture(config_path(r)).moe is not None,
+        "moe": _is_moe(r),
         "ratio": round(ratio, 4),
     }
 
 
-def main(free_matmul: bool = False, write_band: bool = False) -> None:
-    if free_matmul:
-        GRID["matmul_efficiency"] = FREE_MATMUL
-    started = time.perf_counter()
-    rows = read_record()
-    fitted = [i for i, r in enumerate(rows) if estimate_argv(r) and not r["variant"]]
+def _grid_logs(rows: list[dict[str, str]], fitted: list[int], points: list[tuple]) -> dict:
+    """Every fitted row's log ratio at every grid point."""
     names = list(GRID)
     logs: dict[tuple, list[float]] = {}
-    points = list(itertools.product(*GRID.values()))
     for n, key in enumerate(points):
         constants = dict(zip(names, key))
         logs[key] = []
@@ -112,24 +114,44 @@ def main(free_matmul: bool = False, write_band: bool = False) -> None:
             logs[key].append(log_ratio(rows[i], summary) if summary else 5.0)
         print(f"\rgrid {n + 1}/{len(points)}", end="", file=sys.stderr)
     print(file=sys.stderr)
-    sources = list(dict.fromkeys(r["source"] for r in rows))
-    every = fit(logs, [True] * len(fitted))
-    print(f"fitted on every source: {dict(zip(names, every))}\n")
+    return logs
+
+
+def main(free_matmul: bool = False, write_band: bool = False) -> None:
+    if free_matmul:
+        GRID["matmul_efficiency"] = FREE_MATMUL
+    started = time.perf_counter()
+    rows = read_record()
+    names = list(GRID)
+    held: dict[str, list[float]] = {}
+    band = []
     print(
         "| source | run | GPUs | TP/CP/PP/DP/EP, b, schedule | precision, ZeRO | published "
         "tok/s/GPU | predicted | ratio | fitted without the source (matmul, fp8, memory) | "
         "peak GiB (fits) |"
     )
     print("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: |")
-    held: dict[str, list[float]] = {}
-    band = []
-    for source in sources:
-        key = fit(logs, [rows[i]["source"] != source for i in fitted])
-        for r in (r for r in rows if r["source"] == source):
-            ratio = _print_row(r, key, held)
-            if ratio is not None:
-                band.append(band_row(r, ratio))
-    _summary(held, rows)
+    fits = []
+    for gpu in dict.fromkeys(r["hardware"] for r in rows):
+        mine = [r for r in rows if r["hardware"] == gpu]
+        fitted = [i for i, r in enumerate(mine) if estimate_argv(r) and not r["variant"]]
+        fitted = [i for i in fitted if not _is_moe(mine[i])]  # dense kernels' constants
+        sources = list(dict.fromkeys(r["source"] for r in mine))
+        prior = hardware.PRESETS[gpu]
+        if len({mine[i]["source"] for i in fitted}) > 1:
+            logs = _grid_logs(mine, fitted, list(itertools.product(*GRID.values())))
+        else:  # one source: held out, nothing is left to fit on; the preset's own values
+            logs = {tuple(getattr(prior, n) for n in names): [0.0] * len(fitted)}
+        every = fit(logs, [True] * len(fitted), prior)
+        fits.append(f"{gpu}: {dict(zip(names, every))}")
+        for source in sources:
+            key = fit(logs, [mine[i]["source"] != source for i in fitted], prior)
+            for r in (r for r in mine if r["source"] == source):
+                ratio = _print_row(r, key, held)
+                if ratio is not None:
+                    band.append(band_row(r, ratio))
+    print("\nfitted on every source: " + "; ".join(fits))
+    _summary(held, rows, band)
     if write_band and not free_matmul:
         FIDELITY.write_text(json.dumps({"rows": band}, indent=1) + "\n")
         print(f"\nwrote {FIDELITY}")
@@ -152,7 +174,8 @@ def _print_row(r: dict[str, str], key: tuple, held: dict[str, list[float]]) -> f
         print(f"{head} {published:,.0f} | - | - | refused (see stderr) | - |")
         return None
     ratio = summary["tokens_per_gpu"] / published
-    held.setdefault(r["source"], []).append(ratio)
+    part = f"{r['hardware']}{'-' + r['variant'] if r['variant'] else ''}"
+    held.setdefault(f"{r['source']} on {part}", []).append(ratio)
     fits = "yes" if summary["fits"] else "no"
     consts = ", ".join(f"{k:.3g}" for k in key)
     print(
@@ -163,21 +186,17 @@ def _print_row(r: dict[str, str], key: tuple, held: dict[str, list[float]]) -> f
     return ratio
 
 
-def _summary(held: dict[str, list[float]], rows: list[dict[str, str]]) -> None:
+def _summary(held: dict[str, list[float]], rows: list[dict[str, str]], band: list[dict]) -> None:
     print("\n| rows (held out) | n | mean \\|error\\| | worst | within 10 % |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    everything = []
-    for source, ratios in held.items():
-        everything += ratios
-        _line(source, ratios)
-    _line("all expressed", everything)
-    sxm = [
-        v
-        for source, ratios in held.items()
-        for v, r in zip(ratios, [r for r in rows if r["source"] == source and estimate_argv(r)])
-        if not r["variant"]
-    ]
-    _line("all expressed, H100 SXM only", sxm)
+    for name, ratios in held.items():
+        _line(name, ratios)
+    for gpu in dict.fromkeys(r["hardware"] for r in rows):
+        on = [v for name, ratios in held.items() if name.endswith(f" on {gpu}") for v in ratios]
+        _line(f"all expressed on {gpu}", on)
+        for moe, kind in ((False, "dense"), (True, "MoE")):
+            same = [b for b in band if b["hardware"] == gpu and not b["variant"]]
+            _line(f"{kind} on {gpu}", [b["ratio"] for b in same if b["moe"] == moe])
     missing = sum(1 for r in rows if estimate_argv(r) is None)
     print(f"\n{missing} rows not expressed (their reasons in the table)")
 

@@ -56,6 +56,18 @@ def test_fp8_linears_add_casts_and_current_scaling_reads_once_more():
     assert cast_bytes(n, 2, "mxfp8", "delayed") == 2 * n + 2 * n + 2 * n / 32  # and scales
 
 
+def test_casts_fused_into_the_norm_and_activation_cost_the_forward_nothing():
+    # Llama-3-8B's block: Transformer Engine fuses the casts of q/k/v's and the MLP's inputs
+    # into the norms and the activation; only the attention output casts on its own in F.
+    def forward_memory(precision: str) -> float:
+        work = _work("layers.0", precision)
+        return sum(k.bytes for k in work.kernels if k.unit == MEMORY and k.phase == "f")
+
+    tokens, width = 4096, 32 * 128  # the o-projection's input: every head's output
+    extra = forward_memory("fp8") - forward_memory("bf16")
+    assert extra == pytest.approx(cast_bytes(tokens * width, 2, "fp8", "delayed"))
+
+
 def test_fp8_keeps_fp8_inputs_and_fp8_weight_copies():
     b, f = _layers("bf16")["layers.0"], _layers("fp8")["layers.0"]
     assert f.fp8_params == f.params - 2 * 4096  # every weight but the two norms'
@@ -102,3 +114,21 @@ def test_blackwell_presets_take_mxfp8_and_gb200_spans_72_gpus_of_nvlink(capsys):
     nodes = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # One NVLink domain: the DP ring runs over NVLink 5, not the NICs of 8-GPU nodes.
     assert nvl72["breakdown"]["dp_exposed"] < nodes["breakdown"]["dp_exposed"] / 10
+
+
+def test_profile_arch_writes_an_fp8_profile_of_the_same_layers(tmp_path):
+    from octopipe.cli import main
+    from octopipe.profile import load_profile
+
+    paths = {}
+    for precision in ("bf16", "fp8"):
+        paths[precision] = tmp_path / f"{precision}.json"
+        argv = ["profile-arch", "llama3-8b", "--hardware", "h100", "--tp", "2"]
+        argv += ["--layer-names", "hf", "--precision", precision, "-o", str(paths[precision])]
+        assert main(argv) == 0
+    bf16, fp8 = (load_profile(paths[p]) for p in ("bf16", "fp8"))
+    assert [layer.name for layer in fp8.layers] == [layer.name for layer in bf16.layers]
+    assert fp8.layers[1].name == "model.layers.0"
+    assert fp8.layers[1].f < bf16.layers[1].f
+    assert fp8.layers[1].param_bytes > bf16.layers[1].param_bytes  # the FP8 weight copies
+    assert fp8.layers[-1].f == pytest.approx(bf16.layers[-1].f)  # the head stays BF16

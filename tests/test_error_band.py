@@ -21,8 +21,8 @@ def test_the_band_takes_rows_of_the_same_gpu_precision_and_kind():
 
 
 def test_a_gpu_without_held_out_rows_says_so():
-    band = error_band("b200", "mxfp8", frozenset(), moe=False)
-    assert band.rows == 0 and band.describe() == "no held-out published runs on b200"
+    band = error_band("h800", "fp8", frozenset(), moe=False)
+    assert band.rows == 0 and band.describe() == "no held-out published runs on h800"
 
 
 def test_estimate_prints_the_band_and_puts_it_in_the_json(capsys):

@@ -106,3 +106,18 @@ def test_the_all_to_all_stays_on_nvlink_inside_a_node_and_crosses_nics_beyond(qw
         arch, h100, Settings(seq_len=2048, expert_parallel=8, ep_across_nodes=True)
     )[1]
     assert far.parts.ep_comm > near.parts.ep_comm
+
+
+def test_megatrons_rank_order_keeps_a_stages_ep_group_inside_a_node(qwen3_moe):
+    from dataclasses import replace as with_stack
+
+    from octopipe.layouts.costs import LayoutCosts
+
+    layout = Layout(1, 2, 8, 1, 1, ep=8)  # PP 2: OctoPipe's DP ranks sit two GPUs apart
+    octopipe = LayoutCosts(_job(qwen3_moe, 16))
+    megatron_job = _job(qwen3_moe, 16)
+    megatron_job = with_stack(megatron_job, stack=Stack(rank_order="megatron"))
+    megatron = LayoutCosts(megatron_job)
+    assert octopipe.ep_across_nodes(layout) and not megatron.ep_across_nodes(layout)
+    with pytest.raises(InputError, match="--rank-order"):
+        Stack(rank_order="pp-first")

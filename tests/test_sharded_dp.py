@@ -82,3 +82,21 @@ def test_hsdp_shards_within_groups_and_reduces_across_them():
 def test_bad_shard_groups_are_one_line(layout, says):
     with pytest.raises(InputError, match=says):
         _run(layout)
+
+
+def test_the_search_space_offers_zero_2_3_and_folded_ep_when_asked():
+    from octopipe.layouts.layout import search_space
+
+    job = _job(16, 64)
+
+    def fits(tp, cp, ep):
+        return True
+
+    plain = search_space(job, 32, fits, experts=16)
+    wider = search_space(job, 32, fits, experts=16, zero_stages=(0, 1, 2, 3), fold_experts=True)
+    assert {lay.zero for lay in plain} == {0, 1}
+    assert {lay.zero for lay in wider} == {0, 1, 2, 3}
+    assert set(plain) < set(wider)
+    # Folded: EP over TP x CP x DP, beyond what DP x CP alone allows.
+    assert any(lay.ep > lay.dp * lay.cp for lay in wider)
+    assert not any(lay.ep > lay.dp * lay.cp for lay in plain)

@@ -8,7 +8,7 @@ import argparse
 from octopipe.commands._flags import number
 from octopipe.costmodel.precision import FP8_SCALINGS, PRECISIONS
 from octopipe.costmodel.settings import ATTENTION_KERNELS
-from octopipe.layouts.stack import GRAD_DTYPE_BYTES, P2P_KINDS, Stack
+from octopipe.layouts.stack import GRAD_DTYPE_BYTES, P2P_KINDS, RANK_ORDERS, Stack
 from octopipe.limits import MAX_BYTES
 
 MB = 2**20
@@ -88,6 +88,13 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         "factor of its balanced share",
     )
     g.add_argument(
+        "--rank-order",
+        choices=RANK_ORDERS,
+        default=_DEFAULT.rank_order,
+        help="where a stage's DP (and folded EP) ranks sit: OctoPipe's numbering (PP before "
+        "DP) or Megatron-Core's (PP outermost)",
+    )
+    g.add_argument(
         "--p2p",
         choices=P2P_KINDS,
         default=_DEFAULT.p2p,
@@ -113,4 +120,5 @@ def stack_from_args(args: argparse.Namespace) -> Stack:
         precision=args.precision,
         fp8_scaling=args.fp8_scaling,
         moe_capacity_factor=args.moe_capacity_factor,
+        rank_order=args.rank_order,
     )

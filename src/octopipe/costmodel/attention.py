@@ -23,7 +23,7 @@ def self_attention(work: LayerWork, arch: Architecture, s: Settings, window: int
     heads = split_heads(att.num_heads, tp, "attention heads")
     kv_heads = split_heads(att.num_kv_heads, tp, "key-value heads", replicable=True)
     d = att.head_dim
-    work.linear(t, h, heads * d, bias=att.bias)
+    work.linear(t, h, heads * d, bias=att.bias, fused_cast=True)  # cast in the norm
     work.linear(t, h, 2 * kv_heads * d, bias=att.bias, save_input=False)
     if att.qk_norm:
         work.norm(t * heads, d, replicated=False)
@@ -82,14 +82,16 @@ def latent_attention(work: LayerWork, arch: Architecture, s: Settings) -> None:
     assert mla is not None
     heads = split_heads(mla.num_heads, tp, "attention heads")
     if mla.q_lora_rank is None:
-        work.linear(t, h, heads * mla.qk_head_dim)
+        work.linear(t, h, heads * mla.qk_head_dim, fused_cast=True)
     else:
-        work.linear(t, h, mla.q_lora_rank)
+        work.linear(t, h, mla.q_lora_rank, fused_cast=True)
         work.norm(t, mla.q_lora_rank)
-        work.linear(t, mla.q_lora_rank, heads * mla.qk_head_dim)
+        work.linear(t, mla.q_lora_rank, heads * mla.qk_head_dim, fused_cast=True)
     work.linear(t, h, mla.kv_lora_rank + mla.qk_rope_head_dim, save_input=False)
     work.norm(t, mla.kv_lora_rank)
-    work.linear(t, mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim))
+    work.linear(
+        t, mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), fused_cast=True
+    )
     rope_bytes = t * (heads + 1) * mla.qk_rope_head_dim * s.activation_bytes
     work.elementwise(2 * rope_bytes, 2 * rope_bytes)
     keys = mean_attended_keys(s.seq_len, None)

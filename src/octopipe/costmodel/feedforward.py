@@ -21,15 +21,22 @@ def mlp(
     *,
     bias: bool = False,
     experts: int = 1,
+    fused_casts: bool = False,
 ) -> None:
-    """Column-parallel up (and gate), activation, row-parallel down; gated = SwiGLU/GeGLU."""
+    """Column-parallel up (and gate), activation, row-parallel down; gated = SwiGLU/GeGLU.
+    `fused_casts`: a block's dense MLP after its norm, whose FP8 casts Transformer Engine's
+    LayerNormMLP fuses into the norm and the activation (not experts, nor shared experts)."""
     a = work.dtype_bytes
     w = split(width, tp)
-    work.linear(tokens, h, (2 if gated else 1) * w, bias=bias, experts=experts)
+    work.linear(
+        tokens, h, (2 if gated else 1) * w, bias=bias, experts=experts, fused_cast=fused_casts
+    )
     # The activation reads gate and up (or up) and writes its product; both inputs are saved.
     inputs = (2 if gated else 1) * tokens * w * a
     work.elementwise(inputs + tokens * w * a, 2 * inputs + tokens * w * a, saved_bytes=inputs)
-    work.linear(tokens, w, h, bias=bias, experts=experts, replicated_input=False)
+    work.linear(
+        tokens, w, h, bias=bias, experts=experts, replicated_input=False, fused_cast=fused_casts
+    )
 
 
 def moe(work: LayerWork, arch: Architecture, s: Settings) -> None:

@@ -108,10 +108,10 @@ PRESETS: dict[str, Hardware] = {
         attention_efficiency=0.45,  # as measured on an H200, see "h200"
         # The two below are fitted to the H100 record (benchmarks/data/h100_record.csv) by
         # `benchmarks/bench_fidelity.py --record`, each source held out in turn (BENCHMARKS.md):
-        # FP8 GEMMs in layers at 0.5 of the FP8 peak, streaming kernels at 0.85 of HBM's
+        # FP8 GEMMs in layers at 0.475 of the FP8 peak, streaming kernels at 0.9 of HBM's
         # bandwidth (the H200's device copy ran at 0.88).
-        fp8_matmul_efficiency=0.5,
-        memory_efficiency=0.85,
+        fp8_matmul_efficiency=0.475,
+        memory_efficiency=0.9,
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU
         tp_bandwidth=450e9,  # NVLink4 (900 GB/s aggregate): ~450 GB/s all-reduce bus bandwidth
         num_sms=132,  # H100 SXM5 datasheet: 132 SMs
@@ -124,8 +124,8 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=81559 * MIB,  # 80 GB HBM3, as H100
         matmul_efficiency=0.67,  # as H100
         attention_efficiency=0.45,
-        fp8_matmul_efficiency=0.5,  # as H100
-        memory_efficiency=0.85,  # as H100
+        fp8_matmul_efficiency=0.475,  # as H100
+        memory_efficiency=0.9,  # as H100
         link_bandwidth=50e9,  # DeepSeek-V3 report: 400 Gb/s InfiniBand (50 GB/s) per GPU
         tp_bandwidth=160e9,  # DeepSeek-V3 report: NVLink (export-limited 400 GB/s) ~160 GB/s
         num_sms=132,  # as H100 SXM
@@ -145,7 +145,7 @@ PRESETS: dict[str, Hardware] = {
         matmul_efficiency=0.67,
         attention_efficiency=0.45,
         memory_efficiency=0.85,
-        fp8_matmul_efficiency=0.5,  # as H100 (fitted there)
+        fp8_matmul_efficiency=0.475,  # as H100 (fitted there)
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU (DGX H200)
         tp_bandwidth=450e9,  # NVLink4, as H100
         num_sms=132,  # the H100's GH100 die
@@ -161,9 +161,9 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=180e9,  # DGX B200: 1,440 GB of HBM3e over 8 GPUs
         matmul_efficiency=0.67,  # as H100 (assumed)
         attention_efficiency=0.45,  # as H100 (assumed)
-        memory_efficiency=0.85,  # as H100 (assumed)
+        memory_efficiency=0.9,  # as H100 (assumed)
         fp8_peak_flops=4.5e15,  # HGX B200: FP8 9 PFLOPS per GPU with sparsity -> 4.5 dense
-        fp8_matmul_efficiency=0.5,  # as H100 (assumed)
+        fp8_matmul_efficiency=0.475,  # as H100 (assumed)
         block_scaled_fp8=True,  # Blackwell's tensor cores take MXFP8's block scales
         link_bandwidth=50e9,  # DGX B200: ConnectX-7 400 Gb/s per GPU
         tp_bandwidth=900e9,  # NVLink 5: 1.8 TB/s per GPU, twice NVLink 4 (whose 900 -> 450)
@@ -176,9 +176,9 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=186e9,  # GB200 NVL72: 13.4 TB of HBM3e over 72 GPUs
         matmul_efficiency=0.67,  # as H100 (assumed)
         attention_efficiency=0.45,  # as H100 (assumed)
-        memory_efficiency=0.85,  # as H100 (assumed)
+        memory_efficiency=0.9,  # as H100 (assumed)
         fp8_peak_flops=5e15,  # GB200 NVL72: FP8 720 PFLOPS over 72 GPUs with sparsity -> 5
-        fp8_matmul_efficiency=0.5,  # as H100 (assumed)
+        fp8_matmul_efficiency=0.475,  # as H100 (assumed)
         block_scaled_fp8=True,
         link_bandwidth=50e9,  # GB200 NVL72 compute trays: ConnectX-7 400 Gb/s per GPU
         tp_bandwidth=900e9,  # NVLink 5 within the rack's 72-GPU NVLink domain, as B200

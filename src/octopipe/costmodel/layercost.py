@@ -60,6 +60,7 @@ def _decoder(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) 
             arch.gated_mlp,
             s.tensor_parallel,
             bias=arch.mlp_bias,
+            fused_casts=True,
         )
         work.tp_all_reduce(t, h)
     _post_norm(work, arch, t)
@@ -86,7 +87,15 @@ def _hybrid_moe(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Setting
 
 def _hybrid_mlp(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:
     work.norm(s.tokens, arch.hidden_size)
-    mlp(work, s.tokens, arch.hidden_size, arch.intermediate_size, arch.gated_mlp, s.tensor_parallel)
+    mlp(
+        work,
+        s.tokens,
+        arch.hidden_size,
+        arch.intermediate_size,
+        arch.gated_mlp,
+        s.tensor_parallel,
+        fused_casts=True,
+    )
     work.tp_all_reduce(s.tokens, arch.hidden_size)
     work.residual(s.tokens, arch.hidden_size, s.dropout > 0)
 
@@ -101,7 +110,7 @@ def _mamba(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) ->
     inner = heads * m.head_dim
     conv = inner + 2 * groups * m.state_size  # x, B and C: the channels the conv runs over
     work.norm(t, h)
-    work.linear(t, h, inner + conv + heads)  # z, (x, B, C), dt
+    work.linear(t, h, inner + conv + heads, fused_cast=True)  # z, (x, B, C), dt
     work.params += conv * (m.conv_kernel + 1) + 3 * heads  # conv weight+bias, dt_bias, A, D
     work.elementwise(2 * t * conv * a, 3 * t * conv * a, saved_bytes=t * conv * a)
     # Chunked SSD: C.B^T within chunks (per group, causal half), scores.x (per head, causal

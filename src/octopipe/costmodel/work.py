@@ -132,13 +132,17 @@ class LayerWork:
         replicated_input: bool = True,
         input_grad: bool = True,
         quantizable: bool = True,
+        fused_cast: bool = False,
     ) -> None:
         """tokens x [k -> n] with this rank's k and n. `experts` > 1: a grouped GEMM over that
         many weight matrices (tokens is the total routed). F, I and W each do 2*tokens*k*n FLOPs
         (Y = XW: [tokens x n]; dX = dY W^T: [tokens x k]; dW = X^T dY: [k x n]).
         `save_input=False` when another projection already saved (and, under FP8, cast) the
         same input; `input_grad=False` when the input needs no gradient (pixels);
-        `quantizable=False` for what stays BF16 under FP8 (head, router, gates)."""
+        `quantizable=False` for what stays BF16 under FP8 (head, router, gates);
+        `fused_cast`: under FP8 the producer of the input writes it in FP8 already (Transformer
+        Engine's LayerNormLinear and LayerNormMLP fuse the norm, and the MLP's activation, with
+        the cast), so the forward pays no cast of its own."""
         a = self.dtype_bytes
         fp8 = quantizable and quantized(self.precision)
         op = FP8_BYTES if fp8 else a  # bytes of a GEMM operand (the outputs stay BF16)
@@ -169,7 +173,7 @@ class LayerWork:
             self.fp8_params += experts * k * n
             cast_in = cast_bytes(tokens * k, a, self.precision, self.fp8_scaling)
             cast_grad = cast_bytes(tokens * n, a, self.precision, self.fp8_scaling)
-            if save_input:  # projections sharing an input share its cast
+            if save_input and not fused_cast:  # projections sharing an input share its cast
                 self.elementwise(cast_in, 0.0)
             self.elementwise(0.0, cast_grad if input_grad else 0.0)
             if not input_grad:

@@ -15,7 +15,7 @@ searches.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from octopipe.costmodel.build import LayerEstimate, TimeParts, build_profile, estimate_layers
 from octopipe.costmodel.hardware import Hardware
@@ -90,6 +90,11 @@ class LayoutCosts:
             etp=layout.etp,
         )
 
+    def _stride(self, layout: Layout) -> int:
+        """How many TP x CP groups lie between two DP ranks of a stage: PP under OctoPipe's GPU
+        numbering (PP before DP), 1 under Megatron's rank order (PP outermost)."""
+        return 1 if self.job.stack.rank_order == "megatron" else layout.pp
+
     def ep_across_nodes(self, layout: Layout) -> bool:
         """Whether an expert-parallel group spans nodes. MoE parallel folding lays groups of
         ETP x EP consecutive ranks over a stage's TP x CP x DP ranks (TP fastest, then CP, then
@@ -100,7 +105,7 @@ class LayoutCosts:
         members = []
         for i in range(0, layout.ep * etp, etp):
             members.append(
-                cluster.gpu(i % tp, (i // tp) % cp, 0, i // (tp * cp), tp, cp, layout.pp)
+                cluster.gpu(i % tp, (i // tp) % cp, 0, i // (tp * cp), tp, cp, self._stride(layout))
             )
         return len({cluster.node_of(g) for g in members}) > 1
 
@@ -170,6 +175,8 @@ class LayoutCosts:
         speeds = self.speeds(layout) if cluster.mixed else {}
         topo = cluster.replica_topology(layout.tp, layout.pp, layout.dp, speeds, layout.cp)
         stack = self.job.stack
+        if stack.rank_order == "megatron":  # a stage's DP x CP ranks follow its TP x CP group
+            topo = replace(topo, data_parallel=cluster._ring(layout.tp, layout.cp, 1, layout.dp))
         ring = topo.data_parallel.model_copy(
             update={
                 "bucket_bytes": stack.grad_bucket_bytes,
@@ -208,12 +215,12 @@ class LayoutCosts:
         as a DP ring of S / CP replicas, the first of them), and across HSDP's replicas."""
         cluster = self.job.cluster
         sh = sharding(layout.zero, layout.dp, layout.cp, layout.pp, layout.shard_group)
-        shard = cluster._ring(layout.tp, layout.cp, layout.pp, sh.shards // layout.cp)
+        shard = cluster._ring(layout.tp, layout.cp, self._stride(layout), sh.shards // layout.cp)
         hw = cluster.reference
         across = replica_ring(
             sh,
             layout.tp,
-            layout.pp,
+            self._stride(layout),
             cluster.gpus_per_node,
             min(g.hardware.tp_bandwidth for g in cluster.groups),
             min(g.hardware.link_bandwidth for g in cluster.groups),

@@ -150,13 +150,19 @@ def candidate_layouts(
 
 
 def search_space(
-    job: Job, num_layers: int, fits: Callable[[int, int, int], bool], experts: int = 0
+    job: Job,
+    num_layers: int,
+    fits: Callable[[int, int, int], bool],
+    experts: int = 0,
+    zero_stages: tuple[int, ...] = (0, 1),
+    fold_experts: bool = False,
 ) -> list[Layout]:
     """Every layout of the job: `candidate_layouts`' TP x PP x DP x b, with every CP degree
     that leaves each rank at least MIN_CP_CHUNK tokens of a sequence, every EP degree dividing
-    the MoE model's `experts` and the DP x CP ranks (up to MAX_EP), each recomputation, and the
-    optimizer state sharded or not where there are replicas. `fits(tp, cp, ep)` says whether
-    the model splits so."""
+    the MoE model's `experts` and the DP x CP ranks (up to MAX_EP; `fold_experts`: the TP x CP
+    x DP ranks, as Megatron-Core's MoE parallel folding lays EP), each recomputation, and each
+    of `zero_stages` where there are replicas (0 and 1 by default; 2 and 3 price ZeRO-2 and
+    FSDP, `sharded_dp.py`). `fits(tp, cp, ep)` says whether the model splits so."""
     cluster = job.cluster
     out = []
     for cp in divisors(cluster.size):
@@ -169,14 +175,15 @@ def search_space(
 
         for base in candidate_layouts(_Scaled(cluster, cp), job.global_batch, num_layers, tp_fits):
             ranks = base.dp * cp
+            folded = ranks * base.tp if fold_experts else ranks
             eps = [1] + [
-                e for e in divisors(ranks) if 1 < e <= MAX_EP and experts and experts % e == 0
+                e for e in divisors(folded) if 1 < e <= MAX_EP and experts and experts % e == 0
             ]
             for ep in eps:
                 if ep > 1 and not fits(base.tp, cp, ep):
                     continue
                 for recompute in RECOMPUTE_ORDER:
-                    for zero in (False, True) if ranks > 1 else (False,):
+                    for zero in zero_stages if ranks > 1 else (0,):
                         out.append(
                             Layout(
                                 base.tp,
@@ -184,10 +191,11 @@ def search_space(
                                 base.dp,
                                 base.microbatch_size,
                                 base.num_microbatches,
-                                zero,
+                                zero >= 1,
                                 cp,
                                 recompute,
                                 ep,
+                                zero=zero,
                             )
                         )
     return out

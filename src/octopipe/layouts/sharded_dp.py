@@ -62,13 +62,20 @@ def sharding(stage: int, dp: int, cp: int, pp: int, shard_group: int = 0) -> Sha
 
 
 def replica_ring(
-    sh: Sharding, tp: int, pp: int, gpus_per_node: int, nvlink: float, nic: float, latency: float
+    sh: Sharding,
+    tp: int,
+    stride: int,
+    gpus_per_node: int,
+    nvlink: float,
+    nic: float,
+    latency: float,
 ) -> DataParallel:
-    """The all-reduce of each shard across HSDP's replicas: ranks tp x pp x S GPUs apart, each
-    over its own NIC when that crosses nodes (every rank reduces its shard side by side)."""
+    """The all-reduce of each shard across HSDP's replicas: ranks tp x stride x S GPUs apart
+    (stride: PP under OctoPipe's numbering, 1 under Megatron's), each over its own NIC when
+    that crosses nodes (every rank reduces its shard side by side)."""
     if sh.replicas == 1:
         return DataParallel()
-    across = tp * pp * sh.shards >= gpus_per_node
+    across = tp * stride * sh.shards >= gpus_per_node
     return DataParallel(
         degree=sh.replicas,
         bandwidth=nic if across else nvlink,

@@ -19,6 +19,7 @@ from octopipe.errors import InputError
 
 GRAD_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 P2P_KINDS = ("overlapped", "blocking")
+RANK_ORDERS = ("octopipe", "megatron")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,12 @@ class Stack:
     """FP8's per-tensor scaling: "delayed" (amax history) or "current" (an amax pass first)."""
     moe_capacity_factor: float = 0.0
     """MoE routing: 0 dropless; > 0 each expert's input padded to this factor of its share."""
+    rank_order: str = "octopipe"
+    """Where a stage's DP ranks sit: "octopipe" (the plan format's GPU numbering, TP, CP, PP,
+    DP: a stage's DP ranks PP groups apart) or "megatron" (Megatron-Core's default
+    `tp-cp-ep-dp-pp`, PP outermost: a stage's DP ranks, and the EP groups folded over them,
+    next to each other). It moves the data-parallel and expert-parallel rings between NVLink
+    and the NICs; pipeline transfers keep OctoPipe's placement."""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
@@ -74,6 +81,8 @@ class Stack:
             raise InputError("--p2p", f"expected one of {', '.join(P2P_KINDS)}")
         if self.precision not in PRECISIONS:
             raise InputError("--precision", f"expected one of {', '.join(PRECISIONS)}")
+        if self.rank_order not in RANK_ORDERS:
+            raise InputError("--rank-order", f"expected one of {', '.join(RANK_ORDERS)}")
         if self.moe_capacity_factor < 0:
             raise InputError("--moe-capacity-factor", "must not be negative")
         if self.fp8_scaling not in FP8_SCALINGS:
