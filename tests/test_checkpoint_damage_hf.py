@@ -73,13 +73,15 @@ def test_a_flipped_byte_in_a_trained_hf_checkpoint(tmp_path, run_argv, capsys):
         f"octopipe export-hf: error: {shard}: its bytes changed since the save"
     )
     assert not out.exists()
-    # The folder named: its newest intact checkpoint, as --resume takes it (FORMATS.md).
-    assert main([*export, str(ckpt)]) == 0
-    captured = capsys.readouterr()
-    (warning,) = _warnings(captured.err)
-    assert warning.startswith(f"octopipe export-hf: warning: {shard}: its bytes changed")
-    assert warning.endswith("; skipped for step-2")
-    assert f"from {ckpt / 'step-2'} (2 steps)" in captured.out
+    # The folder named: its newest checkpoint is the damaged one, refused naming the intact
+    # one, which then exports by its own path (FORMATS.md).
+    assert main([*export, str(ckpt)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{shard}: its bytes changed" in err[0], err
+    assert err[0].endswith(f"give --checkpoint {ckpt / 'step-2'}")
+    assert not out.exists()
+    assert main([*export, str(ckpt / "step-2")]) == 0
+    assert f"from {ckpt / 'step-2'} (2 steps)" in capsys.readouterr().out
 
     assert main(argv(ckpt, "--steps", "4", "--resume")) == 0
     captured = capsys.readouterr()

@@ -132,7 +132,23 @@ def _checkpoint(path: Path):
         marker = read_marker(path)
         check_complete(path, marker)  # its bytes too: a changed shard is refused
         return Resumable(path, marker.step, marker)
-    found = choose(path)
+    import warnings
+
+    from octopipe.runtime.checkpoint.folder import CheckpointSkipped
+
+    # A damaged newest checkpoint is refused, not exported around: the model a user asks for
+    # by the folder is its latest; the intact one is named, to be exported by its own path.
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always", CheckpointSkipped)
+        found = choose(path)
+    damaged = [w for w in skipped if issubclass(w.category, CheckpointSkipped)]
+    if damaged:
+        fault = str(damaged[0].message).rsplit("; skipped for ", 1)[0]
+        raise InputError(
+            "--checkpoint",
+            f"the newest checkpoint is damaged ({fault}); to export the newest intact one, "
+            f"give --checkpoint {found.path}",
+        )
     if found is None:
         raise InputError("--checkpoint", f"{path} holds no checkpoint (no step-K folder)")
     return found
