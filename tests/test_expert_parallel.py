@@ -3,11 +3,13 @@
 Routed experts divided over EP groups, tokens dispatched and combined by all-to-all (gloo on
 127.0.0.1, real process groups): EP 2 x PP 2 over the replicas of our bundled MoE and of a
 Hugging Face Qwen2-MoE config (fused 3-D expert weights cut by expert index), EP 2 folded over
-TP 2 on the Qwen2-MoE config, and EP 4 folded over TP 2 x DP 2 on the bundled MoE (Megatron-
-Core's MoE parallel folding). Every step's loss, every gradient and every final weight match
-`train_reference` at 1e-5 (split and full backward mixed, clipping on). A checkpoint written at
-EP 2 resumes at EP 1 on another plan and back at EP 2. Each rank holds the analytic cost
-model's `param_bytes` of its layers at its TP and EP degrees. One process group runs them all.
+TP 2 on the Qwen2-MoE config, EP 4 folded over TP 2 x DP 2 on the bundled MoE (Megatron-Core's
+MoE parallel folding), and EP 2 over the replicas under TP 2 with ZeRO-1 (the dense state
+sharded over the replicas, each expert's over the ranks holding it). Every step's loss, every
+gradient and every final weight match `train_reference` at 1e-5 (split and full backward
+mixed, clipping on). A checkpoint written at EP 2 resumes at EP 1 on another plan and back at
+EP 2. Each rank holds the analytic cost model's `param_bytes` of its layers at its TP and EP
+degrees. One process group runs them all.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def runs(tmp_path_factory, checkpoints):
         "hf qwen2-moe, EP 2 folded over TP 2, PP 2": job(qwen, two_devices(qwen), tp=2, ep=2),
         "bundled moe, EP 4 folded over TP 2 x DP 2, PP 2": job(
             MOE, two_devices(MOE), tp=2, dp=2, ep=4
+        ),
+        "bundled moe, EP 2 x TP 2 x PP 2 x DP 2, zero 1": job(
+            MOE, two_devices(MOE), tp=2, dp=2, ep=2, zero=1
         ),
     }
     results = launch(list(jobs.values()), 8, "gloo", timeout_s=120)

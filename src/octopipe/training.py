@@ -273,8 +273,8 @@ def _expert_degree(config: JobConfig, plan: Plan) -> int:
         raise InputError(
             "--ep", f"{ep} does not divide a device's TP x CP x DP = {tp * cp * dp} ranks"
         )
-    if p.zero:
-        raise InputError("--zero", f"{p.zero} is not built with expert parallelism yet (--ep {ep})")
+    if p.zero == 3:
+        raise InputError("--zero", f"3 is not built with expert parallelism yet (--ep {ep})")
     if config.training.overlap_steps:
         raise InputError("--overlap-steps", "not built with expert parallelism yet")
     return ep
