@@ -18,6 +18,10 @@ from executor_helpers import greedy, layer_count
 from model_zoo import write_hf_config
 
 from octopipe.actions import B, I
+from octopipe.costmodel import load_architecture
+from octopipe.costmodel.build import build_profile
+from octopipe.costmodel.hardware import hardware_preset
+from octopipe.costmodel.settings import Settings
 from octopipe.runtime.checkpoint.metadata import read_metadata
 from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
@@ -72,6 +76,16 @@ def test_a_tied_model_trains_as_one_process_on_two_stages_tp_cp_zero3_and_a_v_sh
         reference = train_reference(ran.config, 2)
         assert "lm_head.weight" not in result.params, name  # one table, by its first name
         assert mismatches(result, reference) == [], name
+    # Each rank holds its copy: the cost model's param_bytes of its layers (the head counts
+    # its own copy of the table), fp32 weights and gradients and SGD's momentum.
+    ran, result = jobs["PP 2, saves step 2"], results[0]
+    settings = Settings(
+        seq_len=8, micro_batch_size=2, weight_bytes=4, grad_bytes=4, optimizer_bytes=4
+    )
+    arch = load_architecture(model.removeprefix("hf:"))
+    layers = build_profile(arch, hardware_preset("h100"), settings, 2).layers
+    expected = [sum(x.param_bytes for x in layers[st.start : st.end]) for st in ran.plan.stages]
+    assert list(result.state_bytes[:2]) == expected
     # The checkpoint holds the table once.
     keys = read_metadata(ckpt / "step-2").state_dict_metadata
     assert "model.model.embed_tokens.weight" in keys
