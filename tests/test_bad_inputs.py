@@ -833,6 +833,31 @@ HAND_WRITTEN = [
         "is a file, not a folder",
     ),
     Case(
+        "run --ep not dividing TP x CP x DP",
+        lambda f: _run_llama(f, "--ep", "3", "--dp", "2"),
+        "--ep: 3 does not divide a device's TP x CP x DP = 2 ranks",
+    ),
+    Case(
+        "run --ep with --zero 3",
+        lambda f: _run_llama(f, "--ep", "2", "--dp", "2", "--zero", "3"),
+        "--zero: 3 is not built with expert parallelism yet",
+    ),
+    Case(
+        "run --ep with --overlap-steps",
+        lambda f: _run_llama(f, "--ep", "2", "--dp", "2", "--overlap-steps"),
+        "--overlap-steps: not built with expert parallelism yet",
+    ),
+    Case(
+        "run --cp with a sequence not in 2C chunks",
+        lambda f: _run_llama(f, "--cp", "2", "--seq-len", "6"),
+        "--seq-len: 6 tokens do not split into 4 equal chunks",
+    ),
+    Case(
+        "run --cp --tp --zero 3",
+        lambda f: _run_llama(f, "--cp", "2", "--tp", "2", "--seq-len", "8", "--zero", "3"),
+        "--zero: 3 with --cp 2 and --tp 2 is not built yet",
+    ),
+    Case(
         "run --overlap-steps --zero 1",
         lambda f: _run(f, "--overlap-steps", "--zero", "1", "--dp", "2"),
         "--zero: not supported",

@@ -4,7 +4,10 @@ Each CP rank holds chunks i and 2C-1-i of every sequence; attention runs as ring
 (K/V passed around the CP group by point-to-point transfers, the online-softmax merge), rotary
 positions follow each rank's tokens, the loss is the mean over every token, and stage
 boundaries move each CP rank's part. On real gloo process groups: CP 2 x PP 2 on our bundled
-Llama and a Hugging Face Llama config, CP 2 x TP 2 x PP 2 on both, CP 2 x PP 2 x DP 2, and CP 2
+Llama and a Hugging Face Llama config, CP 2 x TP 2 x PP 2 on both, CP 2 x PP 2 x DP 2, CP 2
+with ZeRO-1 (the CP ranks hold the same weights: the optimizer state is sharded over them),
+CP 2 x DP 2 with FSDP2 over the four copies, overlapped steps, stages recomputing selectively
+and fully (the ring redone in the backward), and CP 2
 with EP 2 (the EP group over the CP ranks) on our bundled MoE: every step's loss, every
 gradient and every final weight match `train_reference` at 1e-5, split (I/W) and full backward
 mixed, clipping on. A checkpoint written at CP 2 resumes at CP 1 under another plan. Ranks hold
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from executor_helpers import greedy, layer_count, one_f_one_b
+from executor_helpers import greedy, layer_count, one_f_one_b, recomputing_job
 from model_zoo import write_hf_config
 
 from octopipe.actions import B, I
@@ -84,6 +87,18 @@ def runs(tmp_path_factory, checkpoints):
         "bundled llama, CP 2 x TP 2 x PP 2": job(LLAMA, two_devices(LLAMA), tp=2, cp=2),
         "hf llama, CP 2 x TP 2 x PP 2": job(llama, two_devices(llama), tp=2, cp=2),
         "bundled llama, CP 2 x PP 2 x DP 2": job(LLAMA, two_devices(LLAMA), dp=2, cp=2),
+        "bundled llama, CP 2 x PP 2, zero 1 over the CP ranks": job(
+            LLAMA, two_devices(LLAMA), cp=2, zero=1
+        ),
+        "hf llama, CP 2 x PP 2 x DP 2, zero 3 over replicas and CP ranks": job(
+            llama, two_devices(llama), dp=2, cp=2, zero=3
+        ),
+        "bundled llama, CP 2 x PP 2, overlapped steps": job(
+            LLAMA, two_devices(LLAMA), cp=2, overlap_steps=True
+        ),
+        "hf llama, CP 2 x PP 2, stages recompute selective | full": recomputing_job(
+            llama, (0, 1), ("selective", "full"), mixed, microbatches=2, cp=2
+        ),
         "bundled moe, CP 2 x PP 2, EP 2 over the CP ranks": job(MOE, two_devices(MOE), cp=2, ep=2),
     }
     results = launch(list(jobs.values()), 8, "gloo", timeout_s=120)

@@ -1,13 +1,15 @@
 """Expert parallelism in the executor equals single-process training.
 
 Routed experts divided over EP groups, tokens dispatched and combined by all-to-all (gloo on
-127.0.0.1, real process groups): EP 2 x PP 2 over the replicas of our bundled MoE and of a
-Hugging Face Qwen2-MoE config (fused 3-D expert weights cut by expert index), EP 2 folded over
-TP 2 on the Qwen2-MoE config, and EP 4 folded over TP 2 x DP 2 on the bundled MoE (Megatron-
-Core's MoE parallel folding). Every step's loss, every gradient and every final weight match
-`train_reference` at 1e-5 (split and full backward mixed, clipping on). A checkpoint written at
-EP 2 resumes at EP 1 on another plan and back at EP 2. Each rank holds the analytic cost
-model's `param_bytes` of its layers at its TP and EP degrees. One process group runs them all.
+127.0.0.1, real process groups): EP 2 x PP 2 over the replicas of our bundled MoE and of Hugging
+Face Qwen2-MoE and Mixtral configs (fused 3-D expert weights cut by expert index), EP 2 folded
+over TP 2 on the Qwen2-MoE config, EP 4 folded over TP 2 x DP 2 on the bundled MoE
+(Megatron-Core's MoE parallel folding), and EP 2 over the replicas under TP 2 with ZeRO-1 (the
+dense state sharded over the replicas, each expert's over the ranks holding it). Every step's
+loss, every gradient and every final weight match `train_reference` at 1e-5 (split and full
+backward mixed, clipping on). A checkpoint written at EP 2 resumes at EP 1 on another plan and
+back at EP 2. Each rank holds the analytic cost model's `param_bytes` of its layers at its TP
+and EP degrees. One process group runs them all.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 STEPS, SEQ, MBS = 2, 8, 2
 CLIPPED = OptimizerConfig("sgd", lr=0.05, momentum=0.9, clip_norm=0.5)
 MOE = "tiny-moe"
+# A tiny Mixtral: the Llama config with four fused experts (no shared one).
+MIXTRAL = {
+    "model_type": "mixtral",
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "intermediate_size": 16,
+}
 
 
 def mixed(stage: int, mb: int) -> str:
@@ -67,6 +76,7 @@ def checkpoints(tmp_path_factory):
 def runs(tmp_path_factory, checkpoints):
     """Every plan of this file, run once in one process group: name -> (job, result)."""
     qwen = f"hf:{write_hf_config(tmp_path_factory.mktemp('hf'), 'qwen2_moe')}"
+    mixtral = f"hf:{write_hf_config(tmp_path_factory.mktemp('mixtral'), 'llama', **MIXTRAL)}"
     saving = {"checkpoint_dir": str(checkpoints), "checkpoint_every": 2}
     jobs = {
         "bundled moe, EP 2 x PP 2 (DP 2), saves step 2": job(
@@ -74,8 +84,12 @@ def runs(tmp_path_factory, checkpoints):
         ),
         "hf qwen2-moe, EP 2 x PP 2 (DP 2)": job(qwen, two_devices(qwen), dp=2, ep=2),
         "hf qwen2-moe, EP 2 folded over TP 2, PP 2": job(qwen, two_devices(qwen), tp=2, ep=2),
+        "hf mixtral, EP 2 x PP 2 (DP 2)": job(mixtral, two_devices(mixtral), dp=2, ep=2),
         "bundled moe, EP 4 folded over TP 2 x DP 2, PP 2": job(
             MOE, two_devices(MOE), tp=2, dp=2, ep=4
+        ),
+        "bundled moe, EP 2 x TP 2 x PP 2 x DP 2, zero 1": job(
+            MOE, two_devices(MOE), tp=2, dp=2, ep=2, zero=1
         ),
     }
     results = launch(list(jobs.values()), 8, "gloo", timeout_s=120)

@@ -74,7 +74,6 @@ def test_plans_that_cannot_apply_are_refused_in_one_line():
     ("model", "options", "world", "message"),
     [
         (titan_style, {"tp": 2}, 4, "--tp: titan_style has no tensor-parallel plan"),
-        ("tiny-llama", {"tp": 2, "dp": 2, "zero": 1}, 8, "--zero: 1 is not supported with --tp"),
         ("tiny-llama", {"tp": 2, "seq_len": 9}, 4, "--seq-len: 9 tokens do not split into 2"),
         ("tiny-llama", {"tp": 2, "dp": 2}, 6, "--tp: 2 replicas of 2 ranks per device do not"),
         ("tiny-llama", {"dp": 2, "zero": 3, "overlap_steps": True}, 4, "--zero: not supported"),

@@ -299,8 +299,8 @@ def _expert_degree(config: JobConfig, plan: Plan) -> int:
         raise InputError(
             "--ep", f"{ep} does not divide a device's TP x CP x DP = {tp * cp * dp} ranks"
         )
-    if p.zero:
-        raise InputError("--zero", f"{p.zero} is not built with expert parallelism yet (--ep {ep})")
+    if p.zero == 3:
+        raise InputError("--zero", f"3 is not built with expert parallelism yet (--ep {ep})")
     if config.training.overlap_steps:
         raise InputError("--overlap-steps", "not built with expert parallelism yet")
     return ep
@@ -320,8 +320,12 @@ def _context_degree(config: JobConfig, plan: Plan, seq_len: int) -> int:
             f"{seq_len} tokens do not split into {2 * cp} equal chunks, each rank's two of them "
             f"into {tp} tensor-parallel shares (--cp {cp} --tp {tp})",
         )
-    if config.parallelism.zero == 3:
-        raise InputError("--zero", f"3 is not built with context parallelism yet (--cp {cp})")
+    if config.parallelism.zero == 3 and tp > 1:
+        raise InputError(
+            "--zero",
+            f"3 with --cp {cp} and --tp {tp} is not built yet (FSDP2 over the replicas' and CP "
+            "ranks needs their mesh and TP's from one root); --zero 3 runs with --cp at --tp 1",
+        )
     return cp
 
 

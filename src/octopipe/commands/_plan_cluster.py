@@ -203,8 +203,6 @@ def launch_commands(out: Path, args: argparse.Namespace, lay, job: Job) -> list[
         notes = [f"(on each of the {nodes} nodes, NODE_RANK 0..{nodes - 1}, MASTER_ADDR node 0's)"]
     words = [w if w.startswith("$") else shlex.quote(w) for w in [*head, *run]]
     missing = []
-    if lay.cp > 1 or lay.ep > 1:
-        missing.append("context and expert parallelism are not run by `octopipe run` yet")
     return [" ".join(words), *notes, *(f"note: {m}" for m in missing)]
 
 

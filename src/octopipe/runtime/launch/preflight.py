@@ -44,8 +44,6 @@ def check_parallelism(config: RunConfig, recipe: ModelRecipe) -> None:
         raise InputError("--zero", f"must be 0, 1 or 3, got {config.zero}")
     if config.tp == 1:
         return
-    if config.zero == 1:
-        raise InputError("--zero", "1 is not supported with --tp > 1 yet; use --zero 3 (FSDP2)")
     if recipe.tp_plan is None:
         raise InputError(
             "--tp",

@@ -39,6 +39,7 @@ class JobMesh:
     # there are more than one.
     expert_dp_group: dist.ProcessGroup | None = None
     context: ContextGroup | None = None  # this rank's CP group (cp > 1)
+    copies_mesh: DeviceMesh | None = None  # `dp_group` as a mesh, under CP (FSDP2's)
 
     @property
     def tp_mesh(self) -> DeviceMesh | None:
@@ -46,6 +47,9 @@ class JobMesh:
 
     @property
     def dp_mesh(self) -> DeviceMesh | None:
+        """The ranks holding the same weights: the replicas (and, under CP, their CP ranks)."""
+        if self.copies_mesh is not None:
+            return self.copies_mesh
         return None if self.mesh is None else self.mesh["dp"]
 
 
@@ -63,7 +67,7 @@ def build_job_mesh(layout: RankLayout, rank: int, device_type: str, with_mesh: b
             [mine[name] for name in DIMS], device_type, mesh=grid, mesh_dim_names=DIMS
         )
     dp_group = mine.get("dp") if layout.dp > 1 else None
-    context = None
+    context, copies_mesh = None, None
     if layout.cp > 1:
         # The copies of a weight: one TP rank of one device, every replica and CP rank.
         copies = grid.permute(1, 3, 0, 2).reshape(-1, layout.dp * layout.cp)
@@ -73,10 +77,17 @@ def build_job_mesh(layout: RankLayout, rank: int, device_type: str, with_mesh: b
                 layout.rank(place.replica, place.device, place.tp_rank, c) for c in range(layout.cp)
             )
             context = ContextGroup(layout.cp, place.cp_rank, ranks, mine["cp"])
+            if with_mesh:
+                members = [
+                    layout.rank(r, place.device, place.tp_rank, c)
+                    for r in range(layout.dp)
+                    for c in range(layout.cp)
+                ]
+                copies_mesh = DeviceMesh.from_group(dp_group, device_type, mesh=sorted(members))
     experts, expert_dp = (
         _expert_groups(layout, rank, device_type) if layout.ep > 1 else (None, None)
     )
-    return JobMesh(layout, place, mesh, dp_group, experts, expert_dp, context)
+    return JobMesh(layout, place, mesh, dp_group, experts, expert_dp, context, copies_mesh)
 
 
 def _expert_groups(

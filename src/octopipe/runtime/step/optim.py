@@ -56,20 +56,27 @@ class OptimizerConfig:
         return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * progress))
 
     def build(
-        self, params: list[torch.nn.Parameter], shard_group: dist.ProcessGroup | None = None
+        self,
+        params: list[torch.nn.Parameter],
+        shard_group: dist.ProcessGroup | None = None,
+        expert_ids: frozenset[int] = frozenset(),
+        expert_group: dist.ProcessGroup | None = None,
     ) -> torch.optim.Optimizer:
         """The optimizer of `params`; with `shard_group`, its state sharded across that group
-        (ZeRO-1, torch's `ZeroRedundancyOptimizer`: each rank updates its share, then every
-        rank gets the new weights)."""
+        (ZeRO-1, `zero.ShardedOptimizer`: each rank updates its share, then every rank gets
+        the new weights), routed experts' (`expert_ids`) across `expert_group`."""
         options = {"lr": self.lr, "weight_decay": self.weight_decay}
         if self.name == "sgd":
             options["momentum"] = self.momentum
         if shard_group is None:
             return _CLASSES[self.name](params, **options)
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from octopipe.runtime.step.zero import ShardedOptimizer
 
-        return ZeroRedundancyOptimizer(
-            params, optimizer_class=_CLASSES[self.name], process_group=shard_group, **options
+        dense = [p for p in params if id(p) not in expert_ids]
+        routed = [p for p in params if id(p) in expert_ids]
+        return ShardedOptimizer(  # type: ignore[return-value]
+            [(dense, shard_group), (routed, expert_group)],
+            lambda owned: _CLASSES[self.name](owned, **options),
         )
 
 

@@ -151,7 +151,16 @@ class Worker:
             self._stage_done_after = {len(self.actions) - 1: every}
         shard = dp_group if zero == 1 and copies > 1 else None
         self.optimizer_config, self.replicas = optimizer, replicas
-        self.optimizer = optimizer.build(self.params, shard) if self.params else None
+        self.optimizer = (
+            optimizer.build(
+                self.params,
+                shard,
+                experts.ids if experts is not None else frozenset(),
+                expert_group,
+            )
+            if self.params
+            else None
+        )
         self.grad_norm: float | None = None  # the last step's, when clipping
         self.records: list[ActionRecord] = []
         self._batch: Batch | None = None  # the step in progress: its data, index, losses
