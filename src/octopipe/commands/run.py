@@ -74,10 +74,12 @@ def run(args: argparse.Namespace) -> int:
                 f"(its parallelism key); this ran {ran} (--{flag})",
                 file=sys.stderr,
             )
+    cp = par.cp or _planned(plan, "cp") or 1
+    layout = RankLayout(tp, plan.num_devices, dp, cp=cp)
     if out.trace:
         write_trace(out.trace, from_records(result.records), "measured")
     if out.png:
-        _draw_last_step(result, out.png, plan, profile, RankLayout(tp, plan.num_devices, dp))
+        _draw_last_step(result, out.png, plan, profile, layout)
     comparable = _note_other_shape(config, plan)
     summary = result.summary()
     comparable = not _note_other_device(plan, plan_file, summary) and comparable
@@ -89,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         print(dumps(summary))
     else:
         _print_human(summary, comparable)
-        if dp > 1 or tp > 1:
-            print(RankLayout(tp, plan.num_devices, dp).describe())
+        if dp > 1 or tp > 1 or cp > 1:
+            print(layout.describe())
         if out.trace and summary["predicted_iteration_time"] is not None:
             given = out.profile  # --profile, when the run was given the plan's profile
             calibrated = "CALIBRATED" if given is None else _calibrated_name(given)
