@@ -20,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from octopipe.commands._device_layers import device_layers, print_wide
 from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         )
     job = result.job
     console = Console()
-    console.print(layout_table(result, job, args.overlap_steps))
+    print_wide(console, layout_table(result, job, args.overlap_steps))
     for note in result.notes:
         console.print(f"[yellow]note: {note}[/yellow]")
     best = result.best
@@ -132,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
             f"headroom): the leanest, {best.layout.describe()}, lacks "
             f"{fmt_bytes(best.memory_lacking_bytes)} a GPU"
         )
+    console.print("which layers each device holds (the chosen plan):")
+    for line in device_layers(best.plan, best.profile.layer_names):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
     out.mkdir(parents=True, exist_ok=True)
     lay = best.layout
     plan = best.plan.with_parallelism(
@@ -205,7 +209,9 @@ def json_summary(result: LayoutReport) -> dict:
     return {
         "chosen": result.best.summary(),
         "best_standard": summary(result.best_standard),
-        "recipe": summary(result.recipe),
+        "recipe": {**summary(result.recipe), "source": result.recipe_source}
+        if result.recipe is not None
+        else None,
         "reference": summary(result.reference),
         "given": summary(result.given),
         "search": {
@@ -224,10 +230,7 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
     table = Table(
         title=f"{job.config} on {job.cluster.describe()}, global batch {job.global_batch} x "
         f"{job.seq_len} tokens: layouts (simulated){overlapped if overlap_steps else ''}",
-        caption="DP Z1: optimizer state sharded across DP (ZeRO-1); b x M: samples per "
-        "microbatch x microbatches per step; R: recomputation (s: selective, f: full); "
-        "Megatron-LM: its usual layout, interleaved 1F1B over a uniform partition (1F1B with one "
-        "stage); given: --from-layout",
+        caption=_caption(result),
     )
     references = _references(result)
     shown = [*result.rows[:SHOWN_ROWS], *(row for _, row in references)]
@@ -239,10 +242,10 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
     if all(r.layout.recompute == "none" for r in shown):
         degrees.remove("R")
     for col in degrees:
-        table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("plan", min_width=8)
+        table.add_column(col, justify="right", overflow="fold")
+    table.add_column("plan", min_width=8, overflow="fold")
     for col in ("step s", "tok/s/GPU", "GiB", "fits"):
-        table.add_column(col, justify="right", no_wrap=True)
+        table.add_column(col, justify="right", overflow="fold")
 
     def add(row: Row, bold: bool = False, label: str | None = None) -> None:
         lay, sim = row.layout, row.sim
@@ -270,8 +273,29 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
     if references:
         table.add_section()
         for name, row in references:
-            add(row, label=f"{name}: {row.label}" if name != row.label else name)
+            shown_as = {"reference": "Megatron-LM", "given": "given"}.get(name)
+            add(row, label=shown_as or (row.label if ":" in row.label else f"{name}: {row.label}"))
     return table
+
+
+def _caption(result: LayoutReport) -> str:
+    """The legend: what each abbreviation and reference row means."""
+    parts = [
+        "DP Z1: optimizer state sharded across DP (ZeRO-1)",
+        "b x M: samples per microbatch x microbatches per step",
+        "R: recomputation (s: selective, f: full)",
+        "plan: schedule/partition (tuned: OctoPipe's tuner; docs/LAYOUTS.md)",
+        "best_standard: the fastest standard schedule over the uniform partition, of every "
+        "layout screened",
+    ]
+    if result.recipe is not None:
+        parts.append(f"recipe: {result.recipe_source}, scaled to these GPUs")
+    parts.append(
+        "Megatron-LM: its rule (TP by model size, interleaved 1F1B over a uniform partition)"
+    )
+    if result.given is not None:
+        parts.append("given: --from-layout")
+    return "; ".join(parts)
 
 
 def _references(result: LayoutReport) -> list[tuple[str, Row]]:

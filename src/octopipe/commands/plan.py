@@ -20,6 +20,7 @@ from rich.table import Table
 
 from octopipe.api import profile_from_config, tune
 from octopipe.commands import _plan_cluster as plan_cluster
+from octopipe.commands._device_layers import device_layers, print_wide
 from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
@@ -199,7 +200,10 @@ def run(args: argparse.Namespace) -> int:
         title += f", {args.action_overhead * 1e6:.0f} us per action"
     if args.overlap_steps:
         title += ", steps overlapped (time: per step, steady state)"
-    console.print(comparison_table(result, title))
+    print_wide(console, comparison_table(result, title))
+    console.print("which layers each device holds:")
+    for line in device_layers(result.best.plan, profile.layer_names):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
     if result.best.plan.recompute:
         console.print(f"the tuned plan: {recompute_summary(result.best.plan)}")
     console.print(
@@ -225,13 +229,16 @@ def shortfall_message(leanest: Evaluated) -> str:
 def comparison_table(result: TuneResult, title: str) -> Table:
     best = result.best
     kept = best.label.endswith("(kept)")
-    caption = "vs tuned: the row's time over the tuned plan's (1.25x = 25% slower)"
+    caption = (
+        "vs tuned: the row's time over the tuned plan's (1.25x = 25% slower); tuned (X): the "
+        "tuner's seed it started from (docs/LAYOUTS.md, reading the labels)"
+    )
     if kept:
         caption += "; (kept): no plan faster than this baseline was found"
     table = Table(title=f"{title}: tuned plan vs baselines (simulated)", caption=caption)
-    table.add_column("plan", no_wrap=True)
+    table.add_column("plan", overflow="fold")
     for col in ("time s", "vs tuned", "bubble", "eff.", "peak GiB", "fits"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True, overflow="fold")
     rows = [best, *sorted(result.baselines, key=lambda e: e.sim.iteration_time)]
     for i, e in enumerate(rows):
         sim = e.sim
