@@ -1,10 +1,13 @@
 """`octopipe plan --gpus N`: lay a model out on a cluster (TP x CP x PP x DP x EP, microbatches,
 recomputation, optimizer sharding).
 
-Plans Megatron-LM's usual layout (and the user's `--from-layout`) first, screens every layout
-best bound first, tunes the best few, prints them best first beside the references, writes the
-best plan (with its `parallelism`) and the profile it was planned on, and prints how to launch
-it. The search lives in `octopipe.layouts.search`; its work is counted in layouts and
+Plans Megatron-LM's usual layout, the model's published recipe (and the user's `--from-layout`)
+first, screens every layout best bound first (with the standard schedules beside: the
+`best_standard` row), tunes the best few, prints them best first beside those references and
+which layers each device holds, writes the best plan (with its `parallelism`) and the profile
+it was planned on, and prints how to launch it. On a terminal a live line says how far the
+search is (`--quiet` and `--json` keep it off; nothing is drawn in a pipe).
+The search lives in `octopipe.layouts.search`; its work is counted in layouts and
 evaluations, so the answer is the same on any machine unless `--time-budget` cuts it (the
 output then says so).
 """
@@ -83,8 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--json",
         action="store_true",
-        help='the chosen layout and the reference\'s as JSON on the last line ({"chosen": ...,'
-        ' "reference": ...})',
+        help="the chosen layout and those it is set beside as JSON on the last line "
+        '({"chosen", "best_standard", "recipe", "reference", "given", "search"})',
     )
     add_stack_arguments(p)
 
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     out = Path(args.output)
     check_output_folder("--output", out)  # before the search: a bad folder fails at once
-    show = not args.quiet and sys.stderr.isatty()
+    show = not (args.quiet or args.json) and sys.stderr.isatty()
     with _progress(show) as report:
         result = plan_layout(
             args.model or DEFAULT_MODEL,

@@ -106,8 +106,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--time-budget",
         type=number(0, MAX_SECONDS, above=True),
-        help="seconds for the whole command: baselines, search and pictures (default 30; "
-        "with --gpus a safety cap of 600: the search's work is counted in evaluations)",
+        help="seconds for the whole command: baselines, search and pictures (default 30). With "
+        "--gpus: a safety cap on the whole command (default 600); the search's work is counted "
+        "in layouts and evaluations, so the answer is the same on any machine unless the cap "
+        "cuts it (the output then says so)",
     )
     p.add_argument(
         "--seed", type=count(0, MAX_SEED), default=0, help="seed of the search's random moves"
@@ -141,7 +143,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="plan for steps run back to back with no barrier: rank plans by their steady "
         "time per step (docs/FORMATS.md); the timelines show one step",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress line (there is none in a pipe either)"
+    )
     p.add_argument(
         "--no-png",
         dest="png",
