@@ -41,9 +41,10 @@ TUNE_EVALUATIONS = 1500  # the tuner's evaluations per tuned layout, at most
 # stages x microbatches x 3 actions); one that would get fewer than MIN_TUNE_EVALUATIONS keeps
 # its screened plan (the tuner's seeds alone take more).
 TUNE_ACTIONS = 1_000_000
-# Then the best tuned plan is tuned once more from where it stands, with this many more: most
-# of the tuner's gain on a big pipeline comes in its first evaluations, the rest on the winner.
-POLISH_ACTIONS = 3_000_000
+# Then the layout of the best tuned plan is tuned again from its screening plan, with this many:
+# most of the tuner's gain on a big pipeline comes in its first evaluations, the rest on the
+# winner.
+POLISH_ACTIONS = 4_000_000
 MIN_TUNE_EVALUATIONS = 20
 RECENT_PROFILES = 16  # layouts whose profiles are kept
 

@@ -158,12 +158,15 @@ def plan_cluster(
     fits_with: dict[Layout, str] = {}  # a family's lightest recomputation that fits
     best_standard: Row | None = None
     done: set[Layout] = set()
+    screen_rows: dict[Layout, Row] = {}  # each layout's screening plan (balanced baselines)
 
     def screen(layout: Layout, simulated: int) -> list[Row]:
         """The layout's screening rows and standard rows, kept; best_standard updated."""
         nonlocal best_standard
         began = time.perf_counter()
         row = search.screen(layout)
+        if row is not None:
+            screen_rows[layout] = row
         fitting_standard = best_standard is not None and best_standard.sim.fits
         beat = best_standard.step_time if fitting_standard else float("inf")
         standard = search.standard(layout, beat)
@@ -222,13 +225,14 @@ def plan_cluster(
         work.did_tune(spent, cut, time.perf_counter() - began)
         keep(row)
         tuned += spent > 0
-    # 4. The best tuned plan, tuned on from where it stands.
+    # 4. The best tuned plan's layout, tuned again from its screening plan with more work.
     top = incumbent()
     if top is not None and top.label == "tuned" and not work.out_of_time():
-        work.say("tuning", f"the best once more: {top.layout.describe()}", best_step())
+        work.say("tuning", f"the best layout further: {top.layout.describe()}", best_step())
         began = time.perf_counter()
+        start = screen_rows.get(top.layout, top)
         row, spent, cut = search.tune(
-            top, tune_evaluations, work.left(), seed, max_chunks, actions=POLISH_ACTIONS
+            start, tune_evaluations, work.left(), seed, max_chunks, actions=POLISH_ACTIONS
         )
         work.did_tune(spent, cut, time.perf_counter() - began)
         keep(row)
