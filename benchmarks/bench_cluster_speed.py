@@ -103,6 +103,16 @@ def short(result: dict) -> str:
     )
 
 
+def beside(result: dict, key: str) -> str:
+    """A reference row's step and the chosen plan's gain over it."""
+    row = result.get(key)
+    if not row:
+        return "-"
+    gain = row["step_time"] / result["chosen"]["step_time"]
+    fits = "" if row["fits"] else ", does not fit"
+    return f"{row['step_time']:.3f} s ({row['plan']}{fits}): {gain:.2f}x"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -111,6 +121,9 @@ def main() -> int:
     ap.add_argument("--save", metavar="FILE", help="write every result here as JSON")
     ap.add_argument("--only", action="append", help="only the jobs whose name holds this text")
     ap.add_argument("--repeat", type=int, default=1, help="search each job this many times now")
+    ap.add_argument(
+        "--render", metavar="FILE", help="print the table of a --save file, run nothing"
+    )
     ap.add_argument(
         "--record-only", action="store_true", help="with --against and --save: only the older side"
     )
@@ -123,6 +136,11 @@ def main() -> int:
     labels = [x for x in labels if not args.only or any(o.lower() in x.lower() for o in args.only)]
     before: dict[str, dict] = {}
     rev = args.against
+    rendered: dict[str, list[dict]] = {}
+    if args.render:
+        recorded = json.loads(Path(args.render).read_text())
+        rev, before, rendered = recorded["rev"], recorded["before"], recorded["now"]
+        labels = [x for x in labels if x in rendered]
     if args.before:
         recorded = json.loads(Path(args.before).read_text())
         rev, before = recorded["rev"], recorded["before"]
@@ -130,15 +148,12 @@ def main() -> int:
     head = ["job"]
     if rev:
         head += [f"{rev}: s", f"{rev}: chosen"]
-    head += ["now: s", "now: chosen", "now best_standard", "now / best_standard"]
-    if rev:
-        head += [f"now / {rev}: step", "same plan"]
-    if args.repeat > 1:
-        head += ["same twice"]
+    head += ["now: s", "now: CPU s", "now: chosen"]
+    head += ["best_standard", "recipe", "Megatron-LM"]
     print("| " + " | ".join(head) + " |")
     print("|---|" + "---|" * (len(head) - 1))
     with tempfile.TemporaryDirectory() as tree:
-        if args.against and not args.before:
+        if args.against and not (args.before or args.render):
             subprocess.run(
                 ["git", "-C", str(ROOT), "worktree", "add", "--detach", tree, args.against],
                 check=True,
@@ -157,26 +172,23 @@ def main() -> int:
                     Path(args.save).write_text(json.dumps(saved, indent=1))
                     print(f"| {label} | {old['seconds']:.0f} | {short(old)} |", flush=True)
                     continue
-                runs = [run_side(ROOT / "src", label) for _ in range(args.repeat)]
+                runs = rendered.get(label) or [
+                    run_side(ROOT / "src", label) for _ in range(args.repeat)
+                ]
                 now = runs[0]
                 saved["now"][label] = runs
-                cells += [f"{now['seconds']:.1f}", short(now)]
-                std = now.get("best_standard")
-                if std:
-                    gain = std["step_time"] / now["chosen"]["step_time"]
-                    cells += [f"{std['step_time']:.3f} s ({std['plan']})", f"{gain:.3f}x"]
-                else:
-                    cells += ["-", "-"]
+                cells += [f"{now['seconds']:.1f}", f"{now['cpu_seconds']:.1f}", short(now)]
+                cells += [beside(now, key) for key in ("best_standard", "recipe", "reference")]
                 if rev:
                     ratio = now["chosen"]["step_time"] / old["chosen"]["step_time"]
                     cells += [f"{ratio:.4f}", "yes" if now["plan_sha"] == old["plan_sha"] else "no"]
-                if args.repeat > 1:
+                if len(runs) > 1:
                     cells += ["yes" if len({r["plan_sha"] for r in runs}) == 1 else "NO"]
                 print("| " + " | ".join(cells) + " |", flush=True)
                 if args.save:
                     Path(args.save).write_text(json.dumps(saved, indent=1))
         finally:
-            if args.against and not args.before:
+            if args.against and not (args.before or args.render):
                 subprocess.run(
                     ["git", "-C", str(ROOT), "worktree", "remove", "--force", tree],
                     capture_output=True,

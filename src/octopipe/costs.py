@@ -67,6 +67,9 @@ class CostTable:
         self.grad = prefix_sums(l.grad_bytes for l in layers)
         self.out_bytes = [l.out_bytes for l in layers]
         self.num_layers = len(layers)
+        # A stage's gradient buckets, by (start, end, device speed, recomputation): a search
+        # evaluates the same stages again and again, each of thousands of buckets.
+        self.bucket_cache: dict[tuple[int, int, float, str], tuple[GradBucket, ...]] = {}
         # Per kind of recomputation some layer offers (docs/FORMATS.md): its prefix sums.
         self.recompute = {
             kind: _recompute_table(profile, kind)
@@ -251,7 +254,12 @@ def reduction_buckets(
         else:
             kind = recompute[s] if recompute else NO_RECOMPUTE
             speed, size = devices[d].speed, dp.bucket_bytes
-            out.append(_buckets(costs, a, b, speed, size, dp.allreduce_time, kind))
+            key = (a, b, speed, kind)
+            if key not in costs.bucket_cache:
+                costs.bucket_cache[key] = _buckets(
+                    costs, a, b, speed, size, dp.allreduce_time, kind
+                )
+            out.append(costs.bucket_cache[key])
     return tuple(out)
 
 

@@ -1,10 +1,13 @@
 """`octopipe plan --gpus N`: lay a model out on a cluster (TP x CP x PP x DP x EP, microbatches,
 recomputation, optimizer sharding).
 
-Plans Megatron-LM's usual layout (and the user's `--from-layout`) first, screens every layout
-best bound first, tunes the best few, prints them best first beside the references, writes the
-best plan (with its `parallelism`) and the profile it was planned on, and prints how to launch
-it. The search lives in `octopipe.layouts.search`; its work is counted in layouts and
+Plans Megatron-LM's usual layout, the model's published recipe (and the user's `--from-layout`)
+first, screens every layout best bound first (with the standard schedules beside: the
+`best_standard` row), tunes the best few, prints them best first beside those references and
+which layers each device holds, writes the best plan (with its `parallelism`) and the profile
+it was planned on, and prints how to launch it. On a terminal a live line says how far the
+search is (`--quiet` and `--json` keep it off; nothing is drawn in a pipe).
+The search lives in `octopipe.layouts.search`; its work is counted in layouts and
 evaluations, so the answer is the same on any machine unless `--time-budget` cuts it (the
 output then says so).
 """
@@ -20,6 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from octopipe.commands._device_layers import device_layers, print_wide
 from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
@@ -85,8 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--json",
         action="store_true",
-        help='the chosen layout and the reference\'s as JSON on the last line ({"chosen": ...,'
-        ' "reference": ...})',
+        help="the chosen layout and those it is set beside as JSON on the last line "
+        '({"chosen", "best_standard", "recipe", "reference", "given", "search"})',
     )
     add_stack_arguments(p)
 
@@ -103,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     out = Path(args.output)
     check_output_folder("--output", out, OUTPUT_FILES)  # before the search: fails at once
-    show = not args.quiet and sys.stderr.isatty()
+    show = not (args.quiet or args.json) and sys.stderr.isatty()
     with _progress(show) as report:
         result = plan_layout(
             args.model or DEFAULT_MODEL,
@@ -125,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         )
     job = result.job
     console = Console()
-    console.print(layout_table(result, job, args.overlap_steps))
+    print_wide(console, layout_table(result, job, args.overlap_steps))
     for note in result.notes:
         console.print(f"[yellow]note: {note}[/yellow]")
     best = result.best
@@ -135,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
             f"headroom): the leanest, {best.layout.describe()}, lacks "
             f"{fmt_bytes(best.memory_lacking_bytes)} a GPU"
         )
+    console.print("which layers each device holds (the chosen plan):")
+    for line in device_layers(best.plan, best.profile.layer_names):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
     out.mkdir(parents=True, exist_ok=True)
     lay = best.layout
     plan = best.plan.with_parallelism(
@@ -213,7 +220,9 @@ def json_summary(result: LayoutReport) -> dict:
     return {
         "chosen": result.best.summary(),
         "best_standard": summary(result.best_standard),
-        "recipe": summary(result.recipe),
+        "recipe": {**summary(result.recipe), "source": result.recipe_source}
+        if result.recipe is not None
+        else None,
         "reference": summary(result.reference),
         "given": summary(result.given),
         "search": {
@@ -232,10 +241,7 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
     table = Table(
         title=f"{job.config} on {job.cluster.describe()}, global batch {job.global_batch} x "
         f"{job.seq_len} tokens: layouts (simulated){overlapped if overlap_steps else ''}",
-        caption="DP Z1: optimizer state sharded across DP (ZeRO-1); b x M: samples per "
-        "microbatch x microbatches per step; R: recomputation (s: selective, f: full); "
-        "Megatron-LM: its usual layout, interleaved 1F1B over a uniform partition (1F1B with one "
-        "stage); given: --from-layout",
+        caption=_caption(result),
     )
     references = _references(result)
     shown = [*result.rows[:SHOWN_ROWS], *(row for _, row in references)]
@@ -247,10 +253,10 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
     if all(r.layout.recompute == "none" for r in shown):
         degrees.remove("R")
     for col in degrees:
-        table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("plan", min_width=8)
+        table.add_column(col, justify="right", overflow="fold")
+    table.add_column("plan", min_width=8, overflow="fold")
     for col in ("step s", "tok/s/GPU", "GiB", "fits"):
-        table.add_column(col, justify="right", no_wrap=True)
+        table.add_column(col, justify="right", overflow="fold")
 
     def add(row: Row, bold: bool = False, label: str | None = None) -> None:
         lay, sim = row.layout, row.sim
@@ -278,8 +284,29 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
     if references:
         table.add_section()
         for name, row in references:
-            add(row, label=f"{name}: {row.label}" if name != row.label else name)
+            shown_as = {"reference": "Megatron-LM", "given": "given"}.get(name)
+            add(row, label=shown_as or (row.label if ":" in row.label else f"{name}: {row.label}"))
     return table
+
+
+def _caption(result: LayoutReport) -> str:
+    """The legend: what each abbreviation and reference row means."""
+    parts = [
+        "DP Z1: optimizer state sharded across DP (ZeRO-1)",
+        "b x M: samples per microbatch x microbatches per step",
+        "R: recomputation (s: selective, f: full)",
+        "plan: schedule/partition (tuned: OctoPipe's tuner; docs/LAYOUTS.md)",
+        "best_standard: the fastest standard schedule over the uniform partition, of every "
+        "layout screened",
+    ]
+    if result.recipe is not None:
+        parts.append(f"recipe: {result.recipe_source}, scaled to these GPUs")
+    parts.append(
+        "Megatron-LM: its rule (TP by model size, interleaved 1F1B over a uniform partition)"
+    )
+    if result.given is not None:
+        parts.append("given: --from-layout")
+    return "; ".join(parts)
 
 
 def _references(result: LayoutReport) -> list[tuple[str, Row]]:

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from octopipe.api import profile_from_config, tune
 from octopipe.commands import _plan_cluster as plan_cluster
+from octopipe.commands._device_layers import device_layers, print_wide
 from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
@@ -110,8 +111,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--time-budget",
         type=number(0, MAX_SECONDS, above=True),
-        help="seconds for the whole command: baselines, search and pictures (default 30; "
-        "with --gpus a safety cap of 600: the search's work is counted in evaluations)",
+        help="seconds for the whole command: baselines, search and pictures (default 30). With "
+        "--gpus: a safety cap on the whole command (default 600); the search's work is counted "
+        "in layouts and evaluations, so the answer is the same on any machine unless the cap "
+        "cuts it (the output then says so)",
     )
     p.add_argument(
         "--seed", type=count(0, MAX_SEED), default=0, help="seed of the search's random moves"
@@ -164,7 +167,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="plan for steps run back to back with no barrier: rank plans by their steady "
         "time per step (docs/FORMATS.md); the timelines show one step",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress line (there is none in a pipe either)"
+    )
     p.add_argument(
         "--no-png",
         dest="png",
@@ -226,7 +231,10 @@ def run(args: argparse.Namespace) -> int:
         title += f", {args.action_overhead * 1e6:.0f} us per action"
     if args.overlap_steps:
         title += ", steps overlapped (time: per step, steady state)"
-    console.print(comparison_table(result, title))
+    print_wide(console, comparison_table(result, title))
+    console.print("which layers each device holds:")
+    for line in device_layers(result.best.plan, profile.layer_names):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
     if result.best.plan.recompute:
         console.print(f"the tuned plan: {recompute_summary(result.best.plan)}")
     console.print(
@@ -256,17 +264,20 @@ def shortfall_message(leanest: Evaluated) -> str:
 def comparison_table(result: TuneResult, title: str) -> Table:
     best = result.best
     kept = best.label.endswith("(kept)")
-    caption = "vs tuned: the row's time over the tuned plan's (1.25x = 25% slower)"
+    caption = (
+        "vs tuned: the row's time over the tuned plan's (1.25x = 25% slower); tuned (X): the "
+        "tuner's seed it started from (docs/LAYOUTS.md, reading the labels)"
+    )
     if kept:
         caption += "; (kept): no plan faster than this baseline was found"
     table = Table(title=f"{title}: tuned plan vs baselines (simulated)", caption=caption)
-    table.add_column("plan", no_wrap=True)
+    table.add_column("plan", overflow="fold")
     rows = [best, *sorted(result.baselines, key=lambda e: e.sim.iteration_time)]
     # Times and memory in the units of the column's largest figure: a small model's keep digits.
     time_name, per_second = time_unit(max(e.sim.iteration_time for e in rows))
     byte_name, per_byte = byte_unit(max(max(e.sim.peak_memory_bytes) for e in rows))
     for col in (f"time {time_name}", "vs tuned", "bubble", "eff.", f"peak {byte_name}", "fits"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True, overflow="fold")
     times = fmt_column([e.sim.iteration_time * per_second for e in rows])
     peaks = fmt_column([max(e.sim.peak_memory_bytes) / per_byte for e in rows])
     for i, e in enumerate(rows):

@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 
+from octopipe.commands._device_layers import device_layers
 from octopipe.commands._flags import number
 from octopipe.commands._output_paths import HTML, JSON, PICTURE, check_output_file
 from octopipe.errors import InputError
@@ -84,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         print(dumps(summary))
     else:
         print_simulation(result, title=title)
+        print("which layers each device holds:")
+        for line in device_layers(plan, profile.layer_names):
+            print(f"  {line}")
     return 0
 
 

@@ -20,7 +20,7 @@ from octopipe.layouts.costs import LayoutCosts, optimizer_seconds
 from octopipe.layouts.layout import Job, Layout
 from octopipe.plan import Plan
 from octopipe.profile import Profile
-from octopipe.schedules import ScheduleSpec, generate
+from octopipe.schedules import ScheduleSpec, generate, placement_of
 from octopipe.sim import SimResult, Simulator
 from octopipe.sim.evaluate import plan_rank
 
@@ -41,6 +41,10 @@ TUNE_EVALUATIONS = 1500  # the tuner's evaluations per tuned layout, at most
 # stages x microbatches x 3 actions); one that would get fewer than MIN_TUNE_EVALUATIONS keeps
 # its screened plan (the tuner's seeds alone take more).
 TUNE_ACTIONS = 1_000_000
+# Then the layout of the best tuned plan is tuned again from its screening plan, with this many:
+# most of the tuner's gain on a big pipeline comes in its first evaluations, the rest on the
+# winner.
+POLISH_ACTIONS = 4_000_000
 MIN_TUNE_EVALUATIONS = 20
 RECENT_PROFILES = 16  # layouts whose profiles are kept
 
@@ -103,6 +107,8 @@ class LayoutSearch:
         self.costs = costs or LayoutCosts(job)  # shared: profiles are built once
         self._schedules: dict[tuple, ScheduleSpec] = {}  # generated orders, by their counts
         self._recent: dict[Layout, tuple[Profile, tuple[tuple, ...]]] = {}
+        self._simulators: dict[Layout, list[Simulator]] = {}
+        self._base_sums: dict[int, tuple[Profile, tuple[float, float, float]]] = {}
 
     def synchronous(self) -> LayoutSearch:
         """This search ranking by one synchronous step, sharing the profiles built so far."""
@@ -140,17 +146,26 @@ class LayoutSearch:
     def evaluate(self, layout: Layout, label: str, plan: Plan) -> Row:
         """The plan on every distinct replica; the row holds the slowest replica's result and
         profile (so the profile it is written with reproduces its figures)."""
-        profile, replicas = self.profile(layout)
         rows = []
-        for devices in replicas:
-            on = profile.with_devices(devices)
+        for simulator in self.simulators(layout):
+            on = simulator.profile
             # check=False: the plans evaluated here are built by generators and the tuner.
-            result = Simulator(on).run(
+            result = simulator.run(
                 plan, detail=False, check=False, overlap_steps=self.overlap_steps
             )
             tail = self.costs.tail(layout, plan, on).total
             rows.append(Row(layout, label, plan, on, result, tail))
         return max(rows, key=lambda r: r.score)
+
+    def simulators(self, layout: Layout) -> list[Simulator]:
+        """A simulator per distinct replica of the layout, kept with its profile (their cost
+        tables are built once per layout, not once per plan)."""
+        if layout not in self._simulators:
+            profile, replicas = self.profile(layout)
+            if len(self._simulators) >= RECENT_PROFILES:
+                del self._simulators[next(iter(self._simulators))]
+            self._simulators[layout] = [Simulator(profile.with_devices(d)) for d in replicas]
+        return self._simulators[layout]
 
     def baseline(self, layout: Layout, schedule: str, method: str, chunks: int | None) -> Row:
         """One named schedule over one partitioner (InputError when the counts do not allow
@@ -193,17 +208,19 @@ class LayoutSearch:
         time_budget: float = float("inf"),
         seed: int = 0,
         max_chunks: int | None = 4,
+        actions: int = TUNE_ACTIONS,
     ) -> tuple[Row, int, bool]:
         """The tuner on `start`'s layout, seeded with `start`'s plan (never worse than it),
         for `evaluations` evaluations (or `time_budget` seconds, whichever ends first); the
-        evaluations it made, and whether the seconds ended it."""
+        evaluations it made, and whether the seconds ended it. `actions`: what its
+        evaluations may list-schedule in all."""
         from octopipe.tuner import tune as search
 
         layout = start.layout
         profile, _ = self.profile(layout)
         # Each evaluation list-schedules every action of the plan: a bound on the actions.
-        actions = 3 * start.plan.num_stages * layout.num_microbatches
-        evaluations = min(evaluations, TUNE_ACTIONS // actions)
+        per_evaluation = 3 * start.plan.num_stages * layout.num_microbatches
+        evaluations = min(evaluations, actions // per_evaluation)
         if evaluations < MIN_TUNE_EVALUATIONS:
             return start, 0, False
         result = search(
@@ -228,22 +245,40 @@ class LayoutSearch:
         """No plan of `layout` steps faster: its work spread evenly over its pipeline devices
         (at the fastest device's speed), then the optimizer update of an even share of the
         parameters."""
-        profile, _ = self.profile(layout)
-        work = sum(layer.work for layer in profile.layers) * layout.num_microbatches
-        fastest = max(d.speed for d in profile.device_list())
-        return work / (layout.pp * fastest) + self._update_bound(layout)
+        work = self._sums(layout)[0] * layout.num_microbatches
+        return work / (layout.pp * self._fastest(layout)) + self._update_bound(layout)
 
     def _update_bound(self, layout: Layout) -> float:
         """The optimizer update of an even share of the parameters, on the fastest device."""
-        profile, _ = self.profile(layout)
-        fastest = max(d.speed for d in profile.device_list())
         params = sum(e.params for e in self.costs.layers(layout)) / layout.pp
         s = self.costs.settings(layout)
         shards = layout.dp * layout.cp if layout.zero1 else 1
         update = optimizer_seconds(
             params / shards, s.grad_bytes, s.weight_bytes, self.costs.hardware()
         )
-        return update / fastest
+        return update / self._fastest(layout)
+
+    def _fastest(self, layout: Layout) -> float:
+        """The fastest pipeline device's speed (1 on a cluster of one kind of GPU)."""
+        if not self.job.cluster.mixed:
+            return 1.0
+        profile, _ = self.profile(layout)
+        return max(d.speed for d in profile.device_list())
+
+    def _sums(self, layout: Layout) -> tuple[float, float, float]:
+        """Its layers' work, static bytes and activation bytes, unsharded (the layers before
+        topology and ZeRO-1, the same for every DP and PP)."""
+        base = self.costs.base_profile(layout)
+        found = self._base_sums.get(id(base))
+        if found is None:
+            layers = base.layers
+            sums = (
+                sum(layer.work for layer in layers),
+                sum(layer.param_bytes for layer in layers),
+                sum(layer.act_bytes for layer in layers),
+            )
+            found = self._base_sums[id(base)] = (base, sums)  # held: its id stays its own
+        return found[1]
 
     def uniform_bound(
         self, layout: Layout, schedule: str, method: str, chunks: int | None
@@ -253,17 +288,14 @@ class LayoutSearch:
         where the counts do not allow the schedule)."""
         from octopipe.partition import partition
 
-        key = (schedule, layout.pp, layout.num_microbatches, chunks)
         try:
-            if key not in self._schedules:
-                self._schedules[key] = generate(schedule, *key[1:])
-            spec = self._schedules[key]
+            placement = placement_of(schedule, layout.pp, layout.num_microbatches, chunks)
             profile, _ = self.profile(layout)
-            ranges = partition(profile, spec.num_stages, method, spec.placement)
+            ranges = partition(profile, len(placement), method, placement)
         except InputError:
             return float("inf")
         work = [0.0] * layout.pp
-        for (start, end), device in zip(ranges, spec.placement):
+        for (start, end), device in zip(ranges, placement):
             work[device] += sum(layer.work for layer in profile.layers[start:end])
         speeds = [d.speed for d in profile.device_list()]
         busiest = max(w / v for w, v in zip(work, speeds))
@@ -272,10 +304,21 @@ class LayoutSearch:
     def memory_bound(self, layout: Layout) -> float:
         """No plan of `layout` needs less on its fullest device: an even share of the static
         bytes and of one microbatch's activations."""
+        if not layout.zero1:  # the layers as before topology: no profile needed
+            _, static, one = self._sums(layout)
+            return (static + one) / layout.pp
         profile, _ = self.profile(layout)
         static = sum(layer.param_bytes for layer in profile.layers)
         one = sum(layer.act_bytes for layer in profile.layers)
         return (static + one) / layout.pp
+
+    def may_fit(self, layout: Layout) -> bool:
+        """Whether `memory_bound` is within `capacity`, without building the profile where
+        the unsharded bound already is (ZeRO-1 only lowers the static bytes)."""
+        _, static, one = self._sums(layout)
+        if (static + one) / layout.pp <= self.capacity():
+            return True
+        return layout.zero1 and self.memory_bound(layout) <= self.capacity()
 
     def capacity(self) -> float:
         """What a plan may use of the smallest GPU's memory."""

@@ -110,4 +110,5 @@ def recipe_row(search: LayoutSearch, job: Job) -> Row | None:
         row = search.baseline(layout, schedule, "uniform", chunks)
     except InputError:  # the schedule does not take these counts
         return None
-    return replace(row, label=f"{RECIPE_LABEL}: {recipe.describe()}")
+    chunked = f"{schedule}{chunks}" if chunks and chunks != 2 else schedule
+    return replace(row, label=f"{RECIPE_LABEL}: {chunked}/uniform")

@@ -39,12 +39,14 @@ from dataclasses import dataclass, field, replace
 from octopipe.errors import InputError
 from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, search_space
 from octopipe.layouts.planner import (
+    POLISH_ACTIONS,
     SCREEN_BASELINES,
     TUNE_EVALUATIONS,
     LayoutSearch,
     Row,
 )
 from octopipe.layouts.progress import Progress, SearchProgress, Work
+from octopipe.layouts.recipes import nearest_recipe
 from octopipe.layouts.reference import from_layout_row, recipe_row, reference_row
 from octopipe.layouts.spec import LayoutSpec
 
@@ -72,6 +74,7 @@ class LayoutReport:
     notes: tuple[str, ...] = field(default=())
     best_standard: Row | None = None  # the fastest standard schedule, uniform partition
     recipe: Row | None = None  # the model's published recipe, as its framework runs it
+    recipe_source: str = ""  # where that recipe is published, at what GPU count
 
     @property
     def best(self) -> Row:
@@ -144,10 +147,9 @@ def plan_cluster(
         tuned += spent > 0
 
     # 2. Screening, best bound first, with the standard schedules beside.
-    capacity = search.capacity()
     fitting, unfit = [], 0
     for layout in space:
-        if search.memory_bound(layout) > capacity:
+        if not search.may_fit(layout):
             unfit += 1
         else:
             fitting.append((search.step_bound(layout), _order(layout), layout))
@@ -155,47 +157,65 @@ def plan_cluster(
     bounds = [b for b, _, _ in fitting]
     fits_with: dict[Layout, str] = {}  # a family's lightest recomputation that fits
     best_standard: Row | None = None
-    screened, pruned = 0, 0
+    done: set[Layout] = set()
+    screen_rows: dict[Layout, Row] = {}  # each layout's screening plan (balanced baselines)
+
+    def screen(layout: Layout, simulated: int) -> list[Row]:
+        """The layout's screening rows and standard rows, kept; best_standard updated."""
+        nonlocal best_standard
+        began = time.perf_counter()
+        row = search.screen(layout)
+        if row is not None:
+            screen_rows[layout] = row
+        fitting_standard = best_standard is not None and best_standard.sim.fits
+        beat = best_standard.step_time if fitting_standard else float("inf")
+        standard = search.standard(layout, beat)
+        done.add(layout)
+        work.did_screen(
+            len(SCREEN_BASELINES) + len(standard), simulated, time.perf_counter() - began
+        )
+        for r in standard:
+            if best_standard is None or r.score < best_standard.score:
+                best_standard = r
+        rows = [r for r in [row, *standard] if r is not None]
+        for r in rows:
+            keep(r)
+        return rows
+
+    # The references' own layouts first: the best standard row is never slower than theirs.
+    for ref in (reference, recipe, given):
+        if ref is not None and ref.layout not in done:
+            work.say("screening", ref.layout.describe(), best_step())
+            screen(
+                ref.layout, len(SCREEN_BASELINES) * 3 * ref.layout.pp * ref.layout.num_microbatches
+            )
+    pruned = 0
     for i, (bound, _, layout) in enumerate(fitting):
         family = replace(layout, recompute="none")
         lighter = fits_with.get(family)
-        if lighter is not None and _heavier(layout.recompute, lighter):
-            continue  # the same plans with more recomputation: slower
+        if layout in done or lighter is not None and _heavier(layout.recompute, lighter):
+            continue  # screened, or the same plans with more recomputation: slower
         top = incumbent()
         if top is not None and bound >= top.step_time:
             pruned = len(fitting) - i
             break
         simulated = len(SCREEN_BASELINES) * 3 * layout.pp * layout.num_microbatches
-        over = screened >= max_screened or work.actions + simulated > screen_actions
+        over = work.screened >= max_screened or work.actions + simulated > screen_actions
         if over or work.out_of_time():
             pruned = len(fitting) - i
-            work.capped(screened, over)
+            work.capped(work.screened, over)
             break
         work.to_screen = _still_under(bounds, i, top)
         work.say("screening", layout.describe(), best_step())
-        began = time.perf_counter()
-        row = search.screen(layout)
-        beat = best_standard.step_time if best_standard is not None else float("inf")
-        standard = search.standard(layout, beat)
-        screened += 1
-        done = len(SCREEN_BASELINES) + len(standard)
-        work.did_screen(done, simulated, time.perf_counter() - began)
-        for r in [row, *standard]:
-            if r is None:
-                continue
-            keep(r)
-            if r.sim.fits and family not in fits_with:
-                fits_with[family] = layout.recompute
-        for r in standard:
-            if best_standard is None or r.score < best_standard.score:
-                best_standard = r
+        if any(r.sim.fits for r in screen(layout, simulated)) and family not in fits_with:
+            fits_with[family] = layout.recompute
     work.to_screen = 0
 
     # 3. Tuning the best of them.
     candidates = sorted(
         (r for r in best.values() if r.layout not in tuned_layouts), key=lambda r: r.score
     )
-    work.to_tune = work.tuned + min(finalists, len(candidates))
+    work.to_tune = work.tuned + min(finalists, len(candidates)) + 1  # and the polish
     for start in candidates[:finalists]:
         if work.out_of_time():
             break
@@ -205,12 +225,23 @@ def plan_cluster(
         work.did_tune(spent, cut, time.perf_counter() - began)
         keep(row)
         tuned += spent > 0
+    # 4. The best tuned plan's layout, tuned again from its screening plan with more work.
+    top = incumbent()
+    if top is not None and top.label == "tuned" and not work.out_of_time():
+        work.say("tuning", f"the best layout further: {top.layout.describe()}", best_step())
+        began = time.perf_counter()
+        start = screen_rows.get(top.layout, top)
+        row, spent, cut = search.tune(
+            start, tune_evaluations, work.left(), seed, max_chunks, actions=POLISH_ACTIONS
+        )
+        work.did_tune(spent, cut, time.perf_counter() - began)
+        keep(row)
     rows = sorted(best.values(), key=lambda r: r.score)
     return LayoutReport(
         job=job,
         rows=tuple(rows),
         reference=reference,
-        screened=screened,
+        screened=work.screened,
         candidates=len(space),
         tuned=tuned,
         seconds=time.perf_counter() - started,
@@ -222,7 +253,13 @@ def plan_cluster(
         notes=tuple(work.notes),
         best_standard=best_standard,
         recipe=recipe,
+        recipe_source=_recipe_source(job) if recipe is not None else "",
     )
+
+
+def _recipe_source(job: Job) -> str:
+    found = nearest_recipe(job)
+    return found.describe() if found is not None else ""
 
 
 def _still_under(bounds: list[float], i: int, top: Row | None) -> int:

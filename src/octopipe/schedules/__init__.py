@@ -23,7 +23,7 @@ from octopipe.schedules import one_f_one_b as family
 from octopipe.schedules.spec import ScheduleSpec
 from octopipe.schedules.v_shape import dualpipev_order, zbv_order
 
-__all__ = ["DEFAULT_CHUNKS", "SCHEDULES", "ScheduleSpec", "generate"]
+__all__ = ["DEFAULT_CHUNKS", "SCHEDULES", "ScheduleSpec", "generate", "placement_of"]
 
 SCHEDULES = ("gpipe", "1f1b", "i1f1b", "zbh1", "zbh2", "zbv", "dualpipev")
 
@@ -69,6 +69,18 @@ def generate(
     rule = _FAMILY_RULES[name]
     orders = {d: family.family_order(d, P, V, M, rule(d, P, V, M)) for d in range(P)}
     return ScheduleSpec(name, P * V, maps.interleaved(range(P), V), orders)
+
+
+def placement_of(
+    name: str, num_devices: int, num_microbatches: int, chunks: int | None = None
+) -> tuple[int, ...]:
+    """The stage placement `generate` would give, without building the orders (InputError as
+    it would raise)."""
+    V = DEFAULT_CHUNKS.get(name, 1) if chunks is None else chunks
+    check_supported(name, num_devices, num_microbatches, V)
+    if name in _V_ORDERS:
+        return tuple(maps.v_shape(range(num_devices), 2))
+    return tuple(maps.interleaved(range(num_devices), V))
 
 
 def check_supported(name: str, num_devices: int, num_microbatches: int, chunks: int) -> None:
