@@ -314,11 +314,11 @@ def test_run_refuses_a_plan_with_degrees_it_does_not_run(tmp_path, capsys):
     from octopipe.plan import save_plan
 
     plan = api.baseline(api.profile_from_config("tiny-llama", devices=2), "1f1b", "uniform", 4)
-    save_plan(plan.with_parallelism(1, 2, 1, cp=2), tmp_path / "cp.json")
+    save_plan(plan.with_parallelism(2, 2, 1, cp=2), tmp_path / "cp.json")
     argv = ["run", "--plan", str(tmp_path / "cp.json"), "--model", "tiny-llama"]
     assert main([*argv, "--seq-len", "64", "--zero", "3"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "context parallelism yet (--cp 2)" in err
+    assert len(err.splitlines()) == 1 and "3 with --cp 2 and --tp 2 is not built yet" in err
 
 
 def test_plan_gpus_with_torchtitan_keeps_to_placements_torchtitan_builds(tmp_path, capsys):

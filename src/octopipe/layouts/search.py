@@ -48,6 +48,7 @@ from octopipe.layouts.planner import (
 from octopipe.layouts.progress import Progress, SearchProgress, Work
 from octopipe.layouts.recipes import nearest_recipe
 from octopipe.layouts.reference import from_layout_row, recipe_row, reference_row
+from octopipe.layouts.runnable import run_refusal
 from octopipe.layouts.spec import LayoutSpec
 
 __all__ = ["LayoutReport", "LayoutSearch", "Row", "SearchProgress", "plan_cluster"]
@@ -106,6 +107,8 @@ def plan_cluster(
     L = search.num_layers
     experts = search.costs.arch.moe.num_experts if search.costs.arch.moe is not None else 0
     space = search_space(job, L, search.costs.fits_degrees, experts)
+    # Only layouts `octopipe run` carries out (`runnable.py`): an answer is one it can run.
+    space = [lay for lay in space if run_refusal(lay, search.costs.arch, overlap_steps) is None]
     if not space:
         raise InputError(
             "--gpus",

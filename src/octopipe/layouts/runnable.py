@@ -1,0 +1,35 @@
+"""What `octopipe run` carries out of a layout, so that `plan --gpus` answers only with layouts it
+can run: one rule per parallelism, each saying why not in words (the executor's own refusals,
+`runtime/parallel/context.py` and `octopipe/training.py`, say the same; tests/test_runnable.py
+holds the two together on every bundled model).
+
+Pure functions of the architecture config and the layout: no torch.
+"""
+
+from __future__ import annotations
+
+from octopipe.costmodel.arch import Architecture
+from octopipe.layouts.layout import Layout
+
+
+def context_parallel_refusal(arch: Architecture) -> str | None:
+    """Why the executor cannot run `arch` with context parallelism, or None where it can (ring
+    attention is built for causal self-attention with rotary or learned positions)."""
+    if arch.latent_attention is not None:
+        return "multi-head latent attention (MLA)"
+    if arch.vision is not None or arch.cross_attention_layers:
+        return "a vision tower's bidirectional attention and cross-attention layers"
+    if arch.mamba is not None or (arch.hybrid_pattern and "M" in arch.hybrid_pattern):
+        return "Mamba layers"
+    if arch.attention.logit_softcap is not None:
+        return "soft-capped attention scores"
+    return None
+
+
+def run_refusal(layout: Layout, arch: Architecture, overlap_steps: bool = False) -> str | None:
+    """Why `octopipe run` cannot run `layout` of `arch`, or None where it can."""
+    if layout.cp > 1 and (why := context_parallel_refusal(arch)) is not None:
+        return f"context parallelism does not run {why} yet"
+    if layout.ep > 1 and overlap_steps:
+        return "expert parallelism does not run with overlapped steps yet"
+    return None
