@@ -280,3 +280,37 @@ def stalling_model() -> ToyModel:
     model = toy_model()
     model.layers.add_module("4", _Nap(STALL_S, once=True))
     return model
+
+
+# --- jobs that collect state, for the parallel dimensions' equivalence tests ---------------
+
+PARALLEL_STEPS, PARALLEL_SEQ, PARALLEL_MBS = 2, 8, 2
+
+
+def mixed_backward(stage: int, mb: int) -> str:
+    """Split backward (I, W) for odd stage + microbatch, full (B) for even."""
+    return I if (stage + mb) % 2 else B
+
+
+def parallel_job(model: str, plan, **options):
+    """A job of `plan` that collects every weight and gradient, with clipped SGD momentum (the
+    clipping acts on these steps), 8-token sequences in microbatches of 2; `options`: the
+    degrees (tp, dp, cp, ep) and any other `RunConfig` field."""
+    from octopipe.runtime.job.run_config import Job, RunConfig
+    from octopipe.runtime.step.optim import OptimizerConfig
+
+    config = RunConfig(
+        model,
+        steps=options.pop("steps", PARALLEL_STEPS),
+        optimizer=OptimizerConfig("sgd", lr=0.05, momentum=0.9, clip_norm=0.5),
+        collect_state=True,
+        seq_len=PARALLEL_SEQ,
+        micro_batch_size=PARALLEL_MBS,
+        **options,
+    )
+    return Job(plan, config)
+
+
+def two_devices(model: str) -> Plan:
+    """Two stages on two devices, two microbatches, split and full backward mixed."""
+    return greedy([0, 1], 2, 2, backward=mixed_backward, num_layers=layer_count(model))

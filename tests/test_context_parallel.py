@@ -18,22 +18,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-from executor_helpers import greedy, layer_count, one_f_one_b, recomputing_job
+from executor_helpers import (
+    PARALLEL_MBS,
+    PARALLEL_SEQ,
+    PARALLEL_STEPS,
+    layer_count,
+    one_f_one_b,
+    recomputing_job,
+    two_devices,
+)
+from executor_helpers import mixed_backward as mixed
+from executor_helpers import parallel_job as job
 from model_zoo import write_hf_config
 
-from octopipe.actions import B, I
 from octopipe.costmodel import load_architecture
 from octopipe.costmodel.build import build_profile
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.settings import Settings
-from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.parallel.context import positions, shard
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.step.optim import OptimizerConfig
 
-STEPS, SEQ, MBS = 2, 8, 2
-CLIPPED = OptimizerConfig("sgd", lr=0.05, momentum=0.9, clip_norm=0.5)
+STEPS, SEQ, MBS = PARALLEL_STEPS, PARALLEL_SEQ, PARALLEL_MBS
 LLAMA, MOE = "tiny-llama", "tiny-moe"
 
 
@@ -44,30 +50,6 @@ def test_each_rank_holds_a_chunk_from_the_front_and_its_mirror_from_the_back():
     parts = [shard(tokens, 3, r) for r in range(3)]
     assert parts[2].tolist() == [[4, 5, 6, 7], [16, 17, 18, 19]]
     assert sorted(torch.cat(parts, 1)[0].tolist()) == list(range(12))  # every token once
-
-
-def mixed(stage: int, mb: int) -> str:
-    return I if (stage + mb) % 2 else B
-
-
-def job(model: str, plan, tp: int = 1, dp: int = 1, cp: int = 1, **options) -> Job:
-    config = RunConfig(
-        model,
-        steps=options.pop("steps", STEPS),
-        optimizer=CLIPPED,
-        collect_state=True,
-        seq_len=SEQ,
-        micro_batch_size=MBS,
-        tp=tp,
-        dp=dp,
-        cp=cp,
-        **options,
-    )
-    return Job(plan, config)
-
-
-def two_devices(model: str):
-    return greedy([0, 1], 2, 2, backward=mixed, num_layers=layer_count(model))
 
 
 @pytest.fixture(scope="module")

@@ -15,24 +15,28 @@ and EP degrees. One process group runs them all.
 from __future__ import annotations
 
 import pytest
-from executor_helpers import greedy, layer_count, one_f_one_b
+from executor_helpers import (
+    PARALLEL_MBS,
+    PARALLEL_SEQ,
+    PARALLEL_STEPS,
+    layer_count,
+    one_f_one_b,
+    two_devices,
+)
+from executor_helpers import parallel_job as job
 from model_zoo import write_hf_config
 
-from octopipe.actions import B, I
 from octopipe.costmodel import load_architecture
 from octopipe.costmodel.build import build_profile
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.settings import Settings
-from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
-from octopipe.runtime.step.optim import OptimizerConfig
 
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-STEPS, SEQ, MBS = 2, 8, 2
-CLIPPED = OptimizerConfig("sgd", lr=0.05, momentum=0.9, clip_norm=0.5)
+STEPS, SEQ, MBS = PARALLEL_STEPS, PARALLEL_SEQ, PARALLEL_MBS
 MOE = "tiny-moe"
 # A tiny Mixtral: the Llama config with four fused experts (no shared one).
 MIXTRAL = {
@@ -41,30 +45,6 @@ MIXTRAL = {
     "num_experts_per_tok": 2,
     "intermediate_size": 16,
 }
-
-
-def mixed(stage: int, mb: int) -> str:
-    return I if (stage + mb) % 2 else B
-
-
-def job(model: str, plan, tp: int = 1, dp: int = 1, ep: int = 1, **options) -> Job:
-    config = RunConfig(
-        model,
-        steps=options.pop("steps", STEPS),
-        optimizer=CLIPPED,
-        collect_state=True,
-        seq_len=SEQ,
-        micro_batch_size=MBS,
-        tp=tp,
-        dp=dp,
-        ep=ep,
-        **options,
-    )
-    return Job(plan, config)
-
-
-def two_devices(model: str):
-    return greedy([0, 1], 2, 2, backward=mixed, num_layers=layer_count(model))
 
 
 @pytest.fixture(scope="module")
