@@ -45,6 +45,7 @@ TUNE_ACTIONS = 1_000_000
 # most of the tuner's gain on a big pipeline comes in its first evaluations, the rest on the
 # winner.
 POLISH_ACTIONS = 4_000_000
+FEW_EVALUATIONS = 40
 MIN_TUNE_EVALUATIONS = 20
 RECENT_PROFILES = 16  # layouts whose profiles are kept
 
@@ -220,6 +221,9 @@ class LayoutSearch:
         profile, _ = self.profile(layout)
         # Each evaluation list-schedules every action of the plan: a bound on the actions.
         per_evaluation = 3 * start.plan.num_stages * layout.num_microbatches
+        # A big pipeline gets at least FEW_EVALUATIONS within POLISH_ACTIONS: fewer would leave
+        # it untuned (its screened plan), where a few dozen evaluations gain most.
+        actions = max(actions, min(POLISH_ACTIONS, FEW_EVALUATIONS * per_evaluation))
         evaluations = min(evaluations, actions // per_evaluation)
         if evaluations < MIN_TUNE_EVALUATIONS:
             return start, 0, False
