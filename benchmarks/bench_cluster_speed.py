@@ -150,6 +150,10 @@ def main() -> int:
         head += [f"{rev}: s", f"{rev}: chosen"]
     head += ["now: s", "now: CPU s", "now: chosen"]
     head += ["best_standard", "recipe", "Megatron-LM"]
+    if rev:
+        head += [f"now / {rev}: step", "same plan"]
+    if args.repeat > 1 or any(len(r) > 1 for r in rendered.values()):
+        head += ["same twice"]
     print("| " + " | ".join(head) + " |")
     print("|---|" + "---|" * (len(head) - 1))
     with tempfile.TemporaryDirectory() as tree:

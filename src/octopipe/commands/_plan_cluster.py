@@ -339,7 +339,10 @@ class _progress:
 
     def report(self, at: SearchProgress) -> None:
         assert self.live is not None
-        self.live.update(progress_line(at))
+        from rich.text import Text
+
+        # Folded, not cropped: on a narrow terminal the line takes two.
+        self.live.update(Text(progress_line(at), overflow="fold"))
 
     def __exit__(self, *exc) -> None:
         if self.live is not None:
@@ -355,5 +358,5 @@ def progress_line(at: SearchProgress) -> str:
     left = f", about {at.left:.0f} s left" if at.left is not None else ""
     return (
         f"{screened} layouts, tuned {at.tuned} of {at.to_tune}; {best}; "
-        f"{at.elapsed:.0f} s{left}; {at.phase}: {at.doing}"
+        f"{at.elapsed:.0f} s{left}; {at.phase} {at.doing}"
     )
