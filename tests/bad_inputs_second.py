@@ -776,9 +776,9 @@ OUTPUT_CASES: list[tuple[str, Argv, str]] = [
         "is a symbolic link that leads nowhere",
     ),
     (
-        "run --data a folder",
+        "run --data a folder without train.bin",
         lambda f: _toy_run(f, "--data", f["OUT"]),
-        "is a folder, not a file of token ids",
+        "is a folder without train.bin (prepare-data's folder holds one)",
     ),
     (
         "run --data a FIFO",
@@ -791,9 +791,9 @@ OUTPUT_CASES: list[tuple[str, Argv, str]] = [
         "--data: /dev/null is a character device, not a file of token ids",
     ),
     (
-        "run --val-data a folder",
+        "run --val-data a folder without val.bin",
         lambda f: _toy_run(f, "--val-data", f["OUT"]),
-        "is a folder, not a file of token ids",
+        "is a folder without val.bin (prepare-data's folder holds one)",
     ),
     ("run --log-dir a FIFO", lambda f: _toy_run(f, "--log-dir", f["fifo"]), "not a folder"),
     (
