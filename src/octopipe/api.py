@@ -47,13 +47,17 @@ def profile_from_config(
     link_bandwidth: float | None = None,
     link_latency: float | None = None,
     layer_names: str = "torchtitan",
+    precision: str = "bf16",
+    fp8_scaling: str = "delayed",
 ) -> Profile:
     """An analytic profile of an architecture (a shipped model name or a Hugging Face style
     `config.json`) on a hardware preset, listing `devices` devices when given
     (docs/COSTMODEL.md). Bandwidth in bytes/s, latency in seconds, memory in bytes.
     `layer_names="hf"` names the layers as transformers' causal LMs do (`model.layers.3`), so
     the plan runs on `--model hf:PATH` (an InputError for a family `hf:` does not run); the
-    default is torchtitan's (`layers.3`)."""
+    default is torchtitan's (`layers.3`). `precision` (`bf16`, `fp8`, `mxfp8`) and
+    `fp8_scaling` (`delayed`, `current`) as docs/COSTMODEL.md, "Precision"; a profile of another
+    precision than BF16 is named with it (`...-fp8`)."""
     from pydantic import ValidationError
 
     from octopipe.costmodel import load_architecture
@@ -79,6 +83,8 @@ def profile_from_config(
         sequence_parallel=sequence_parallel,
         recompute=recompute,
         optimizer_bytes=optimizer_bytes,
+        precision=precision,
+        fp8_scaling=fp8_scaling,
     )
     arch = load_architecture(str(config))
     if layer_names == "hf":  # transformers' names for a model `hf:` cannot run: plans for nothing
@@ -88,6 +94,8 @@ def profile_from_config(
     except ValidationError as exc:  # a figure beyond the profile format's bounds
         place, message = first_error(exc)
         raise InputError("settings", f"the estimate is out of range: {message}", place) from None
+    if precision != "bf16":
+        profile = profile.model_copy(update={"name": f"{profile.name}-{precision}"})
     return _renamed(profile, layer_names) if layer_names != "torchtitan" else profile
 
 

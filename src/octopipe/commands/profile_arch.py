@@ -123,49 +123,12 @@ def run(args: argparse.Namespace) -> int:
         link_bandwidth=args.link_bandwidth * GB if args.link_bandwidth is not None else None,
         link_latency=args.link_latency,
         layer_names=args.layer_names,
-    )
-    if args.precision != "bf16":
-        profile = _in_precision(profile, args)
-    save_profile(profile, args.output)
-    _print_summary(profile, parameter_count(load_architecture(args.config)), args.output)
-    return 0
-
-
-def _in_precision(profile: Profile, args: argparse.Namespace) -> Profile:
-    """The profile's layer costs estimated again in FP8 (same layers, names and devices).
-    `api.profile_from_config` has validated the arguments and named the layers; it takes no
-    precision yet, so the costs are rebuilt here with the same settings plus the precision."""
-
-    from pydantic import ValidationError
-
-    from octopipe.costmodel.build import build_profile
-    from octopipe.costmodel.hardware import hardware_preset
-    from octopipe.costmodel.hf_config import load_architecture
-    from octopipe.costmodel.settings import Settings
-    from octopipe.errors import InputError
-    from octopipe.profile import first_error
-
-    hw = hardware_preset(args.hardware)
-    settings = Settings(
-        seq_len=args.seq_len,
-        micro_batch_size=args.micro_batch_size,
-        tensor_parallel=args.tp,
-        sequence_parallel=args.sequence_parallel,
-        recompute=args.recompute,
-        optimizer_bytes=args.optimizer_bytes,
         precision=args.precision,
         fp8_scaling=args.fp8_scaling,
     )
-    try:
-        quantized = build_profile(load_architecture(args.config), hw, settings)
-    except ValidationError as exc:
-        place, message = first_error(exc)
-        raise InputError("settings", f"the estimate is out of range: {message}", place) from None
-    layers = tuple(
-        new.model_copy(update={"name": old.name})
-        for old, new in zip(profile.layers, quantized.layers)
-    )
-    return profile.model_copy(update={"layers": layers, "name": f"{profile.name}-{args.precision}"})
+    save_profile(profile, args.output)
+    _print_summary(profile, parameter_count(load_architecture(args.config)), args.output)
+    return 0
 
 
 def _print_summary(profile: Profile, params: int, path: str) -> None:
