@@ -124,12 +124,6 @@ def run_job_on_rank(
     needs_data = 0 in mine or plan.num_stages - 1 in mine
     evaluation = _evaluation(cfg, worker, plan, replica, needs_data, recipe, part)
 
-    def batch_of(k: int) -> Batch:
-        if not needs_data:
-            return Batch([], [])
-        sequences = data.global_batch(k, cfg.global_sequences(plan))
-        return part(replica_batch(sequences, replica, plan.num_microbatches, b))
-
     def passes_of(k: int) -> list[Batch]:
         """Step k's global batch as the plan's passes (gradients accumulated over them): pass
         a takes sequences [a D M b, (a+1) D M b), then this replica's (and CP rank's) share."""
@@ -140,6 +134,9 @@ def run_job_on_rank(
             part(replica_batch(piece, replica, plan.num_microbatches, b))
             for piece in split_sequences(sequences, cfg.pass_sequences(plan))
         ]
+
+    def batch_of(k: int) -> Batch:  # overlapped steps: one pass (they accumulate none)
+        return passes_of(k)[0]
 
     dist.barrier()
     origin = time.perf_counter()
