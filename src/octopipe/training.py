@@ -112,6 +112,7 @@ def runtime_config(
     t, opt, sched = config.training, config.optimizer, config.lr_schedule
     seq_len, micro_batch_size = run_shape(plan, config.data.seq_len, config.data.micro_batch_size)
     seed, dtype = config.model.seed, config.data.dtype
+    dp = config.parallelism.dp or _planned(plan, "dp")
     return RunConfig(
         model,
         seed,
@@ -130,7 +131,7 @@ def runtime_config(
         config.launch.lookahead,
         seq_len=seq_len,
         micro_batch_size=micro_batch_size,
-        dp=config.parallelism.dp or _planned(plan, "dp"),
+        dp=dp,
         zero=config.parallelism.zero,
         tp=config.parallelism.tp or _planned(plan, "tp"),
         ep=_expert_degree(config, plan),
@@ -157,17 +158,16 @@ def runtime_config(
         eval_batches=config.evaluation.batches,
         keep_last=config.checkpoint.keep_last,
         peak_flops=None if (tflops := config.logging.peak_tflops) is None else tflops * 1e12,
-        accumulation=_accumulation(config, plan, micro_batch_size),
+        accumulation=_accumulation(config, plan, dp, micro_batch_size),
         settings=config,
     )
 
 
-def _accumulation(config: JobConfig, plan: Plan, micro_batch_size: int) -> int:
+def _accumulation(config: JobConfig, plan: Plan, dp: int, micro_batch_size: int) -> int:
     """Passes of the plan per optimizer step: the global batch over one pass's sequences."""
     from octopipe.errors import InputError
 
     wanted = config.data.global_batch
-    dp = config.parallelism.dp or _planned(plan, "dp")
     one_pass = dp * plan.num_microbatches * micro_batch_size
     if wanted is None or wanted == one_pass:
         return 1
