@@ -13,9 +13,10 @@ path), the microbatch size and count, the tensor-, context-, expert- and data-pa
 (dp_replicate x dp_shard), the sequence length, the activation checkpointing (none, selective or
 full, for every block) and what a pipeline needs in 0.3: no CUDA graphs. It then checks the
 stages' module names against the model torchtitan builds from that config (on the meta
-device): a name the model lacks, or a module with weights
-in no stage, stops the launch instead of training another model. For a placement torchtitan's
-own loop and V cannot express (PLACEMENT "free"), it installs octopipe_torchtitan_stages.py,
+device): a name the model lacks, or a module with weights in no stage, stops the launch instead
+of training another model; so does a sequence length that torchtitan's context parallelism
+cannot cut for that model's attention. For a placement torchtitan's own loop and V cannot
+express (PLACEMENT "free"), it installs octopipe_torchtitan_stages.py,
 which places the stages as the CSV does.
 
 Ranks: torchtitan numbers them with PP outermost (its mesh: pp, dp_replicate, dp_shard, cp, tp),
@@ -45,6 +46,7 @@ def octopipe_plan():
     config = getattr(importlib.import_module(BASE_MODULE), BASE_CONFIG)()
     apply_plan(config)
     check_stage_modules(model_modules(config), PARALLELISM["module_fqns_per_model_part"])
+    check_context_parallel(config)
     if PLACEMENT == "free":
         import octopipe_torchtitan_stages  # beside this file, so on the same path
 
@@ -113,4 +115,39 @@ def check_stage_modules(modules: dict[str, bool], stages: list[list[str]]) -> No
             f"octopipe_torchtitan.py: the model of {BASE_MODULE}.{BASE_CONFIG} has "
             f"{dropped[0]!r}, which no stage holds ({len(dropped)} such modules); the plan is "
             "for another model"
+        )
+
+
+FLEX_BLOCK = 128  # torch's default BlockMask block (flex_attention._DEFAULT_SPARSE_BLOCK_SIZE)
+
+
+def check_context_parallel(config) -> None:
+    """torchtitan 0.3's CP cuts every sequence into equal parts, one per CP rank, by the model's
+    attention: FlexAttention (its llama3 models' default) in blocks of 128 tokens per rank, so
+    the sequence length must be a multiple of CP x 128; SDPA's head-tail balancing in 2 x CP
+    parts; variable-length attention not at all. torchtitan finds out at the first step (a
+    NotImplementedError, or a bare AssertionError for SDPA); this is one ValueError line before
+    anything starts. The model is built on the meta device, and only under CP."""
+    cp = config.parallelism.context_parallel_degree
+    if cp == 1:
+        return
+    import torch
+
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    kinds = {type(m).__name__ for m in model.modules()}
+    seq_len = config.training.seq_len
+    where = f"octopipe_torchtitan.py: context parallelism (CP {cp}) of {BASE_MODULE}.{BASE_CONFIG}"
+    if "VarlenAttention" in kinds:
+        raise ValueError(f"{where}: torchtitan 0.3 has no CP for variable-length attention")
+    if "FlexAttention" in kinds:
+        unit, how = cp * FLEX_BLOCK, f"FlexAttention's blocks of {FLEX_BLOCK} tokens per rank"
+    elif "ScaledDotProductAttention" in kinds:
+        unit, how = 2 * cp, "SDPA's head-tail balancing in 2 x CP parts"
+    else:
+        return
+    if seq_len % unit:
+        raise ValueError(
+            f"{where}: torchtitan cuts each sequence by {how}, so training.seq_len must be a "
+            f"multiple of {unit}, not {seq_len}"
         )
