@@ -118,10 +118,12 @@ def torchtitan_base(args: argparse.Namespace, default_model: str) -> TorchtitanB
     return None if args.profile else SHIPPED_BASES.get(args.model or default_model)
 
 
-def runs_in_torchtitan(plan: Plan, profile: Profile) -> TitanLayout | str:
+def runs_in_torchtitan(
+    plan: Plan, profile: Profile, gpus_per_node: int | None = None
+) -> TitanLayout | str:
     """How torchtitan 0.3 runs the plan, or the one line that says why it cannot."""
     try:
-        return titan_layout(plan, profile)
+        return titan_layout(plan, profile, gpus_per_node)
     except InputError as exc:
         return str(exc)
 
@@ -149,7 +151,7 @@ def torchtitan_report(
             "--torchtitan-config MODULE:CONFIG (the torchtitan config to start from, e.g. "
             "llama3:llama3_8b)"
         )
-    lay = runs_in_torchtitan(plan, profile)
+    lay = runs_in_torchtitan(plan, profile, gpus_per_node)
     if isinstance(lay, str):
         return f"torchtitan 0.3: no {CONFIG_MODULE}.py: {lay}"
     command = torchtitan_launch_command(out, lay.world, gpus_per_node, *titan_paths)

@@ -187,7 +187,7 @@ def write_torchtitan_config(
     if ":" in str(folder):
         raise InputError(str(folder), "a folder whose path holds ':' cannot be on PYTHONPATH")
     settings = torchtitan_config_settings(plan, profile, base, folder / "schedule.csv", where)
-    lay = titan_layout(plan, profile)
+    lay = titan_layout(plan, profile, processes_per_node)
     launch = torchtitan_launch_command(folder, lay.world, processes_per_node, assets, data)
     notes = [*lay.notes, *caveats(plan, profile, layout_notes=False)]
     if profile.seq_len is None:

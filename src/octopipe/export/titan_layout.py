@@ -81,9 +81,10 @@ class TitanLayout:
         )
 
 
-def titan_layout(plan: Plan, profile: Profile) -> TitanLayout:
+def titan_layout(plan: Plan, profile: Profile, gpus_per_node: int | None = None) -> TitanLayout:
     """How torchtitan 0.3 runs `plan`; an InputError (one line, naming the plan) where it
-    cannot run it as planned at all."""
+    cannot run it as planned at all. Given `gpus_per_node`, a note also says where torchtitan's
+    rank order puts other groups of ranks in a node than the plan's (`node_groups_note`)."""
     par: dict[str, Any] = plan.parallelism or {}
     tp, dp = tp_dp_degrees(plan, profile)
     cp, ep, zero = par.get("cp", 1), par.get("ep", 1), par.get("zero", 0)
@@ -103,6 +104,9 @@ def titan_layout(plan: Plan, profile: Profile) -> TitanLayout:
                 "tensor-parallel under EP), where the plan's lie across DP x CP: the same "
                 "experts per GPU, other all-to-all groups."
             )
+    if gpus_per_node is not None:
+        moved = node_groups_note(tp, cp, plan.num_devices, replicate * shard, gpus_per_node)
+        notes += [moved] if moved else []
     return TitanLayout(
         tp=tp,
         cp=cp,
@@ -175,3 +179,44 @@ def _checkpointing(plan: Plan, layout_recompute: str, notes: list[str]) -> str:
             "time differ from the plan's."
         )
     return kind
+
+
+def node_groups_note(tp: int, cp: int, pp: int, dp: int, gpus_per_node: int) -> str | None:
+    """Where torchtitan's rank order (mesh pp, dp_replicate, dp_shard, cp, tp: PP outermost)
+    puts other ranks together in a node than the plan's GPU numbering (TP, CP, PP, DP: DP
+    outermost), one line saying which links change: the pipeline's hops between nodes and the
+    nodes each data-parallel group spans; None where both put the same groups in a node."""
+
+    def plan_gpu(t: int, c: int, p: int, r: int) -> int:
+        return t + tp * (c + cp * (p + pp * r))
+
+    def titan_gpu(t: int, c: int, p: int, r: int) -> int:
+        return t + tp * (c + cp * (r + dp * p))
+
+    def links(gpu) -> tuple[int, int]:
+        def node(t: int, c: int, p: int, r: int) -> int:
+            return gpu(t, c, p, r) // gpus_per_node
+
+        tc = [(t, c) for t in range(tp) for c in range(cp)]
+        hops = sum(
+            node(t, c, p, r) != node(t, c, p + 1, r)
+            for t, c in tc
+            for p in range(pp - 1)
+            for r in range(dp)
+        )
+        spans = max(len({node(t, c, p, r) for r in range(dp)}) for t, c in tc for p in range(pp))
+        return hops, spans
+
+    if tp * cp * pp * dp <= gpus_per_node or pp == 1 or dp == 1:
+        return None  # one node, or one of the two orders' outer axes alone: the same groups
+    (plan_hops, plan_spans), (titan_hops, titan_spans) = links(plan_gpu), links(titan_gpu)
+    if (plan_hops, plan_spans) == (titan_hops, titan_spans):
+        return None
+    total = tp * cp * (pp - 1) * dp
+    return (
+        f"torchtitan numbers ranks with PP outermost (mesh pp, dp_replicate, dp_shard, cp, tp), "
+        f"the plan DP outermost (TP, CP, PP, DP): on nodes of {gpus_per_node}, {titan_hops} of "
+        f"the {total} pipeline hops cross nodes in torchtitan ({plan_hops} in the plan) and "
+        f"each data-parallel group spans {titan_spans} node{'s' * (titan_spans > 1)} "
+        f"({plan_spans} in the plan): the links are not those the plan's step time was priced on."
+    )
