@@ -9,9 +9,12 @@ What torchtitan 0.3.0 does, from its source (`torchtitan/distributed/parallel_di
 `models/llama3/parallelize.py`, `config/configs.py`):
 
 - data parallelism is FSDP2 over `dp_shard` x `cp` (it always shards the weights, gradients and
-  optimizer state over the CP ranks too) and replication over `dp_replicate`: DDP when both
-  `dp_shard` and `cp` are 1, HSDP when both sides are > 1. There is no ZeRO-1 (optimizer state
-  sharded alone, Megatron-LM's distributed optimizer);
+  optimizer state over the CP ranks too) and replication over `dp_replicate`: whole replicas
+  when both `dp_shard` and `cp` are 1 (its docs say DDP; its llama3 applies FSDP2 over a
+  dp_replicate x 1 mesh and logs "Applied HSDP": whole weights, gradients and optimizer state
+  on every rank, gradients all-reduced, as checked by benchmarks/titan_check.py), HSDP when
+  both sides are > 1. There is no ZeRO-1 (optimizer state sharded alone, Megatron-LM's
+  distributed optimizer);
 - expert parallelism borrows its ranks from `dp_shard` x `cp` x `tp` (experts are not
   tensor-parallel once EP > 1); `dp_replicate` and `pp` lie outside it;
 - activation checkpointing is one setting for every block: none, selective (per op: every
