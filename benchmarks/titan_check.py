@@ -1,5 +1,6 @@
 """Does OctoPipe's torchtitan 0.3 export train as written? Loop, V and free placements of
-torchtitan's own debug model, 2 steps each, on CPU with gloo.
+torchtitan's own debug model on 2 ranks, and `plan --gpus` answers of DP x PP (with CP and HSDP
+layouts) on 4 to 8, 2 steps each, on CPU with gloo.
 
     .venv/bin/python benchmarks/titan_check.py --titan-venv VENV --tokenizer DIR
 
@@ -10,15 +11,22 @@ test tokenizer (`tests/assets/tokenizer` of torchtitan's repository; the wheel l
 script itself runs in OctoPipe's venv.
 
 What it does, for `llama3_debugmodel` (6 blocks, dim 256, 16 heads, vocabulary 2048; its
-profile comes from OctoPipe's cost model, on two devices, 128 tokens, 4 microbatches):
+profile comes from OctoPipe's cost model, 128 tokens):
 
-1. three plans: the loop (interleaved 1F1B), the V (ZB-V, split backward) and the tuner's plan
-   for devices of speeds 1.0 and 0.7, whose placement is neither (`octopipe plan`, run as a
-   user runs it). Each is exported as `octopipe plan` exports it, and the launch command
-   OctoPipe prints is run as printed, with `--training.steps 2` and the data paths appended;
-   from torchtitan's log it reads the stages each rank built and the losses, and compares the
-   built map with the plan's placement.
-2. torchtitan's own configs: the exports for OctoPipe's llama3-8b and llama3-70b profiles, and
+1. three plans on two devices, 4 microbatches: the loop (interleaved 1F1B), the V (ZB-V, split
+   backward) and the tuner's plan for devices of speeds 1.0 and 0.7, whose placement is neither
+   (`octopipe plan`, run as a user runs it). Each is exported as `octopipe plan` exports it, and
+   the launch command OctoPipe prints is run as printed, with only `--training.steps`, the seed,
+   the timeouts and the dump folder appended (the tokenizer and data paths go in the variables
+   the command asks for, $TORCHTITAN_ASSETS and $TORCHTITAN_DATA); from torchtitan's log it
+   reads the stages each rank built and the losses, and compares the built map with the plan's.
+2. cluster layouts (`titan_layouts.py`): `octopipe plan --gpus 4` answers that are DP 2 x PP 2
+   (one node of 4: ZeRO-1, run by torchtitan as FSDP; two nodes of 2: whole replicas, the
+   command run once per node on this machine), and 1F1B plans with CP 2 x PP 2 and with
+   PP 2 x HSDP 2 x 2; the mesh, batch sizes, stage map and each rank's place that torchtitan
+   built are set against the plan's. A CP 2 plan at 128 tokens, which torchtitan's CP cannot
+   cut, must be refused.
+3. torchtitan's own configs: the exports for OctoPipe's llama3-8b and llama3-70b profiles, and
    one for the debug model started from the wrong base (llama3_8b), have their config function
    called in torchtitan, which checks the stages' names against the model built on the meta
    device: the first two must pass, the last be refused.
@@ -29,7 +37,10 @@ PYTHONPATH, so the launch command itself stays as printed):
 - torch.cpu lacks the memory and device queries torchtitan's metrics make: stubs;
 - FlexAttention refuses a backward on CPU and compiles for GPUs: it runs eagerly (its
   reference implementation), with that refusal lifted;
+- FSDP2 reduces gradients with PREMUL_SUM, which gloo lacks: a sum, then the same division;
 - the c4_test data set is not in the wheel: a generated text file in its place.
+Beside them, not a shim, each rank prints its node and mesh coordinate
+(`titan_layouts.install_mesh_report`).
 """
 
 from __future__ import annotations
@@ -92,6 +103,21 @@ def install_cpu_shims() -> None:
     from torchtitan.models.common.attention import FlexAttention
 
     FlexAttention._compiled_flex_attn = flex.flex_attention
+    _sum_gradients_for_gloo()
+
+
+def _sum_gradients_for_gloo() -> None:
+    """FSDP2 reduces gradients with PREMUL_SUM(1 / factor), which gloo lacks; torchtitan sets
+    the factor to 1 (it scales by the token count itself). Summing and then dividing by the
+    factor (FSDP2's own path for reductions that must be sums) gives the same gradients."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
+
+    divide_factors = collectives._get_gradient_divide_factors
+
+    def summed(rs_group, ar_group, reduce_dtype, device_type="", factor=None, force_sum=False):
+        return divide_factors(rs_group, ar_group, reduce_dtype, device_type, factor, True)
+
+    collectives._get_gradient_divide_factors = summed
 
 
 # --- the check (OctoPipe's venv) ---
@@ -150,16 +176,17 @@ def export_tuned(profile, folder: Path) -> tuple[object, str]:
     return load_plan(folder / "plan.json", profile.num_layers), command
 
 
-def prepare_run_folder(work: Path, tokenizer: Path) -> tuple[Path, list[str]]:
+def prepare_run_folder(work: Path, tokenizer: Path) -> tuple[Path, dict[str, str]]:
     """A folder torchtitan starts in (none of the plans' folders), the shims, the data; the
-    flags that point torchtitan at them."""
+    variables the printed command reads the tokenizer and data paths from."""
     start = work / "elsewhere"
     start.mkdir()
     shims = work / "shims"
     shims.mkdir()
     (shims / "sitecustomize.py").write_text(
         f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
-        "import titan_check\ntitan_check.install_cpu_shims()\n"
+        "import titan_check, titan_layouts\ntitan_check.install_cpu_shims()\n"
+        "titan_layouts.install_mesh_report()\n"
     )
     data = work / "c4_test"
     data.mkdir()
@@ -168,55 +195,85 @@ def prepare_run_folder(work: Path, tokenizer: Path) -> tuple[Path, list[str]]:
     with open(data / "data.json", "w") as fh:
         for _ in range(200):
             fh.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(400))}) + "\n")
-    flags = ["--hf_assets_path", str(tokenizer), "--dataloader.dataset_path", str(data)]
-    return start, flags
+    return start, {"TORCHTITAN_ASSETS": str(tokenizer), "TORCHTITAN_DATA": str(data)}
 
 
-def run_launch(command: str, extra: list[str], start: Path, titan_venv: Path, work: Path):
-    """The launch command as printed, plus `extra` flags, in torchtitan's venv on CPU."""
+def run_launch(command: str, extra: list[str], start: Path, titan_venv: Path, work: Path, paths):
+    """The launch command as printed, plus `extra` flags, in torchtitan's venv on CPU, with
+    `paths` (the tokenizer and data variables) set. A command for N nodes (`--nnodes N`) runs
+    N times at once on this machine, as on N nodes whose first is 127.0.0.1."""
     env = {
         **os.environ,
+        **paths,
         "PATH": f"{titan_venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": str(work / "shims"),  # the command keeps what PYTHONPATH held
         "GLOO_SOCKET_IFNAME": "lo",  # gloo on loopback only
+        "MASTER_ADDR": "127.0.0.1",  # read by a command for several nodes only
     }
     env.pop("VIRTUAL_ENV", None)
+    nodes = re.search(r"--nnodes (\d+)", command)
     line = " ".join([command, *map(shlex.quote, extra)])
     started = time.perf_counter()
-    done = subprocess.run(
-        ["bash", "-c", line], cwd=start, env=env, capture_output=True, text=True, timeout=900
+    procs = [
+        subprocess.Popen(
+            ["bash", "-c", line], cwd=start, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )
+        for _ in range(int(nodes.group(1)) if nodes else 1)
+    ]  # fmt: skip
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    code = next((p.returncode for p in procs if p.returncode), 0)
+    return subprocess.CompletedProcess(line, code, "".join(outputs), ""), (
+        time.perf_counter() - started
     )
-    return done, time.perf_counter() - started
 
 
 def parse_log(text: str) -> tuple[dict[int, int], list[float]]:
     text = _ANSI.sub("", text)
     built = {int(s): int(r) for r, s in _BUILT.findall(text)}
-    losses = {int(step): float(x) for step, x in _LOSS.findall(text) if float(x) != -1.0}
-    return built, [losses[k] for k in sorted(losses)]  # only the last stage's rank has one
+    # Only the last stage's ranks have a loss; the others log minus the DP x CP degree.
+    losses = {int(step): float(x) for step, x in _LOSS.findall(text) if float(x) >= 0}
+    return built, [losses[k] for k in sorted(losses)]
 
 
-def train(name, plan, command, start, flags, titan_venv, work, steps) -> Run:
+def launch_steps(command: str, tag: str, start: Path, paths, titan_venv: Path, work: Path, steps):
+    """Run the printed command for `steps` steps (the seed and timeouts appended); its log
+    (kept as log-TAG.txt), its exit status and its wall time."""
+    extra = ["--training.steps", str(steps), "--dump_folder", str(work / f"dump-{tag}")]
+    extra += ["--comm.init_timeout_seconds", "300", "--comm.train_timeout_seconds", "300"]
+    extra += ["--debug.seed", "0"]  # the same figures run after run
+    done, seconds = run_launch(command, extra, start, titan_venv, work, paths)
+    text = _ANSI.sub("", done.stdout + done.stderr)
+    (work / f"log-{tag}.txt").write_text(text)
+    return text, done.returncode, seconds
+
+
+def train(name, plan, command, start, paths, titan_venv, work, steps) -> Run:
     from octopipe.export.titan_plan import placement_style
 
     style = placement_style(plan)
-    dump = work / f"dump-{style}"
-    extra = [*flags, "--training.steps", str(steps), "--dump_folder", str(dump)]
-    extra += ["--comm.init_timeout_seconds", "300", "--comm.train_timeout_seconds", "300"]
-    extra += ["--debug.seed", "0"]  # the same figures run after run
-    done, seconds = run_launch(command, extra, start, titan_venv, work)
-    (work / f"log-{style}.txt").write_text(done.stdout + done.stderr)
-    built, losses = parse_log(done.stdout + done.stderr)
-    error = None
-    if done.returncode != 0:
-        error = _last_error(done.stdout + done.stderr)
-    elif len(losses) != steps:
-        error = f"{len(losses)} losses logged for {steps} steps"
-    return Run(name, plan.placement, style, built, losses, seconds, error)
+    text, code, seconds = launch_steps(command, style, start, paths, titan_venv, work, steps)
+    built, losses = parse_log(text)
+    return Run(
+        name, plan.placement, style, built, losses, seconds, run_error(text, code, losses, steps)
+    )
 
 
-def _last_error(text: str) -> str:
-    lines = [l for l in _ANSI.sub("", text).splitlines() if "Error" in l or "error" in l]
+def run_error(text: str, code: int, losses: list[float], steps: int) -> str | None:
+    """None for a run that trained every step; else its first rank's error line."""
+    if code != 0:
+        return _first_error(text)
+    if len(losses) != steps:
+        return f"{len(losses)} losses logged for {steps} steps"
+    return None
+
+
+def _first_error(text: str) -> str:
+    """The exception a rank raised (`[rankN]: SomeError: ...`), else the last error line."""
+    raised = re.search(r"^(?:\[rank\d+\]: )?((?:\w+\.)*\w+(?:Error|Exception): \S.*)$", text, re.M)
+    if raised:
+        return raised.group(1).strip()[:300]
+    lines = [l for l in text.splitlines() if "Error" in l or "error" in l]
     return lines[-1].strip()[:300] if lines else "failed with no error line"
 
 
@@ -232,7 +289,7 @@ def config_check(folder: Path, titan_venv: Path, start: Path) -> str:
         [str(python), "-c", code, str(folder)], cwd=start, capture_output=True, text=True
     )
     out = done.stdout.strip().splitlines()
-    return out[-1] if out else _last_error(done.stderr)
+    return out[-1] if out else _first_error(done.stderr)
 
 
 def shipped_export(name: str, folder: Path) -> Path:
@@ -294,19 +351,26 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--keep", action="store_true", help="keep the work folder (printed)")
     args = p.parse_args()
+    import titan_layouts  # beside this file; it imports this module
+
     work = Path(tempfile.mkdtemp(prefix="titan-check-"))
     try:
         print(f"{versions(args.titan_venv.resolve())}, CPU, gloo; {DEVICES} ranks\n")
         profile = debug_profile(work)
-        start, flags = prepare_run_folder(work, args.tokenizer.resolve())
+        start, paths = prepare_run_folder(work, args.tokenizer.resolve())
         plans = [
             ("i1f1b (loop)", *export_baseline(profile, "i1f1b", work / "loop")),
             ("zbv (V)", *export_baseline(profile, "zbv", work / "v")),
             ("tuned, speeds 1.0/0.7", *export_tuned(profile, work / "free")),
         ]
         venv = args.titan_venv.resolve()
-        runs = [train(n, plan, cmd, start, flags, venv, work, args.steps) for n, plan, cmd in plans]
+        runs = [train(n, plan, cmd, start, paths, venv, work, args.steps) for n, plan, cmd in plans]
         print(table(runs))
+        print("\nCluster layouts (nodes x processes as the printed command launches them):\n")
+        layout_runs, layouts_good = titan_layouts.check_layouts(
+            work, start, paths, venv, args.steps
+        )
+        print(titan_layouts.layout_table(layout_runs))
         print("\nExported configs called in torchtitan (stage names checked against the model):")
         checks = [
             ("llama3-8b -> llama3_8b", shipped_export("llama3-8b", work / "l8b")),
@@ -318,6 +382,7 @@ def main() -> int:
             print(f"- {name}: {result}")
         refused = results[-1][1] != "ok"
         good = all(r.matches for r in runs) and all(r == "ok" for _, r in results[:-1])
+        good = good and layouts_good
         return 0 if good and refused else 1
     finally:
         if args.keep:
