@@ -183,6 +183,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         return plan_cluster.run(args)
+    if args.runner is not None:
+        raise InputError("--runner", "chooses the engine of a cluster layout: give --gpus N too")
     if args.time_budget is None:
         args.time_budget = DEFAULT_TIME_BUDGET
     started = time.perf_counter()

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from octopipe.errors import InputError
-from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, search_space
+from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout
 from octopipe.layouts.planner import (
     POLISH_ACTIONS,
     SCREEN_BASELINES,
@@ -48,10 +48,18 @@ from octopipe.layouts.planner import (
 from octopipe.layouts.progress import Progress, SearchProgress, Work
 from octopipe.layouts.recipes import nearest_recipe
 from octopipe.layouts.reference import from_layout_row, recipe_row, reference_row
-from octopipe.layouts.runnable import run_refusal
+from octopipe.layouts.runners import DEFAULT_RUNNER, Runner, get_runner
 from octopipe.layouts.spec import LayoutSpec
+from octopipe.plan import Plan
 
-__all__ = ["LayoutReport", "LayoutSearch", "Row", "SearchProgress", "plan_cluster"]
+__all__ = [
+    "LayoutReport",
+    "LayoutSearch",
+    "Row",
+    "SearchProgress",
+    "plan_cluster",
+    "written_plan",
+]
 
 FINALISTS = 4
 MAX_SCREENED = 300  # layouts screened at most, best bound first: a bound on the work
@@ -76,6 +84,9 @@ class LayoutReport:
     best_standard: Row | None = None  # the fastest standard schedule, uniform partition
     recipe: Row | None = None  # the model's published recipe, as its framework runs it
     recipe_source: str = ""  # where that recipe is published, at what GPU count
+    runner: str = DEFAULT_RUNNER  # the engine every row is for (`runners.py`)
+    not_runnable: tuple[tuple[str, str], ...] = ()
+    """(reference name, why) for the references the runner cannot run: shown, no candidates."""
 
     @property
     def best(self) -> Row:
@@ -96,19 +107,24 @@ def plan_cluster(
     overlap_steps: bool = False,
     from_layout: LayoutSpec | None = None,
     torchtitan: bool = False,
+    runner: str = DEFAULT_RUNNER,
 ) -> LayoutReport:
     """The references, then every layout screened best bound first and the best `finalists`
     tuned (see the module docstring). `overlap_steps`: every plan ranked by its steady step
     time with steps back to back, all-reduces included (docs/FORMATS.md); the Megatron-LM
     reference stays synchronous, as Megatron-LM runs it. `progress` is called with a
-    `SearchProgress` as each layout is screened and tuned."""
+    `SearchProgress` as each layout is screened and tuned. `runner`: the engine the answer is
+    for (`runners.py`); every candidate is a layout and plan it runs, priced as it runs them
+    (the references it cannot run are shown beside, not candidates)."""
     started = time.perf_counter()
-    search = LayoutSearch(job, overlap_steps, torchtitan=torchtitan)
-    L = search.num_layers
-    experts = search.costs.arch.moe.num_experts if search.costs.arch.moe is not None else 0
-    space = search_space(job, L, search.costs.fits_degrees, experts)
-    # Only layouts `octopipe run` carries out (`runnable.py`): an answer is one it can run.
-    space = [lay for lay in space if run_refusal(lay, search.costs.arch, overlap_steps) is None]
+    engine = get_runner(runner)
+    if overlap_steps and not engine.overlaps_steps:
+        raise InputError("--overlap-steps", f"{engine.engine} runs synchronous steps only")
+    search = LayoutSearch(job, overlap_steps, torchtitan=torchtitan, runner=engine)
+    job = search.job  # with FSDP priced as the runner runs it
+    L, arch = search.num_layers, search.costs.arch
+    # Only layouts the runner carries out (`runners.py`): an answer is one it can run.
+    space = engine.space(search, overlap_steps)
     if not space:
         raise InputError(
             "--gpus",
@@ -136,9 +152,17 @@ def plan_cluster(
     given = from_layout_row(search, job, from_layout) if from_layout is not None else None
     tuned_layouts: set[Layout] = set()
     tuned = 0
-    for ref in (reference, recipe, given):
-        if ref is not None:  # ranked as the search ranks its own plans
-            keep(search.evaluate(ref.layout, ref.label, ref.plan) if overlap_steps else ref)
+    refused = {
+        name: why
+        for name, ref in (("reference", reference), ("recipe", recipe), ("given", given))
+        if ref is not None and (why := _refusal(engine, ref, arch, overlap_steps)) is not None
+    }
+    if "given" in refused:
+        raise InputError("--from-layout", f"{engine.engine} cannot run it: {refused['given']}")
+    runnable = [r for n, r in (("reference", reference), ("recipe", recipe), ("given", given))
+                if r is not None and n not in refused]  # fmt: skip
+    for ref in runnable:  # ranked as the search ranks its own plans
+        keep(search.evaluate(ref.layout, ref.label, ref.plan) if overlap_steps else ref)
     if given is not None:
         start = best[given.layout]
         work.say("tuning", f"the given layout: {given.layout.describe()}", best_step())
@@ -186,8 +210,8 @@ def plan_cluster(
         return rows
 
     # The references' own layouts first: the best standard row is never slower than theirs.
-    for ref in (reference, recipe, given):
-        if ref is not None and ref.layout not in done:
+    for ref in runnable:
+        if ref.layout not in done:
             work.say("screening", ref.layout.describe(), best_step())
             screen(
                 ref.layout, len(SCREEN_BASELINES) * 3 * ref.layout.pp * ref.layout.num_microbatches
@@ -257,6 +281,26 @@ def plan_cluster(
         best_standard=best_standard,
         recipe=recipe,
         recipe_source=_recipe_source(job) if recipe is not None else "",
+        runner=runner,
+        not_runnable=tuple(refused.items()),
+    )
+
+
+def written_plan(row: Row) -> Plan:
+    """The row's plan as `plan --gpus` writes it: its `parallelism` (ZeRO stage and HSDP shard
+    group included, docs/FORMATS.md), its layer names and predicted figures."""
+    lay = row.layout
+    plan = row.plan.with_parallelism(
+        lay.tp, lay.dp, lay.microbatch_size, lay.zero, lay.cp, lay.ep, lay.recompute,
+        lay.shard_group,
+    )  # fmt: skip
+    return plan.with_predicted(row.sim.predicted()).with_layer_names(row.profile.layer_names)
+
+
+def _refusal(engine: Runner, row: Row, arch, overlap_steps: bool) -> str | None:
+    """Why the runner cannot run a reference row (its layout, or its plan), or None."""
+    return engine.layout_refusal(row.layout, arch, overlap_steps) or engine.plan_refusal(
+        row.plan, row.layout
     )
 
 
@@ -283,7 +327,8 @@ def _order(layout: Layout) -> tuple:
     return (
         layout.pp,
         RECOMPUTE_ORDER.index(layout.recompute),
-        layout.zero1,
+        layout.zero,
+        layout.shard_group,
         layout.tp,
         layout.cp,
         layout.ep,
