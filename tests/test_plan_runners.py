@@ -23,7 +23,7 @@ from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.layouts.layout import Layout
 from octopipe.layouts.planner import LayoutSearch
 from octopipe.layouts.runners import Runner, get_runner
-from octopipe.layouts.search import LayoutReport, written_plan
+from octopipe.layouts.search import LayoutReport, runner_space, written_plan
 from octopipe.plan import load_plan
 
 BASE = SHIPPED_BASES["llama3-8b"]  # only the layer names matter to the checks below
@@ -126,7 +126,7 @@ def test_every_layout_a_runner_keeps_exports_as_priced(runner):
     job = Job("tiny-moe", Cluster(parse_gpus("16"), 8), 16, 8192)
     engine = get_runner(runner)
     search = LayoutSearch(job, runner=engine)
-    kept = engine.space(search)
+    kept = runner_space(search)
     kinds = {
         (lay.cp > 1, lay.ep > 1, lay.zero, bool(lay.shard_group), lay.recompute) for lay in kept
     }
@@ -151,11 +151,18 @@ def test_every_layout_a_runner_keeps_exports_as_priced(runner):
     assert any(k[1] for k in seen) and any(k[0] for k in seen)  # EP and CP among them
 
 
-def test_zero3_is_searched_for_octopipe_where_its_executor_runs_it():
+def test_octopipes_zero3_is_priced_as_its_zero1_and_refused_where_the_executor_does():
+    """`octopipe run`'s FSDP2 holds a stage's weights across the step: the same step and peak
+    as ZeRO-1 on every layout, so the search offers ZeRO-1 in its place."""
+    from dataclasses import replace
+
     job = Job("tiny-llama", Cluster(parse_gpus("8"), 4), 16, 256)
-    rep = plan_cluster(job, runner="octopipe", tune_evaluations=50, finalists=1)
-    assert any(r.layout.zero == 3 for r in rep.rows)  # screened beside ZeRO-0/1
-    runner = get_runner("octopipe")  # and refused where the executor refuses it
+    search = LayoutSearch(job, runner=get_runner("octopipe"))
+    for base in (Layout(1, 1, 8, 1, 2), Layout(1, 2, 4, 1, 4), Layout(2, 2, 2, 2, 4)):
+        one, three = (search.screen(replace(base, zero=z, zero1=True)) for z in (1, 3))
+        assert three.step_time == pytest.approx(one.step_time, rel=1e-12)
+        assert three.peak_memory_bytes == pytest.approx(one.peak_memory_bytes, rel=1e-12)
+    runner = get_runner("octopipe")
     arch = load_architecture("tiny-moe")
     assert "expert parallelism" in runner.layout_refusal(Layout(1, 1, 4, 1, 1, zero=3, ep=2), arch)
     assert "TP 1" in runner.layout_refusal(Layout(2, 1, 2, 1, 1, zero=3, cp=2), arch)

@@ -2,13 +2,16 @@
 of a plan, so that the search answers only with what that engine runs, priced as it runs it.
 
     runner = get_runner("torchtitan")
-    runner.layouts(layout, cluster)            # the layout's variants it runs (HSDP groups)
+    runner.layouts(layout, gpus_per_node)      # the layout's variants it runs (HSDP groups)
     runner.layout_refusal(layout, arch)        # why it cannot run a layout, or None
     runner.plan_refusal(plan, layout)          # why it cannot run a plan of it, or None
 
-- **octopipe** (`octopipe run`): every schedule, placement and partition; ZeRO-0/1 and ZeRO-3
-  (FSDP2, its weights held across a step's microbatches) over all DP x CP ranks, where the
-  executor builds them (`runnable.py`).
+- **octopipe** (`octopipe run`): every schedule, placement and partition; ZeRO-0 and 1 where
+  the executor builds them (`runnable.py`). Its ZeRO-3 (FSDP2 over all DP x CP ranks) holds a
+  stage's gathered weights and gradients across the step, so it is priced exactly as ZeRO-1
+  (the same peak, one gather and one reduce-scatter a step): the search offers ZeRO-1 in its
+  place rather than screen every layout twice (tests/test_plan_runners.py holds the prices
+  equal).
 - **torchtitan** (0.3, through `octopipe_torchtitan.py`): FSDP over all DP x CP ranks or over
   shard groups of a node's GPUs (HSDP), DDP without CP; no ZeRO-1. Any order (its CSV runtime)
   and any placement (`octopipe_torchtitan_stages.py`), but activation checkpointing is one
@@ -28,17 +31,13 @@ Nothing here imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from octopipe.actions import Kind
 from octopipe.costmodel.arch import Architecture
 from octopipe.errors import InputError
-from octopipe.layouts.layout import Job, Layout, search_space
+from octopipe.layouts.layout import Job, Layout
 from octopipe.layouts.runnable import run_refusal
 from octopipe.plan import Plan
-
-if TYPE_CHECKING:
-    from octopipe.layouts.planner import LayoutSearch
 
 RUNNERS = ("octopipe", "torchtitan", "megatron")
 DEFAULT_RUNNER = "octopipe"
@@ -70,7 +69,7 @@ class Runner:
     @property
     def zero_stages(self) -> tuple[int, ...]:
         """The ZeRO stages the layout search offers it."""
-        return {"octopipe": (0, 1, 3), "torchtitan": (0, 3), "megatron": (0, 1)}[self.name]
+        return {"octopipe": (0, 1), "torchtitan": (0, 3), "megatron": (0, 1)}[self.name]
 
     @property
     def fold_experts(self) -> bool:
@@ -100,19 +99,6 @@ class Runner:
         if job.stack.zero3_held == held:
             return job
         return replace(job, stack=replace(job.stack, zero3_held=held))
-
-    def space(self, search: LayoutSearch, overlap_steps: bool = False) -> list[Layout]:
-        """Every layout of the search's job this runner runs: `layout.search_space` with its
-        ZeRO stages and expert folding, its HSDP variants, less what it refuses."""
-        job, costs = search.job, search.costs
-        arch = costs.arch
-        experts = arch.moe.num_experts if arch.moe is not None else 0
-        space = search_space(
-            job, search.num_layers, costs.fits_degrees, experts, self.zero_stages, self.fold_experts
-        )
-        gpn = job.cluster.gpus_per_node
-        space = [v for lay in space for v in self.layouts(lay, gpn)]
-        return [lay for lay in space if self.layout_refusal(lay, arch, overlap_steps) is None]
 
     def layouts(self, layout: Layout, gpus_per_node: int) -> list[Layout]:
         """The layout and its HSDP variant torchtitan runs: FSDP within a node's GPUs (shard

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from octopipe.errors import InputError
-from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout
+from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, search_space
 from octopipe.layouts.planner import (
     POLISH_ACTIONS,
     SCREEN_BASELINES,
@@ -58,6 +58,7 @@ __all__ = [
     "Row",
     "SearchProgress",
     "plan_cluster",
+    "runner_space",
     "written_plan",
 ]
 
@@ -124,7 +125,7 @@ def plan_cluster(
     job = search.job  # with FSDP priced as the runner runs it
     L, arch = search.num_layers, search.costs.arch
     # Only layouts the runner carries out (`runners.py`): an answer is one it can run.
-    space = engine.space(search, overlap_steps)
+    space = runner_space(search, overlap_steps)
     if not space:
         raise InputError(
             "--gpus",
@@ -284,6 +285,20 @@ def plan_cluster(
         runner=runner,
         not_runnable=tuple(refused.items()),
     )
+
+
+def runner_space(search: LayoutSearch, overlap_steps: bool = False) -> list[Layout]:
+    """Every layout of the search's job its runner runs: `layout.search_space` with the
+    runner's ZeRO stages and expert folding, its HSDP variants, less what it refuses."""
+    job, costs, engine = search.job, search.costs, search.runner
+    arch = costs.arch
+    experts = arch.moe.num_experts if arch.moe is not None else 0
+    space = search_space(
+        job, search.num_layers, costs.fits_degrees, experts, engine.zero_stages, engine.fold_experts
+    )
+    gpn = job.cluster.gpus_per_node
+    space = [v for lay in space for v in engine.layouts(lay, gpn)]
+    return [lay for lay in space if engine.layout_refusal(lay, arch, overlap_steps) is None]
 
 
 def written_plan(row: Row) -> Plan:
