@@ -28,6 +28,7 @@ from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
     OUTPUT_FILES,
+    check_runner_exports,
     megatron_report,
     pictures_fit,
     since,
@@ -196,25 +197,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(json_summary(result)))
     return 0
-
-
-def check_runner_exports(args: argparse.Namespace, runner: str) -> None:
-    """An export for another engine than the answer's is refused in one line: the plan was
-    searched for `runner` and would reach the other engine as something it was not priced as."""
-    if runner == "megatron":
-        for flag in ("torchtitan", "torchtitan_config"):
-            if getattr(args, flag, None):
-                raise InputError(
-                    f"--{flag.replace('_', '-')}",
-                    "is for torchtitan, but --runner megatron plans for Megatron-LM; drop one "
-                    "(or plan with --runner torchtitan)",
-                )
-    elif args.megatron and runner != "octopipe":
-        raise InputError(
-            "--megatron",
-            f"--runner {runner} plans for {get_runner(runner).engine}, not Megatron-LM; drop "
-            "one (or plan with --runner megatron)",
-        )
 
 
 def launch_commands(out: Path, args: argparse.Namespace, lay, job: Job) -> list[str]:

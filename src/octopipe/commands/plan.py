@@ -138,7 +138,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also write megatron_args.sh: the plan as Megatron-LM's pretraining arguments "
         "(degrees, batch sizes, distributed optimizer, recomputation, uneven stages), or say "
-        "in one line why Megatron-LM cannot run it",
+        "in one line why Megatron-LM cannot run it (--gpus --runner megatron implies it and "
+        "plans only what Megatron-LM runs)",
     )
     p.add_argument(
         "--torchtitan-assets",
