@@ -234,7 +234,7 @@ class LayoutSearch:
         # it untuned (its screened plan), where a few dozen evaluations gain most.
         actions = max(actions, min(POLISH_ACTIONS, FEW_EVALUATIONS * per_evaluation))
         evaluations = min(evaluations, actions // per_evaluation)
-        if evaluations < MIN_TUNE_EVALUATIONS or not self.runner.tunes:
+        if evaluations < MIN_TUNE_EVALUATIONS or not self.runner.tunes(layout):
             return start, 0, False
         result = search(
             profile,

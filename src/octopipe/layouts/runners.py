@@ -76,9 +76,11 @@ class Runner:
         """EP over TP x CP x DP (torchtitan, Megatron-Core), not only over DP x CP."""
         return self.name != "octopipe"
 
-    @property
-    def tunes(self) -> bool:
-        """Whether it runs the tuner's orders (Megatron-LM runs its own)."""
+    def tunes(self, layout: Layout) -> bool:
+        """Whether the tuner can find it a better plan of `layout`: not for Megatron-LM (it runs
+        its own orders), nor for torchtitan without PP (one stage, no schedule to order)."""
+        if self.name == "torchtitan":
+            return layout.pp > 1
         return self.name != "megatron"
 
     @property
