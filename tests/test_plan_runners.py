@@ -190,6 +190,14 @@ def test_the_zero3_rule_is_the_executors_refusal(layout, message):
         runtime_config_of(settings, plan, "tiny-moe")
 
 
+def test_octopipe_run_refuses_an_hsdp_plan_under_zero3():
+    from octopipe.plan import make_plan
+
+    plan = make_plan(1, 2, [(0, 9)], [0], {0: []}).with_parallelism(1, 4, 1, 3, shard_group=2)
+    with pytest.raises(InputError, match="HSDP shard groups of 2 are not run"):
+        runtime_config_of(from_keywords(JobConfig(), zero=3, seq_len=64), plan, "tiny-llama")
+
+
 def test_torchtitan_offers_hsdp_within_a_node_only():
     runner = Runner("torchtitan")
     fsdp = Layout(1, 1, 16, 1, 1, zero=3)
@@ -239,3 +247,24 @@ def test_runner_without_gpus_is_refused(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--runner: chooses the engine of a cluster layout" in err
+
+
+def test_the_shard_group_is_written_read_back_and_checked(tmp_path):
+    import octopipe as op
+    from octopipe.plan import save_plan
+
+    plan = op.baseline(op.profile_from_config("tiny-llama", devices=1), "1f1b", "uniform", 2)
+    hsdp = plan.with_parallelism(1, 8, 1, 3, cp=2, shard_group=4)
+    save_plan(hsdp, tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json").parallelism["shard_group"] == 4
+    for zero, group, message in [
+        (1, 4, "parallelism.shard_group: shards weights: needs zero 3"),
+        (3, 3, "parallelism.shard_group: 3 is not a multiple of CP 2 dividing DP x CP = 16"),
+        (3, 0, "parallelism.shard_group: expected a positive integer, got 0"),
+    ]:
+        data = json.loads((tmp_path / "plan.json").read_text())
+        data["parallelism"].update(zero=zero, shard_group=group)
+        (tmp_path / "bad.json").write_text(json.dumps(data))
+        with pytest.raises(InputError, match=message) as caught:
+            load_plan(tmp_path / "bad.json")
+        assert "\n" not in str(caught.value)
