@@ -268,3 +268,16 @@ def test_the_shard_group_is_written_read_back_and_checked(tmp_path):
         with pytest.raises(InputError, match=message) as caught:
             load_plan(tmp_path / "bad.json")
         assert "\n" not in str(caught.value)
+
+
+def test_a_given_layout_is_kept_to_the_runner(tmp_path, capsys):
+    argv = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
+    argv += ["--global-batch", "16", "--seq-len", "256", "--no-png", "--quiet", "--json"]
+    argv += ["--runner", "torchtitan", "--tune-evaluations", "50"]
+    assert main([*argv, "--from-layout", "tp1,pp2,z3", "-o", str(tmp_path / "a")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["given"]["zero"] == 3 and summary["given"]["pp"] == 2
+    assert main([*argv, "--from-layout", "tp1,pp2,z1", "-o", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "--from-layout: torchtitan cannot run it: torchtitan has no ZeRO-1" in err

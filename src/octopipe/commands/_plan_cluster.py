@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--from-layout",
         metavar="LAYOUT",
-        help="your own layout to beat, e.g. tp8,pp16,dp24,b1,v2 (cpN, epN, z1, selective or "
+        help="your own layout to beat, e.g. tp8,pp16,dp24,b1,v2 (cpN, epN, z1, z3, selective or "
         "full also): planned as `octopipe estimate` plans it, tuned, shown beside the answer",
     )
     g.add_argument(

@@ -183,7 +183,7 @@ def get_runner(name: str) -> Runner:
 
 def _titan_refusal(layout: Layout, ranks: int) -> str | None:
     if layout.zero in (1, 2):
-        return f"torchtitan has no ZeRO-{layout.zero} (it shards with FSDP, ZeRO-3, or not)"
+        return f"torchtitan has no ZeRO-{layout.zero} (only FSDP, HSDP or DDP)"
     if layout.zero == 0 and layout.cp > 1:
         return "torchtitan shards weights over the CP ranks (FSDP) wherever CP > 1"
     if layout.recompute == "selective":
