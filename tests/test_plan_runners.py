@@ -281,3 +281,18 @@ def test_a_given_layout_is_kept_to_the_runner(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert "--from-layout: torchtitan cannot run it: torchtitan has no ZeRO-1" in err
+
+
+def test_with_overlapped_steps_octopipes_answer_is_one_its_executor_runs(tmp_path, capsys):
+    """`octopipe run` shards no optimizer state with overlapped steps: the answer has none,
+    and its printed command overlaps the steps it was ranked by."""
+    argv = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
+    argv += ["--global-batch", "16", "--seq-len", "256", "--no-png", "--quiet", "--json"]
+    argv += ["--overlap-steps", "--tune-evaluations", "50", "-o", str(tmp_path)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads(printed.strip().splitlines()[-1])
+    assert summary["chosen"]["zero"] == 0
+    assert summary["reference"]["runnable"] is False  # Megatron-LM's ZeRO-1
+    command = next(line for line in printed.splitlines() if "-m octopipe run" in line)
+    assert "--overlap-steps" in command and "--zero" not in command

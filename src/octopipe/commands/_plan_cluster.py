@@ -215,6 +215,8 @@ def launch_commands(out: Path, args: argparse.Namespace, lay, job: Job) -> list[
     ]  # fmt: skip
     if lay.zero:
         run += ["--zero", str(lay.zero)]
+    if args.overlap_steps:  # the plan was ranked by its steady step with steps back to back
+        run.append("--overlap-steps")
     if nodes == 1:
         head = ["torchrun", "--standalone", "--nproc-per-node", str(per_node)]
         notes = []
