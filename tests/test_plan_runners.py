@@ -65,6 +65,7 @@ def test_torchtitans_answers_export_as_priced(job, tmp_path):
         else:  # DDP: nothing sharded
             assert titan.dp_shard == 1 and lay.cp == 1
         assert titan.activation_checkpoint == lay.recompute
+        assert lay.pp > 1 or lay.num_microbatches == 1  # one pass without PP, as priced
         # No note that the memory technique or recomputation is not the plan's.
         assert [n for n in titan.notes if "not the plan's" in n or "differ" in n] == []
         settings = torchtitan_config_settings(plan, row.profile, BASE, tmp_path / "s.csv", "t")
