@@ -22,7 +22,7 @@ from octopipe.layouts import Job, plan_cluster
 from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.layouts.layout import Layout
 from octopipe.layouts.planner import LayoutSearch
-from octopipe.layouts.runners import Runner, get_runner
+from octopipe.layouts.runners import RUNNERS, Runner, get_runner
 from octopipe.layouts.search import LayoutReport, runner_space, written_plan
 from octopipe.plan import load_plan
 
@@ -297,3 +297,16 @@ def test_with_overlapped_steps_octopipes_answer_is_one_its_executor_runs(tmp_pat
     assert summary["reference"]["runnable"] is False  # Megatron-LM's ZeRO-1
     command = next(line for line in printed.splitlines() if "-m octopipe run" in line)
     assert "--overlap-steps" in command and "--zero" not in command
+
+
+def test_each_runner_prices_the_stack_as_it_runs_it():
+    job = Job("tiny-llama", Cluster(parse_gpus("8"), 4), 16, 256)
+    stacks = {r: LayoutSearch(job, runner=get_runner(r)).job.stack for r in RUNNERS}
+    assert stacks["octopipe"].zero3_held and not stacks["torchtitan"].zero3_held
+    assert stacks["megatron"].reduce_at_end and not stacks["octopipe"].reduce_at_end
+    layout = Layout(1, 2, 4, 1, 4, zero=1)  # reductions wait for the step's end under Megatron
+    octo, mlm = (
+        LayoutSearch(job, runner=get_runner(r)).baseline(layout, "1f1b", "uniform", None)
+        for r in ("octopipe", "megatron")
+    )
+    assert mlm.step_time >= octo.step_time

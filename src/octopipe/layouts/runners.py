@@ -95,13 +95,15 @@ class Runner:
         return "octopipe" if self.name == "octopipe" else "megatron"
 
     def priced(self, job: Job) -> Job:
-        """The job with FSDP priced as this runner runs it: OctoPipe's executor holds a stage's
-        gathered weights across the step's microbatches even without PP
-        (`runtime/parallel/fsdp.py`), torchtitan reshards after each without PP."""
-        held = self.name == "octopipe"
-        if job.stack.zero3_held == held:
-            return job
-        return replace(job, stack=replace(job.stack, zero3_held=held))
+        """The job with its stack as this runner runs it: OctoPipe's executor holds a stage's
+        gathered FSDP weights across the step's microbatches even without PP
+        (`runtime/parallel/fsdp.py`), torchtitan reshards after each without PP; Megatron-LM,
+        as its export writes it (no `--overlap-grad-reduce`), reduces every gradient after
+        the step's last backward."""
+        stack = replace(job.stack, zero3_held=self.name == "octopipe")
+        if self.name == "megatron":
+            stack = replace(stack, reduce_at_end=True)
+        return job if stack == job.stack else replace(job, stack=stack)
 
     def layouts(self, layout: Layout, gpus_per_node: int) -> list[Layout]:
         """The layout and its HSDP variant torchtitan runs: FSDP within a node's GPUs (shard
