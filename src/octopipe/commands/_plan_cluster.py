@@ -1,5 +1,6 @@
 """`octopipe plan --gpus N`: lay a model out on a cluster (TP x CP x PP x DP x EP, microbatches,
-recomputation, optimizer sharding).
+recomputation, optimizer sharding) for the engine `--runner` names (`octopipe run`, torchtitan or
+Megatron-LM), written as that engine's export.
 
 Plans Megatron-LM's usual layout, the model's published recipe (and the user's `--from-layout`)
 first, screens every layout best bound first (with the standard schedules beside: the

@@ -5,9 +5,13 @@ job, its microbatches, recomputation and optimizer sharding, with its tuned plan
     report.best, report.best_standard                   # the answer, the best standard row
     report.reference, report.recipe, report.given       # the layouts it is set beside
 
+0. **The runner** (`runners.py`): the engine the answer is for keeps the space to the layouts
+   it runs (its ZeRO stages, HSDP groups, expert folding) and every plan to those it runs,
+   priced as it runs them.
 1. **References first.** Megatron-LM's usual layout (`reference.py`), the model's published
    recipe (`recipes.py`) and the user's own (`from_layout`, then tuned) are planned as their
-   frameworks run them; each is a candidate, so the answer is never slower than any of them.
+   frameworks run them; each the runner runs is a candidate, so the answer is never slower
+   than any of those (the others are shown beside it, `not_runnable`).
 2. **Screening, best bound first.** Every layout of the search space (`layout.search_space`)
    gets a lower bound on its step, from its profile alone: its microbatches' work spread
    evenly over its pipeline devices, then the optimizer update of an even share of the
