@@ -23,7 +23,7 @@ from octopipe.layouts import (
     plan_cluster,
 )
 from octopipe.layouts.cluster import Cluster, parse_gpus
-from octopipe.layouts.layout import search_space
+from octopipe.layouts.search import runner_space
 from octopipe.layouts.spec import parse_layout
 from octopipe.layouts.stack import Stack
 from octopipe.plan import load_plan
@@ -160,7 +160,7 @@ def test_no_layout_left_out_by_its_bound_beats_the_answer():
     assert not report.cut_by_time
     search = LayoutSearch(job)
     costs = search.costs
-    space = search_space(job, search.num_layers, costs.fits_degrees)
+    space = runner_space(search)  # what octopipe run runs
     assert len(space) == report.candidates
     screened = [r for r in (search.screen(lay) for lay in space) if r is not None and r.sim.fits]
     best = sorted(screened, key=lambda r: r.score)[:12]

@@ -113,6 +113,7 @@ def runtime_config(
     seq_len, micro_batch_size = run_shape(plan, config.data.seq_len, config.data.micro_batch_size)
     seed, dtype = config.model.seed, config.data.dtype
     dp = config.parallelism.dp or _planned(plan, "dp")
+    _check_shard_group(config, plan)
     return RunConfig(
         model,
         seed,
@@ -284,6 +285,20 @@ def run_shape(plan: Plan, seq_len: int | None, micro_batch_size: int | None) -> 
 def _planned(plan: Plan, degree: str) -> int:
     """A degree (`tp`, `dp`) a cluster plan was made for (its `parallelism`), else 1."""
     return plan.parallelism.get(degree, 1) if plan.parallelism else 1
+
+
+def _check_shard_group(config: JobConfig, plan: Plan) -> None:
+    """A plan of HSDP (`parallelism.shard_group`, from `plan --gpus --runner torchtitan`) is
+    refused under --zero 3: FSDP2 here shards over every replica, not the plan's groups."""
+    from octopipe.errors import InputError
+
+    group = plan.parallelism.get("shard_group") if plan.parallelism else None
+    if group and config.parallelism.zero == 3:
+        raise InputError(
+            "--zero",
+            f"3 shards over every replica; the plan's HSDP shard groups of {group} are not run "
+            "(plan it with --runner octopipe, or run it in torchtitan)",
+        )
 
 
 def _expert_degree(config: JobConfig, plan: Plan) -> int:

@@ -1,5 +1,6 @@
 """`octopipe plan --gpus N`: lay a model out on a cluster (TP x CP x PP x DP x EP, microbatches,
-recomputation, optimizer sharding).
+recomputation, optimizer sharding) for the engine `--runner` names (`octopipe run`, torchtitan or
+Megatron-LM), written as that engine's export.
 
 Plans Megatron-LM's usual layout, the model's published recipe (and the user's `--from-layout`)
 first, screens every layout best bound first (with the standard schedules beside: the
@@ -28,6 +29,7 @@ from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_outputs import (
     OUTPUT_FILES,
+    check_runner_exports,
     megatron_report,
     pictures_fit,
     since,
@@ -42,6 +44,8 @@ from octopipe.layouts import Job, LayoutReport, Row
 from octopipe.layouts.layout import DEFAULT_HEADROOM
 from octopipe.layouts.planner import TUNE_EVALUATIONS
 from octopipe.layouts.progress import SearchProgress
+from octopipe.layouts.runners import DEFAULT_RUNNER, RUNNERS, get_runner
+from octopipe.layouts.search import written_plan
 from octopipe.limits import MAX_GLOBAL_BATCH
 from octopipe.units import GIB, fmt_bytes
 
@@ -71,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--from-layout",
         metavar="LAYOUT",
-        help="your own layout to beat, e.g. tp8,pp16,dp24,b1,v2 (cpN, epN, z1, selective or "
+        help="your own layout to beat, e.g. tp8,pp16,dp24,b1,v2 (cpN, epN, z1, z3, selective or "
         "full also): planned as `octopipe estimate` plans it, tuned, shown beside the answer",
     )
     g.add_argument(
@@ -85,6 +89,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=count(1, 10**7),
         default=TUNE_EVALUATIONS,
         help="the tuner's evaluations per tuned layout: the search's work, the same on any machine",
+    )
+    g.add_argument(
+        "--runner",
+        choices=RUNNERS,
+        help="the engine the answer is for (default octopipe: `octopipe run`): the search keeps "
+        "to the layouts, schedules, placements and memory techniques it runs, priced as it runs "
+        "them; torchtitan: FSDP/HSDP or DDP, written as octopipe_torchtitan.py; megatron: "
+        "(interleaved) 1F1B looped, the distributed optimizer, written as megatron_args.sh",
     )
     g.add_argument(
         "--json",
@@ -102,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in DECIDED if getattr(args, k, None) is not None]
     if given:
         raise InputError(given[0], "the cluster layout decides this itself; drop it or --gpus")
+    runner = args.runner or DEFAULT_RUNNER
+    check_runner_exports(args, runner)
+    if args.rank_order is None:  # the runner's own numbering unless given
+        args.rank_order = get_runner(runner).rank_order
     cap = DEFAULT_TIME_CAP if args.time_budget is None else args.time_budget
     spec = parse_layout(args.from_layout) if args.from_layout else None
     started = time.perf_counter()
@@ -126,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
             overlap_steps=args.overlap_steps,
             from_layout=spec,
             torchtitan=args.torchtitan,
+            runner=runner,
         )
     job = result.job
     console = Console()
@@ -144,15 +161,12 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  {line}", highlight=False, soft_wrap=True)
     out.mkdir(parents=True, exist_ok=True)
     lay = best.layout
-    plan = best.plan.with_parallelism(
-        lay.tp, lay.dp, lay.microbatch_size, int(lay.zero1), lay.cp, lay.ep, lay.recompute
-    )
-    plan = plan.with_predicted(best.sim.predicted())
+    plan = written_plan(best)
     from octopipe.profile import save_profile
 
     save_profile(best.profile, out / "profile.json")
     left = cap - since(started)
-    titan = torchtitan_base(args, DEFAULT_MODEL)
+    titan = torchtitan_base(args, DEFAULT_MODEL) if runner != "megatron" else None
     written = write_outputs(
         plan,
         best.profile,
@@ -169,14 +183,16 @@ def run(args: argparse.Namespace) -> int:
         f"{result.tuned} tuned ({result.evaluations:,} evaluations) in {result.seconds:.1f} s; "
         "wrote profile.json, " + ", ".join(written)
     )
-    console.print("to run it:")
-    for line in launch_commands(out, args, lay, job):
-        console.print(f"  {line}", soft_wrap=True, highlight=False)
-    titan_line = torchtitan_report(
-        plan, best.profile, out, titan, args.gpus_per_node, titan_paths(args)
-    )
-    console.print(titan_line, markup=False, highlight=False, soft_wrap=True)
-    if args.megatron:
+    if runner == "octopipe":  # the other runners' exports below say how to run them
+        console.print("to run it:")
+        for line in launch_commands(out, args, lay, job):
+            console.print(f"  {line}", soft_wrap=True, highlight=False)
+    if runner != "megatron":
+        titan_line = torchtitan_report(
+            plan, best.profile, out, titan, args.gpus_per_node, titan_paths(args)
+        )
+        console.print(titan_line, markup=False, highlight=False, soft_wrap=True)
+    if args.megatron or runner == "megatron":
         line = megatron_report(plan, best.profile, out)
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if args.json:
@@ -198,8 +214,10 @@ def launch_commands(out: Path, args: argparse.Namespace, lay, job: Job) -> list[
         "--model", model,
         "--seq-len", str(job.seq_len),
     ]  # fmt: skip
-    if lay.zero1:
-        run += ["--zero", "1"]
+    if lay.zero:
+        run += ["--zero", str(lay.zero)]
+    if args.overlap_steps:  # the plan was ranked by its steady step with steps back to back
+        run.append("--overlap-steps")
     if nodes == 1:
         head = ["torchrun", "--standalone", "--nproc-per-node", str(per_node)]
         notes = []
@@ -217,13 +235,22 @@ def json_summary(result: LayoutReport) -> dict:
     def summary(row: Row | None) -> dict | None:
         return row.summary() if row is not None else None
 
+    refused = dict(result.not_runnable)
+
+    def reference(name: str, row: Row | None) -> dict | None:
+        if row is None:
+            return None
+        out = {**row.summary(), "runnable": name not in refused}
+        return {**out, "not_runnable": refused[name]} if name in refused else out
+
     return {
+        "runner": result.runner,
         "chosen": result.best.summary(),
         "best_standard": summary(result.best_standard),
-        "recipe": {**summary(result.recipe), "source": result.recipe_source}
+        "recipe": {**reference("recipe", result.recipe), "source": result.recipe_source}
         if result.recipe is not None
         else None,
-        "reference": summary(result.reference),
+        "reference": reference("reference", result.reference),
         "given": summary(result.given),
         "search": {
             "candidates": result.candidates,
@@ -238,9 +265,11 @@ def json_summary(result: LayoutReport) -> dict:
 
 def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) -> Table:
     overlapped = ", steps overlapped (step s: steady state; Megatron-LM synchronous)"
+    engine = get_runner(result.runner).engine
     table = Table(
         title=f"{job.config} on {job.cluster.describe()}, global batch {job.global_batch} x "
-        f"{job.seq_len} tokens: layouts (simulated){overlapped if overlap_steps else ''}",
+        f"{job.seq_len} tokens: layouts for {engine} (--runner {result.runner}, simulated)"
+        f"{overlapped if overlap_steps else ''}",
         caption=_caption(result),
     )
     references = _references(result)
@@ -264,7 +293,7 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
             "TP": str(lay.tp),
             "CP": str(lay.cp),
             "PP": str(lay.pp),
-            "DP": f"{lay.dp} Z1" if lay.zero1 else str(lay.dp),
+            "DP": _dp_cell(lay),
             "EP": str(lay.ep),
             "b x M": f"{lay.microbatch_size} x {lay.num_microbatches}",
             "R": {"none": "-", "selective": "s", "full": "f"}[lay.recompute],
@@ -281,18 +310,31 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
 
     for i, row in enumerate(result.rows[:SHOWN_ROWS]):
         add(row, bold=i == 0)
+    refused = dict(result.not_runnable)
     if references:
         table.add_section()
         for name, row in references:
             shown_as = {"reference": "Megatron-LM", "given": "given"}.get(name)
-            add(row, label=shown_as or (row.label if ":" in row.label else f"{name}: {row.label}"))
+            label = shown_as or (row.label if ":" in row.label else f"{name}: {row.label}")
+            if name in refused:  # shown for comparison; not a candidate
+                label += f" (not run by {engine}: {refused[name]})"
+            add(row, label=label)
     return table
+
+
+def _dp_cell(lay) -> str:
+    """DP with its optimizer sharding: Z1, Z3 (FSDP), Z3/S (HSDP in shard groups of S)."""
+    if not lay.zero:
+        return str(lay.dp)
+    group = f"/{lay.shard_group}" if lay.shard_group else ""
+    return f"{lay.dp} Z{lay.zero}{group}"
 
 
 def _caption(result: LayoutReport) -> str:
     """The legend: what each abbreviation and reference row means."""
     parts = [
-        "DP Z1: optimizer state sharded across DP (ZeRO-1)",
+        "DP Z1: optimizer state sharded across DP (ZeRO-1); Z3: weights and gradients too "
+        "(FSDP); Z3/S: in shard groups of S, replicated across them (HSDP)",
         "b x M: samples per microbatch x microbatches per step",
         "R: recomputation (s: selective, f: full)",
         "plan: schedule/partition (tuned: OctoPipe's tuner; docs/LAYOUTS.md)",
@@ -306,6 +348,9 @@ def _caption(result: LayoutReport) -> str:
     )
     if result.given is not None:
         parts.append("given: --from-layout")
+    if result.not_runnable:
+        engine = get_runner(result.runner).engine
+        parts.append(f"a reference {engine} cannot run is shown beside, not chosen")
     return "; ".join(parts)
 
 

@@ -1,6 +1,7 @@
 """What `octopipe plan` writes: plan.json, schedule.csv, the torchtitan exports (0.3's
 octopipe_torchtitan.py when a torchtitan base config is known, 0.2's torchtitan.toml) and the
-timelines, and how long drawing them takes (the command's time budget covers it)."""
+timelines, and how long drawing them takes (the command's time budget covers it); which exports
+a `plan --gpus --runner` answer may take."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from octopipe.export.megatron import (
 from octopipe.export.titan_config import CONFIG_MODULE, STAGES_MODULE
 from octopipe.export.titan_layout import TitanLayout, titan_layout
 from octopipe.export.titan_plan import placement_style
+from octopipe.layouts.runners import get_runner
 from octopipe.plan import Plan, save_plan, save_schedule_csv
 from octopipe.profile import Profile
 from octopipe.sim import Simulator
@@ -179,3 +181,22 @@ def megatron_report(plan: Plan, profile: Profile, out: Path) -> str:
         *(f"note: {n}" for n in megatron_notes(plan)),
     ]
     return "\n".join(lines)
+
+
+def check_runner_exports(args: argparse.Namespace, runner: str) -> None:
+    """An export for another engine than the answer's is refused in one line: the plan was
+    searched for `runner` and would reach the other engine as something it was not priced as."""
+    if runner == "megatron":
+        for flag in ("torchtitan", "torchtitan_config"):
+            if getattr(args, flag, None):
+                raise InputError(
+                    f"--{flag.replace('_', '-')}",
+                    "is for torchtitan, but --runner megatron plans for Megatron-LM; drop one "
+                    "(or plan with --runner torchtitan)",
+                )
+    elif args.megatron and runner != "octopipe":
+        raise InputError(
+            "--megatron",
+            f"--runner {runner} plans for {get_runner(runner).engine}, not Megatron-LM; drop "
+            "one (or plan with --runner megatron)",
+        )

@@ -90,9 +90,9 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--rank-order",
         choices=RANK_ORDERS,
-        default=_DEFAULT.rank_order,
         help="where a stage's DP (and folded EP) ranks sit: OctoPipe's numbering (PP before "
-        "DP) or Megatron-Core's (PP outermost)",
+        "DP) or Megatron-Core's (PP outermost); default octopipe, or with plan --gpus the "
+        "--runner's (torchtitan and megatron number PP outermost)",
     )
     g.add_argument(
         "--p2p",
@@ -120,5 +120,5 @@ def stack_from_args(args: argparse.Namespace) -> Stack:
         precision=args.precision,
         fp8_scaling=args.fp8_scaling,
         moe_capacity_factor=args.moe_capacity_factor,
-        rank_order=args.rank_order,
+        rank_order=args.rank_order or _DEFAULT.rank_order,
     )

@@ -138,7 +138,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also write megatron_args.sh: the plan as Megatron-LM's pretraining arguments "
         "(degrees, batch sizes, distributed optimizer, recomputation, uneven stages), or say "
-        "in one line why Megatron-LM cannot run it",
+        "in one line why Megatron-LM cannot run it (--gpus --runner megatron implies it and "
+        "plans only what Megatron-LM runs)",
     )
     p.add_argument(
         "--torchtitan-assets",
@@ -183,6 +184,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         return plan_cluster.run(args)
+    if args.runner is not None:
+        raise InputError("--runner", "chooses the engine of a cluster layout: give --gpus N too")
     if args.time_budget is None:
         args.time_budget = DEFAULT_TIME_BUDGET
     started = time.perf_counter()

@@ -24,7 +24,7 @@ from octopipe.costmodel.precision import weight_cast_bytes
 from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
 from octopipe.layouts.layout import Job, Layout
-from octopipe.layouts.sharded_dp import replica_ring, shard_layers, sharding
+from octopipe.layouts.sharded_dp import Sharding, replica_ring, shard_layers, sharding
 from octopipe.layouts.stack import layer_settings
 from octopipe.plan import Plan
 from octopipe.profile import DataParallel, Profile
@@ -210,11 +210,21 @@ class LayoutCosts:
             profile = self._shard_all(profile, layout, ring)
         return profile, replicas
 
+    def _sharding(self, layout: Layout) -> Sharding:
+        return sharding(
+            layout.zero,
+            layout.dp,
+            layout.cp,
+            layout.pp,
+            layout.shard_group,
+            held=self.job.stack.zero3_held,
+        )
+
     def rings(self, layout: Layout) -> tuple[DataParallel, DataParallel]:
         """ZeRO-2/3's rings of one TP rank of pipeline device 0: over its shard group (laid out
         as a DP ring of S / CP replicas, the first of them), and across HSDP's replicas."""
         cluster = self.job.cluster
-        sh = sharding(layout.zero, layout.dp, layout.cp, layout.pp, layout.shard_group)
+        sh = self._sharding(layout)
         shard = cluster._ring(layout.tp, layout.cp, self._stride(layout), sh.shards // layout.cp)
         hw = cluster.reference
         across = replica_ring(
@@ -232,7 +242,7 @@ class LayoutCosts:
         """ZeRO-2/3 and HSDP (`sharded_dp.py`): the layers' held bytes and exposed gathers and
         scatters; the simulator's ring reduce-scatters over the shard group once a step (ZeRO-3
         held under PP) or all-reduces the shards across the replicas (the others)."""
-        sh = sharding(layout.zero, layout.dp, layout.cp, layout.pp, layout.shard_group)
+        sh = self._sharding(layout)
         shard, across = self.rings(layout)
         layers, exposed = shard_layers(
             profile.layers, self.layers(layout), sh, shard, self.settings(layout), layout.ep
@@ -282,7 +292,7 @@ class LayoutCosts:
         shards = ring.degree if layout.zero1 else 1
         across = DataParallel()
         if layout.zero >= 2 and layout.dp * layout.cp > 1:
-            sh = sharding(layout.zero, layout.dp, layout.cp, layout.pp, layout.shard_group)
+            sh = self._sharding(layout)
             ring, across = self.rings(layout)
             shards = sh.shards
             if not sh.held:

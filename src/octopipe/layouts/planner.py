@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from octopipe.errors import InputError
 from octopipe.layouts.costs import LayoutCosts, optimizer_seconds
 from octopipe.layouts.layout import Job, Layout
+from octopipe.layouts.runners import DEFAULT_RUNNER, Runner
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.schedules import ScheduleSpec, generate, placement_of
@@ -101,8 +102,10 @@ class LayoutSearch:
         overlap_steps: bool = False,
         costs: LayoutCosts | None = None,
         torchtitan: bool = False,
+        runner: Runner | None = None,
     ):
-        self.job = job
+        self.runner = runner or Runner(DEFAULT_RUNNER)  # the engine its plans are for
+        self.job = job = self.runner.priced(job)
         self.overlap_steps = overlap_steps  # rank plans by their steady step time
         self.torchtitan = torchtitan  # only placements torchtitan builds itself
         self.costs = costs or LayoutCosts(job)  # shared: profiles are built once
@@ -115,7 +118,9 @@ class LayoutSearch:
         """This search ranking by one synchronous step, sharing the profiles built so far."""
         if not self.overlap_steps:
             return self
-        twin = LayoutSearch(self.job, costs=self.costs, torchtitan=self.torchtitan)
+        twin = LayoutSearch(
+            self.job, costs=self.costs, torchtitan=self.torchtitan, runner=self.runner
+        )
         twin._schedules = self._schedules
         return twin
 
@@ -182,24 +187,28 @@ class LayoutSearch:
         return replace(row, plan=plan.with_predicted(row.sim.predicted()))
 
     def baselines(self, layout: Layout, names: Iterable[tuple[str, str, int | None]]) -> list[Row]:
-        """The named plans the layout's counts allow."""
+        """The named plans the layout's counts allow, of those the runner runs."""
         rows = []
-        for schedule, method, chunks in names:
+        for schedule, method, chunks in self.runner.schedules(tuple(names), layout):
             try:
-                rows.append(self.baseline(layout, schedule, method, chunks))
+                row = self.baseline(layout, schedule, method, chunks)
             except InputError:  # too few microbatches or layers for this schedule
                 continue
+            if self.runner.plan_refusal(row.plan, layout) is None:
+                rows.append(row)
         return rows
 
     def screen(self, layout: Layout) -> Row | None:
         """The best of a few balanced baselines: a quick estimate of the layout."""
-        return min(self.baselines(layout, SCREEN_BASELINES), key=lambda r: r.score, default=None)
+        names = self.runner.screen_baselines(SCREEN_BASELINES, layout)
+        return min(self.baselines(layout, names), key=lambda r: r.score, default=None)
 
     def standard(self, layout: Layout, beat: float = float("inf")) -> list[Row]:
         """The standard schedules over the uniform partition that the layout's counts allow,
         each simulated only where its bound (`uniform_bound`) is under `beat`: a schedule
         whose uniform stages hold more work than that on one device cannot step faster."""
-        names = [n for n in STANDARD_SCHEDULES if self.uniform_bound(layout, *n) < beat]
+        standard = self.runner.standard_schedules(STANDARD_SCHEDULES)
+        names = [n for n in standard if self.uniform_bound(layout, *n) < beat]
         return self.baselines(layout, names)
 
     def tune(
@@ -225,7 +234,7 @@ class LayoutSearch:
         # it untuned (its screened plan), where a few dozen evaluations gain most.
         actions = max(actions, min(POLISH_ACTIONS, FEW_EVALUATIONS * per_evaluation))
         evaluations = min(evaluations, actions // per_evaluation)
-        if evaluations < MIN_TUNE_EVALUATIONS:
+        if evaluations < MIN_TUNE_EVALUATIONS or not self.runner.tunes(layout):
             return start, 0, False
         result = search(
             profile,
@@ -240,7 +249,8 @@ class LayoutSearch:
             torchtitan=self.torchtitan,
         )
         row = self.evaluate(layout, "tuned", result.best.plan)
-        best = row if row.score <= start.score else start
+        runs = self.runner.plan_refusal(row.plan, layout) is None
+        best = row if runs and row.score <= start.score else start
         return best, result.evaluations, result.cut_by_time
 
     # --- bounds --------------------------------------------------------------------------

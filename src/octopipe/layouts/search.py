@@ -5,9 +5,13 @@ job, its microbatches, recomputation and optimizer sharding, with its tuned plan
     report.best, report.best_standard                   # the answer, the best standard row
     report.reference, report.recipe, report.given       # the layouts it is set beside
 
+0. **The runner** (`runners.py`): the engine the answer is for keeps the space to the layouts
+   it runs (its ZeRO stages, HSDP groups, expert folding) and every plan to those it runs,
+   priced as it runs them.
 1. **References first.** Megatron-LM's usual layout (`reference.py`), the model's published
    recipe (`recipes.py`) and the user's own (`from_layout`, then tuned) are planned as their
-   frameworks run them; each is a candidate, so the answer is never slower than any of them.
+   frameworks run them; each the runner runs is a candidate, so the answer is never slower
+   than any of those (the others are shown beside it, `not_runnable`).
 2. **Screening, best bound first.** Every layout of the search space (`layout.search_space`)
    gets a lower bound on its step, from its profile alone: its microbatches' work spread
    evenly over its pipeline devices, then the optimizer update of an even share of the
@@ -48,10 +52,19 @@ from octopipe.layouts.planner import (
 from octopipe.layouts.progress import Progress, SearchProgress, Work
 from octopipe.layouts.recipes import nearest_recipe
 from octopipe.layouts.reference import from_layout_row, recipe_row, reference_row
-from octopipe.layouts.runnable import run_refusal
+from octopipe.layouts.runners import DEFAULT_RUNNER, Runner, get_runner
 from octopipe.layouts.spec import LayoutSpec
+from octopipe.plan import Plan
 
-__all__ = ["LayoutReport", "LayoutSearch", "Row", "SearchProgress", "plan_cluster"]
+__all__ = [
+    "LayoutReport",
+    "LayoutSearch",
+    "Row",
+    "SearchProgress",
+    "plan_cluster",
+    "runner_space",
+    "written_plan",
+]
 
 FINALISTS = 4
 MAX_SCREENED = 300  # layouts screened at most, best bound first: a bound on the work
@@ -76,6 +89,9 @@ class LayoutReport:
     best_standard: Row | None = None  # the fastest standard schedule, uniform partition
     recipe: Row | None = None  # the model's published recipe, as its framework runs it
     recipe_source: str = ""  # where that recipe is published, at what GPU count
+    runner: str = DEFAULT_RUNNER  # the engine every row is for (`runners.py`)
+    not_runnable: tuple[tuple[str, str], ...] = ()
+    """(reference name, why) for the references the runner cannot run: shown, no candidates."""
 
     @property
     def best(self) -> Row:
@@ -96,19 +112,24 @@ def plan_cluster(
     overlap_steps: bool = False,
     from_layout: LayoutSpec | None = None,
     torchtitan: bool = False,
+    runner: str = DEFAULT_RUNNER,
 ) -> LayoutReport:
     """The references, then every layout screened best bound first and the best `finalists`
     tuned (see the module docstring). `overlap_steps`: every plan ranked by its steady step
     time with steps back to back, all-reduces included (docs/FORMATS.md); the Megatron-LM
     reference stays synchronous, as Megatron-LM runs it. `progress` is called with a
-    `SearchProgress` as each layout is screened and tuned."""
+    `SearchProgress` as each layout is screened and tuned. `runner`: the engine the answer is
+    for (`runners.py`); every candidate is a layout and plan it runs, priced as it runs them
+    (the references it cannot run are shown beside, not candidates)."""
     started = time.perf_counter()
-    search = LayoutSearch(job, overlap_steps, torchtitan=torchtitan)
-    L = search.num_layers
-    experts = search.costs.arch.moe.num_experts if search.costs.arch.moe is not None else 0
-    space = search_space(job, L, search.costs.fits_degrees, experts)
-    # Only layouts `octopipe run` carries out (`runnable.py`): an answer is one it can run.
-    space = [lay for lay in space if run_refusal(lay, search.costs.arch, overlap_steps) is None]
+    engine = get_runner(runner)
+    if overlap_steps and not engine.overlaps_steps:
+        raise InputError("--overlap-steps", f"{engine.engine} runs synchronous steps only")
+    search = LayoutSearch(job, overlap_steps, torchtitan=torchtitan, runner=engine)
+    job = search.job  # with FSDP priced as the runner runs it
+    L, arch = search.num_layers, search.costs.arch
+    # Only layouts the runner carries out (`runners.py`): an answer is one it can run.
+    space = runner_space(search, overlap_steps)
     if not space:
         raise InputError(
             "--gpus",
@@ -136,9 +157,17 @@ def plan_cluster(
     given = from_layout_row(search, job, from_layout) if from_layout is not None else None
     tuned_layouts: set[Layout] = set()
     tuned = 0
-    for ref in (reference, recipe, given):
-        if ref is not None:  # ranked as the search ranks its own plans
-            keep(search.evaluate(ref.layout, ref.label, ref.plan) if overlap_steps else ref)
+    refused = {
+        name: why
+        for name, ref in (("reference", reference), ("recipe", recipe), ("given", given))
+        if ref is not None and (why := _refusal(engine, ref, arch, overlap_steps)) is not None
+    }
+    if "given" in refused:
+        raise InputError("--from-layout", f"{engine.engine} cannot run it: {refused['given']}")
+    runnable = [r for n, r in (("reference", reference), ("recipe", recipe), ("given", given))
+                if r is not None and n not in refused]  # fmt: skip
+    for ref in runnable:  # ranked as the search ranks its own plans
+        keep(search.evaluate(ref.layout, ref.label, ref.plan) if overlap_steps else ref)
     if given is not None:
         start = best[given.layout]
         work.say("tuning", f"the given layout: {given.layout.describe()}", best_step())
@@ -186,8 +215,8 @@ def plan_cluster(
         return rows
 
     # The references' own layouts first: the best standard row is never slower than theirs.
-    for ref in (reference, recipe, given):
-        if ref is not None and ref.layout not in done:
+    for ref in runnable:
+        if ref.layout not in done:
             work.say("screening", ref.layout.describe(), best_step())
             screen(
                 ref.layout, len(SCREEN_BASELINES) * 3 * ref.layout.pp * ref.layout.num_microbatches
@@ -257,6 +286,40 @@ def plan_cluster(
         best_standard=best_standard,
         recipe=recipe,
         recipe_source=_recipe_source(job) if recipe is not None else "",
+        runner=runner,
+        not_runnable=tuple(refused.items()),
+    )
+
+
+def runner_space(search: LayoutSearch, overlap_steps: bool = False) -> list[Layout]:
+    """Every layout of the search's job its runner runs: `layout.search_space` with the
+    runner's ZeRO stages and expert folding, its HSDP variants, less what it refuses."""
+    job, costs, engine = search.job, search.costs, search.runner
+    arch = costs.arch
+    experts = arch.moe.num_experts if arch.moe is not None else 0
+    space = search_space(
+        job, search.num_layers, costs.fits_degrees, experts, engine.zero_stages, engine.fold_experts
+    )
+    gpn = job.cluster.gpus_per_node
+    space = [v for lay in space for v in engine.layouts(lay, gpn)]
+    return [lay for lay in space if engine.layout_refusal(lay, arch, overlap_steps) is None]
+
+
+def written_plan(row: Row) -> Plan:
+    """The row's plan as `plan --gpus` writes it: its `parallelism` (ZeRO stage and HSDP shard
+    group included, docs/FORMATS.md), its layer names and predicted figures."""
+    lay = row.layout
+    plan = row.plan.with_parallelism(
+        lay.tp, lay.dp, lay.microbatch_size, lay.zero, lay.cp, lay.ep, lay.recompute,
+        lay.shard_group,
+    )  # fmt: skip
+    return plan.with_predicted(row.sim.predicted()).with_layer_names(row.profile.layer_names)
+
+
+def _refusal(engine: Runner, row: Row, arch, overlap_steps: bool) -> str | None:
+    """Why the runner cannot run a reference row (its layout, or its plan), or None."""
+    return engine.layout_refusal(row.layout, arch, overlap_steps) or engine.plan_refusal(
+        row.plan, row.layout
     )
 
 
@@ -283,7 +346,8 @@ def _order(layout: Layout) -> tuple:
     return (
         layout.pp,
         RECOMPUTE_ORDER.index(layout.recompute),
-        layout.zero1,
+        layout.zero,
+        layout.shard_group,
         layout.tp,
         layout.cp,
         layout.ep,

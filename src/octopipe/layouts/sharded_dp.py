@@ -55,10 +55,14 @@ class Sharding:
         return self.stage == 2 or (self.stage == 3 and not self.held)
 
 
-def sharding(stage: int, dp: int, cp: int, pp: int, shard_group: int = 0) -> Sharding:
+def sharding(
+    stage: int, dp: int, cp: int, pp: int, shard_group: int = 0, held: bool = False
+) -> Sharding:
+    """`held`: ZeRO-3 holds the gathered weights across microbatches even without PP (as
+    OctoPipe's executor runs FSDP2); under PP it always does."""
     ranks = dp * cp
     shards = shard_group or ranks
-    return Sharding(stage, shards, ranks // shards, held=stage == 3 and pp > 1)
+    return Sharding(stage, shards, ranks // shards, held=stage == 3 and (pp > 1 or held))
 
 
 def replica_ring(

@@ -4,7 +4,8 @@
 
 Parts, in any order, comma-separated: `tp`, `cp`, `pp`, `dp`, `ep` followed by the degree;
 `b` the microbatch size; `v` the stages per device (1: 1F1B, more: interleaved 1F1B); `z0`/`z1`
-the distributed optimizer (ZeRO-1); `none`, `selective` or `full` the recomputation. Degrees
+the distributed optimizer (ZeRO-1), `z3` FSDP (ZeRO-3, `plan --gpus --runner torchtitan`'s);
+`none`, `selective` or `full` the recomputation. Degrees
 left out are 1 (`dp`: the GPUs left), `b` 1, `v` 1, `z` 0, recomputation none. A fault is one
 line naming the flag and the part.
 """
@@ -57,6 +58,7 @@ class LayoutSpec:
             lay.cp,
             lay.recompute,
             lay.ep,
+            zero=lay.zero,
         )
 
 
@@ -72,13 +74,13 @@ def parse_layout(text: str, flag: str = "--from-layout") -> LayoutSpec:
         if match is None:
             raise InputError(
                 flag,
-                f"cannot read {raw.strip()!r}: expected tpN, cpN, ppN, dpN, epN, bN, vN, z0/z1 or "
-                f"{'/'.join(RECOMPUTE_KINDS)} (e.g. tp8,pp16,dp24,b1,v2)",
+                f"cannot read {raw.strip()!r}: expected tpN, cpN, ppN, dpN, epN, bN, vN, "
+                f"z0/z1/z3 or {'/'.join(RECOMPUTE_KINDS)} (e.g. tp8,pp16,dp24,b1,v2)",
             )
         key, value = match.group(1), int(match.group(2))
         if key in values:
             raise InputError(flag, f"{key} is given twice")
-        if value < 1 and key != "z" or key == "z" and value > 1:
+        if value < 1 and key != "z" or key == "z" and value not in (0, 1, 3):
             raise InputError(flag, f"{part}: out of range")
         values[key] = value
     layout = Layout(
@@ -87,9 +89,10 @@ def parse_layout(text: str, flag: str = "--from-layout") -> LayoutSpec:
         dp=values.get("dp", 1),
         microbatch_size=values.get("b", 1),
         num_microbatches=1,
-        zero1=values.get("z", 0) == 1,
+        zero1=values.get("z", 0) >= 1,
         cp=values.get("cp", 1),
         recompute=recompute,
         ep=values.get("ep", 1),
+        zero=values.get("z", 0),
     )
     return LayoutSpec(layout, values.get("v", 1), "dp" in values)

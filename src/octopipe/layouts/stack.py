@@ -67,6 +67,10 @@ class Stack:
     `tp-cp-ep-dp-pp`, PP outermost: a stage's DP ranks, and the EP groups folded over them,
     next to each other). It moves the data-parallel and expert-parallel rings between NVLink
     and the NICs; pipeline transfers keep OctoPipe's placement."""
+    zero3_held: bool = False
+    """ZeRO-3 gathers a stage's weights once a step and holds them across its microbatches
+    even without PP (OctoPipe's executor: FSDP2 with `reshard_after_forward=False`); False:
+    only under PP, gathering per microbatch without it (FSDP2's and torchtitan's default)."""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:

@@ -240,6 +240,8 @@ def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | Non
     for key in ("cp", "ep"):  # optional degrees, 1 when absent
         if key in raw and _positive_int(raw, key, where, "parallelism.", MAX_PARALLEL_DEGREE) != 1:
             out[key] = raw[key]
+    if "shard_group" in raw:
+        out["shard_group"] = _shard_group(raw, out, zero, where)
     recompute = raw.get("recompute", "none")
     if not isinstance(recompute, str) or recompute not in RECOMPUTE_KINDS:
         kinds = ", ".join(RECOMPUTE_KINDS)
@@ -253,6 +255,22 @@ def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | Non
             where, f"pp is {out['pp']} but the plan has {num_devices} devices", "parallelism.pp"
         )
     return out
+
+
+def _shard_group(raw: dict, out: dict, zero: int, where: str) -> int:
+    """HSDP's optional `shard_group`: ZeRO-3 over groups of S of the DP x CP ranks, S a
+    divisor of them and a multiple of CP."""
+    group = _positive_int(raw, "shard_group", where, "parallelism.", MAX_PARALLEL_DEGREE)
+    cp, ranks = out.get("cp", 1), out["dp"] * out.get("cp", 1)
+    if zero != 3:
+        raise InputError(where, "shards weights: needs zero 3", "parallelism.shard_group")
+    if ranks % group or group % cp:
+        raise InputError(
+            where,
+            f"{group} is not a multiple of CP {cp} dividing DP x CP = {ranks}",
+            "parallelism.shard_group",
+        )
+    return group
 
 
 def check_structure(

@@ -108,9 +108,11 @@ class Plan:
         cp: int = 1,
         ep: int = 1,
         recompute: str = "none",
+        shard_group: int = 0,
     ) -> Plan:
         """The plan as one part of a job (docs/FORMATS.md, `parallelism`); the optional keys
-        are written only where they differ from their defaults."""
+        are written only where they differ from their defaults (`shard_group` 0: ZeRO-3 over
+        all DP x CP ranks)."""
         degrees: dict[str, Any] = {
             "tp": tp,
             "pp": self.num_devices,
@@ -122,6 +124,7 @@ class Plan:
             ("cp", cp, 1),
             ("ep", ep, 1),
             ("recompute", recompute, "none"),
+            ("shard_group", shard_group, 0),
         ):
             if value != default:
                 degrees[key] = value
