@@ -30,6 +30,7 @@ import time
 from dataclasses import replace
 
 from record import config_path, estimate_argv, published_tokens, read_record, with_variant
+from record_moe_fit import MOE_GRID, held_out_moe
 
 from octopipe.cli import main as octopipe
 from octopipe.costmodel import hardware, load_architecture
@@ -132,6 +133,7 @@ def main(free_matmul: bool = False, write_band: bool = False) -> None:
     )
     print("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: |")
     fits = []
+    moe_rows: list[tuple[dict, dict]] = []
     for gpu in dict.fromkeys(r["hardware"] for r in rows):
         mine = [r for r in rows if r["hardware"] == gpu]
         fitted = [i for i, r in enumerate(mine) if estimate_argv(r) and not r["variant"]]
@@ -147,10 +149,14 @@ def main(free_matmul: bool = False, write_band: bool = False) -> None:
         for source in sources:
             key = fit(logs, [mine[i]["source"] != source for i in fitted], prior)
             for r in (r for r in mine if r["source"] == source):
-                ratio = _print_row(r, key, held)
+                if estimate_argv(r) and _is_moe(r):  # after the MoE constants' fit
+                    moe_rows.append((r, dict(zip(names, key))))
+                    continue
+                ratio = _print_row(r, dict(zip(names, key)), held)
                 if ratio is not None:
                     band.append(band_row(r, ratio))
     print("\nfitted on every source: " + "; ".join(fits))
+    _moe_table(moe_rows, held, band)
     _summary(held, rows, band)
     if write_band and not free_matmul:
         FIDELITY.write_text(json.dumps({"rows": band}, indent=1) + "\n")
@@ -158,7 +164,28 @@ def main(free_matmul: bool = False, write_band: bool = False) -> None:
     print(f"\n{time.perf_counter() - started:.0f} s in all")
 
 
-def _print_row(r: dict[str, str], key: tuple, held: dict[str, list[float]]) -> float | None:
+def _moe_table(moe_rows: list[tuple[dict, dict]], held: dict, band: list[dict]) -> None:
+    """The MoE rows, each predicted with the MoE constants fitted without its GPU's rows
+    (`record_moe_fit.py`) on top of its dense constants fitted without its source."""
+    if not moe_rows:
+        return
+    rows, dense = [r for r, _ in moe_rows], [d for _, d in moe_rows]
+    print(
+        "\n| source | run | GPUs | TP/CP/PP/DP/EP, b, schedule | precision, ZeRO | published "
+        "tok/s/GPU | predicted | ratio | matmul, fp8, memory (without the source); host s "
+        "(without the GPU) | "
+        "peak GiB (fits) |"
+    )
+    print("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: |")
+    by_row = {id(r): d for r, d in moe_rows}
+    for r, _, key in held_out_moe(rows, dense, predict):
+        constants = {**by_row[id(r)], **dict(zip(MOE_GRID, key))}
+        ratio = _print_row(r, constants, held)
+        if ratio is not None:
+            band.append(band_row(r, ratio))
+
+
+def _print_row(r: dict[str, str], constants: dict, held: dict[str, list[float]]) -> float | None:
     lay = (
         f"{r['tp']}/{r['cp']}/{r['pp']}/{r['dp']}/{r['ep']}, {r['micro_batch'] or '?'}, "
         f"{r['schedule']}{' x' + r['chunks'] if int(r['chunks']) > 1 else ''}"
@@ -169,7 +196,7 @@ def _print_row(r: dict[str, str], key: tuple, held: dict[str, list[float]]) -> f
     if estimate_argv(r) is None:
         print(f"{head} {published:,.0f} | - | - | not expressed: {r['unexpressed']} | - |")
         return None
-    summary = predict(r, dict(zip(GRID, key)))
+    summary = predict(r, constants)
     if summary is None:
         print(f"{head} {published:,.0f} | - | - | refused (see stderr) | - |")
         return None
@@ -177,7 +204,7 @@ def _print_row(r: dict[str, str], key: tuple, held: dict[str, list[float]]) -> f
     part = f"{r['hardware']}{'-' + r['variant'] if r['variant'] else ''}"
     held.setdefault(f"{r['source']} on {part}", []).append(ratio)
     fits = "yes" if summary["fits"] else "no"
-    consts = ", ".join(f"{k:.3g}" for k in key)
+    consts = ", ".join(f"{k:.3g}" for k in constants.values())
     print(
         f"{head} {published:,.0f} | {summary['tokens_per_gpu']:,.0f} | {ratio:.3f} | {consts}"
         f"{' (other part: ' + r['variant'] + ')' if r['variant'] else ''} | "

@@ -19,6 +19,7 @@ CP_NVLINK, CP_NETWORK = "cp_nvlink", "cp_network"  # ring attention's exchange, 
 CP_COMM = (CP_NVLINK, CP_NETWORK)
 EP_NVLINK, EP_NETWORK = "ep_nvlink", "ep_network"  # MoE all-to-alls, by their link
 EP_COMM = (EP_NVLINK, EP_NETWORK)
+HOST = "host"  # a fixed host-side stall of the phase (`Hardware.moe_layer_host_seconds`)
 
 # FlashAttention's backward runs five matmuls to the forward's two (it recomputes the scores):
 # 2.5x the forward's FLOPs, all of it input-gradient work (attention has no weights).
@@ -68,10 +69,16 @@ def gemm_utilization(gemm: Gemm, hw: Hardware) -> float:
 
 def kernel_time(kernel: Kernel, hw: Hardware) -> float:
     """Roofline: the slower of compute and memory traffic; collectives by their link."""
-    if kernel.unit in (TP_COMM, CP_NVLINK, EP_NVLINK):
+    if kernel.unit == HOST:
+        return hw.moe_layer_host_seconds
+    if kernel.unit in (TP_COMM, CP_NVLINK):
         return kernel.bytes / hw.tp_bandwidth
-    if kernel.unit in (CP_NETWORK, EP_NETWORK):
+    if kernel.unit == CP_NETWORK:
         return kernel.bytes / hw.link_bandwidth
+    if kernel.unit == EP_NVLINK:
+        return kernel.bytes / (hw.tp_bandwidth * hw.all_to_all_efficiency)
+    if kernel.unit == EP_NETWORK:
+        return kernel.bytes / (hw.link_bandwidth * hw.all_to_all_efficiency)
     memory = kernel.bytes / (hw.memory_bandwidth * hw.memory_efficiency)
     if kernel.unit == MEMORY:
         return memory

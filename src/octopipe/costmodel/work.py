@@ -27,6 +27,7 @@ from octopipe.costmodel.kernels import (
     EP_NVLINK,
     FLASH_BACKWARD_FACTOR,
     GROUPED,
+    HOST,
     MATMUL,
     MEMORY,
     PHASES,
@@ -314,6 +315,12 @@ class LayerWork:
         if nbytes:
             unit = EP_NETWORK if across_nodes else EP_NVLINK
             self.kernels.append(Kernel(phase, unit, 0.0, nbytes))
+
+    def host_stall(self) -> None:
+        """A fixed host-side stall in F and in I (an MoE layer's token-count sync and the
+        launch-bound routing kernels after it: `Hardware.moe_layer_host_seconds`)."""
+        for phase in (F, I):
+            self.kernels.append(Kernel(phase, HOST, 0.0, 0.0))
 
     def without_input_gradient(self) -> None:
         """The layer's input needs no gradient (token ids, pixels): the backward through it
