@@ -40,8 +40,10 @@ GRID = {
     # Measured on an H200 (the same die, docs/COSTMODEL.md): kept, not fitted. Fitting it too
     # leaves it to the three BF16 rows of one source (`--fit-matmul` does).
     "matmul_efficiency": [0.67],
-    "fp8_matmul_efficiency": [round(0.40 + 0.025 * i, 3) for i in range(13)],
-    "memory_efficiency": [round(0.60 + 0.05 * i, 2) for i in range(7)],
+    "fp8_matmul_efficiency": [round(0.425 + 0.025 * i, 3) for i in range(7)],
+    "memory_efficiency": [round(0.65 + 0.05 * i, 2) for i in range(6)],
+    # Fused attention's length dependence (`kernels.attention_efficiency`); 0: none.
+    "attention_half_length": [0.0, 2048.0, 4096.0, 8192.0, 16384.0],
 }
 FREE_MATMUL = [0.55, 0.60, 0.65, 0.70, 0.75, 0.80]
 PRIOR_PULL = 1e-3  # per squared relative distance from the preset's value: a tie-breaker only
@@ -78,7 +80,10 @@ def fit(logs: dict[tuple, list[float]], use: list[bool], prior) -> tuple:
 
     def loss(key: tuple) -> float:
         errors = [v * v for v, u in zip(logs[key], use) if u]
-        pull = sum(((k - getattr(prior, n)) / getattr(prior, n)) ** 2 for n, k in zip(names, key))
+        pull = sum(
+            ((k - getattr(prior, n)) / (getattr(prior, n) or max(GRID[n]))) ** 2
+            for n, k in zip(names, key)
+        )
         return (sum(errors) / max(1, len(errors))) + PRIOR_PULL * pull
 
     return min(logs, key=loss)
@@ -128,7 +133,8 @@ def main(free_matmul: bool = False, write_band: bool = False) -> None:
     band = []
     print(
         "| source | run | GPUs | TP/CP/PP/DP/EP, b, schedule | precision, ZeRO | published "
-        "tok/s/GPU | predicted | ratio | fitted without the source (matmul, fp8, memory) | "
+        "tok/s/GPU | predicted | ratio | fitted without the source (matmul, fp8, memory, "
+        "attention L_half) | "
         "peak GiB (fits) |"
     )
     print("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: |")
@@ -172,7 +178,7 @@ def _moe_table(moe_rows: list[tuple[dict, dict]], held: dict, band: list[dict]) 
     rows, dense = [r for r, _ in moe_rows], [d for _, d in moe_rows]
     print(
         "\n| source | run | GPUs | TP/CP/PP/DP/EP, b, schedule | precision, ZeRO | published "
-        "tok/s/GPU | predicted | ratio | matmul, fp8, memory (without the source); host s "
+        "tok/s/GPU | predicted | ratio | matmul, fp8, memory, L_half (without the source); host s "
         "(without the GPU) | "
         "peak GiB (fits) |"
     )

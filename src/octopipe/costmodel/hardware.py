@@ -31,7 +31,11 @@ class Hardware:
     grouped_matmul_efficiency: float = 0.5
     """Fraction of peak_flops MoE grouped GEMMs (many experts, few rows each) achieve."""
     attention_efficiency: float = 0.5
-    """Fraction of peak_flops fused (flash) attention achieves, forward and backward."""
+    """Fraction of peak_flops fused (flash) attention achieves, forward and backward, at 4,096
+    queries a sequence (`kernels.attention_efficiency`)."""
+    attention_half_length: float = 0.0
+    """Queries a sequence at which fused attention's rate is half its long-sequence rate (0:
+    no length dependence): its efficiency scales as L / (L + this), against 4,096."""
     memory_efficiency: float = 0.8
     """Fraction of memory_bandwidth that streaming (memory-bound) kernels achieve."""
     link_bandwidth: float = 50e9
@@ -69,7 +73,12 @@ class Hardware:
             if f.name in ("name", "num_sms", "block_scaled_fp8", "nvlink_domain"):
                 continue
             value = getattr(self, f.name)
-            if f.name in ("link_latency", "fp8_peak_flops", "moe_layer_host_seconds"):
+            if f.name in (
+                "link_latency",
+                "fp8_peak_flops",
+                "moe_layer_host_seconds",
+                "attention_half_length",
+            ):
                 if not value >= 0:
                     raise InputError(
                         f"hardware {self.name}", f"must not be negative (got {value})", f.name
@@ -132,12 +141,16 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=81559 * MIB,  # nvidia-smi total of an H100 80GB HBM3
         matmul_efficiency=0.67,  # as measured on an H200 (same tensor cores), see "h200"
         attention_efficiency=0.45,  # as measured on an H200, see "h200"
-        # The two below are fitted to the H100 record (benchmarks/data/h100_record.csv) by
+        # The three below are fitted to the H100 record (benchmarks/data/h100_record.csv) by
         # `benchmarks/bench_fidelity.py --record`, each source held out in turn (BENCHMARKS.md):
-        # FP8 GEMMs in layers at 0.475 of the FP8 peak, streaming kernels at 0.9 of HBM's
-        # bandwidth (the H200's device copy ran at 0.88).
-        fp8_matmul_efficiency=0.475,
-        memory_efficiency=0.9,
+        # FP8 GEMMs in layers at 0.5 of the FP8 peak, streaming kernels at 0.75 of HBM's
+        # bandwidth (below the H200's device copy, 0.88: norms, rope and casts in layers), and
+        # fused attention at half its long-sequence rate at 8,192 queries a sequence (so 0.45
+        # at 4,096, 0.675 at 8,192, 0.27 at 2,048; FlashAttention-3's paper, Shah et al. 2024,
+        # likewise shows its H100 rate rising with the sequence length).
+        fp8_matmul_efficiency=0.5,
+        memory_efficiency=0.75,
+        attention_half_length=8192,
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU
         tp_bandwidth=450e9,  # NVLink4 (900 GB/s aggregate): ~450 GB/s all-reduce bus bandwidth
         num_sms=132,  # H100 SXM5 datasheet: 132 SMs
@@ -151,8 +164,9 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=81559 * MIB,  # 80 GB HBM3, as H100
         matmul_efficiency=0.67,  # as H100
         attention_efficiency=0.45,
-        fp8_matmul_efficiency=0.475,  # as H100
-        memory_efficiency=0.9,  # as H100
+        fp8_matmul_efficiency=0.5,  # as H100
+        memory_efficiency=0.75,  # as H100
+        attention_half_length=8192,  # as H100
         link_bandwidth=50e9,  # DeepSeek-V3 report: 400 Gb/s InfiniBand (50 GB/s) per GPU
         tp_bandwidth=160e9,  # DeepSeek-V3 report: NVLink (export-limited 400 GB/s) ~160 GB/s
         num_sms=132,  # as H100 SXM
@@ -173,7 +187,9 @@ PRESETS: dict[str, Hardware] = {
         matmul_efficiency=0.67,
         attention_efficiency=0.45,
         memory_efficiency=0.85,
-        fp8_matmul_efficiency=0.475,  # as H100 (fitted there)
+        fp8_matmul_efficiency=0.5,  # as H100 (fitted there)
+        # No attention_half_length: the attention figure above is measured (eager SDPA), and
+        # the H100's length dependence was fitted on Transformer Engine's fused attention.
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU (DGX H200)
         tp_bandwidth=450e9,  # NVLink4, as H100
         num_sms=132,  # the H100's GH100 die
@@ -190,9 +206,10 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=180e9,  # DGX B200: 1,440 GB of HBM3e over 8 GPUs
         matmul_efficiency=0.67,  # as H100 (assumed)
         attention_efficiency=0.45,  # as H100 (assumed)
-        memory_efficiency=0.9,  # as H100 (assumed)
+        memory_efficiency=0.75,  # as H100 (assumed)
+        attention_half_length=8192,  # as H100 (assumed)
         fp8_peak_flops=4.5e15,  # HGX B200: FP8 9 PFLOPS per GPU with sparsity -> 4.5 dense
-        fp8_matmul_efficiency=0.475,  # as H100 (assumed)
+        fp8_matmul_efficiency=0.5,  # as H100 (assumed)
         block_scaled_fp8=True,  # Blackwell's tensor cores take MXFP8's block scales
         link_bandwidth=50e9,  # DGX B200: ConnectX-7 400 Gb/s per GPU
         tp_bandwidth=900e9,  # NVLink 5: 1.8 TB/s per GPU, twice NVLink 4 (whose 900 -> 450)
@@ -206,9 +223,10 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=186e9,  # GB200 NVL72: 13.4 TB of HBM3e over 72 GPUs
         matmul_efficiency=0.67,  # as H100 (assumed)
         attention_efficiency=0.45,  # as H100 (assumed)
-        memory_efficiency=0.9,  # as H100 (assumed)
+        memory_efficiency=0.75,  # as H100 (assumed)
+        attention_half_length=8192,  # as H100 (assumed)
         fp8_peak_flops=5e15,  # GB200 NVL72: FP8 720 PFLOPS over 72 GPUs with sparsity -> 5
-        fp8_matmul_efficiency=0.475,  # as H100 (assumed)
+        fp8_matmul_efficiency=0.5,  # as H100 (assumed)
         block_scaled_fp8=True,
         link_bandwidth=50e9,  # GB200 NVL72 compute trays: ConnectX-7 400 Gb/s per GPU
         tp_bandwidth=900e9,  # NVLink 5 within the rack's 72-GPU NVLink domain, as B200

@@ -194,17 +194,20 @@ class LayerWork:
         kv_heads: int,
         qk_dim: int,
         v_dim: int,
+        q_len: float | None = None,
     ) -> None:
         """Fused (flash) attention core for this rank's heads; saves q, k, v and the
-        log-sum-exp (its output is saved as the next projection's input)."""
+        log-sum-exp (its output is saved as the next projection's input). `q_len`: the
+        queries of one sequence (the kernel's rate depends on it: `kernels.py`)."""
         a = self.dtype_bytes
         flops = 2.0 * q_tokens * keys_per_query * heads * (qk_dim + v_dim)
         q_bytes = q_tokens * heads * qk_dim * a
         kv_bytes = kv_tokens * kv_heads * (qk_dim + v_dim) * a
         out_bytes = q_tokens * heads * v_dim * a
         io = q_bytes + kv_bytes + out_bytes
-        self.kernels.append(Kernel(F, ATTENTION, flops, io))
-        self.kernels.append(Kernel(I, ATTENTION, FLASH_BACKWARD_FACTOR * flops, 2 * io))
+        self.kernels.append(Kernel(F, ATTENTION, flops, io, q_len=q_len))
+        backward = FLASH_BACKWARD_FACTOR * flops
+        self.kernels.append(Kernel(I, ATTENTION, backward, 2 * io, q_len=q_len))
         lse = q_tokens * heads * 4  # the log-sum-exp, in FP32
         self.act_bytes += q_bytes + kv_bytes + lse
         self._core_saves(lse)
