@@ -4,16 +4,16 @@
 
 Per GPU, a few global constants of its preset are fitted, nothing per row: the achieved
 fraction of the BF16 peak in GEMMs (`matmul_efficiency`, kept at its measured 0.67 unless
-`--fit-matmul`), of the FP8 peak in FP8 GEMMs (`fp8_matmul_efficiency`) and of HBM bandwidth in
-streaming kernels (`memory_efficiency`). Every expressible row of a GPU (no `variant`) is
-predicted at every point of a grid; a fit is the point of least mean squared log error
-(predicted / published tokens per second per GPU) over its rows, with a small pull towards the
-preset's values so that a constant no fitted row depends on keeps them. Leave one source out:
-each source's rows are predicted at the point fitted on the other sources' rows of that GPU. A
-GPU with one source (the Blackwell rows) is predicted with its preset's values as they stand.
-Only dense rows are fitted: the constants are dense kernels' efficiencies, and MoE rows carry
-costs the model does not price well yet (routing, permutation, all-to-all efficiency, small
-grouped GEMMs); they are predicted with the dense fit and reported like the others.
+`--fit-matmul`), of the FP8 peak in FP8 GEMMs (`fp8_matmul_efficiency`), of HBM bandwidth in
+streaming kernels (`memory_efficiency`), and the queries a sequence at which fused attention
+runs at half its long-sequence rate (`attention_half_length`). Every expressible row of a GPU
+(no `variant`) is predicted at every point of a grid; a fit is the point of least mean squared
+log error (predicted / published tokens per second per GPU) over its rows, with a small pull
+towards the preset's values so that a constant no fitted row depends on keeps them. Leave one
+source out: each source's rows are predicted at the point fitted on the other sources' rows of
+that GPU. A GPU with one source (the Blackwell rows) is predicted with its preset's values as
+they stand. Only dense rows enter that fit; MoE rows are predicted on their source's dense fit
+plus the MoE host stall fitted on the other GPUs' MoE rows (`record_moe_fit.py`).
 Rows of another part (the power-capped H100 HBM2e of torchtitan's benchmarks) are fitted on
 no row: they are predicted with the SXM fit of every source, their own being none of them.
 """
