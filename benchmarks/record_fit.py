@@ -195,12 +195,15 @@ def _print_row(r: dict[str, str], constants: dict, held: dict[str, list[float]])
     lay = (
         f"{r['tp']}/{r['cp']}/{r['pp']}/{r['dp']}/{r['ep']}, {r['micro_batch'] or '?'}, "
         f"{r['schedule']}{' x' + r['chunks'] if int(r['chunks']) > 1 else ''}"
+        if r["tp"]
+        else "-"  # a source that gives no layout
     )
     prec = f"{r['precision']}{'-' + r['fp8_scaling'] if r['precision'] != 'bf16' else ''}"
     head = f"| {r['source']} | {r['model']} | {r['gpus']} | {lay} | {prec}, {r['zero']} |"
     published = published_tokens(r) if (r["published"] or r["flops"]) else float("nan")
     if estimate_argv(r) is None:
-        print(f"{head} {published:,.0f} | - | - | not expressed: {r['unexpressed']} | - |")
+        given = f"{published:,.0f}" if published == published else "-"  # nan: none given
+        print(f"{head} {given} | - | - | not expressed: {r['unexpressed']} | - |")
         return None
     summary = predict(r, constants)
     if summary is None:
