@@ -25,6 +25,9 @@ GIB = 2**30
 
 # Parts a source ran that differ from the preset's: Meta's Grand Teton H100s (torchtitan's
 # benchmarks) carry 96 GB of HBM2e at 2.4 TB/s (the benchmark file says so).
+# Sources that ran Megatron-Core, whose MoE token dispatchers sync the host each layer.
+MEGATRON_CORE = ("nemo2407", "bridge2511", "mlperf31")
+
 VARIANTS = {
     "hbm2e-500w": {"memory_bandwidth": 2.4e12, "memory_bytes": 96 * 1e9 * 0.97},
 }
@@ -66,6 +69,8 @@ def estimate_argv(row: dict[str, str]) -> list[str] | None:
     if row["grad_bucket_mb"]:
         argv += ["--grad-bucket-mb", row["grad_bucket_mb"]]
     argv += ["--rank-order", row["rank_order"]]
+    if row["source"] in MEGATRON_CORE:
+        argv += ["--moe-host-sync"]
     return [*argv, "--json"]
 
 

@@ -4,16 +4,16 @@
 
 Per GPU, a few global constants of its preset are fitted, nothing per row: the achieved
 fraction of the BF16 peak in GEMMs (`matmul_efficiency`, kept at its measured 0.67 unless
-`--fit-matmul`), of the FP8 peak in FP8 GEMMs (`fp8_matmul_efficiency`) and of HBM bandwidth in
-streaming kernels (`memory_efficiency`). Every expressible row of a GPU (no `variant`) is
-predicted at every point of a grid; a fit is the point of least mean squared log error
-(predicted / published tokens per second per GPU) over its rows, with a small pull towards the
-preset's values so that a constant no fitted row depends on keeps them. Leave one source out:
-each source's rows are predicted at the point fitted on the other sources' rows of that GPU. A
-GPU with one source (the Blackwell rows) is predicted with its preset's values as they stand.
-Only dense rows are fitted: the constants are dense kernels' efficiencies, and MoE rows carry
-costs the model does not price well yet (routing, permutation, all-to-all efficiency, small
-grouped GEMMs); they are predicted with the dense fit and reported like the others.
+`--fit-matmul`), of the FP8 peak in FP8 GEMMs (`fp8_matmul_efficiency`), of HBM bandwidth in
+streaming kernels (`memory_efficiency`), and the queries a sequence at which fused attention
+runs at half its long-sequence rate (`attention_half_length`). Every expressible row of a GPU
+(no `variant`) is predicted at every point of a grid; a fit is the point of least mean squared
+log error (predicted / published tokens per second per GPU) over its rows, with a small pull
+towards the preset's values so that a constant no fitted row depends on keeps them. Leave one
+source out: each source's rows are predicted at the point fitted on the other sources' rows of
+that GPU. A GPU with one source (the Blackwell rows) is predicted with its preset's values as
+they stand. Only dense rows enter that fit; MoE rows are predicted on their source's dense fit
+plus the MoE host stall fitted on the other GPUs' MoE rows (`record_moe_fit.py`).
 Rows of another part (the power-capped H100 HBM2e of torchtitan's benchmarks) are fitted on
 no row: they are predicted with the SXM fit of every source, their own being none of them.
 """
@@ -30,6 +30,7 @@ import time
 from dataclasses import replace
 
 from record import config_path, estimate_argv, published_tokens, read_record, with_variant
+from record_moe_fit import MOE_GRID, held_out_moe
 
 from octopipe.cli import main as octopipe
 from octopipe.costmodel import hardware, load_architecture
@@ -39,8 +40,10 @@ GRID = {
     # Measured on an H200 (the same die, docs/COSTMODEL.md): kept, not fitted. Fitting it too
     # leaves it to the three BF16 rows of one source (`--fit-matmul` does).
     "matmul_efficiency": [0.67],
-    "fp8_matmul_efficiency": [round(0.40 + 0.025 * i, 3) for i in range(13)],
-    "memory_efficiency": [round(0.60 + 0.05 * i, 2) for i in range(7)],
+    "fp8_matmul_efficiency": [round(0.425 + 0.025 * i, 3) for i in range(7)],
+    "memory_efficiency": [round(0.65 + 0.05 * i, 2) for i in range(6)],
+    # Fused attention's length dependence (`kernels.attention_efficiency`); 0: none.
+    "attention_half_length": [0.0, 2048.0, 4096.0, 8192.0, 16384.0],
 }
 FREE_MATMUL = [0.55, 0.60, 0.65, 0.70, 0.75, 0.80]
 PRIOR_PULL = 1e-3  # per squared relative distance from the preset's value: a tie-breaker only
@@ -77,7 +80,10 @@ def fit(logs: dict[tuple, list[float]], use: list[bool], prior) -> tuple:
 
     def loss(key: tuple) -> float:
         errors = [v * v for v, u in zip(logs[key], use) if u]
-        pull = sum(((k - getattr(prior, n)) / getattr(prior, n)) ** 2 for n, k in zip(names, key))
+        pull = sum(
+            ((k - getattr(prior, n)) / (getattr(prior, n) or max(GRID[n]))) ** 2
+            for n, k in zip(names, key)
+        )
         return (sum(errors) / max(1, len(errors))) + PRIOR_PULL * pull
 
     return min(logs, key=loss)
@@ -127,11 +133,13 @@ def main(free_matmul: bool = False, write_band: bool = False) -> None:
     band = []
     print(
         "| source | run | GPUs | TP/CP/PP/DP/EP, b, schedule | precision, ZeRO | published "
-        "tok/s/GPU | predicted | ratio | fitted without the source (matmul, fp8, memory) | "
+        "tok/s/GPU | predicted | ratio | fitted without the source (matmul, fp8, memory, "
+        "attention L_half) | "
         "peak GiB (fits) |"
     )
     print("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: |")
     fits = []
+    moe_rows: list[tuple[dict, dict]] = []
     for gpu in dict.fromkeys(r["hardware"] for r in rows):
         mine = [r for r in rows if r["hardware"] == gpu]
         fitted = [i for i, r in enumerate(mine) if estimate_argv(r) and not r["variant"]]
@@ -147,10 +155,14 @@ def main(free_matmul: bool = False, write_band: bool = False) -> None:
         for source in sources:
             key = fit(logs, [mine[i]["source"] != source for i in fitted], prior)
             for r in (r for r in mine if r["source"] == source):
-                ratio = _print_row(r, key, held)
+                if estimate_argv(r) and _is_moe(r):  # after the MoE constants' fit
+                    moe_rows.append((r, dict(zip(names, key))))
+                    continue
+                ratio = _print_row(r, dict(zip(names, key)), held)
                 if ratio is not None:
                     band.append(band_row(r, ratio))
     print("\nfitted on every source: " + "; ".join(fits))
+    _moe_table(moe_rows, held, band)
     _summary(held, rows, band)
     if write_band and not free_matmul:
         FIDELITY.write_text(json.dumps({"rows": band}, indent=1) + "\n")
@@ -158,18 +170,42 @@ def main(free_matmul: bool = False, write_band: bool = False) -> None:
     print(f"\n{time.perf_counter() - started:.0f} s in all")
 
 
-def _print_row(r: dict[str, str], key: tuple, held: dict[str, list[float]]) -> float | None:
+def _moe_table(moe_rows: list[tuple[dict, dict]], held: dict, band: list[dict]) -> None:
+    """The MoE rows, each predicted with the MoE constants fitted without its GPU's rows
+    (`record_moe_fit.py`) on top of its dense constants fitted without its source."""
+    if not moe_rows:
+        return
+    rows, dense = [r for r, _ in moe_rows], [d for _, d in moe_rows]
+    print(
+        "\n| source | run | GPUs | TP/CP/PP/DP/EP, b, schedule | precision, ZeRO | published "
+        "tok/s/GPU | predicted | ratio | matmul, fp8, memory, L_half (without the source); host s "
+        "(without the GPU) | "
+        "peak GiB (fits) |"
+    )
+    print("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: |")
+    by_row = {id(r): d for r, d in moe_rows}
+    for r, _, key in held_out_moe(rows, dense, predict):
+        constants = {**by_row[id(r)], **dict(zip(MOE_GRID, key))}
+        ratio = _print_row(r, constants, held)
+        if ratio is not None:
+            band.append(band_row(r, ratio))
+
+
+def _print_row(r: dict[str, str], constants: dict, held: dict[str, list[float]]) -> float | None:
     lay = (
         f"{r['tp']}/{r['cp']}/{r['pp']}/{r['dp']}/{r['ep']}, {r['micro_batch'] or '?'}, "
         f"{r['schedule']}{' x' + r['chunks'] if int(r['chunks']) > 1 else ''}"
+        if r["tp"]
+        else "-"  # a source that gives no layout
     )
     prec = f"{r['precision']}{'-' + r['fp8_scaling'] if r['precision'] != 'bf16' else ''}"
     head = f"| {r['source']} | {r['model']} | {r['gpus']} | {lay} | {prec}, {r['zero']} |"
     published = published_tokens(r) if (r["published"] or r["flops"]) else float("nan")
     if estimate_argv(r) is None:
-        print(f"{head} {published:,.0f} | - | - | not expressed: {r['unexpressed']} | - |")
+        given = f"{published:,.0f}" if published == published else "-"  # nan: none given
+        print(f"{head} {given} | - | - | not expressed: {r['unexpressed']} | - |")
         return None
-    summary = predict(r, dict(zip(GRID, key)))
+    summary = predict(r, constants)
     if summary is None:
         print(f"{head} {published:,.0f} | - | - | refused (see stderr) | - |")
         return None
@@ -177,7 +213,7 @@ def _print_row(r: dict[str, str], key: tuple, held: dict[str, list[float]]) -> f
     part = f"{r['hardware']}{'-' + r['variant'] if r['variant'] else ''}"
     held.setdefault(f"{r['source']} on {part}", []).append(ratio)
     fits = "yes" if summary["fits"] else "no"
-    consts = ", ".join(f"{k:.3g}" for k in key)
+    consts = ", ".join(f"{k:.3g}" for k in constants.values())
     print(
         f"{head} {published:,.0f} | {summary['tokens_per_gpu']:,.0f} | {ratio:.3f} | {consts}"
         f"{' (other part: ' + r['variant'] + ')' if r['variant'] else ''} | "

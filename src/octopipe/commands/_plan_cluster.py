@@ -27,6 +27,7 @@ from rich.table import Table
 from octopipe.commands._device_layers import device_layers, print_wide
 from octopipe.commands._flags import count, number
 from octopipe.commands._output_paths import check_output_folder
+from octopipe.commands._plan_band import band_cell, row_band, within_error_line
 from octopipe.commands._plan_outputs import (
     OUTPUT_FILES,
     check_runner_exports,
@@ -195,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
     if args.megatron or runner == "megatron":
         line = megatron_report(plan, best.profile, out)
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+    within = within_error_line(result)
+    if within:
+        console.print(within, markup=False, highlight=False, soft_wrap=True)
     if args.json:
         print(json.dumps(json_summary(result)))
     return 0
@@ -233,19 +237,23 @@ def launch_commands(out: Path, args: argparse.Namespace, lay, job: Job) -> list[
 
 def json_summary(result: LayoutReport) -> dict:
     def summary(row: Row | None) -> dict | None:
-        return row.summary() if row is not None else None
+        if row is None:
+            return None
+        band = row_band(row, result.job)
+        return {**row.summary(), "error_band": {**band.summary(), "like": band.describe()}}
 
     refused = dict(result.not_runnable)
 
     def reference(name: str, row: Row | None) -> dict | None:
         if row is None:
             return None
-        out = {**row.summary(), "runnable": name not in refused}
+        out = {**summary(row), "runnable": name not in refused}
         return {**out, "not_runnable": refused[name]} if name in refused else out
 
     return {
         "runner": result.runner,
-        "chosen": result.best.summary(),
+        "chosen": summary(result.best),
+        "within_model_error": within_error_line(result),
         "best_standard": summary(result.best_standard),
         "recipe": {**reference("recipe", result.recipe), "source": result.recipe_source}
         if result.recipe is not None
@@ -284,7 +292,7 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
     for col in degrees:
         table.add_column(col, justify="right", overflow="fold")
     table.add_column("plan", min_width=8, overflow="fold")
-    for col in ("step s", "tok/s/GPU", "GiB", "fits"):
+    for col in ("step s", "tok/s/GPU", "GiB", "fits", "error"):
         table.add_column(col, justify="right", overflow="fold")
 
     def add(row: Row, bold: bool = False, label: str | None = None) -> None:
@@ -305,6 +313,7 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
             f"{row.tokens_per_gpu(job):,.0f}",
             f"{max(sim.peak_memory_bytes) / GIB:.1f}",
             "yes" if sim.fits else "[red]no[/red]",
+            band_cell(row_band(row, job)),
         ]
         table.add_row(*(f"[bold]{c}[/bold]" for c in cells) if bold else cells)
 
@@ -351,6 +360,10 @@ def _caption(result: LayoutReport) -> str:
     if result.not_runnable:
         engine = get_runner(result.runner).engine
         parts.append(f"a reference {engine} cannot run is shown beside, not chosen")
+    parts.append(
+        "error: mean held-out error of published runs like the row (same GPU, precision, "
+        "model kind, parallelism kinds; BENCHMARKS.md)"
+    )
     return "; ".join(parts)
 
 

@@ -88,6 +88,12 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         "factor of its balanced share",
     )
     g.add_argument(
+        "--moe-host-sync",
+        action="store_true",
+        help="each MoE layer syncs the host for its token counts, as Megatron-Core's token "
+        "dispatchers do (the preset's fitted host stall per layer's F and I)",
+    )
+    g.add_argument(
         "--rank-order",
         choices=RANK_ORDERS,
         help="where a stage's DP (and folded EP) ranks sit: OctoPipe's numbering (PP before "
@@ -120,5 +126,6 @@ def stack_from_args(args: argparse.Namespace) -> Stack:
         precision=args.precision,
         fp8_scaling=args.fp8_scaling,
         moe_capacity_factor=args.moe_capacity_factor,
+        moe_host_sync=args.moe_host_sync,
         rank_order=args.rank_order or _DEFAULT.rank_order,
     )

@@ -68,7 +68,7 @@ def attention_core(
         if s.attention == "unfused":
             work.unfused_attention(n, q, kv, heads, kv_heads, qk_dim, v_dim, s.dropout > 0)
         else:
-            work.attention(n * q, n * kv, keys_per_query, heads, kv_heads, qk_dim, v_dim)
+            work.attention(n * q, n * kv, keys_per_query, heads, kv_heads, qk_dim, v_dim, q)
         c = s.context_parallel
         if c > 1:
             chunk = n * q * kv_heads * (qk_dim + v_dim) * s.activation_bytes

@@ -62,6 +62,8 @@ def moe(work: LayerWork, arch: Architecture, s: Settings) -> None:
             f"expert-parallel degree {ep} does not divide {moe.num_experts} experts",
             "expert_parallel",
         )
+    if s.moe_host_sync:  # the dispatcher's token-count sync and launch-bound routing kernels
+        work.host_stall()
     work.linear(t, h, moe.num_experts, save_input=False, quantizable=False)  # shares the input
     work.elementwise(
         t * moe.num_experts * 8, t * moe.num_experts * 8, saved_bytes=t * moe.num_experts * 4

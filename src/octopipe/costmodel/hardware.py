@@ -31,7 +31,11 @@ class Hardware:
     grouped_matmul_efficiency: float = 0.5
     """Fraction of peak_flops MoE grouped GEMMs (many experts, few rows each) achieve."""
     attention_efficiency: float = 0.5
-    """Fraction of peak_flops fused (flash) attention achieves, forward and backward."""
+    """Fraction of peak_flops fused (flash) attention achieves, forward and backward, at 4,096
+    queries a sequence (`kernels.attention_efficiency`)."""
+    attention_half_length: float = 0.0
+    """Queries a sequence at which fused attention's rate is half its long-sequence rate (0:
+    no length dependence): its efficiency scales as L / (L + this), against 4,096."""
     memory_efficiency: float = 0.8
     """Fraction of memory_bandwidth that streaming (memory-bound) kernels achieve."""
     link_bandwidth: float = 50e9
@@ -52,13 +56,29 @@ class Hardware:
     nvlink_domain: int = 8
     """GPUs one NVLink domain joins (a DGX/HGX node: 8; GB200 NVL72: 72): the default
     `--gpus-per-node` of `octopipe estimate`."""
+    all_to_all_efficiency: float = 0.9
+    """Fraction of its link's bandwidth (tp_bandwidth in an NVLink domain, link_bandwidth
+    across) an MoE layer's all-to-all achieves. DeepEP's README (H800, DeepSeek-V3's
+    pre-training shapes): dispatch and combine at 153-158 of NVLink's ~160 GB/s inside a node,
+    43-47 of the NIC's ~50 GB/s across nodes: 0.86-0.96, taken as 0.9 (not fitted)."""
+    moe_layer_host_seconds: float = 0.0
+    """Seconds an MoE layer adds to each of its forward and input-gradient phases beyond its
+    kernels' roofline where the stack syncs the host (`Settings.moe_host_sync`):
+    Megatron-Core's token dispatcher copies the per-expert token counts to the host (a
+    device-to-host sync that drains the GPU's queue), and the router, permutation and dispatch
+    kernels after it run at the host's launch rate, not the GPU's."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             if f.name in ("name", "num_sms", "block_scaled_fp8", "nvlink_domain"):
                 continue
             value = getattr(self, f.name)
-            if f.name in ("link_latency", "fp8_peak_flops"):  # zero: idealization, or none
+            if f.name in (
+                "link_latency",
+                "fp8_peak_flops",
+                "moe_layer_host_seconds",
+                "attention_half_length",
+            ):
                 if not value >= 0:
                     raise InputError(
                         f"hardware {self.name}", f"must not be negative (got {value})", f.name
@@ -71,11 +91,25 @@ class Hardware:
                 raise InputError(
                     f"hardware {self.name}", f"must be a positive integer (got {value})", name
                 )
-        efficiencies = ("matmul", "grouped_matmul", "attention", "memory", "fp8_matmul")
+        efficiencies = (
+            "matmul",
+            "grouped_matmul",
+            "attention",
+            "memory",
+            "fp8_matmul",
+            "all_to_all",
+        )
         for name in (f"{kind}_efficiency" for kind in efficiencies):
             if getattr(self, name) > 1:
                 raise InputError(f"hardware {self.name}", "an efficiency is at most 1", name)
 
+
+# Megatron-Core's MoE layers on their hosts (x86 DGX and Grace alike): the host stall of each
+# MoE layer's forward and input-gradient phases, fitted to Megatron-Bridge 25.11's MoE runs on
+# H100, B200 and GB200 (`benchmarks/bench_fidelity.py --record`, BENCHMARKS.md; each GPU's runs
+# held out in turn gave 2.5-5.5 ms): a property of the software stack and host, not the GPU,
+# paid only where the stack syncs (`--moe-host-sync`; OctoPipe's own MoE layers do not).
+MOE_LAYER_HOST_SECONDS = 3.5e-3
 
 # Inter-node links: DGX A100 has one 200 Gb/s HDR InfiniBand NIC per GPU (25 GB/s); DGX H100/H200
 # and DeepSeek's H800 nodes one 400 Gb/s NDR NIC per GPU (50 GB/s) (NVIDIA DGX datasheets;
@@ -98,6 +132,7 @@ PRESETS: dict[str, Hardware] = {
         link_bandwidth=25e9,  # 200 Gb/s HDR InfiniBand per GPU
         tp_bandwidth=230e9,  # NVLink3 (600 GB/s aggregate): ~230 GB/s all-reduce bus bandwidth
         num_sms=108,  # A100 whitepaper: 108 SMs on the SXM4 part
+        moe_layer_host_seconds=MOE_LAYER_HOST_SECONDS,
     ),
     "h100": Hardware(
         name="h100",
@@ -106,15 +141,20 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=81559 * MIB,  # nvidia-smi total of an H100 80GB HBM3
         matmul_efficiency=0.67,  # as measured on an H200 (same tensor cores), see "h200"
         attention_efficiency=0.45,  # as measured on an H200, see "h200"
-        # The two below are fitted to the H100 record (benchmarks/data/h100_record.csv) by
+        # The three below are fitted to the H100 record (benchmarks/data/h100_record.csv) by
         # `benchmarks/bench_fidelity.py --record`, each source held out in turn (BENCHMARKS.md):
-        # FP8 GEMMs in layers at 0.475 of the FP8 peak, streaming kernels at 0.9 of HBM's
-        # bandwidth (the H200's device copy ran at 0.88).
-        fp8_matmul_efficiency=0.475,
-        memory_efficiency=0.9,
+        # FP8 GEMMs in layers at 0.5 of the FP8 peak, streaming kernels at 0.75 of HBM's
+        # bandwidth (below the H200's device copy, 0.88: norms, rope and casts in layers), and
+        # fused attention at half its long-sequence rate at 8,192 queries a sequence (so 0.45
+        # at 4,096, 0.675 at 8,192, 0.27 at 2,048; FlashAttention-3's paper, Shah et al. 2024,
+        # likewise shows its H100 rate rising with the sequence length).
+        fp8_matmul_efficiency=0.5,
+        memory_efficiency=0.75,
+        attention_half_length=8192,
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU
         tp_bandwidth=450e9,  # NVLink4 (900 GB/s aggregate): ~450 GB/s all-reduce bus bandwidth
         num_sms=132,  # H100 SXM5 datasheet: 132 SMs
+        moe_layer_host_seconds=MOE_LAYER_HOST_SECONDS,
         fp8_peak_flops=1979e12,  # H100 SXM5 datasheet: FP8 3,958 with sparsity -> 1,979 dense
     ),
     "h800": Hardware(
@@ -124,11 +164,13 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=81559 * MIB,  # 80 GB HBM3, as H100
         matmul_efficiency=0.67,  # as H100
         attention_efficiency=0.45,
-        fp8_matmul_efficiency=0.475,  # as H100
-        memory_efficiency=0.9,  # as H100
+        fp8_matmul_efficiency=0.5,  # as H100
+        memory_efficiency=0.75,  # as H100
+        attention_half_length=8192,  # as H100
         link_bandwidth=50e9,  # DeepSeek-V3 report: 400 Gb/s InfiniBand (50 GB/s) per GPU
         tp_bandwidth=160e9,  # DeepSeek-V3 report: NVLink (export-limited 400 GB/s) ~160 GB/s
         num_sms=132,  # as H100 SXM
+        moe_layer_host_seconds=MOE_LAYER_HOST_SECONDS,
         fp8_peak_flops=1979e12,  # H800 SXM: same tensor cores as H100 SXM
     ),
     "h200": Hardware(
@@ -145,10 +187,13 @@ PRESETS: dict[str, Hardware] = {
         matmul_efficiency=0.67,
         attention_efficiency=0.45,
         memory_efficiency=0.85,
-        fp8_matmul_efficiency=0.475,  # as H100 (fitted there)
+        fp8_matmul_efficiency=0.5,  # as H100 (fitted there)
+        # No attention_half_length: the attention figure above is measured (eager SDPA), and
+        # the H100's length dependence was fitted on Transformer Engine's fused attention.
         link_bandwidth=50e9,  # 400 Gb/s NDR InfiniBand per GPU (DGX H200)
         tp_bandwidth=450e9,  # NVLink4, as H100
         num_sms=132,  # the H100's GH100 die
+        moe_layer_host_seconds=MOE_LAYER_HOST_SECONDS,
         fp8_peak_flops=1979e12,  # H200 SXM datasheet: FP8 3,958 with sparsity -> 1,979 dense
     ),
     # Blackwell. Peaks from NVIDIA's HGX B200 / DGX B200 and GB200 NVL72 datasheets, which quote
@@ -161,13 +206,15 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=180e9,  # DGX B200: 1,440 GB of HBM3e over 8 GPUs
         matmul_efficiency=0.67,  # as H100 (assumed)
         attention_efficiency=0.45,  # as H100 (assumed)
-        memory_efficiency=0.9,  # as H100 (assumed)
+        memory_efficiency=0.75,  # as H100 (assumed)
+        attention_half_length=8192,  # as H100 (assumed)
         fp8_peak_flops=4.5e15,  # HGX B200: FP8 9 PFLOPS per GPU with sparsity -> 4.5 dense
-        fp8_matmul_efficiency=0.475,  # as H100 (assumed)
+        fp8_matmul_efficiency=0.5,  # as H100 (assumed)
         block_scaled_fp8=True,  # Blackwell's tensor cores take MXFP8's block scales
         link_bandwidth=50e9,  # DGX B200: ConnectX-7 400 Gb/s per GPU
         tp_bandwidth=900e9,  # NVLink 5: 1.8 TB/s per GPU, twice NVLink 4 (whose 900 -> 450)
         num_sms=148,  # B200: 148 SMs (two dies of 74)
+        moe_layer_host_seconds=MOE_LAYER_HOST_SECONDS,
     ),
     "gb200": Hardware(
         name="gb200",
@@ -176,13 +223,15 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=186e9,  # GB200 NVL72: 13.4 TB of HBM3e over 72 GPUs
         matmul_efficiency=0.67,  # as H100 (assumed)
         attention_efficiency=0.45,  # as H100 (assumed)
-        memory_efficiency=0.9,  # as H100 (assumed)
+        memory_efficiency=0.75,  # as H100 (assumed)
+        attention_half_length=8192,  # as H100 (assumed)
         fp8_peak_flops=5e15,  # GB200 NVL72: FP8 720 PFLOPS over 72 GPUs with sparsity -> 5
-        fp8_matmul_efficiency=0.475,  # as H100 (assumed)
+        fp8_matmul_efficiency=0.5,  # as H100 (assumed)
         block_scaled_fp8=True,
         link_bandwidth=50e9,  # GB200 NVL72 compute trays: ConnectX-7 400 Gb/s per GPU
         tp_bandwidth=900e9,  # NVLink 5 within the rack's 72-GPU NVLink domain, as B200
         num_sms=148,  # as B200
+        moe_layer_host_seconds=MOE_LAYER_HOST_SECONDS,
         nvlink_domain=72,  # GB200 NVL72: one NVLink domain of 72 GPUs
     ),
 }

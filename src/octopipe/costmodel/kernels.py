@@ -19,6 +19,7 @@ CP_NVLINK, CP_NETWORK = "cp_nvlink", "cp_network"  # ring attention's exchange, 
 CP_COMM = (CP_NVLINK, CP_NETWORK)
 EP_NVLINK, EP_NETWORK = "ep_nvlink", "ep_network"  # MoE all-to-alls, by their link
 EP_COMM = (EP_NVLINK, EP_NETWORK)
+HOST = "host"  # a fixed host-side stall of the phase (`Hardware.moe_layer_host_seconds`)
 
 # FlashAttention's backward runs five matmuls to the forward's two (it recomputes the scores):
 # 2.5x the forward's FLOPs, all of it input-gradient work (attention has no weights).
@@ -28,6 +29,12 @@ FLASH_BACKWARD_FACTOR = 2.5
 # wave quantization with 128 x 128 and 256 x 128 tiles; 128 x 128 is the size cuBLAS picks for
 # most transformer shapes on A100 and H100 alike.
 GEMM_TILE = 128
+# `Hardware.attention_efficiency` is the fraction fused attention reaches at this many queries
+# a sequence (the H200's measured causal SDPA at 4,096 tokens); `attention_half_length` bends
+# it with the length. Never above an isolated large GEMM's measured 0.79 (the H200's 8192^3
+# BF16 GEMM): attention's matmuls run no faster than a big GEMM's.
+ATTENTION_REFERENCE_LENGTH = 4096
+ATTENTION_CEILING = 0.79
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,9 @@ class Kernel:
     bytes: float
     gemm: Gemm | None = None
     fp8: bool = False
+    q_len: float | None = None
+    """Fused attention: the queries a sequence has in the kernel (`attention_efficiency`'s
+    length dependence)."""
 
 
 def gemm_utilization(gemm: Gemm, hw: Hardware) -> float:
@@ -66,19 +76,38 @@ def gemm_utilization(gemm: Gemm, hw: Hardware) -> float:
     return tile * tiles / (waves * hw.num_sms)
 
 
+def attention_efficiency(hw: Hardware, q_len: float | None) -> float:
+    """Fused attention's fraction of peak at `q_len` queries a sequence: the preset's figure
+    at the reference length, scaled by L / (L + L_half) against its value there (short
+    sequences leave the kernel's tiles and waves part empty, and pay the causal diagonal and
+    the softmax rescaling over fewer keys); L_half 0: no dependence."""
+    half = hw.attention_half_length
+    if not half or not q_len:
+        return hw.attention_efficiency
+    ref = ATTENTION_REFERENCE_LENGTH
+    scaled = hw.attention_efficiency * (q_len / (q_len + half)) * ((ref + half) / ref)
+    return min(scaled, ATTENTION_CEILING)
+
+
 def kernel_time(kernel: Kernel, hw: Hardware) -> float:
     """Roofline: the slower of compute and memory traffic; collectives by their link."""
-    if kernel.unit in (TP_COMM, CP_NVLINK, EP_NVLINK):
+    if kernel.unit == HOST:
+        return hw.moe_layer_host_seconds
+    if kernel.unit in (TP_COMM, CP_NVLINK):
         return kernel.bytes / hw.tp_bandwidth
-    if kernel.unit in (CP_NETWORK, EP_NETWORK):
+    if kernel.unit == CP_NETWORK:
         return kernel.bytes / hw.link_bandwidth
+    if kernel.unit == EP_NVLINK:
+        return kernel.bytes / (hw.tp_bandwidth * hw.all_to_all_efficiency)
+    if kernel.unit == EP_NETWORK:
+        return kernel.bytes / (hw.link_bandwidth * hw.all_to_all_efficiency)
     memory = kernel.bytes / (hw.memory_bandwidth * hw.memory_efficiency)
     if kernel.unit == MEMORY:
         return memory
     efficiency = {
         MATMUL: hw.matmul_efficiency,
         GROUPED: hw.grouped_matmul_efficiency,
-        ATTENTION: hw.attention_efficiency,
+        ATTENTION: attention_efficiency(hw, kernel.q_len),
     }[kernel.unit]
     peak = hw.peak_flops
     if kernel.fp8:

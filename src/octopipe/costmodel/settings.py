@@ -45,6 +45,10 @@ class Settings:
     """MoE routing: 0 dropless (the tokens the router chose, balanced on average); > 0 every
     expert's input padded to this factor of its balanced share (Megatron-Core's capacity
     factor with `--moe-pad-expert-input-to-capacity`)."""
+    moe_host_sync: bool = False
+    """Each MoE layer syncs the host for its per-expert token counts and launches its routing
+    kernels after it (Megatron-Core's token dispatchers): the layer's F and I each pay the
+    hardware's `moe_layer_host_seconds`."""
     ep_across_nodes: bool = False
     """The expert-parallel ranks of a group sit on different nodes (all-to-alls over the NICs)."""
     recompute: str = "none"

@@ -27,6 +27,7 @@ from octopipe.costmodel.kernels import (
     EP_NVLINK,
     FLASH_BACKWARD_FACTOR,
     GROUPED,
+    HOST,
     MATMUL,
     MEMORY,
     PHASES,
@@ -193,17 +194,20 @@ class LayerWork:
         kv_heads: int,
         qk_dim: int,
         v_dim: int,
+        q_len: float | None = None,
     ) -> None:
         """Fused (flash) attention core for this rank's heads; saves q, k, v and the
-        log-sum-exp (its output is saved as the next projection's input)."""
+        log-sum-exp (its output is saved as the next projection's input). `q_len`: the
+        queries of one sequence (the kernel's rate depends on it: `kernels.py`)."""
         a = self.dtype_bytes
         flops = 2.0 * q_tokens * keys_per_query * heads * (qk_dim + v_dim)
         q_bytes = q_tokens * heads * qk_dim * a
         kv_bytes = kv_tokens * kv_heads * (qk_dim + v_dim) * a
         out_bytes = q_tokens * heads * v_dim * a
         io = q_bytes + kv_bytes + out_bytes
-        self.kernels.append(Kernel(F, ATTENTION, flops, io))
-        self.kernels.append(Kernel(I, ATTENTION, FLASH_BACKWARD_FACTOR * flops, 2 * io))
+        self.kernels.append(Kernel(F, ATTENTION, flops, io, q_len=q_len))
+        backward = FLASH_BACKWARD_FACTOR * flops
+        self.kernels.append(Kernel(I, ATTENTION, backward, 2 * io, q_len=q_len))
         lse = q_tokens * heads * 4  # the log-sum-exp, in FP32
         self.act_bytes += q_bytes + kv_bytes + lse
         self._core_saves(lse)
@@ -314,6 +318,12 @@ class LayerWork:
         if nbytes:
             unit = EP_NETWORK if across_nodes else EP_NVLINK
             self.kernels.append(Kernel(phase, unit, 0.0, nbytes))
+
+    def host_stall(self) -> None:
+        """A fixed host-side stall in F and in I (an MoE layer's token-count sync and the
+        launch-bound routing kernels after it: `Hardware.moe_layer_host_seconds`)."""
+        for phase in (F, I):
+            self.kernels.append(Kernel(phase, HOST, 0.0, 0.0))
 
     def without_input_gradient(self) -> None:
         """The layer's input needs no gradient (token ids, pixels): the backward through it

@@ -61,6 +61,9 @@ class Stack:
     """FP8's per-tensor scaling: "delayed" (amax history) or "current" (an amax pass first)."""
     moe_capacity_factor: float = 0.0
     """MoE routing: 0 dropless; > 0 each expert's input padded to this factor of its share."""
+    moe_host_sync: bool = False
+    """Each MoE layer syncs the host for its token counts (Megatron-Core's token dispatchers):
+    its forward and input-gradient phases each pay the preset's `moe_layer_host_seconds`."""
     rank_order: str = "octopipe"
     """Where a stage's DP ranks sit: "octopipe" (the plan format's GPU numbering, TP, CP, PP,
     DP: a stage's DP ranks PP groups apart) or "megatron" (Megatron-Core's default
@@ -122,6 +125,7 @@ def layer_settings(
         expert_parallel=ep,
         expert_tensor_parallel=etp,
         moe_capacity_factor=stack.moe_capacity_factor,
+        moe_host_sync=stack.moe_host_sync,
         ep_across_nodes=ep_across_nodes,
         recompute=recompute,
         attention=stack.attention,

@@ -1,0 +1,55 @@
+"""The error band of `plan --gpus`: each row's held-out error on published runs like it (the
+lookup `estimate` uses: `costmodel/error_band.py`), and the one line saying when the answer's
+predicted gain over its reference rows is within that error."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from octopipe.costmodel.error_band import ErrorBand, error_band, layout_kinds
+from octopipe.layouts import Job, LayoutReport, Row
+
+
+@cache
+def _is_moe(config: str) -> bool:
+    from octopipe.costmodel.hf_config import load_architecture
+
+    return load_architecture(config).moe is not None
+
+
+def row_band(row: Row, job: Job) -> ErrorBand:
+    """The held-out error of published runs like this row: same GPU, precision, model kind,
+    most parallelism kinds in common."""
+    lay = row.layout
+    kinds = layout_kinds(lay.tp, lay.cp, lay.pp, lay.ep, lay.zero)
+    return error_band(job.cluster.reference.name, job.stack.precision, kinds, _is_moe(job.config))
+
+
+def band_cell(band: ErrorBand) -> str:
+    """The table's `error` column: the band's mean held-out error."""
+    return f"±{band.mean:.0%}" if band.rows else "-"
+
+
+def within_error_line(result: LayoutReport) -> str | None:
+    """One line when the answer's predicted gain over best_standard or the recipe is within
+    the model's mean held-out error on runs like the answer: the prediction cannot tell them
+    apart, so both are worth a run."""
+    best, job = result.best, result.job
+    band = row_band(best, job)
+    if not band.rows or not best.sim.fits:
+        return None
+    close = []
+    for name, row in (("best_standard", result.best_standard), ("recipe", result.recipe)):
+        if row is None or row is best or not row.sim.fits:
+            continue
+        if row.layout == best.layout and row.label == best.label:
+            continue  # the answer itself
+        gain = row.step_time / best.step_time - 1
+        if gain <= band.mean:
+            close.append(f"{name} by {gain:.1%}")
+    if not close:
+        return None
+    return (
+        f"within the model's error: try both (the answer beats {' and '.join(close)}; "
+        f"{band.describe()})"
+    )
