@@ -149,7 +149,7 @@ def train_layout(name, plan, profile, command, start, paths, venv, work, steps) 
         planned={a: getattr(lay, a) for a in AXES},
         built=dict(zip(AXES, map(int, mesh.groups()))) if mesh else {},
         sharding=sharding.group(1) if sharding else "-",
-        batch_planned=(lay.local_batch_size, lay.local_batch_size * lay.dp, 1),
+        batch_planned=(lay.local_batch_size, lay.global_batch_size, lay.accumulation),
         batch_built=tuple(map(int, batch.groups())) if batch else None,  # type: ignore[arg-type]
         placement=plan.placement,
         stages_built=stages,

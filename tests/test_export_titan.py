@@ -146,6 +146,19 @@ def test_degrees_come_from_the_plans_parallelism(tmp_path):
     assert "--nproc-per-node 16" in written.LAUNCH  # TP x PP x DP processes
 
 
+def test_without_pp_the_microbatches_are_accumulated(tmp_path):
+    """One device, M microbatches of b: torchtitan runs passes of one microbatch and
+    accumulates M of them (global = M x b x DP = local x DP x M)."""
+    prof = profile(microbatch_size=2, devices=(Device(),))
+    plan = baseline(prof, "1f1b", "uniform", num_microbatches=4, num_devices=1)
+    plan = plan.with_parallelism(tp=1, dp=2, microbatch_size=2, zero=3)
+    written = export(plan, prof, tmp_path / "out")
+    training = written.TRAINING
+    assert (training["local_batch_size"], training["global_batch_size"]) == (2, 4 * 2 * 2)
+    lay = titan_layout(plan, prof)
+    assert lay.accumulation == 4 and lay.global_batch_size == 16
+
+
 def test_the_whole_layout_reaches_torchtitan(tmp_path):
     """The 64-GPU Llama-3-70B answer's shape: TP 2 x CP 4 x PP 2 (here) x DP 2, EP, ZeRO-3 over
     HSDP groups: every degree is written and the launch takes every GPU."""

@@ -145,7 +145,7 @@ def torchtitan_config_settings(
     lay = titan_layout(plan, profile)
     training: dict[str, Any] = {
         "local_batch_size": lay.local_batch_size,
-        "global_batch_size": lay.local_batch_size * lay.dp,  # no gradient accumulation
+        "global_batch_size": lay.global_batch_size,  # accumulated without PP
     }
     if profile.seq_len is not None:
         training["seq_len"] = profile.seq_len

@@ -64,7 +64,19 @@ class TitanLayout:
 
     @property
     def local_batch_size(self) -> int:
-        return self.num_microbatches * self.microbatch_size
+        """Samples a rank's forward-backward pass takes: under PP the step's M microbatches
+        (torchtitan cuts them itself); without PP one microbatch, accumulated M times."""
+        return self.microbatch_size * (self.num_microbatches if self.pp > 1 else 1)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples a step takes over all replicas: torchtitan accumulates gradients over
+        global / (local x DP) passes."""
+        return self.num_microbatches * self.microbatch_size * self.dp
+
+    @property
+    def accumulation(self) -> int:
+        return self.global_batch_size // (self.local_batch_size * self.dp)
 
     def parallelism(self) -> dict[str, int]:
         """torchtitan 0.3's `parallelism` degrees (its ParallelismConfig's field names)."""

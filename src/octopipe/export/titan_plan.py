@@ -60,11 +60,14 @@ def world_size(plan: Plan, profile: Profile) -> int:
 
 def batch_sizes(plan: Plan, profile: Profile) -> tuple[int, int]:
     """torchtitan's `(local_batch_size, global_batch_size)` for the plan: torchtitan runs
-    local_batch_size / pipeline_parallel_microbatch_size microbatches, and a global batch of
-    local x dp means no gradient accumulation. An unknown microbatch size is taken as 1."""
+    local_batch_size / pipeline_parallel_microbatch_size microbatches under PP; without PP
+    (one device) a local batch of one microbatch, accumulated over the plan's microbatches
+    (global = local x dp x M). An unknown microbatch size is taken as 1."""
     _, dp = tp_dp_degrees(plan, profile)
-    local = plan.num_microbatches * (microbatch_size(plan, profile) or 1)
-    return local, local * dp
+    size = microbatch_size(plan, profile) or 1
+    step = plan.num_microbatches * size
+    local = step if plan.num_devices > 1 else size
+    return local, step * dp
 
 
 def splits_backward(plan: Plan) -> bool:

@@ -18,7 +18,8 @@ of a plan, so that the search answers only with what that engine runs, priced as
   setting for every block and survives no split backward; its selective checkpointing is not
   the one priced, so none or full. EP over dp_shard x CP x TP. `export/titan_layout.py` says
   the same of a written plan; tests/test_plan_runners.py holds the two together. Without PP
-  its export runs a replica's whole batch in one pass, so there a layout has one microbatch.
+  its export accumulates M passes of one microbatch, reducing gradients after each: priced
+  under FSDP (per microbatch), so replicas without PP take one microbatch.
 - **megatron** (Megatron-LM, Megatron-Core 0.20, through `megatron_args.sh`): 1F1B and
   interleaved 1F1B in its own order over the looped placement, any partition (its
   `--pipeline-model-parallel-layout`), whole backwards, the distributed optimizer (ZeRO-1) or
@@ -189,9 +190,11 @@ def _titan_refusal(layout: Layout, ranks: int) -> str | None:
         return f"torchtitan has no ZeRO-{layout.zero} (only FSDP, HSDP or DDP)"
     if layout.zero == 0 and layout.cp > 1:
         return "torchtitan shards weights over the CP ranks (FSDP) wherever CP > 1"
-    if layout.pp == 1 and layout.num_microbatches > 1:
-        # Its export sets local_batch_size = M x b with no accumulation: one pass without PP.
-        return "torchtitan without PP runs a replica's batch in one pass (one microbatch)"
+    if layout.pp == 1 and layout.num_microbatches > 1 and layout.zero != 3:
+        # Its export accumulates M passes of one microbatch without PP, and torchtitan reduces
+        # the gradients after each: FSDP's reduce-scatter per microbatch is priced so,
+        # replicas' all-reduces once a step are not.
+        return "torchtitan without PP reduces gradients every accumulated microbatch (FSDP)"
     if layout.recompute == "selective":
         return "torchtitan's selective checkpointing is per op, not the one priced"
     shards = layout.shards if layout.zero == 3 else 1
