@@ -113,12 +113,8 @@ def titan_layout(plan: Plan, profile: Profile, gpus_per_node: int | None = None)
                 f"parallelism.ep: torchtitan 0.3 spreads experts over dp_shard x CP x TP = "
                 f"{shard} x {cp} x {tp} ranks, which EP {ep} does not divide; {RUNNER_HINT}",
             )
-        if tp > 1:
-            notes.append(
-                f"torchtitan's EP groups of {ep} take TP ranks too (experts are not "
-                "tensor-parallel under EP), where the plan's lie across DP x CP: the same "
-                "experts per GPU, other all-to-all groups."
-            )
+        # torchtitan's EP groups take TP ranks first (its mesh has TP innermost), as the cost
+        # model lays them (layouts/costs.py, `ep_across_nodes`): nothing to note.
     if gpus_per_node is not None:
         moved = node_groups_note(tp, cp, plan.num_devices, replicate * shard, gpus_per_node)
         notes += [moved] if moved else []
