@@ -103,8 +103,7 @@ def test_octopipes_answers_pass_the_executors_checks(job):
     for row in answers(rep):
         lay, plan = row.layout, written_plan(row)
         assert lay.zero in (0, 1, 3) and not lay.shard_group
-        settings = from_keywords(JobConfig(), zero=lay.zero)
-        config = runtime_config_of(settings, plan, model)
+        config = runtime_config_of(JobConfig(), plan, model)  # the plan's degrees and ZeRO
         assert (config.tp, config.cp, config.dp, config.ep, config.zero) == (
             lay.tp,
             lay.cp,
@@ -112,6 +111,8 @@ def test_octopipes_answers_pass_the_executors_checks(job):
             lay.ep,
             lay.zero,
         )
+        if lay.zero:  # --zero given overrides the plan's
+            assert runtime_config_of(from_keywords(JobConfig(), zero=0), plan, model).zero == 0
 
 
 def runtime_config_of(settings, plan, model):

@@ -15,6 +15,7 @@ a loss function, callbacks. This module resolves them into the ranks' `RunConfig
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,7 @@ def runtime_config(
 
     if model is None:
         raise InputError("--model", "must be given (--model, [model] name in --config, or model=)")
+    config = _with_planned_zero(config, plan)
     _check_loss(loss)
     if callable(model):
         _check_picklable("model", model)
@@ -280,6 +282,14 @@ def run_shape(plan: Plan, seq_len: int | None, micro_batch_size: int | None) -> 
         seq_len or planned_len or DEFAULT_SEQ_LEN,
         micro_batch_size or planned_b or DEFAULT_MICRO_BATCH_SIZE,
     )
+
+
+def _with_planned_zero(config: JobConfig, plan: Plan) -> JobConfig:
+    """`--zero`, else the ZeRO stage the plan was priced with (`plan --gpus` writes it)."""
+    if config.parallelism.zero is not None:
+        return config
+    zero = plan.parallelism.get("zero", 0) if plan.parallelism else 0
+    return replace(config, parallelism=replace(config.parallelism, zero=zero))
 
 
 def _planned(plan: Plan, degree: str) -> int:

@@ -140,10 +140,11 @@ class ParallelismSection:
         low=1,
         high=MAX_PARALLEL_DEGREE,
     )
-    zero: int = setting(
-        0,
+    zero: int | None = setting(
+        None,
         "1: shard the optimizer state across the replicas (ZeRO-1); 3: also the weights and "
-        "gradients (FSDP2, gathered and reduced where the plan says)",
+        "gradients (FSDP2, gathered and reduced where the plan says); 0: neither (default: the "
+        "plan's parallelism.zero, else 0)",
         flag="--zero",
         choices=(0, 1, 3),
     )
