@@ -15,6 +15,10 @@ Layouts (sources in the table): Llama 3 405B as Meta trained it (Llama 3 paper, 
 CP 1, PP 16, DP 64 at 8,192 tokens, interleaved, first and last stages with fewer layers);
 Llama 3 70B as NeMo's recipe (TP 4, PP 4, CP 2, virtual stages 5, 8,192 tokens); Mixtral 8x7B
 as NeMo's recipe (TP 1, PP 4, EP 8, virtual stages 8, 4,096 tokens).
+
+Then the answers of `plan --gpus --runner megatron` for a few jobs (`ANSWERS`: a dense model
+whose answer pipelines, one with EP), exported and parsed the same way: what the search
+prints for Megatron-LM must be what Megatron-LM takes.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ LAYOUTS = [
     ("mixtral-8x7b NeMo", "mixtral-8x7b", 1, 1, 4, 8, 8, 8, "uniform", 4096, 32, "full",
      "NeMo mixtral_8x7b pretrain recipe"),
 ]  # fmt: skip
+
+# model, GPUs, GPUs per node, global batch, sequence length: `plan --gpus --runner megatron`
+ANSWERS = [
+    ("llama3-8b", 16, 8, 128, 4096),  # issue 31's example job
+    ("llama3-70b", 64, 8, 512, 4096),
+    ("mixtral-8x7b", 64, 8, 256, 4096),
+]
 
 PARSE = r"""
 import json, sys, typing, typing_extensions
@@ -73,6 +84,18 @@ def plan_of(model, tp, cp, pp, dp, ep, v, partition, seq, m, recompute):
     return plan.with_layer_names(profile.layer_names), profile
 
 
+def answer_of(model, gpus, per_node, batch, seq):
+    """`plan --gpus --runner megatron`'s answer for the job, as the command writes it."""
+    from octopipe.layouts import Cluster, Job, parse_gpus
+    from octopipe.layouts.search import plan_cluster, written_plan
+
+    job = Job(model, Cluster(parse_gpus(str(gpus)), per_node), batch, seq)
+    best = plan_cluster(job, runner="megatron").best
+    name = f"{model} on {gpus} GPUs: {best.layout.describe()}"
+    source = f"plan --gpus {gpus} --runner megatron --global-batch {batch} --seq-len {seq}"
+    return name, source, written_plan(best), best.profile
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--megatron-venv", type=Path, required=True)
@@ -84,9 +107,13 @@ def main() -> int:
     print(f"{MEGATRON_TARGET}, parsed by its megatron.training.arguments.parse_args\n")
     print("| layout | source | arguments (OctoPipe's export) | parsed | same |")
     print("|---|---|---|---|---|")
+    cases = [
+        (name, source, *plan_of(model, tp, cp, pp, dp, ep, v, part, seq, m, rec))
+        for name, model, tp, cp, pp, dp, ep, v, part, seq, m, rec, source in LAYOUTS
+    ]
+    cases += [answer_of(*job) for job in ANSWERS]
     good = True
-    for name, model, tp, cp, pp, dp, ep, v, part, seq, m, rec, source in LAYOUTS:
-        plan, profile = plan_of(model, tp, cp, pp, dp, ep, v, part, seq, m, rec)
+    for name, source, plan, profile in cases:
         args = megatron_arguments(plan, profile)
         done = subprocess.run(
             [str(python), "-c", PARSE, json.dumps(args)],
