@@ -69,9 +69,30 @@ def estimate_argv(row: dict[str, str]) -> list[str] | None:
     if row["grad_bucket_mb"]:
         argv += ["--grad-bucket-mb", row["grad_bucket_mb"]]
     argv += ["--rank-order", row["rank_order"]]
+    argv += ["--grad-dtype", row["grad_dtype"], "--partition", row["partition"]]
     if row["source"] in MEGATRON_CORE:
         argv += ["--moe-host-sync"]
     return [*argv, "--json"]
+
+
+def offloaded_bytes(row: dict[str, str], summary: dict) -> float:
+    """Activation bytes the source's CPU offloading moves off the GPU at the peak, by
+    `cpu_offload_layers` of the row's layers (Megatron-Core's `cpu_offloading_num_layers`,
+    which `octopipe estimate` does not model): their share of the peak's activations, a
+    layer's activations being alike. Only for rows without PP (one microbatch held)."""
+    layers = int(row["cpu_offload_layers"] or 0)
+    if not layers:
+        return 0.0
+    if int(row["pp"]) != 1:
+        raise ValueError(f"{row['model']}: cpu_offload_layers is priced only without PP")
+    arch = load_architecture(config_path(row))
+    held = summary["peak_memory_bytes"] - summary["static_memory_bytes"]
+    return held * layers / arch.num_layers
+
+
+def fits_published(row: dict[str, str], summary: dict) -> bool:
+    """Whether the row's predicted peak, less what its source offloads, fits the GPU."""
+    return summary["peak_memory_bytes"] - offloaded_bytes(row, summary) <= summary["capacity_bytes"]
 
 
 def published_tokens(row: dict[str, str]) -> float:

@@ -29,7 +29,15 @@ import sys
 import time
 from dataclasses import replace
 
-from record import config_path, estimate_argv, published_tokens, read_record, with_variant
+from record import (
+    config_path,
+    estimate_argv,
+    fits_published,
+    offloaded_bytes,
+    published_tokens,
+    read_record,
+    with_variant,
+)
 from record_moe_fit import MOE_GRID, held_out_moe
 
 from octopipe.cli import main as octopipe
@@ -46,6 +54,9 @@ GRID = {
     "attention_half_length": [0.0, 2048.0, 4096.0, 8192.0, 16384.0],
 }
 FREE_MATMUL = [0.55, 0.60, 0.65, 0.70, 0.75, 0.80]
+# Each printed row's memory verdict: (source, run, part, fits, the row's memory note); a
+# published run ran, so it should be predicted to fit, or its note say what is not modelled.
+FITS: list[tuple[str, str, str, bool, str]] = []
 PRIOR_PULL = 1e-3  # per squared relative distance from the preset's value: a tie-breaker only
 
 
@@ -212,7 +223,11 @@ def _print_row(r: dict[str, str], constants: dict, held: dict[str, list[float]])
     ratio = summary["tokens_per_gpu"] / published
     part = f"{r['hardware']}{'-' + r['variant'] if r['variant'] else ''}"
     held.setdefault(f"{r['source']} on {part}", []).append(ratio)
-    fits = "yes" if summary["fits"] else "no"
+    fits = fits_published(r, summary)
+    FITS.append((r["source"], r["model"], part, fits, r["memory_note"]))
+    off = offloaded_bytes(r, summary)
+    offload = f", {off / 2**30:.0f} GiB offloaded by the source" if off else ""
+    fits = f"{'yes' if fits else 'no'}{offload}"
     consts = ", ".join(f"{k:.3g}" for k in constants.values())
     print(
         f"{head} {published:,.0f} | {summary['tokens_per_gpu']:,.0f} | {ratio:.3f} | {consts}"
@@ -233,6 +248,11 @@ def _summary(held: dict[str, list[float]], rows: list[dict[str, str]], band: lis
         for moe, kind in ((False, "dense"), (True, "MoE")):
             same = [b for b in band if b["hardware"] == gpu and not b["variant"]]
             _line(f"{kind} on {gpu}", [b["ratio"] for b in same if b["moe"] == moe])
+    fit = [f for f in FITS if f[3]]
+    print(f"\npublished runs predicted to fit: {len(fit)} of {len(FITS)}")
+    for source, run, part, ok, note in FITS:
+        if not ok:
+            print(f"- does not fit: {source} {run} on {part}: {note or 'no setting noted'}")
     missing = sum(1 for r in rows if estimate_argv(r) is None)
     print(f"\n{missing} rows not expressed (their reasons in the table)")
 

@@ -162,6 +162,18 @@ def test_expert_parallelism_divides_the_experts_memory_and_pays_all_to_alls():
     assert spread.model_flops == pytest.approx(dense.model_flops)
 
 
+def test_titan_partition_counts_the_embedding_and_head_as_blocks():
+    """Megatron-Core's account_for_embedding/loss_in_pipeline_split: the end stages hold one
+    block fewer, so the first device holds fewer layers' activations."""
+    job = Job("llama3-8b", Cluster(parse_gpus("6", "h100"), 6), 12, 4096, Stack())
+    lay = Layout(1, 6, 1, 1, 1)  # 32 blocks: uniform 6, 6, 5, ...; titan 5, 6, 6, 6, 5, 4
+    uniform = estimate(job, Given(lay, "1f1b"))
+    titan = estimate(job, Given(lay, "1f1b", partition="titan"))
+    blocks = [[s.end - s.start for s in r.plan.stages] for r in (uniform, titan)]
+    assert blocks[0][0] > blocks[1][0] and sum(blocks[0]) == sum(blocks[1])
+    assert titan.sim.peak_memory_bytes[0] < uniform.sim.peak_memory_bytes[0]
+
+
 def test_cli_prints_the_prediction_and_json_on_the_last_line(gpt, capsys):
     argv = ["estimate", "--model", gpt, "--hardware", "a100", "--gpus", "16", "--tp", "2"]
     argv += ["--pp", "4", "--micro-batch-size", "2", "--global-batch", "64", "--seq-len", "2048"]

@@ -51,6 +51,30 @@ def test_state_bytes_follow_what_each_stage_shards():
     assert held.held and state_bytes(e, held, s, 1) == pytest.approx(n * (w + g + o / 8), 1)
 
 
+def test_fp8_copies_are_held_with_whole_weights_and_in_flight_under_per_microbatch_zero3():
+    arch = load_architecture("llama3-8b")
+    s = Settings(seq_len=1024, precision="fp8")
+    e = estimate_layers(arch, hardware_preset("h100"), s)[1]
+    copies = e.param_bytes - e.params * s.bytes_per_param
+    w, g, o, n = s.weight_bytes, s.grad_bytes, s.optimizer_bytes, e.params
+    assert copies > 0
+    held = sharding(3, 8, 1, 4)
+    assert state_bytes(e, held, s, 1) == pytest.approx(n * (w + g + o / 8) + copies, 1)
+    assert state_bytes(e, sharding(2, 8, 1, 1), s, 1) == pytest.approx(
+        n * (w + (g + o) / 8) + copies, 1
+    )
+    # Per microbatch the gathered weights are cast and freed: no layer holds its copies.
+    assert state_bytes(e, sharding(3, 8, 1, 1), s, 1) == pytest.approx(n * (w + g + o) / 8, 1)
+    fp8 = replace(Stack(), precision="fp8")
+    job = Job("llama3-8b", Cluster(parse_gpus("8", "h100"), 8), 8, 4096, fp8)
+    bf16 = replace(job, stack=Stack())
+    lay = replace(FSDP, dp=8, zero=3)
+    static = [estimate(j, Given(lay)).static_memory_bytes for j in (job, bf16)]
+    # The FP8 run holds at most the copies of the two layers in flight more than BF16 (here
+    # none: the head, the largest layer in flight, has no FP8 copies), not 32 layers' copies.
+    assert 0 <= static[0] - static[1] <= 2 * copies
+
+
 def test_zero3_gathers_per_microbatch_without_pp_and_once_a_step_under_pp():
     per_mb = _run(replace(FSDP, zero=3))
     assert per_mb.breakdown.fsdp_comm > 0  # every microbatch's gathers, partly exposed

@@ -81,6 +81,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="stages per device (interleaved, V schedules)",
     )
     g.add_argument(
+        "--partition",
+        choices=("uniform", "titan"),
+        default="uniform",
+        help="blocks per stage: uniform (Megatron-LM's), or titan: the embedding and the head "
+        "count as a block each (torchtitan; Megatron-Core's account_for_embedding/loss_in_"
+        "pipeline_split)",
+    )
+    g.add_argument(
         "--recompute", choices=RECOMPUTE_KINDS, default="none", help="activation recomputation"
     )
     g.add_argument(
@@ -137,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     )
     stack = stack_from_args(args)
     job = Job(args.model, cluster, args.global_batch, args.seq_len, stack, args.memory_headroom)
-    result = estimate(job, Given(layout, args.schedule, args.chunks))
+    result = estimate(job, Given(layout, args.schedule, args.chunks, args.partition))
     _print(result)
     if args.json:
         print(dumps(result.summary()))

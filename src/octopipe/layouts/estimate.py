@@ -6,9 +6,12 @@
 
 The layout's plan is the named schedule over Megatron-LM's uniform partition (every stage the
 same number of blocks; the embedding joins the first stage, the final norm and the head the
-last). Its step is what the layout search would predict for that plan (`layouts/costs.py`):
-the pipeline simulated with its transfers and data-parallel reductions, then the optimizer
-step. The breakdown splits the step on the busiest device (docs/COSTMODEL.md, "The step").
+last), or `partition="titan"`: the embedding and the head each count as one block (torchtitan's
+split, and Megatron-Core's `account_for_embedding_in_pipeline_split` and
+`account_for_loss_in_pipeline_split`). Its step is what the layout search would predict for
+that plan (`layouts/costs.py`): the pipeline simulated with its transfers and data-parallel
+reductions, then the optimizer step. The breakdown splits the step on the busiest device
+(docs/COSTMODEL.md, "The step").
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Given:
     layout: Layout
     schedule: str = "1f1b"
     chunks: int | None = None  # stages per device (interleaved and V schedules)
+    partition: str = PARTITION  # or "titan": the embedding and the head count as a block each
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,12 @@ class Estimate:
     def peak_memory_bytes(self) -> float:
         return max(self.sim.peak_memory_bytes)
 
+    @property
+    def static_memory_bytes(self) -> float:
+        """The static bytes (weights, gradients, optimizer state) of the peak's device."""
+        peaks = self.sim.peak_memory_bytes
+        return self.sim.static_memory_bytes[max(range(len(peaks)), key=peaks.__getitem__)]
+
     def summary(self) -> dict[str, Any]:
         """Everything `--json` prints, as plain JSON values (seconds, bytes, FLOP/s)."""
         lay = self.given.layout
@@ -111,6 +121,7 @@ class Estimate:
             "mfu": self.mfu,
             "hfu": self.hfu,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "static_memory_bytes": self.static_memory_bytes,
             "capacity_bytes": min(self.sim.capacity_bytes),
             "fits": self.sim.fits,
             "breakdown": vars(self.breakdown),
@@ -185,7 +196,7 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
             raise InputError(flag, exc.message) from None
         raise
     plan = make_baseline(
-        profile, given.schedule, PARTITION, lay.pp, lay.num_microbatches, given.chunks
+        profile, given.schedule, given.partition, lay.pp, lay.num_microbatches, given.chunks
     )
     # The slowest replica sets the step (a mixed cluster's replicas differ).
     runs = []

@@ -89,10 +89,11 @@ def replica_ring(
 
 def state_bytes(e: LayerEstimate, sh: Sharding, s: Settings, ep: int) -> int:
     """A layer's static bytes on one GPU under ZeRO-2/3: its weights, gradients and optimizer
-    state as the stage shards them, and its FP8 weight copies (not sharded)."""
+    state as the stage shards them, and its FP8 weight copies where its BF16 weights stay
+    whole (ZeRO-2, ZeRO-3 held). ZeRO-3 per microbatch casts the gathered weights and frees
+    the copies with them: they are in flight (`fp8_copy_bytes`), not held."""
     w, g, o = s.weight_bytes, s.grad_bytes, s.optimizer_bytes
-    fp8_copies = e.param_bytes - e.params * s.bytes_per_param
-    total = fp8_copies
+    total = 0 if sh.stage == 3 and not sh.held else fp8_copy_bytes(e, s)
     for params, shards in (
         (e.params - e.expert_params, sh.shards),
         (e.expert_params, max(1, sh.shards // ep)),
@@ -104,6 +105,11 @@ def state_bytes(e: LayerEstimate, sh: Sharding, s: Settings, ep: int) -> int:
         else:
             total += params * (w + g + o) / shards
     return math.ceil(total)
+
+
+def fp8_copy_bytes(e: LayerEstimate, s: Settings) -> float:
+    """The layer's FP8 weight copies (and their transposes, scales) beside its BF16 weights."""
+    return e.param_bytes - e.params * s.bytes_per_param
 
 
 def shard_layers(
@@ -143,8 +149,12 @@ def shard_layers(
         out.append(layer.model_copy(update=update))
         exposed.append(sum(extra.values()))
     if sh.stage == 3 and not sh.held and out:
-        # The layers in flight: unsharded weights and gradients of the largest, on its device.
-        big = max(range(len(out)), key=lambda i: estimates[i].params)
-        transient = LAYERS_IN_FLIGHT * estimates[big].params * (s.weight_bytes + s.grad_bytes)
+        # The layers in flight: unsharded weights, their FP8 copies and gradients of the
+        # largest, on its device.
+        def gathered(e: LayerEstimate) -> float:
+            return e.params * (s.weight_bytes + s.grad_bytes) + fp8_copy_bytes(e, s)
+
+        big = max(range(len(out)), key=lambda i: gathered(estimates[i]))
+        transient = LAYERS_IN_FLIGHT * gathered(estimates[big])
         out[big] = out[big].model_copy(update={"param_bytes": out[big].param_bytes + transient})
     return tuple(out), exposed
