@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from octopipe.errors import InputError
+from octopipe.layouts.fanout import TuneJob, default_workers, tune_all
 from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, search_space
 from octopipe.layouts.planner import (
     POLISH_ACTIONS,
@@ -76,6 +77,8 @@ class LayoutReport:
     best_standard: Row | None = None  # the fastest standard schedule, uniform partition
     recipe: Row | None = None  # the model's published recipe, as its framework runs it
     recipe_source: str = ""  # where that recipe is published, at what GPU count
+    tune_cpu: tuple[float, ...] = ()  # CPU seconds of each finalist's tuning, in order
+    workers: int = 1  # processes the finalists were tuned on
 
     @property
     def best(self) -> Row:
@@ -96,12 +99,14 @@ def plan_cluster(
     overlap_steps: bool = False,
     from_layout: LayoutSpec | None = None,
     torchtitan: bool = False,
+    workers: int | None = None,
 ) -> LayoutReport:
     """The references, then every layout screened best bound first and the best `finalists`
     tuned (see the module docstring). `overlap_steps`: every plan ranked by its steady step
     time with steps back to back, all-reduces included (docs/FORMATS.md); the Megatron-LM
     reference stays synchronous, as Megatron-LM runs it. `progress` is called with a
-    `SearchProgress` as each layout is screened and tuned."""
+    `SearchProgress` as each layout is screened and tuned. `workers`: processes the finalists
+    are tuned on (None: the cores this process may use); the answer is the same for any."""
     started = time.perf_counter()
     search = LayoutSearch(job, overlap_steps, torchtitan=torchtitan)
     L = search.num_layers
@@ -219,15 +224,21 @@ def plan_cluster(
         (r for r in best.values() if r.layout not in tuned_layouts), key=lambda r: r.score
     )
     work.to_tune = work.tuned + min(finalists, len(candidates)) + 1  # and the polish
-    for start in candidates[:finalists]:
-        if work.out_of_time():
-            break
-        work.say("tuning", start.layout.describe(), best_step())
-        began = time.perf_counter()
-        row, spent, cut = search.tune(start, tune_evaluations, work.left(), seed, max_chunks)
-        work.did_tune(spent, cut, time.perf_counter() - began)
+    # Side by side on `workers` forked processes (`fanout.py`): each tuning is its own, so the
+    # results, taken in the finalists' order, are those of one process tuning them in turn.
+    chosen = [] if work.out_of_time() else candidates[:finalists]
+    jobs = [TuneJob(r, tune_evaluations, work.left(), seed, max_chunks) for r in chosen]
+    workers = default_workers() if workers is None else workers
+    if jobs:
+        at_once = min(workers, len(jobs))
+        doing = f"{len(jobs)} finalists, {at_once} at a time" if at_once > 1 else ""
+        work.say("tuning", doing or jobs[0].start.layout.describe(), best_step())
+    tune_cpu = []
+    for row, spent, cut, cpu in tune_all(search, jobs, workers):
+        work.did_tune(spent, cut, cpu)
         keep(row)
         tuned += spent > 0
+        tune_cpu.append(cpu)
     # 4. The best tuned plan's layout, tuned again from its screening plan with more work.
     top = incumbent()
     if top is not None and top.label == "tuned" and not work.out_of_time():
@@ -257,6 +268,8 @@ def plan_cluster(
         best_standard=best_standard,
         recipe=recipe,
         recipe_source=_recipe_source(job) if recipe is not None else "",
+        tune_cpu=tuple(tune_cpu),
+        workers=workers,
     )
 
 
