@@ -15,8 +15,9 @@ the one before), as `plan_cluster(job)` with its defaults, the command's search;
 too. The table gives each side's wall seconds, chosen layout and predicted step, whether the
 two plans are the same file, and with --repeat 2 whether two runs of now agree. *CPU s* is the
 search's and its forked workers' CPU seconds together; *quiet s* what a quiet 2-core machine's
-wall time would be: this process's CPU seconds plus the longest worker's share of the
-finalists' tunings (they run side by side on `workers` processes). `--save`
+wall time would be: this process's CPU seconds, plus what it would wait for the layout a worker
+screens ahead (that job's CPU seconds less this process's since it started), plus the longest
+worker's share of the finalists' tunings (they run side by side on `workers` processes). `--save`
 writes every result as JSON; `--before FILE` takes the older side from such a file instead of
 running it again (its seconds are then those of the recorded run).
 """
@@ -64,7 +65,9 @@ def child(label: str) -> None:
         "worker_cpu_seconds": forked,  # its forked workers' (the finalists tuned side by side)
         "tune_cpu": list(getattr(report, "tune_cpu", ())),
         "workers": getattr(report, "workers", 1),
-        "quiet_seconds": cpu + _makespan(list(getattr(report, "tune_cpu", ())), report),
+        "quiet_seconds": cpu
+        + getattr(report, "screen_waited", 0.0)
+        + _makespan(list(getattr(report, "tune_cpu", ())), report),
         "chosen": best.summary(),
         "describe": best.layout.describe(),
         "plan_sha": hashlib.sha256(plan.encode()).hexdigest()[:12],
