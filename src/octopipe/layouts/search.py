@@ -130,12 +130,16 @@ def plan_cluster(
     workers = default_workers() if workers is None else workers
     best: dict[Layout, Row] = {}  # each layout's best row so far
 
+    fits: dict[Layout, bool] = {}  # whether each layout's best row fits, asked once per row
+
     def keep(row: Row) -> None:
         if row.layout not in best or row.score < best[row.layout].score:
             best[row.layout] = row
+            fits[row.layout] = row.sim.fits
 
     def incumbent() -> Row | None:
-        return min((r for r in best.values() if r.sim.fits), key=lambda r: r.score, default=None)
+        fitting_rows = (r for layout, r in best.items() if fits[layout])
+        return min(fitting_rows, key=lambda r: r.score, default=None)
 
     def best_step() -> float | None:
         top = incumbent()
