@@ -5,6 +5,7 @@ and layer estimates shared between PP degrees only where they cannot differ."""
 from __future__ import annotations
 
 import multiprocessing
+import resource
 
 import pytest
 
@@ -16,7 +17,7 @@ from octopipe.costmodel.layercost import layer_work
 from octopipe.layouts import Job, LayoutSearch, plan_cluster
 from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.layouts.costs import LayoutCosts
-from octopipe.layouts.fanout import ScreenAhead
+from octopipe.layouts.fanout import ScreenAhead, can_fork
 from octopipe.layouts.layout import Layout
 from octopipe.layouts.stack import Stack, layer_settings
 
@@ -44,7 +45,10 @@ def test_the_same_job_gives_the_same_plan_twice():
 
 def test_finalists_tuned_on_two_workers_give_the_serial_answer():
     serial = plan_cluster(tiny_job(), workers=1)
+    assert can_fork()  # no thread runs here: the search below forks its workers
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
     forked = plan_cluster(tiny_job(), workers=2)
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime > before  # workers ran
     assert forked.workers == 2 and len(forked.tune_cpu) >= 2
     assert answer(forked) == answer(serial)
     assert multiprocessing.active_children() == []  # every worker joined

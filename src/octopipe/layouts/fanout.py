@@ -7,15 +7,17 @@ ahead while this process screens the current one (`ScreenAhead`).
 
 Each tuning is independent of the others (its own start, seed and counted work), so the results
 are the same whichever worker runs which job and however many workers there are: `workers=1`
-(or a platform without fork) runs them in this process, one after the other. The workers are
-forked from this process (they inherit the search's cost tables; nothing is pickled but a job
-index and the results) and are all joined before `tune_all` returns, whatever happens.
+(or a platform without fork, or a process running other threads) runs them in this process,
+one after the other. The workers are forked from this process (they inherit the search's cost
+tables; nothing is pickled but a job index and the results) and are all joined before
+`tune_all` returns, whatever happens.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -50,12 +52,17 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def can_fork() -> bool:
+    """Whether this process may fork workers: the platform forks, and no other thread runs (a
+    thread holding a lock when the process forks would leave the child stuck on it)."""
+    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+
+
 def tune_all(search: LayoutSearch, jobs: list[TuneJob], workers: int) -> list[Tuned]:
     """Every job's tuning, in the jobs' order: on `workers` forked processes where there are
-    two jobs or more and the platform forks, else here one after the other."""
-    forks = "fork" in multiprocessing.get_all_start_methods()
+    two jobs or more and `can_fork`, else here one after the other."""
     workers = min(workers, len(jobs))
-    if workers <= 1 or not forks:
+    if workers <= 1 or not can_fork():
         return [_tune(search, job) for job in jobs]
     global _FORKED
     _FORKED = (search, jobs)
@@ -97,7 +104,7 @@ class ScreenAhead:
 
     def __init__(self, search: LayoutSearch, workers: int):
         self.search = search
-        self.helpers = workers - 1 if "fork" in multiprocessing.get_all_start_methods() else 0
+        self.helpers = workers - 1 if can_fork() else 0
         self.pool = None  # a multiprocessing pool: its workers can be ended mid-job
         self.started: dict = {}  # layout -> (async result, this process's CPU seconds then)
         self.waited = 0.0
