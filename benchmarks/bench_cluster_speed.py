@@ -13,7 +13,11 @@ DeepSeek-V3 on 256 and 1,024 H100s. Each search runs in a fresh process (nothing
 the one before), as `plan_cluster(job)` with its defaults, the command's search; with
 --against, that commit is checked out in a temporary worktree and each job is searched there
 too. The table gives each side's wall seconds, chosen layout and predicted step, whether the
-two plans are the same file, and with --repeat 2 whether two runs of now agree. `--save`
+two plans are the same file, and with --repeat 2 whether two runs of now agree. *CPU s* is the
+search's and its forked workers' CPU seconds together; *quiet s* what a quiet 2-core machine's
+wall time would be: this process's CPU seconds, plus what it would wait for the layout a worker
+screens ahead (that job's CPU seconds less this process's since it started), plus the longest
+worker's share of the finalists' tunings (they run side by side on `workers` processes). `--save`
 writes every result as JSON; `--before FILE` takes the older side from such a file instead of
 running it again (its seconds are then those of the recorded run).
 """
@@ -48,15 +52,22 @@ def child(label: str) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         case = next(c for c in cases(Path(tmp)) if c.label == label)
-        started, cpu = time.perf_counter(), time.process_time()
+        started, cpu, forked = time.perf_counter(), time.process_time(), _children_cpu()
         report = plan_cluster(case.job)
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        forked = _children_cpu() - forked
     best = report.best
     plan = json.dumps(best.plan.to_dict(), sort_keys=True)
     out = {
         "label": label,
         "seconds": seconds,
-        "cpu_seconds": cpu,
+        "cpu_seconds": cpu,  # this process only
+        "worker_cpu_seconds": forked,  # its forked workers' (the finalists tuned side by side)
+        "tune_cpu": list(getattr(report, "tune_cpu", ())),
+        "workers": getattr(report, "workers", 1),
+        "quiet_seconds": cpu
+        + getattr(report, "screen_waited", 0.0)
+        + _makespan(list(getattr(report, "tune_cpu", ())), report),
         "chosen": best.summary(),
         "describe": best.layout.describe(),
         "plan_sha": hashlib.sha256(plan.encode()).hexdigest()[:12],
@@ -69,6 +80,26 @@ def child(label: str) -> None:
         row = getattr(report, key, None)
         out[key] = row.summary() if row is not None else None
     print(json.dumps(out))
+
+
+def _children_cpu() -> float:
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def _makespan(tune_cpu: list[float], report) -> float:
+    """What the finalists' tunings add to a quiet machine's wall time: each job's CPU seconds
+    given in turn to the first free worker (the pool's order), the last to finish; nothing
+    where they ran in this process (its CPU seconds hold them)."""
+    workers = getattr(report, "workers", 1)
+    if workers <= 1 or len(tune_cpu) <= 1:
+        return 0.0
+    free = [0.0] * min(workers, len(tune_cpu))
+    for cpu in tune_cpu:
+        free[free.index(min(free))] += cpu
+    return max(free)
 
 
 def run_side(src: Path, label: str) -> dict:
@@ -148,7 +179,7 @@ def main() -> int:
     head = ["job"]
     if rev:
         head += [f"{rev}: s", f"{rev}: chosen"]
-    head += ["now: s", "now: CPU s", "now: chosen"]
+    head += ["now: s", "now: CPU s", "now: quiet s", "now: chosen"]
     head += ["best_standard", "recipe", "Megatron-LM"]
     if rev:
         head += [f"now / {rev}: step", "same plan"]
@@ -181,7 +212,9 @@ def main() -> int:
                 ]
                 now = runs[0]
                 saved["now"][label] = runs
-                cells += [f"{now['seconds']:.1f}", f"{now['cpu_seconds']:.1f}", short(now)]
+                cpu = now["cpu_seconds"] + now.get("worker_cpu_seconds", 0.0)
+                quiet = now.get("quiet_seconds", now["cpu_seconds"])
+                cells += [f"{now['seconds']:.1f}", f"{cpu:.1f}", f"{quiet:.1f}", short(now)]
                 cells += [beside(now, key) for key in ("best_standard", "recipe", "reference")]
                 if rev:
                     ratio = now["chosen"]["step_time"] / old["chosen"]["step_time"]

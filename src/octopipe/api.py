@@ -200,8 +200,8 @@ def plan_layout(
     Megatron-LM's usual layout is planned and tuned first, every layout screened best bound
     first and the best tuned; `.rows` best first, `.reference` Megatron-LM's layout. `options`:
     those of `octopipe.layouts.plan_cluster` (time_budget, finalists, tune_evaluations,
-    max_screened, seed, max_chunks, progress, overlap_steps, from_layout, torchtitan, runner:
-    "octopipe", "torchtitan" or "megatron", the engine the answer is for)."""
+    max_screened, seed, max_chunks, progress, overlap_steps, from_layout, torchtitan, workers,
+    runner: "octopipe", "torchtitan" or "megatron", the engine the answer is for)."""
     from octopipe.layouts import Cluster, Job, parse_gpus, plan_cluster
     from octopipe.layouts.layout import DEFAULT_HEADROOM
     from octopipe.layouts.stack import Stack

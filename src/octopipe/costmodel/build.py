@@ -69,10 +69,21 @@ class LayerEstimate:
 def estimate_layers(arch: Architecture, hw: Hardware, settings: Settings) -> list[LayerEstimate]:
     check_precision(settings.precision, hw)
     specs = layer_specs(arch)
-    return [
-        _estimate(arch, specs, i, layer_work(arch, spec, settings), hw, settings)
-        for i, spec in enumerate(specs)
-    ]
+    out: list[LayerEstimate] = []
+    alike: dict[tuple, LayerEstimate] = {}  # layers that cost the same are estimated once
+    for i, spec in enumerate(specs):
+        # A layer's work depends on its kind, mixer, FFN and window (a vision block's also on
+        # its index); its name only names it. Its boundary bytes are part of the key.
+        index = spec.index if spec.kind in (A.VISION_EMBED, A.VISION_BLOCK) else None
+        key = (spec.kind, spec.mixer, spec.ffn, spec.window, index)
+        key += (boundary_bytes(arch, specs, i, settings),)
+        if key in alike:
+            out.append(replace(alike[key], spec=spec))
+            continue
+        estimate = _estimate(arch, specs, i, layer_work(arch, spec, settings), hw, settings)
+        alike[key] = estimate
+        out.append(estimate)
+    return out
 
 
 def _estimate(

@@ -7,7 +7,7 @@ Pure arithmetic: nothing here knows about model families or layers (see `work.py
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 from octopipe.costmodel.hardware import Hardware
 
@@ -143,12 +143,24 @@ class TimeParts:
     """ZeRO-2/3's gathers and reduce-scatters a microbatch's phases leave exposed (set by the
     layout's costs, not by a layer alone)."""
 
+    def _values(self) -> tuple[float, ...]:
+        # The fields by hand: dataclasses.astuple deep-copies, and this runs for every layer
+        # of every layout the cluster search estimates.
+        return (
+            self.compute,
+            self.recompute,
+            self.tp_comm,
+            self.cp_comm,
+            self.ep_comm,
+            self.dp_comm,
+        )
+
     @property
     def total(self) -> float:
-        return sum(astuple(self))
+        return sum(self._values())
 
     def __add__(self, other: TimeParts) -> TimeParts:
-        return TimeParts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+        return TimeParts(*(a + b for a, b in zip(self._values(), other._values())))
 
     def scaled(self, factor: float) -> TimeParts:
-        return TimeParts(*(a * factor for a in astuple(self)))
+        return TimeParts(*(a * factor for a in self._values()))

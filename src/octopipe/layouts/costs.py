@@ -74,6 +74,7 @@ class LayoutCosts:
         self._layers: dict[tuple, list[LayerEstimate]] = {}
         self._profiles: dict[tuple, Profile] = {}
         self._exposed: dict[Layout, list[float]] = {}  # ZeRO-2/3's per layer and microbatch
+        self._ep_across: dict[tuple, bool] = {}
 
     def settings(self, layout: Layout) -> Settings:
         cluster = self.job.cluster
@@ -102,20 +103,24 @@ class LayoutCosts:
         if layout.ep == 1:
             return False
         cluster, tp, cp, etp = self.job.cluster, layout.tp, layout.cp, layout.expert_tp
-        members = []
-        for i in range(0, layout.ep * etp, etp):
-            members.append(
-                cluster.gpu(i % tp, (i // tp) % cp, 0, i // (tp * cp), tp, cp, self._stride(layout))
-            )
-        return len({cluster.node_of(g) for g in members}) > 1
+        stride = self._stride(layout)
+        key = (tp, cp, layout.ep, etp, stride)
+        if key not in self._ep_across:  # asked for every layout's layers: kept
+            members = []
+            for i in range(0, layout.ep * etp, etp):
+                members.append(
+                    cluster.gpu(i % tp, (i // tp) % cp, 0, i // (tp * cp), tp, cp, stride)
+                )
+            self._ep_across[key] = len({cluster.node_of(g) for g in members}) > 1
+        return self._ep_across[key]
 
-    @staticmethod
-    def _key(layout: Layout, hw: Hardware) -> tuple:
-        """What a layout's layers depend on (not DP, nor the microbatch count)."""
+    def _key(self, layout: Layout, hw: Hardware) -> tuple:
+        """What a layout's layers depend on (not DP, nor the microbatch count; PP only through
+        whether it moves an EP group across nodes, so PP degrees that do not share one)."""
         return (
             layout.tp,
             layout.cp,
-            layout.pp if layout.ep > 1 else 0,  # PP only moves EP groups across nodes
+            self.ep_across_nodes(layout),
             layout.ep,
             layout.etp,
             layout.microbatch_size,

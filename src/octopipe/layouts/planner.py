@@ -207,9 +207,17 @@ class LayoutSearch:
         """The standard schedules over the uniform partition that the layout's counts allow,
         each simulated only where its bound (`uniform_bound`) is under `beat`: a schedule
         whose uniform stages hold more work than that on one device cannot step faster."""
-        standard = self.runner.standard_schedules(STANDARD_SCHEDULES)
-        names = [n for n in standard if self.uniform_bound(layout, *n) < beat]
-        return self.baselines(layout, names)
+        return [row for _, row in self.standard_bounded(layout, beat)]
+
+    def standard_bounded(self, layout: Layout, beat: float = float("inf")) -> list[tuple]:
+        """`standard`'s rows, each with its bound: (bound, Row) pairs, in STANDARD_SCHEDULES'
+        order (a caller with a lower `beat` keeps those whose bound is under it)."""
+        out = []
+        for name in self.runner.standard_schedules(STANDARD_SCHEDULES):
+            bound = self.uniform_bound(layout, *name)
+            if bound < beat:
+                out += [(bound, row) for row in self.baselines(layout, [name])]
+        return out
 
     def tune(
         self,

@@ -26,6 +26,10 @@ job, its microbatches, recomputation and optimizer sharding, with its tuned plan
 3. **Tuning.** The best `finalists` screened layouts are tuned, each with `tune_evaluations`
    evaluations of the tuner at most, and at most TUNE_ACTIONS list-scheduled actions.
 
+With `workers` > 1 (the cores this process may use, by default), the next layout is screened on
+a forked worker while this process screens the current one, and the finalists are tuned side
+by side (`fanout.py`); the answer is the one a single process gives.
+
 The work is counted in layouts screened and tuner evaluations, so the same job gives the same
 answer on any machine. `time_budget` is only a safety cap: when it cuts the search, the
 report says so (`cut_by_time`) and the answer may differ on a faster machine. One layout's
@@ -39,8 +43,10 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field, replace
+from itertools import islice
 
 from octopipe.errors import InputError
+from octopipe.layouts.fanout import ScreenAhead, TuneJob, default_workers, tune_all
 from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, search_space
 from octopipe.layouts.planner import (
     POLISH_ACTIONS,
@@ -92,6 +98,9 @@ class LayoutReport:
     runner: str = DEFAULT_RUNNER  # the engine every row is for (`runners.py`)
     not_runnable: tuple[tuple[str, str], ...] = ()
     """(reference name, why) for the references the runner cannot run: shown, no candidates."""
+    tune_cpu: tuple[float, ...] = ()  # CPU seconds of each finalist's tuning, in order
+    workers: int = 1  # processes the finalists were tuned on, and the screening ran on
+    screen_waited: float = 0.0  # CPU s of screening workers not overlapped with this process
 
     @property
     def best(self) -> Row:
@@ -113,6 +122,7 @@ def plan_cluster(
     from_layout: LayoutSpec | None = None,
     torchtitan: bool = False,
     runner: str = DEFAULT_RUNNER,
+    workers: int | None = None,
 ) -> LayoutReport:
     """The references, then every layout screened best bound first and the best `finalists`
     tuned (see the module docstring). `overlap_steps`: every plan ranked by its steady step
@@ -120,7 +130,9 @@ def plan_cluster(
     reference stays synchronous, as Megatron-LM runs it. `progress` is called with a
     `SearchProgress` as each layout is screened and tuned. `runner`: the engine the answer is
     for (`runners.py`); every candidate is a layout and plan it runs, priced as it runs them
-    (the references it cannot run are shown beside, not candidates)."""
+    (the references it cannot run are shown beside, not candidates). `workers`:
+    processes the finalists are tuned on (None: the cores this process may use); the answer is
+    the same for any."""
     started = time.perf_counter()
     engine = get_runner(runner)
     if overlap_steps and not engine.overlaps_steps:
@@ -137,14 +149,19 @@ def plan_cluster(
             f"{job.global_batch} with at most one stage per layer",
         )
     work = Work(time_budget, progress, finalists)
+    workers = default_workers() if workers is None else workers
     best: dict[Layout, Row] = {}  # each layout's best row so far
+
+    fits: dict[Layout, bool] = {}  # whether each layout's best row fits, asked once per row
 
     def keep(row: Row) -> None:
         if row.layout not in best or row.score < best[row.layout].score:
             best[row.layout] = row
+            fits[row.layout] = row.sim.fits
 
     def incumbent() -> Row | None:
-        return min((r for r in best.values() if r.sim.fits), key=lambda r: r.score, default=None)
+        fitting_rows = (r for layout, r in best.items() if fits[layout])
+        return min(fitting_rows, key=lambda r: r.score, default=None)
 
     def best_step() -> float | None:
         top = incumbent()
@@ -192,16 +209,28 @@ def plan_cluster(
     done: set[Layout] = set()
     screen_rows: dict[Layout, Row] = {}  # each layout's screening plan (balanced baselines)
 
+    def beat() -> float:
+        """The best fitting standard row's step: a standard schedule not under it is skipped."""
+        fitting_standard = best_standard is not None and best_standard.sim.fits
+        return best_standard.step_time if fitting_standard else float("inf")
+
+    def upcoming(i: int):
+        """The layouts after the i-th that would be screened as things stand (`ahead`)."""
+        top = incumbent()
+        for bound, _, layout in islice(fitting, i + 1, None):
+            if top is not None and bound >= top.step_time:
+                return
+            lighter = fits_with.get(replace(layout, recompute="none"))
+            if layout not in done and not (lighter and _heavier(layout.recompute, lighter)):
+                yield layout
+
     def screen(layout: Layout, simulated: int) -> list[Row]:
         """The layout's screening rows and standard rows, kept; best_standard updated."""
         nonlocal best_standard
         began = time.perf_counter()
-        row = search.screen(layout)
+        row, standard = ahead.take(layout, beat())
         if row is not None:
             screen_rows[layout] = row
-        fitting_standard = best_standard is not None and best_standard.sim.fits
-        beat = best_standard.step_time if fitting_standard else float("inf")
-        standard = search.standard(layout, beat)
         done.add(layout)
         work.did_screen(
             len(SCREEN_BASELINES) + len(standard), simulated, time.perf_counter() - began
@@ -214,49 +243,61 @@ def plan_cluster(
             keep(r)
         return rows
 
-    # The references' own layouts first: the best standard row is never slower than theirs.
-    for ref in runnable:
-        if ref.layout not in done:
-            work.say("screening", ref.layout.describe(), best_step())
-            screen(
-                ref.layout, len(SCREEN_BASELINES) * 3 * ref.layout.pp * ref.layout.num_microbatches
-            )
+    # The next layout is screened on a worker meanwhile (`fanout.py`), with the same rows.
+    ahead = ScreenAhead(search, workers)
     pruned = 0
-    for i, (bound, _, layout) in enumerate(fitting):
-        family = replace(layout, recompute="none")
-        lighter = fits_with.get(family)
-        if layout in done or lighter is not None and _heavier(layout.recompute, lighter):
-            continue  # screened, or the same plans with more recomputation: slower
-        top = incumbent()
-        if top is not None and bound >= top.step_time:
-            pruned = len(fitting) - i
-            break
-        simulated = len(SCREEN_BASELINES) * 3 * layout.pp * layout.num_microbatches
-        over = work.screened >= max_screened or work.actions + simulated > screen_actions
-        if over or work.out_of_time():
-            pruned = len(fitting) - i
-            work.capped(work.screened, over)
-            break
-        work.to_screen = _still_under(bounds, i, top)
-        work.say("screening", layout.describe(), best_step())
-        if any(r.sim.fits for r in screen(layout, simulated)) and family not in fits_with:
-            fits_with[family] = layout.recompute
-    work.to_screen = 0
+    try:
+        # The references' own layouts first: the best standard row is never slower than theirs.
+        for ref in runnable:
+            if ref.layout not in done:
+                work.say("screening", ref.layout.describe(), best_step())
+                screen(
+                    ref.layout,
+                    len(SCREEN_BASELINES) * 3 * ref.layout.pp * ref.layout.num_microbatches,
+                )
+        for i, (bound, _, layout) in enumerate(fitting):
+            family = replace(layout, recompute="none")
+            lighter = fits_with.get(family)
+            if layout in done or lighter is not None and _heavier(layout.recompute, lighter):
+                continue  # screened, or the same plans with more recomputation: slower
+            top = incumbent()
+            if top is not None and bound >= top.step_time:
+                pruned = len(fitting) - i
+                break
+            simulated = len(SCREEN_BASELINES) * 3 * layout.pp * layout.num_microbatches
+            over = work.screened >= max_screened or work.actions + simulated > screen_actions
+            if over or work.out_of_time():
+                pruned = len(fitting) - i
+                work.capped(work.screened, over)
+                break
+            work.to_screen = _still_under(bounds, i, top)
+            work.say("screening", layout.describe(), best_step())
+            ahead.ahead(upcoming(i), beat())  # the next one on a worker, meanwhile
+            if any(r.sim.fits for r in screen(layout, simulated)) and family not in fits_with:
+                fits_with[family] = layout.recompute
+        work.to_screen = 0
+    finally:
+        ahead.close()
 
     # 3. Tuning the best of them.
     candidates = sorted(
         (r for r in best.values() if r.layout not in tuned_layouts), key=lambda r: r.score
     )
     work.to_tune = work.tuned + min(finalists, len(candidates)) + 1  # and the polish
-    for start in candidates[:finalists]:
-        if work.out_of_time():
-            break
-        work.say("tuning", start.layout.describe(), best_step())
-        began = time.perf_counter()
-        row, spent, cut = search.tune(start, tune_evaluations, work.left(), seed, max_chunks)
-        work.did_tune(spent, cut, time.perf_counter() - began)
+    # Side by side on `workers` forked processes (`fanout.py`): each tuning is its own, so the
+    # results, taken in the finalists' order, are those of one process tuning them in turn.
+    chosen = [] if work.out_of_time() else candidates[:finalists]
+    jobs = [TuneJob(r, tune_evaluations, work.left(), seed, max_chunks) for r in chosen]
+    if jobs:
+        at_once = min(workers, len(jobs))
+        doing = f"{len(jobs)} finalists, {at_once} at a time" if at_once > 1 else ""
+        work.say("tuning", doing or jobs[0].start.layout.describe(), best_step())
+    tune_cpu = []
+    for row, spent, cut, cpu in tune_all(search, jobs, workers):
+        work.did_tune(spent, cut, cpu)
         keep(row)
         tuned += spent > 0
+        tune_cpu.append(cpu)
     # 4. The best tuned plan's layout, tuned again from its screening plan with more work.
     top = incumbent()
     if top is not None and top.label == "tuned" and not work.out_of_time():
@@ -288,6 +329,9 @@ def plan_cluster(
         recipe_source=_recipe_source(job) if recipe is not None else "",
         runner=runner,
         not_runnable=tuple(refused.items()),
+        tune_cpu=tuple(tune_cpu),
+        screen_waited=ahead.waited,
+        workers=workers,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,6 +36,20 @@ class Stage(NamedTuple):
 
 
 Composites = frozenset[tuple[int, tuple[Action, ...]]]  # (device, the parts in order)
+
+
+_ACTION_TYPE, _KIND_TYPE = {Action}, {Kind}
+_KIND_OF = itemgetter(1)
+
+
+def _normalized(acts: object) -> bool:
+    """Whether a device's actions are a tuple of Actions of kind Kind. Checked with C-level
+    maps, not a loop: every Plan built (and every copy of one) checks all its actions."""
+    return (
+        type(acts) is tuple
+        and set(map(type, acts)) <= _ACTION_TYPE
+        and set(map(type, map(_KIND_OF, acts))) <= _KIND_TYPE
+    )
 
 
 @dataclass(frozen=True)
@@ -70,10 +85,7 @@ class Plan:
         elif len(self.recompute) != len(self.stages):
             raise ValueError(f"{len(self.recompute)} recompute kinds for {len(self.stages)} stages")
         # Tuples of Actions with one kind type (Kind), whatever the caller built them with.
-        if not all(
-            type(acts) is tuple and all(type(a) is Action and type(a.kind) is Kind for a in acts)
-            for acts in self.schedule.values()
-        ):
+        if not all(_normalized(acts) for acts in self.schedule.values()):
             normalized = {
                 d: tuple(Action(int(s), Kind(k), int(m)) for s, k, m in acts)
                 for d, acts in self.schedule.items()

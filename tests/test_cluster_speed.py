@@ -1,0 +1,100 @@
+"""What makes `plan --gpus` fast must not change its answer: the same plan on every run, the
+finalists tuned on forked workers as in one process, layers that cost the same estimated once,
+and layer estimates shared between PP degrees only where they cannot differ."""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+
+import pytest
+
+from octopipe.costmodel.arch import layer_specs
+from octopipe.costmodel.build import _estimate, estimate_layers
+from octopipe.costmodel.hardware import hardware_preset
+from octopipe.costmodel.hf_config import load_architecture
+from octopipe.costmodel.layercost import layer_work
+from octopipe.layouts import Job, LayoutSearch, plan_cluster
+from octopipe.layouts.cluster import Cluster, parse_gpus
+from octopipe.layouts.costs import LayoutCosts
+from octopipe.layouts.fanout import ScreenAhead, can_fork
+from octopipe.layouts.layout import Layout
+from octopipe.layouts.stack import Stack, layer_settings
+
+
+def tiny_job() -> Job:
+    return Job("tiny-llama", Cluster(parse_gpus("8"), 4), global_batch=16, seq_len=256)
+
+
+def answer(report) -> tuple:
+    """Everything the report answers: every row's summary and the chosen plan itself."""
+    return (
+        [r.summary() for r in report.rows],
+        report.best.plan.to_dict(),
+        report.best_standard.summary() if report.best_standard else None,
+        report.screened,
+        report.evaluations,
+    )
+
+
+def test_the_same_job_gives_the_same_plan_twice():
+    first, second = plan_cluster(tiny_job(), workers=1), plan_cluster(tiny_job(), workers=1)
+    assert first.tuned >= 2  # several finalists were tuned: the run exercised the tuner
+    assert answer(first) == answer(second)
+
+
+def test_finalists_tuned_on_two_workers_give_the_serial_answer():
+    serial = plan_cluster(tiny_job(), workers=1)
+    assert can_fork()  # no thread runs here: the search below forks its workers
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+    forked = plan_cluster(tiny_job(), workers=2)
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime > before  # workers ran
+    assert forked.workers == 2 and len(forked.tune_cpu) >= 2
+    assert answer(forked) == answer(serial)
+    assert multiprocessing.active_children() == []  # every worker joined
+
+
+@pytest.mark.parametrize("model", ["tiny-vlm", "tiny-deepseek", "tiny-gemma", "tiny-hybrid"])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_layers_estimated_once_per_kind_equal_each_estimated_alone(model, recompute):
+    arch, hw = load_architecture(model), hardware_preset("h100")
+    s = layer_settings(
+        tp=1, cp=1, microbatch_size=2, recompute=recompute, stack=Stack(), seq_len=256
+    )
+    specs = layer_specs(arch)
+    alone = [
+        _estimate(arch, specs, i, layer_work(arch, sp, s), hw, s) for i, sp in enumerate(specs)
+    ]
+    assert estimate_layers(arch, hw, s) == alone
+
+
+def test_moe_layers_shared_between_pp_degrees_equal_a_fresh_estimate():
+    # 16 GPUs on nodes of 4, DP ranks PP apart (OctoPipe's numbering): an EP group of 2 stays
+    # in a node at PP 1 and 2 (those share layers) and crosses nodes at PP 4.
+    job = Job("tiny-moe", Cluster(parse_gpus("16"), 4), global_batch=16, seq_len=256)
+    shared = LayoutCosts(job)
+    crossing = []
+    for pp in (1, 2, 4):
+        layout = Layout(1, pp, 16 // pp, 1, pp, ep=2)
+        fresh = LayoutCosts(job)
+        crossing.append(shared.ep_across_nodes(layout))
+        assert crossing[-1] == fresh.ep_across_nodes(layout)
+        assert shared.layers(layout) == fresh.layers(layout)
+    assert crossing == [False, False, True]
+
+
+def test_a_layout_screened_ahead_gives_the_rows_screened_here():
+    search = LayoutSearch(tiny_job())
+    layout = Layout(1, 2, 4, 1, 4)
+    here = search.standard(layout)
+    beat = max(bound for bound, _ in search.standard_bounded(layout))  # drops some rows
+    ahead = ScreenAhead(search, workers=2)
+    try:
+        ahead.ahead([layout], float("inf"))  # started before the beat fell
+        row, standard = ahead.take(layout, beat)
+    finally:
+        ahead.close()
+    assert multiprocessing.active_children() == []
+    assert row == search.screen(layout)
+    assert [r.summary() for r in standard] == [r.summary() for r in search.standard(layout, beat)]
+    assert len(standard) < len(here)
