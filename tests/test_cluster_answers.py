@@ -106,3 +106,14 @@ def test_simulate_prints_which_layers_each_device_holds(tmp_path, capsys):
     assert main([*argv, "--plan", str(tmp_path / "plan.json")]) == 0
     out = capsys.readouterr().out
     assert "which layers each device holds" in out and "device 0: layers 0-" in out
+
+
+def test_the_progress_line_leaves_the_search_free_to_fork():
+    """On a terminal the line is redrawn at each report, by no thread of its own: the search
+    forks its workers only while no other thread runs."""
+    from octopipe.commands._plan_cluster import _progress
+    from octopipe.layouts.fanout import can_fork
+
+    with _progress(True) as report:
+        report(SearchProgress("screening", "a layout", 3, 7, 0, 5, 1.5, 2.0, 4.0))
+        assert can_fork()

@@ -391,8 +391,15 @@ class _progress:
             return None
         from rich.live import Live
 
-        self.live = Live("planning the references", console=Console(stderr=True), transient=True)
-        self.live.start()
+        # Redrawn at each report, not by rich's refresh thread: the search forks its workers
+        # only while no other thread runs (`layouts/fanout.py`).
+        self.live = Live(
+            "planning the references",
+            console=Console(stderr=True),
+            transient=True,
+            auto_refresh=False,
+        )
+        self.live.start(refresh=True)
         return self.report
 
     def report(self, at: SearchProgress) -> None:
@@ -400,7 +407,7 @@ class _progress:
         from rich.text import Text
 
         # Folded, not cropped: on a narrow terminal the line takes two.
-        self.live.update(Text(progress_line(at), overflow="fold"))
+        self.live.update(Text(progress_line(at), overflow="fold"), refresh=True)
 
     def __exit__(self, *exc) -> None:
         if self.live is not None:
