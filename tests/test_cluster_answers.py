@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from octopipe.cli import main
 from octopipe.commands._plan_cluster import progress_line
 from octopipe.layouts import Job, LayoutSearch, megatron_layout, plan_cluster
@@ -117,3 +119,24 @@ def test_the_progress_line_leaves_the_search_free_to_fork():
     with _progress(True) as report:
         report(SearchProgress("screening", "a layout", 3, 7, 0, 5, 1.5, 2.0, 4.0))
         assert can_fork()
+
+
+def test_workers_change_nothing_of_the_answer(tmp_path, capsys):
+    for workers in ("1", "2"):
+        assert main([*TINY, "--quiet", "--workers", workers, "-o", str(tmp_path / workers)]) == 0
+    capsys.readouterr()
+    one, two = ((tmp_path / w / "plan.json").read_bytes() for w in ("1", "2"))
+    assert one == two
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["plan", "--workers", "2"], "--workers: runs a cluster layout search: give --gpus N too"),
+        ([*TINY, "--workers", "0"], "--workers"),
+    ],
+)
+def test_workers_refused_where_they_mean_nothing(argv, message, tmp_path, capsys):
+    assert main([*argv, "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

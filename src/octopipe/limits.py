@@ -30,6 +30,7 @@ MAX_MICROBATCHES = 2**18  # microbatches per step (--microbatches, num_microbatc
 MAX_STAGE_MICROBATCHES = 2**22  # stages x microbatches of one plan: its (stage, microbatch) pairs
 MAX_GPUS = 2**17  # GPUs of a cluster (--gpus)
 MAX_GLOBAL_BATCH = 2**20  # samples per step (--global-batch)
+MAX_WORKERS = 256  # processes of one layout search (plan --gpus --workers)
 MAX_SEQ_LEN = 2**24  # tokens per sample (--seq-len)
 MAX_MICRO_BATCH_SIZE = 2**16  # samples per microbatch (--micro-batch-size)
 MAX_MICROBATCH_TOKENS = 2**20  # --seq-len x --micro-batch-size a run or `profile` allocates

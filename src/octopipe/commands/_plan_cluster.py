@@ -47,7 +47,7 @@ from octopipe.layouts.planner import TUNE_EVALUATIONS
 from octopipe.layouts.progress import SearchProgress
 from octopipe.layouts.runners import DEFAULT_RUNNER, RUNNERS, get_runner
 from octopipe.layouts.search import written_plan
-from octopipe.limits import MAX_GLOBAL_BATCH
+from octopipe.limits import MAX_GLOBAL_BATCH, MAX_WORKERS
 from octopipe.units import GIB, fmt_bytes
 
 SHOWN_ROWS = 10
@@ -100,6 +100,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(interleaved) 1F1B looped, the distributed optimizer, written as megatron_args.sh",
     )
     g.add_argument(
+        "--workers",
+        type=count(1, MAX_WORKERS),
+        help="processes the search runs on: the next layout screened and the finalists tuned "
+        "side by side (default: the cores this process may use); the answer is the same for any, "
+        "and 1 may be faster on a machine busy with other work",
+    )
+    g.add_argument(
         "--json",
         action="store_true",
         help="the chosen layout and those it is set beside as JSON on the last line "
@@ -144,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             from_layout=spec,
             torchtitan=args.torchtitan,
             runner=runner,
+            workers=args.workers,
         )
     job = result.job
     console = Console()

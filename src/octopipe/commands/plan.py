@@ -186,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
         return plan_cluster.run(args)
     if args.runner is not None:
         raise InputError("--runner", "chooses the engine of a cluster layout: give --gpus N too")
+    if args.workers is not None:
+        raise InputError("--workers", "runs a cluster layout search: give --gpus N too")
     if args.time_budget is None:
         args.time_budget = DEFAULT_TIME_BUDGET
     started = time.perf_counter()
