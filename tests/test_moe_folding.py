@@ -4,48 +4,23 @@ against dropless routing, and degrees that do not fold refused in one line."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from moe_configs import moe_work, write_qwen3_moe
 
-from octopipe.costmodel import layer_specs, load_architecture
+from octopipe.costmodel import load_architecture
 from octopipe.costmodel.build import estimate_layers
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.kernels import EP_NETWORK, EP_NVLINK, GROUPED
-from octopipe.costmodel.layercost import layer_work
 from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
 from octopipe.layouts import Cluster, Job, Layout, parse_gpus
 from octopipe.layouts.estimate import Given, estimate
 from octopipe.layouts.stack import Stack
 
-# Qwen3-MoE's shape, smaller (the fields of its public config.json).
-QWEN3_MOE = {
-    "model_type": "qwen3_moe",
-    "hidden_size": 1024,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 64,
-    "intermediate_size": 3072,
-    "moe_intermediate_size": 384,
-    "num_experts": 32,
-    "num_experts_per_tok": 4,
-    "vocab_size": 32000,
-}
-
 
 @pytest.fixture
 def qwen3_moe(tmp_path) -> str:
-    path = tmp_path / "qwen3_moe.json"
-    path.write_text(json.dumps(QWEN3_MOE))
-    return str(path)
-
-
-def _moe_work(config: str, **settings):
-    arch = load_architecture(config)
-    spec = next(s for s in layer_specs(arch) if s.kind == "moe")
-    return layer_work(arch, spec, Settings(seq_len=2048, **settings))
+    return write_qwen3_moe(tmp_path)
 
 
 def _expert_flops(work) -> float:
@@ -53,9 +28,9 @@ def _expert_flops(work) -> float:
 
 
 def test_folding_keeps_each_ranks_expert_work_and_splits_the_experts_weights(qwen3_moe):
-    classic = _moe_work(qwen3_moe, tensor_parallel=2, sequence_parallel=True)
-    folded = _moe_work(qwen3_moe, tensor_parallel=2, sequence_parallel=True, expert_parallel=4)
-    etp = _moe_work(
+    classic = moe_work(qwen3_moe, tensor_parallel=2, sequence_parallel=True)
+    folded = moe_work(qwen3_moe, tensor_parallel=2, sequence_parallel=True, expert_parallel=4)
+    etp = moe_work(
         qwen3_moe,
         tensor_parallel=2,
         sequence_parallel=True,
@@ -73,8 +48,8 @@ def test_folding_keeps_each_ranks_expert_work_and_splits_the_experts_weights(qwe
 
 
 def test_capacity_factor_pads_the_experts_input(qwen3_moe):
-    dropless = _moe_work(qwen3_moe, expert_parallel=4)
-    padded = _moe_work(qwen3_moe, expert_parallel=4, moe_capacity_factor=1.25)
+    dropless = moe_work(qwen3_moe, expert_parallel=4)
+    padded = moe_work(qwen3_moe, expert_parallel=4, moe_capacity_factor=1.25)
     assert _expert_flops(padded) == pytest.approx(1.25 * _expert_flops(dropless))
 
 

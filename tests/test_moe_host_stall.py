@@ -8,47 +8,23 @@ import json
 from dataclasses import replace
 
 import pytest
+from moe_configs import moe_work, write_qwen3_moe
 
 from octopipe.cli import main
-from octopipe.costmodel import layer_specs, load_architecture
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.kernels import EP_NVLINK
-from octopipe.costmodel.layercost import layer_work
-from octopipe.costmodel.settings import Settings
-
-QWEN3_MOE = {  # Qwen3-MoE's public config.json fields, smaller
-    "model_type": "qwen3_moe",
-    "hidden_size": 1024,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 64,
-    "intermediate_size": 3072,
-    "moe_intermediate_size": 384,
-    "num_experts": 32,
-    "num_experts_per_tok": 4,
-    "vocab_size": 32000,
-}
 
 
 @pytest.fixture
 def qwen3_moe(tmp_path) -> str:
-    path = tmp_path / "qwen3_moe.json"
-    path.write_text(json.dumps(QWEN3_MOE))
-    return str(path)
-
-
-def _moe_work(config: str, **settings):
-    arch = load_architecture(config)
-    spec = next(s for s in layer_specs(arch) if s.kind == "moe")
-    return layer_work(arch, spec, Settings(seq_len=2048, **settings))
+    return write_qwen3_moe(tmp_path)
 
 
 def test_a_syncing_dispatcher_adds_the_host_stall_to_forward_and_input_gradient(qwen3_moe):
     hw = hardware_preset("h100")
     assert hw.moe_layer_host_seconds > 0
-    plain = _moe_work(qwen3_moe, expert_parallel=8)
-    synced = _moe_work(qwen3_moe, expert_parallel=8, moe_host_sync=True)
+    plain = moe_work(qwen3_moe, expert_parallel=8)
+    synced = moe_work(qwen3_moe, expert_parallel=8, moe_host_sync=True)
     for phase in ("f", "i"):
         added = synced.phase(phase, hw).compute - plain.phase(phase, hw).compute
         assert added == pytest.approx(hw.moe_layer_host_seconds)
@@ -57,7 +33,7 @@ def test_a_syncing_dispatcher_adds_the_host_stall_to_forward_and_input_gradient(
 
 def test_the_all_to_all_runs_at_its_achieved_share_of_nvlink(qwen3_moe):
     hw = hardware_preset("h100")
-    work = _moe_work(qwen3_moe, expert_parallel=8)
+    work = moe_work(qwen3_moe, expert_parallel=8)
     sent = sum(k.bytes for k in work.kernels if k.unit == EP_NVLINK and k.phase == "f")
     assert sent > 0
     for efficiency in (1.0, 0.5):
