@@ -5,7 +5,9 @@ and layer estimates shared between PP degrees only where they cannot differ."""
 from __future__ import annotations
 
 import multiprocessing
-import resource
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +19,7 @@ from octopipe.costmodel.layercost import layer_work
 from octopipe.layouts import Job, LayoutSearch, plan_cluster
 from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.layouts.costs import LayoutCosts
-from octopipe.layouts.fanout import ScreenAhead, can_fork
+from octopipe.layouts.fanout import ScreenAhead
 from octopipe.layouts.layout import Layout
 from octopipe.layouts.stack import Stack, layer_settings
 
@@ -43,15 +45,35 @@ def test_the_same_job_gives_the_same_plan_twice():
     assert answer(first) == answer(second)
 
 
+# In a fresh process: the search forks only while no other thread runs, and tests before this
+# one may leave threads in pytest's process.
+FORKED_AGAINST_SERIAL = """
+import multiprocessing, resource, sys
+sys.path.insert(0, sys.argv[1])
+from test_cluster_speed import answer, tiny_job
+from octopipe.layouts import plan_cluster
+from octopipe.layouts.fanout import can_fork
+serial = plan_cluster(tiny_job(), workers=1)
+assert can_fork(), "a fresh process runs no other thread"
+before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+forked = plan_cluster(tiny_job(), workers=2)
+assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime > before, "no worker ran"
+assert forked.workers == 2 and len(forked.tune_cpu) >= 2, "not tuned on two workers"
+assert answer(forked) == answer(serial), "the forked search answers otherwise"
+assert multiprocessing.active_children() == [], "a worker is left running"
+print("same answer")
+"""
+
+
 def test_finalists_tuned_on_two_workers_give_the_serial_answer():
-    serial = plan_cluster(tiny_job(), workers=1)
-    assert can_fork()  # no thread runs here: the search below forks its workers
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
-    forked = plan_cluster(tiny_job(), workers=2)
-    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime > before  # workers ran
-    assert forked.workers == 2 and len(forked.tune_cpu) >= 2
-    assert answer(forked) == answer(serial)
-    assert multiprocessing.active_children() == []  # every worker joined
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED_AGAINST_SERIAL, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "same answer"
 
 
 @pytest.mark.parametrize("model", ["tiny-vlm", "tiny-deepseek", "tiny-gemma", "tiny-hybrid"])
