@@ -8,7 +8,7 @@ import json
 import pytest
 
 from octopipe.cli import main
-from octopipe.commands._plan_cluster import progress_line
+from octopipe.commands._plan_progress import progress_line
 from octopipe.layouts import Job, LayoutSearch, megatron_layout, plan_cluster
 from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.layouts.planner import STANDARD_SCHEDULES
@@ -115,10 +115,10 @@ def test_the_progress_line_leaves_the_search_free_to_fork():
     forks its workers only while no other thread runs."""
     import threading
 
-    from octopipe.commands._plan_cluster import _progress
+    from octopipe.commands._plan_progress import SearchLine
 
     threads = threading.active_count()  # other tests may have left some: count, not expect 1
-    with _progress(True) as report:
+    with SearchLine(True) as report:
         report(SearchProgress("screening", "a layout", 3, 7, 0, 5, 1.5, 2.0, 4.0))
         assert threading.active_count() == threads
 

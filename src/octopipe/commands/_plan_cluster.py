@@ -39,12 +39,12 @@ from octopipe.commands._plan_outputs import (
     torchtitan_report,
     write_outputs,
 )
+from octopipe.commands._plan_progress import SearchLine
 from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
 from octopipe.errors import InputError, MemoryExceededError
 from octopipe.layouts import Job, LayoutReport, Row
 from octopipe.layouts.layout import DEFAULT_HEADROOM
 from octopipe.layouts.planner import TUNE_EVALUATIONS
-from octopipe.layouts.progress import SearchProgress
 from octopipe.layouts.runners import DEFAULT_RUNNER, RUNNERS, get_runner
 from octopipe.layouts.search import written_plan
 from octopipe.limits import MAX_GLOBAL_BATCH, MAX_WORKERS
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     check_output_folder("--output", out, OUTPUT_FILES)  # before the search: fails at once
     show = not (args.quiet or args.json) and sys.stderr.isatty()
-    with _progress(show) as report:
+    with SearchLine(show) as report:
         result = plan_layout(
             args.model or DEFAULT_MODEL,
             args.gpus,
@@ -384,52 +384,3 @@ def _references(result: LayoutReport) -> list[tuple[str, Row]]:
         ("given", result.given),
     ]
     return [(name, row) for name, row in named if row is not None]
-
-
-class _progress:
-    """A live line on stderr (a terminal only): layouts screened and tuned of how many, the
-    best step so far, the time spent and an estimate of what is left, and what is planned."""
-
-    def __init__(self, show: bool):
-        self.show = show
-        self.live = None
-
-    def __enter__(self):
-        if not self.show:
-            return None
-        from rich.live import Live
-
-        # Redrawn at each report, not by rich's refresh thread: the search forks its workers
-        # only while no other thread runs (`layouts/fanout.py`).
-        self.live = Live(
-            "planning the references",
-            console=Console(stderr=True),
-            transient=True,
-            auto_refresh=False,
-        )
-        self.live.start(refresh=True)
-        return self.report
-
-    def report(self, at: SearchProgress) -> None:
-        assert self.live is not None
-        from rich.text import Text
-
-        # Folded, not cropped: on a narrow terminal the line takes two.
-        self.live.update(Text(progress_line(at), overflow="fold"), refresh=True)
-
-    def __exit__(self, *exc) -> None:
-        if self.live is not None:
-            self.live.stop()
-
-
-def progress_line(at: SearchProgress) -> str:
-    """One line of the search's progress (`plan --gpus` on a terminal)."""
-    screened = f"screened {at.screened}"
-    if at.phase == "screening" and at.to_screen:
-        screened += f" of up to {at.screened + at.to_screen}"
-    best = f"best {at.best_step:.3f} s" if at.best_step is not None else "no plan fits yet"
-    left = f", about {at.left:.0f} s left" if at.left is not None else ""
-    return (
-        f"{screened} layouts, tuned {at.tuned} of {at.to_tune}; {best}; "
-        f"{at.elapsed:.0f} s{left}; {at.phase} {at.doing}"
-    )
