@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from functools import cache
 
-from octopipe.costmodel.error_band import ErrorBand, error_band, layout_kinds
+from octopipe.costmodel.error_band import ErrorBand
 from octopipe.layouts import Job, LayoutReport, Row
+from octopipe.layouts.estimate import band_of
 
 
 @cache
@@ -18,11 +19,8 @@ def _is_moe(config: str) -> bool:
 
 
 def row_band(row: Row, job: Job) -> ErrorBand:
-    """The held-out error of published runs like this row: same GPU, precision, model kind,
-    most parallelism kinds in common."""
-    lay = row.layout
-    kinds = layout_kinds(lay.tp, lay.cp, lay.pp, lay.ep, lay.zero)
-    return error_band(job.cluster.reference.name, job.stack.precision, kinds, _is_moe(job.config))
+    """The held-out error of published runs like this row, as `estimate` gives it."""
+    return band_of(job, row.layout, _is_moe(job.config))
 
 
 def band_cell(band: ErrorBand) -> str:

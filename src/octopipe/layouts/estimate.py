@@ -230,15 +230,16 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
         breakdown=breakdown,
         model_flops=flops,
         hardware_flops=flops + redone,
-        band=band_of(job, lay, costs),
+        band=band_of(job, lay, costs.arch.moe is not None),
     )
 
 
-def band_of(job: Job, layout: Layout, costs: LayoutCosts) -> ErrorBand:
-    """The held-out error of published runs like this layout's (`costmodel/error_band.py`)."""
+def band_of(job: Job, layout: Layout, moe: bool) -> ErrorBand:
+    """The held-out error of published runs like this layout's (`costmodel/error_band.py`):
+    same GPU, precision and model kind (`moe`), most parallelism kinds in common."""
     kinds = layout_kinds(layout.tp, layout.cp, layout.pp, layout.ep, layout.zero)
     hardware = job.cluster.reference.name
-    return error_band(hardware, job.stack.precision, kinds, costs.arch.moe is not None)
+    return error_band(hardware, job.stack.precision, kinds, moe)
 
 
 def step_flops(costs: LayoutCosts, layout: Layout, job: Job) -> tuple[float, float]:
