@@ -34,12 +34,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from octopipe.actions import Kind
 from octopipe.costmodel.arch import Architecture
 from octopipe.errors import InputError
 from octopipe.layouts.layout import Job, Layout
 from octopipe.layouts.runnable import run_refusal
-from octopipe.plan import Plan
+from octopipe.plan import Plan, split_backwards
 
 RUNNERS = ("octopipe", "torchtitan", "megatron")
 DEFAULT_RUNNER = "octopipe"
@@ -143,7 +142,7 @@ class Runner:
             return None
         if plan.recompute:
             return f"{self.engine} recomputes the same in every stage"
-        split = _splits_backward(plan)
+        split = bool(split_backwards(plan))
         if self.name == "torchtitan":
             if plan.num_stages > plan.num_devices == 1:
                 return "torchtitan runs no pipeline schedule without PP (one stage)"
@@ -207,7 +206,3 @@ def _titan_refusal(layout: Layout, ranks: int) -> str | None:
         if expert_ranks % layout.ep:
             return f"EP {layout.ep} does not divide dp_shard x CP x TP = {expert_ranks}"
     return None
-
-
-def _splits_backward(plan: Plan) -> bool:
-    return any(a.kind in (Kind.I, Kind.W) for acts in plan.schedule.values() for a in acts)
