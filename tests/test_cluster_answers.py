@@ -125,8 +125,9 @@ def test_the_progress_line_leaves_the_search_free_to_fork():
 
 def test_workers_change_nothing_of_the_answer(tmp_path, capsys):
     for workers in ("1", "2"):
-        assert main([*TINY, "--quiet", "--workers", workers, "-o", str(tmp_path / workers)]) == 0
-    capsys.readouterr()
+        assert main([*TINY, "--json", "--workers", workers, "-o", str(tmp_path / workers)]) == 0
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["search"]["workers"] == int(workers)  # the flag reached the search
     one, two = ((tmp_path / w / "plan.json").read_bytes() for w in ("1", "2"))
     assert one == two
 

@@ -275,6 +275,7 @@ def json_summary(result: LayoutReport) -> dict:
             "evaluations": result.evaluations,
             "seconds": result.seconds,
             "cut_by_time": result.cut_by_time,
+            "workers": result.workers,
         },
     }
 
