@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import textwrap
 
-from octopipe.actions import Kind
 from octopipe.placement import torchtitan_style
-from octopipe.plan import Plan
+from octopipe.plan import Plan, split_backwards
 from octopipe.profile import Profile
 
 # The schedule name torchtitan is given: with a CSV the order comes from the file, but the name
@@ -72,7 +71,7 @@ def batch_sizes(plan: Plan, profile: Profile) -> tuple[int, int]:
 
 def splits_backward(plan: Plan) -> bool:
     """Whether the schedule runs split backwards (I and W actions)."""
-    return any(a.kind in (Kind.I, Kind.W) for acts in plan.schedule.values() for a in acts)
+    return bool(split_backwards(plan))
 
 
 def caveats(plan: Plan, profile: Profile, layout_notes: bool = True) -> list[str]:
