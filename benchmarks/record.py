@@ -72,6 +72,8 @@ def estimate_argv(row: dict[str, str]) -> list[str] | None:
     argv += ["--grad-dtype", row["grad_dtype"], "--partition", row["partition"]]
     if row["source"] in MEGATRON_CORE:
         argv += ["--moe-host-sync"]
+    if row.get("moe_a2a_overlap") == "1":
+        argv += ["--moe-a2a-overlap"]
     return [*argv, "--json"]
 
 

@@ -94,6 +94,13 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         "dispatchers do (the preset's fitted host stall per layer's F and I)",
     )
     g.add_argument(
+        "--moe-a2a-overlap",
+        action="store_true",
+        help="MoE all-to-alls hidden behind another microbatch's compute, as Megatron-Core's "
+        "--overlap-moe-expert-parallel-comm runs them (only what a phase's compute cannot "
+        "cover is exposed)",
+    )
+    g.add_argument(
         "--rank-order",
         choices=RANK_ORDERS,
         help="where a stage's DP (and folded EP) ranks sit: OctoPipe's numbering (PP before "
@@ -127,5 +134,6 @@ def stack_from_args(args: argparse.Namespace) -> Stack:
         fp8_scaling=args.fp8_scaling,
         moe_capacity_factor=args.moe_capacity_factor,
         moe_host_sync=args.moe_host_sync,
+        moe_a2a_overlap=args.moe_a2a_overlap,
         rank_order=args.rank_order or _DEFAULT.rank_order,
     )

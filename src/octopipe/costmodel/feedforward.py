@@ -73,8 +73,9 @@ def moe(work: LayerWork, arch: Architecture, s: Settings) -> None:
     padded = s.moe_capacity_factor or 1.0
     work.elementwise(2 * own * h * a, 2 * own * h * a)  # permute tokens to experts
     expert_tokens = own * padded
-    if folded:
-        moved = 2 * own * padded * h * a * (ep - 1) / ep  # dispatch and combine: others' part
+    if folded:  # dispatch and combine: the others' part, the network's when it crosses nodes
+        peers = ep - s.ep_node_ranks if s.ep_across_nodes else ep - 1
+        moved = 2 * own * padded * h * a * peers / ep
         gathered = 2 * (etp - 1) * own * padded * h * a  # ETP: all-gather, reduce-scatter
         for phase in (F, I):
             work.ep_all_to_all(phase, moved, s.ep_across_nodes)

@@ -29,6 +29,7 @@ def layer_work(arch: Architecture, spec: LayerSpec, settings: Settings) -> Layer
         settings.tp_comm_overlap,
         settings.precision,
         settings.fp8_scaling,
+        ep_overlap=settings.moe_a2a_overlap,
     )
     builder = _BUILDERS[spec.kind]
     builder(work, arch, spec, settings)

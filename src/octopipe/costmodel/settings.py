@@ -51,6 +51,15 @@ class Settings:
     hardware's `moe_layer_host_seconds`."""
     ep_across_nodes: bool = False
     """The expert-parallel ranks of a group sit on different nodes (all-to-alls over the NICs)."""
+    ep_node_ranks: int = 1
+    """Of an EP group across nodes, its ranks on one node (the fewest): an EP rank sends the
+    copies bound for them over NVLink, beside the network's share, (EP - this) / EP, which
+    takes longer (NVLink outruns a NIC by more than EP / this on every preset)."""
+    moe_a2a_overlap: bool = False
+    """The MoE all-to-alls of one microbatch hidden behind another's compute (Megatron-Core's
+    `--overlap-moe-expert-parallel-comm`, which runs a forward and a backward of two
+    microbatches as one interleaved step): a phase's exposed all-to-all is what its compute
+    cannot cover."""
     recompute: str = "none"
     """Activation recomputation: "none"; "selective" (Korthikanti et al. 2022: the attention
     core only, redone in the backward); "full" (every block keeps only its input and redoes its

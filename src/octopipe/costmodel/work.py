@@ -66,7 +66,8 @@ class LayerWork:
 
     Built by appending kernels; `act_bytes` is what the layer keeps from F to its backward,
     `wact_bytes` the inputs of its linear layers (what W still needs after I).
-    `tp_overlap`: tensor-parallel collectives run behind the phase's GEMMs.
+    `tp_overlap`: tensor-parallel collectives run behind the phase's GEMMs; `ep_overlap`: the
+    MoE all-to-alls behind the phase's compute (`Settings.moe_a2a_overlap`).
     """
 
     tp: int
@@ -78,6 +79,7 @@ class LayerWork:
     (`precision.py`)."""
     fp8_scaling: str = "delayed"
     """FP8's per-tensor scaling: "delayed" (amax history) or "current" (amax pass first)."""
+    ep_overlap: bool = False
     kernels: list[Kernel] = field(default_factory=list)
     params: int = 0
     expert_params: int = 0  # of which MoE experts' (held by one expert-parallel rank)
@@ -349,6 +351,8 @@ class LayerWork:
                 attention += t if k.unit == ATTENTION else 0.0
         if self.tp_overlap:
             tp = max(0.0, tp - gemms)
+        if self.ep_overlap:
+            ep = max(0.0, ep - compute)
         return TimeParts(compute, 0.0, tp, max(0.0, cp - attention), ep)
 
     def phase_time(self, phase: str, hw: Hardware) -> float:

@@ -162,7 +162,7 @@ class Cluster:
             intra_node=Link(bandwidth=self._slowest("tp_bandwidth"), latency=self._latency),
             inter_node=Link(bandwidth=self._slowest("link_bandwidth"), latency=self._latency),
         )
-        return Topology(replicas[0], links, self._ring(tp, cp, pp, dp), replicas)
+        return Topology(replicas[0], links, self.data_parallel_ring(tp, cp, pp, dp), replicas)
 
     def _slowest(self, field: str) -> float:
         return min(getattr(g.hardware, field) for g in self.groups)
@@ -171,7 +171,7 @@ class Cluster:
     def _latency(self) -> float:
         return max(g.hardware.link_latency for g in self.groups)
 
-    def _ring(self, tp: int, cp: int, pp: int, dp: int) -> DataParallel:
+    def data_parallel_ring(self, tp: int, cp: int, pp: int, dp: int) -> DataParallel:
         """The gradient ring of one TP rank of pipeline device 0: its D x C copies (the data
         and context-parallel ranks hold the same weights). Inside one node it runs over
         NVLink. Across nodes NCCL runs one ring per NIC: a node holding k of the ring's GPUs
@@ -182,6 +182,10 @@ class Cluster:
         members = [
             self.gpu(0, c, 0, r, tp, cp, pp) for r in range(dp) for c in range(cp)
         ]  # every pipeline device's ring is laid out alike: device 0's stands for all
+        return self.ring_of(members)
+
+    def ring_of(self, members: list[int]) -> DataParallel:
+        """The ring over these GPUs, priced as `data_parallel_ring` says."""
         if len(members) == 1:
             return DataParallel()
         per_node: dict[int, int] = {}

@@ -74,7 +74,7 @@ class LayoutCosts:
         self._layers: dict[tuple, list[LayerEstimate]] = {}
         self._profiles: dict[tuple, Profile] = {}
         self._exposed: dict[Layout, list[float]] = {}  # ZeRO-2/3's per layer and microbatch
-        self._ep_across: dict[tuple, bool] = {}
+        self._ep_across: dict[tuple, dict[int, int]] = {}
 
     def settings(self, layout: Layout) -> Settings:
         cluster = self.job.cluster
@@ -88,6 +88,7 @@ class LayoutCosts:
             cp_across_nodes=cluster.cp_across_nodes(layout.tp, layout.cp),
             ep=layout.ep,
             ep_across_nodes=self.ep_across_nodes(layout),
+            ep_node_ranks=self.ep_node_ranks(layout),
             etp=layout.etp,
         )
 
@@ -100,19 +101,56 @@ class LayoutCosts:
         """Whether an expert-parallel group spans nodes. MoE parallel folding lays groups of
         ETP x EP consecutive ranks over a stage's TP x CP x DP ranks (TP fastest, then CP, then
         DP: the GPU numbering of docs/FORMATS.md); an EP group is every ETP-th of them."""
+        return len(self._ep_nodes(layout)) > 1
+
+    def ep_node_ranks(self, layout: Layout) -> int:
+        """The fewest of an EP group's ranks on one of its nodes."""
+        return min(self._ep_nodes(layout).values(), default=1)
+
+    def _ep_nodes(self, layout: Layout) -> dict[int, int]:
+        """Per node an EP group touches, how many of its ranks it holds ({} without EP)."""
         if layout.ep == 1:
-            return False
-        cluster, tp, cp, etp = self.job.cluster, layout.tp, layout.cp, layout.expert_tp
-        stride = self._stride(layout)
-        key = (tp, cp, layout.ep, etp, stride)
+            return {}
+        etp = layout.expert_tp
+        key = (layout.tp, layout.cp, layout.ep, etp, self._stride(layout))
         if key not in self._ep_across:  # asked for every layout's layers: kept
-            members = []
+            nodes: dict[int, int] = {}
             for i in range(0, layout.ep * etp, etp):
-                members.append(
-                    cluster.gpu(i % tp, (i // tp) % cp, 0, i // (tp * cp), tp, cp, stride)
-                )
-            self._ep_across[key] = len({cluster.node_of(g) for g in members}) > 1
+                node = self.job.cluster.node_of(self._stage_gpu(layout, i))
+                nodes[node] = nodes.get(node, 0) + 1
+            self._ep_across[key] = nodes
         return self._ep_across[key]
+
+    def _stage_gpu(self, layout: Layout, i: int) -> int:
+        """The GPU of the i-th of pipeline device 0's TP x CP x DP ranks (TP fastest, then
+        CP, then DP: the GPU numbering of docs/FORMATS.md)."""
+        tp, cp = layout.tp, layout.cp
+        stride = self._stride(layout)
+        return self.job.cluster.gpu(i % tp, (i // tp) % cp, 0, i // (tp * cp), tp, cp, stride)
+
+    def expert_ring(self, layout: Layout) -> DataParallel:
+        """The ring that reduces an expert's gradients: the stage's ranks holding the same
+        experts, every ETP x EP-th of its TP x CP x DP ranks (MoE parallel folding). Where
+        EP fills a node, each of its steps crosses nodes on one GPU's NIC, where the dense
+        ring of consecutive ranks drives every NIC of a node at once."""
+        fold = layout.ep * layout.expert_tp
+        members = [self._stage_gpu(layout, k * fold) for k in range(layout.expert_data_parallel)]
+        return self.job.cluster.ring_of(members)
+
+    def _expert_grad_scale(self, layout: Layout, ring: DataParallel) -> float:
+        """The simulator reduces a stage's gradients on one ring, the dense one: an expert's
+        gradient byte counts there as this many bytes, its own ring's seconds per byte over
+        the dense ring's (the rings' latencies left out: a bucket's few steps)."""
+        if self.arch.moe is None or ring.degree == 1:
+            return 1.0
+        experts = self.expert_ring(layout)
+        if experts.degree == 1:
+            return 0.0
+
+        def per_byte(r: DataParallel) -> float:
+            return (r.degree - 1) / r.degree / r.bandwidth
+
+        return per_byte(experts) / per_byte(ring)
 
     def _key(self, layout: Layout, hw: Hardware) -> tuple:
         """What a layout's layers depend on (not DP, nor the microbatch count; PP only through
@@ -121,6 +159,7 @@ class LayoutCosts:
             layout.tp,
             layout.cp,
             self.ep_across_nodes(layout),
+            self.ep_node_ranks(layout),
             layout.ep,
             layout.etp,
             layout.microbatch_size,
@@ -181,7 +220,9 @@ class LayoutCosts:
         topo = cluster.replica_topology(layout.tp, layout.pp, layout.dp, speeds, layout.cp)
         stack = self.job.stack
         if stack.rank_order == "megatron":  # a stage's DP x CP ranks follow its TP x CP group
-            topo = replace(topo, data_parallel=cluster._ring(layout.tp, layout.cp, 1, layout.dp))
+            topo = replace(
+                topo, data_parallel=cluster.data_parallel_ring(layout.tp, layout.cp, 1, layout.dp)
+            )
         ring = topo.data_parallel.model_copy(
             update={
                 "bucket_bytes": stack.grad_bucket_bytes,
@@ -209,11 +250,30 @@ class LayoutCosts:
                 "blocking_transfers": stack.p2p == "blocking",
             }
         )
+        if layout.zero <= 1:
+            profile = self._expert_gradients(profile, layout, ring)
         if layout.zero == 1 and ring.degree > 1:
             profile = self._shard_optimizer(profile, layout, ring.degree)
         elif layout.zero >= 2 and ring.degree > 1:
             profile = self._shard_all(profile, layout, ring)
         return profile, replicas
+
+    def _expert_gradients(self, profile: Profile, layout: Layout, ring: DataParallel) -> Profile:
+        """The layers' expert gradients as the bytes of the dense ring that take as long as
+        their own ring's reduction (`_expert_grad_scale`)."""
+        scale = self._expert_grad_scale(layout, ring)
+        if scale == 1.0:
+            return profile
+        grad = self.settings(layout).grad_bytes
+        layers = []
+        for layer, e in zip(profile.layers, self.layers(layout)):
+            dense = (e.params - e.expert_params) * grad
+            layers.append(
+                layer.model_copy(
+                    update={"grad_bytes": math.ceil(dense + e.expert_params * grad * scale)}
+                )
+            )
+        return profile.model_copy(update={"layers": tuple(layers)})
 
     def _sharding(self, layout: Layout) -> Sharding:
         return sharding(
@@ -230,7 +290,9 @@ class LayoutCosts:
         as a DP ring of S / CP replicas, the first of them), and across HSDP's replicas."""
         cluster = self.job.cluster
         sh = self._sharding(layout)
-        shard = cluster._ring(layout.tp, layout.cp, self._stride(layout), sh.shards // layout.cp)
+        shard = cluster.data_parallel_ring(
+            layout.tp, layout.cp, self._stride(layout), sh.shards // layout.cp
+        )
         hw = cluster.reference
         across = replica_ring(
             sh,
@@ -276,14 +338,17 @@ class LayoutCosts:
 
     # --- the step ------------------------------------------------------------------------
 
-    def device_params(self, layout: Layout, plan: Plan, fp8: bool = False) -> list[int]:
+    def device_params(
+        self, layout: Layout, plan: Plan, fp8: bool = False, experts: bool = False
+    ) -> list[int]:
         """Per pipeline device: the parameters of its stages on one GPU (one TP rank); `fp8`:
-        only those of FP8 linears."""
+        only those of FP8 linears; `experts`: only the MoE layers' experts."""
         layers = self.layers(layout)
         params = [0] * plan.num_devices
         for stage in plan.stages:
             params[stage.device] += sum(
-                e.fp8_params if fp8 else e.params for e in layers[stage.start : stage.end]
+                e.fp8_params if fp8 else e.expert_params if experts else e.params
+                for e in layers[stage.start : stage.end]
             )
         return params
 
@@ -306,13 +371,20 @@ class LayoutCosts:
                 ring = DataParallel()  # gathered again in the next forward
         worst = Tail(0.0, 0.0)
         fp8 = self.device_params(layout, plan, fp8=True)
-        for params, quantized, device in zip(
-            self.device_params(layout, plan), fp8, profile.device_list()
+        experts = self.device_params(layout, plan, experts=True)
+        expert_ring = self.expert_ring(layout) if layout.zero == 1 and any(experts) else None
+        for params, quantized, expert, device in zip(
+            self.device_params(layout, plan), fp8, experts, profile.device_list()
         ):
             update = optimizer_seconds(
                 params / shards, s.grad_bytes, s.weight_bytes, hw, quantized, s.precision
             )
-            gather = ring.allgather_time(params * s.weight_bytes) if layout.zero1 else 0.0
+            gather = 0.0
+            if expert_ring is not None:  # the experts' shards gather on their own ring
+                gather = ring.allgather_time((params - expert) * s.weight_bytes)
+                gather += expert_ring.allgather_time(expert * s.weight_bytes)
+            elif layout.zero1:
+                gather = ring.allgather_time(params * s.weight_bytes)
             gather += across.allreduce_time(params * s.grad_bytes / shards)
             one = Tail(update / device.speed, gather)
             worst = max(worst, one, key=lambda t: t.total)

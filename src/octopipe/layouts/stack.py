@@ -64,6 +64,9 @@ class Stack:
     moe_host_sync: bool = False
     """Each MoE layer syncs the host for its token counts (Megatron-Core's token dispatchers):
     its forward and input-gradient phases each pay the preset's `moe_layer_host_seconds`."""
+    moe_a2a_overlap: bool = False
+    """MoE all-to-alls hidden behind another microbatch's compute (Megatron-Core's
+    `--overlap-moe-expert-parallel-comm`): only what a phase's compute cannot cover is exposed."""
     rank_order: str = "octopipe"
     """Where a stage's DP ranks sit: "octopipe" (the plan format's GPU numbering, TP, CP, PP,
     DP: a stage's DP ranks PP groups apart) or "megatron" (Megatron-Core's default
@@ -111,6 +114,7 @@ def layer_settings(
     cp_across_nodes: bool = False,
     ep: int = 1,
     ep_across_nodes: bool = False,
+    ep_node_ranks: int = 1,
     etp: int = 0,
 ) -> Settings:
     """The cost model's settings for one layout's layers under `stack`."""
@@ -127,6 +131,8 @@ def layer_settings(
         moe_capacity_factor=stack.moe_capacity_factor,
         moe_host_sync=stack.moe_host_sync,
         ep_across_nodes=ep_across_nodes,
+        ep_node_ranks=ep_node_ranks,
+        moe_a2a_overlap=stack.moe_a2a_overlap,
         recompute=recompute,
         attention=stack.attention,
         dropout=stack.dropout,
