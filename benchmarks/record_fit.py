@@ -57,6 +57,8 @@ FREE_MATMUL = [0.55, 0.60, 0.65, 0.70, 0.75, 0.80]
 # Each printed row's memory verdict: (source, run, part, fits, the row's memory note); a
 # published run ran, so it should be predicted to fit, or its note say what is not modelled.
 FITS: list[tuple[str, str, str, bool, str]] = []
+# Each printed row beyond 10%: (source, run, part, held-out ratio, the row's speed note).
+BEYOND: list[tuple[str, str, str, float, str]] = []
 PRIOR_PULL = 1e-3  # per squared relative distance from the preset's value: a tie-breaker only
 
 
@@ -223,6 +225,8 @@ def _print_row(r: dict[str, str], constants: dict, held: dict[str, list[float]])
     ratio = summary["tokens_per_gpu"] / published
     part = f"{r['hardware']}{'-' + r['variant'] if r['variant'] else ''}"
     held.setdefault(f"{r['source']} on {part}", []).append(ratio)
+    if abs(ratio - 1) > 0.10:
+        BEYOND.append((r["source"], r["model"], part, ratio, r.get("speed_note") or ""))
     fits = fits_published(r, summary)
     FITS.append((r["source"], r["model"], part, fits, r["memory_note"]))
     off = offloaded_bytes(r, summary)
@@ -253,6 +257,10 @@ def _summary(held: dict[str, list[float]], rows: list[dict[str, str]], band: lis
     for source, run, part, ok, note in FITS:
         if not ok:
             print(f"- does not fit: {source} {run} on {part}: {note or 'no setting noted'}")
+    silent = sum(1 for *_, note in BEYOND if not note)
+    print(f"\nrows beyond 10%: {len(BEYOND)}, {silent} of them without a reason given")
+    for source, run, part, ratio, note in BEYOND:
+        print(f"- {source} {run} on {part} ({ratio:.3f}): {note or 'no reason given'}")
     missing = sum(1 for r in rows if estimate_argv(r) is None)
     print(f"\n{missing} rows not expressed (their reasons in the table)")
 

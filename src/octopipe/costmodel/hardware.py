@@ -107,7 +107,7 @@ class Hardware:
 # Megatron-Core's MoE layers on their hosts (x86 DGX and Grace alike): the host stall of each
 # MoE layer's forward and input-gradient phases, fitted to Megatron-Bridge 25.11's MoE runs on
 # H100, B200 and GB200 (`benchmarks/bench_fidelity.py --record`, BENCHMARKS.md; each GPU's runs
-# held out in turn gave 2.5-5.5 ms): a property of the software stack and host, not the GPU,
+# held out in turn gave 3.0-4.5 ms): a property of the software stack and host, not the GPU,
 # paid only where the stack syncs (`--moe-host-sync`; OctoPipe's own MoE layers do not).
 MOE_LAYER_HOST_SECONDS = 3.5e-3
 
