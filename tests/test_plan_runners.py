@@ -22,7 +22,7 @@ from octopipe.layouts import Job, plan_cluster
 from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.layouts.layout import Layout
 from octopipe.layouts.planner import LayoutSearch
-from octopipe.layouts.runners import RUNNERS, Runner, get_runner
+from octopipe.layouts.runners import RUNNERS, get_runner
 from octopipe.layouts.search import LayoutReport, runner_space, written_plan
 from octopipe.plan import load_plan
 
@@ -201,7 +201,7 @@ def test_octopipe_run_refuses_an_hsdp_plan_under_zero3():
 
 
 def test_torchtitan_offers_hsdp_within_a_node_only():
-    runner = Runner("torchtitan")
+    runner = get_runner("torchtitan")
     fsdp = Layout(1, 1, 16, 1, 1, zero=3)
     assert runner.layouts(fsdp, 8) == [fsdp, Layout(1, 1, 16, 1, 1, zero=3, shard_group=8)]
     assert runner.layouts(Layout(2, 1, 16, 1, 1, zero=3), 8)[1].shard_group == 4

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from octopipe.errors import InputError
 from octopipe.layouts.costs import LayoutCosts, optimizer_seconds
 from octopipe.layouts.layout import Job, Layout
-from octopipe.layouts.runners import DEFAULT_RUNNER, Runner
+from octopipe.layouts.runners import DEFAULT_RUNNER, Runner, get_runner
 from octopipe.plan import Plan
 from octopipe.profile import Profile
 from octopipe.schedules import ScheduleSpec, generate, placement_of
@@ -104,7 +104,7 @@ class LayoutSearch:
         torchtitan: bool = False,
         runner: Runner | None = None,
     ):
-        self.runner = runner or Runner(DEFAULT_RUNNER)  # the engine its plans are for
+        self.runner = runner or get_runner(DEFAULT_RUNNER)  # the engine its plans are for
         self.job = job = self.runner.priced(job)
         self.overlap_steps = overlap_steps  # rank plans by their steady step time
         self.torchtitan = torchtitan  # only placements torchtitan builds itself

@@ -1,7 +1,7 @@
 """The engines a `plan --gpus` answer is for (`--runner`): what each carries out of a layout and
 of a plan, so that the search answers only with what that engine runs, priced as it runs it.
 
-    runner = get_runner("torchtitan")
+    runner = get_runner("torchtitan")   # Runner (OctoPipe's), TorchtitanRunner, MegatronRunner
     runner.layouts(layout, gpus_per_node)      # the layout's variants it runs (HSDP groups)
     runner.layout_refusal(layout, arch)        # why it cannot run a layout, or None
     runner.plan_refusal(plan, layout)          # why it cannot run a plan of it, or None
@@ -40,9 +40,7 @@ from octopipe.layouts.layout import Job, Layout
 from octopipe.layouts.runnable import run_refusal
 from octopipe.plan import Plan, split_backwards
 
-RUNNERS = ("octopipe", "torchtitan", "megatron")
 DEFAULT_RUNNER = "octopipe"
-ENGINE_NAMES = {"octopipe": "octopipe run", "torchtitan": "torchtitan", "megatron": "Megatron-LM"}
 
 Schedules = tuple[tuple[str, str, int | None], ...]  # (schedule, partition, chunks)
 # The screening baselines of runners that run only whole backwards (1F1B's family).
@@ -61,73 +59,148 @@ _WHOLE = frozenset(("gpipe", "1f1b", "i1f1b"))  # schedules with no I/W split
 
 @dataclass(frozen=True)
 class Runner:
-    name: str
+    """An engine's rules. This class is OctoPipe's own executor's (`octopipe run`); the
+    other engines override what they carry out otherwise."""
 
-    @property
-    def engine(self) -> str:
-        return ENGINE_NAMES[self.name]
-
-    @property
-    def zero_stages(self) -> tuple[int, ...]:
-        """The ZeRO stages the layout search offers it."""
-        return {"octopipe": (0, 1), "torchtitan": (0, 3), "megatron": (0, 1)}[self.name]
-
-    @property
-    def fold_experts(self) -> bool:
-        """EP over TP x CP x DP (torchtitan, Megatron-Core), not only over DP x CP."""
-        return self.name != "octopipe"
+    name: str = "octopipe"
+    engine: str = "octopipe run"
+    zero_stages: tuple[int, ...] = (0, 1)
+    """The ZeRO stages the layout search offers it."""
+    fold_experts: bool = False
+    """EP over TP x CP x DP (torchtitan, Megatron-Core), not only over DP x CP."""
+    overlaps_steps: bool = True
+    """Whether it runs steps back to back (`--overlap-steps`): OctoPipe's executor only."""
+    rank_order: str = "octopipe"
+    """Where a stage's DP ranks sit (`Stack.rank_order`): PP outermost in both others."""
 
     def tunes(self, layout: Layout) -> bool:
-        """Whether the tuner can find it a better plan of `layout`: not for Megatron-LM (it runs
-        its own orders), nor for torchtitan without PP (one stage, no schedule to order)."""
-        if self.name == "torchtitan":
-            return layout.pp > 1
-        return self.name != "megatron"
-
-    @property
-    def overlaps_steps(self) -> bool:
-        """Whether it runs steps back to back (`--overlap-steps`): OctoPipe's executor only."""
-        return self.name == "octopipe"
-
-    @property
-    def rank_order(self) -> str:
-        """Where a stage's DP ranks sit (`Stack.rank_order`): PP outermost in both others."""
-        return "octopipe" if self.name == "octopipe" else "megatron"
+        """Whether the tuner can find it a better plan of `layout` than the named ones."""
+        return True
 
     def priced(self, job: Job) -> Job:
-        """The job with its stack as this runner runs it: OctoPipe's executor holds a stage's
+        """The job with its stack as this runner runs it. OctoPipe's executor holds a stage's
         gathered FSDP weights across the step's microbatches even without PP
-        (`runtime/parallel/fsdp.py`), torchtitan reshards after each without PP; Megatron-LM,
-        as its export writes it (no `--overlap-grad-reduce`), reduces every gradient after
-        the step's last backward."""
-        stack = replace(job.stack, zero3_held=self.name == "octopipe")
-        if self.name == "megatron":
-            stack = replace(stack, reduce_at_end=True)
-        return job if stack == job.stack else replace(job, stack=stack)
+        (`runtime/parallel/fsdp.py`)."""
+        return self._with_stack(job, zero3_held=True)
 
     def layouts(self, layout: Layout, gpus_per_node: int) -> list[Layout]:
-        """The layout and its HSDP variant torchtitan runs: FSDP within a node's GPUs (shard
-        groups of a node's TP groups), replicated across nodes. One variant only: the bound
-        order prunes the rest."""
+        """The layout's variants it runs."""
+        return [layout]
+
+    def layout_refusal(
+        self, layout: Layout, arch: Architecture, overlap_steps: bool = False
+    ) -> str | None:
+        """Why it cannot run `layout` of `arch`, or None where it can."""
+        return run_refusal(layout, arch, overlap_steps)
+
+    def plan_refusal(self, plan: Plan, layout: Layout) -> str | None:
+        """Why it cannot run `plan` (of `layout`) as planned, or None where it can."""
+        return None
+
+    def schedules(self, names: Schedules, layout: Layout) -> Schedules:
+        """The named baselines it runs, of `names`."""
+        return names
+
+    def screen_baselines(self, names: Schedules, layout: Layout) -> Schedules:
+        """A layout's screening baselines (`names`: OctoPipe's), or its own."""
+        kept = self.schedules(names, layout)
+        return kept if kept == names else WHOLE_BACKWARD_SCREEN
+
+    def standard_schedules(self, names: Schedules) -> Schedules:
+        """The schedules its users run as they come (`names`: OctoPipe's standard ones)."""
+        return names
+
+    def _with_stack(self, job: Job, **changes: object) -> Job:
+        stack = replace(job.stack, **changes)
+        return job if stack == job.stack else replace(job, stack=stack)
+
+
+@dataclass(frozen=True)
+class _OtherEngine(Runner):
+    """What torchtitan and Megatron-LM share: synchronous steps, EP folded, PP outermost,
+    one recomputation for every stage."""
+
+    fold_experts: bool = True
+    overlaps_steps: bool = False
+    rank_order: str = "megatron"
+
+    def layout_refusal(
+        self, layout: Layout, arch: Architecture, overlap_steps: bool = False
+    ) -> str | None:
+        if overlap_steps:
+            return f"{self.engine} runs synchronous steps, not overlapped ones"
+        return self._layout_refusal(layout, layout.dp * layout.cp)
+
+    def _layout_refusal(self, layout: Layout, ranks: int) -> str | None:
+        raise NotImplementedError
+
+    def plan_refusal(self, plan: Plan, layout: Layout) -> str | None:
+        if plan.recompute:
+            return f"{self.engine} recomputes the same in every stage"
+        return self._plan_refusal(plan, layout, bool(split_backwards(plan)))
+
+    def _plan_refusal(self, plan: Plan, layout: Layout, split: bool) -> str | None:
+        raise NotImplementedError
+
+    def schedules(self, names: Schedules, layout: Layout) -> Schedules:
+        return tuple(n for n in names if n[0] in _WHOLE)
+
+
+@dataclass(frozen=True)
+class TorchtitanRunner(_OtherEngine):
+    name: str = "torchtitan"
+    engine: str = "torchtitan"
+    zero_stages: tuple[int, ...] = (0, 3)
+
+    def tunes(self, layout: Layout) -> bool:
+        return layout.pp > 1  # without PP one stage: no schedule to order
+
+    def priced(self, job: Job) -> Job:
+        return self._with_stack(job, zero3_held=False)  # it reshards after each without PP
+
+    def layouts(self, layout: Layout, gpus_per_node: int) -> list[Layout]:
+        """The layout and its HSDP variant: FSDP within a node's GPUs (shard groups of a
+        node's TP groups), replicated across nodes. One variant only: the bound order prunes
+        the rest."""
         out = [layout]
-        if self.name == "torchtitan" and layout.zero == 3:
+        if layout.zero == 3:
             group = gpus_per_node // layout.tp
             ranks = layout.dp * layout.cp
             if 1 < group < ranks and ranks % group == 0 and group % layout.cp == 0:
                 out.append(replace(layout, shard_group=group))
         return out
 
-    def layout_refusal(
-        self, layout: Layout, arch: Architecture, overlap_steps: bool = False
-    ) -> str | None:
-        """Why it cannot run `layout` of `arch`, or None where it can."""
-        if self.name == "octopipe":
-            return run_refusal(layout, arch, overlap_steps)
-        if overlap_steps and not self.overlaps_steps:
-            return f"{self.engine} runs synchronous steps, not overlapped ones"
-        ranks = layout.dp * layout.cp
-        if self.name == "torchtitan":
-            return _titan_refusal(layout, ranks)
+    def _layout_refusal(self, layout: Layout, ranks: int) -> str | None:
+        return _titan_refusal(layout, ranks)
+
+    def _plan_refusal(self, plan: Plan, layout: Layout, split: bool) -> str | None:
+        if plan.num_stages > plan.num_devices == 1:
+            return "torchtitan runs no pipeline schedule without PP (one stage)"
+        if split and layout.recompute != "none":
+            return "torchtitan's activation checkpointing survives no split backward"
+        return None
+
+    def schedules(self, names: Schedules, layout: Layout) -> Schedules:
+        return names if layout.recompute == "none" else super().schedules(names, layout)
+
+    def standard_schedules(self, names: Schedules) -> Schedules:
+        return TORCHTITAN_STANDARD
+
+
+@dataclass(frozen=True)
+class MegatronRunner(_OtherEngine):
+    name: str = "megatron"
+    engine: str = "Megatron-LM"
+
+    def tunes(self, layout: Layout) -> bool:
+        return False  # it runs its own orders
+
+    def priced(self, job: Job) -> Job:
+        # As its export writes it (no `--overlap-grad-reduce`): every gradient reduced after
+        # the step's last backward.
+        return self._with_stack(job, zero3_held=False, reduce_at_end=True)
+
+    def _layout_refusal(self, layout: Layout, ranks: int) -> str | None:
         if layout.zero >= 2:
             return (
                 f"ZeRO-{layout.zero} is Megatron-FSDP, which the Megatron-LM export does not write"
@@ -136,19 +209,7 @@ class Runner:
             return f"EP {layout.ep} does not divide TP x CP x DP = {layout.tp * ranks}"
         return None
 
-    def plan_refusal(self, plan: Plan, layout: Layout) -> str | None:
-        """Why it cannot run `plan` (of `layout`) as planned, or None where it can."""
-        if self.name == "octopipe":
-            return None
-        if plan.recompute:
-            return f"{self.engine} recomputes the same in every stage"
-        split = bool(split_backwards(plan))
-        if self.name == "torchtitan":
-            if plan.num_stages > plan.num_devices == 1:
-                return "torchtitan runs no pipeline schedule without PP (one stage)"
-            if split and layout.recompute != "none":
-                return "torchtitan's activation checkpointing survives no split backward"
-            return None
+    def _plan_refusal(self, plan: Plan, layout: Layout, split: bool) -> str | None:
         P, S = plan.num_devices, plan.num_stages
         if split:
             return "Megatron-LM runs whole backwards, not I/W splits"
@@ -158,30 +219,18 @@ class Runner:
             return "Megatron-LM interleaves virtual stages over more than one pipeline rank"
         return None
 
-    def schedules(self, names: Schedules, layout: Layout) -> Schedules:
-        """The named baselines it runs, of `names`."""
-        if self.name == "octopipe" or (self.name == "torchtitan" and layout.recompute == "none"):
-            return names
-        return tuple(n for n in names if n[0] in _WHOLE)
-
-    def screen_baselines(self, names: Schedules, layout: Layout) -> Schedules:
-        """A layout's screening baselines (`names`: OctoPipe's), or its own."""
-        kept = self.schedules(names, layout)
-        return kept if kept == names else WHOLE_BACKWARD_SCREEN
-
     def standard_schedules(self, names: Schedules) -> Schedules:
-        """The schedules its users run as they come (`names`: OctoPipe's standard ones)."""
-        if self.name == "torchtitan":
-            return TORCHTITAN_STANDARD
-        if self.name == "megatron":
-            return MEGATRON_STANDARD
-        return names
+        return MEGATRON_STANDARD
+
+
+_RUNNERS = {r.name: r for r in (Runner(), TorchtitanRunner(), MegatronRunner())}
+RUNNERS = tuple(_RUNNERS)
 
 
 def get_runner(name: str) -> Runner:
-    if name not in RUNNERS:
+    if name not in _RUNNERS:
         raise InputError("--runner", f"expected one of {', '.join(RUNNERS)}, got {name!r}")
-    return Runner(name)
+    return _RUNNERS[name]
 
 
 def _titan_refusal(layout: Layout, ranks: int) -> str | None:
