@@ -140,7 +140,9 @@ class LayoutCosts:
     def _expert_grad_scale(self, layout: Layout, ring: DataParallel) -> float:
         """The simulator reduces a stage's gradients on one ring, the dense one: an expert's
         gradient byte counts there as this many bytes, its own ring's seconds per byte over
-        the dense ring's (the rings' latencies left out: a bucket's few steps)."""
+        the dense ring's (the rings' latencies left out: a bucket's few steps). Without a
+        dense ring (DP x CP = 1) there is none to scale: experts replicated over TP ranks
+        (EP x ETP < TP) then reduce unpriced."""
         if self.arch.moe is None or ring.degree == 1:
             return 1.0
         experts = self.expert_ring(layout)
