@@ -46,7 +46,14 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from octopipe.errors import InputError
-from octopipe.layouts.fanout import ScreenAhead, TuneJob, default_workers, tune_all
+from octopipe.layouts.fanout import (
+    Finalists,
+    ScreenAhead,
+    Tuned,
+    TuneJob,
+    default_workers,
+    tune_one,
+)
 from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, search_space
 from octopipe.layouts.planner import (
     POLISH_ACTIONS,
@@ -98,7 +105,9 @@ class LayoutReport:
     runner: str = DEFAULT_RUNNER  # the engine every row is for (`runners.py`)
     not_runnable: tuple[tuple[str, str], ...] = ()
     """(reference name, why) for the references the runner cannot run: shown, no candidates."""
-    tune_cpu: tuple[float, ...] = ()  # CPU seconds of each finalist's tuning, in order
+    # CPU seconds of each tuning run on the workers, in the order they took them: the finalists
+    # and, where its guess was taken, the polish (`fanout.Finalists`)
+    tune_cpu: tuple[float, ...] = ()
     workers: int = 1  # processes the finalists were tuned on, and the screening ran on
     screen_waited: float = 0.0  # CPU s of screening workers not overlapped with this process
 
@@ -292,23 +301,41 @@ def plan_cluster(
         at_once = min(workers, len(jobs))
         doing = f"{len(jobs)} finalists, {at_once} at a time" if at_once > 1 else ""
         work.say("tuning", doing or jobs[0].start.layout.describe(), best_step())
-    tune_cpu = []
-    for row, spent, cut, cpu in tune_all(search, jobs, workers):
-        work.did_tune(spent, cut, cpu)
-        keep(row)
-        tuned += spent > 0
-        tune_cpu.append(cpu)
-    # 4. The best tuned plan's layout, tuned again from its screening plan with more work.
-    top = incumbent()
-    if top is not None and top.label == "tuned" and not work.out_of_time():
-        work.say("tuning", f"the best layout further: {top.layout.describe()}", best_step())
-        began = time.perf_counter()
+
+    def polish(top: Row) -> TuneJob:
+        """4.'s tuning of the best tuned plan's layout, from its screening plan."""
         start = screen_rows.get(top.layout, top)
-        row, spent, cut = search.tune(
-            start, tune_evaluations, work.left(), seed, max_chunks, actions=POLISH_ACTIONS
-        )
-        work.did_tune(spent, cut, time.perf_counter() - began)
-        keep(row)
+        return TuneJob(start, tune_evaluations, work.left(), seed, max_chunks, POLISH_ACTIONS)
+
+    def guess(done: list[Tuned]) -> TuneJob | None:
+        """The polish 4. would run if the finalists tuned so far (`done`) held the best: a
+        worker that would idle starts it early, taken only where 4. asks for this very job."""
+        top = incumbent()
+        for row, *_ in done:  # as `keep` and `incumbent` will rank them
+            if row.sim.fits and (top is None or row.score < top.score):
+                top = row
+        if top is None or top.label != "tuned" or top.layout not in screen_rows:
+            return None
+        return polish(top)
+
+    pool = Finalists(search, jobs, workers)
+    try:
+        for row, spent, cut, cpu in pool.tune(guess):
+            work.did_tune(spent, cut, cpu)
+            keep(row)
+            tuned += spent > 0
+        # 4. The best tuned plan's layout, tuned again from its screening plan with more work.
+        top = incumbent()
+        if top is not None and top.label == "tuned" and not work.out_of_time():
+            work.say("tuning", f"the best layout further: {top.layout.describe()}", best_step())
+            began = time.perf_counter()
+            again = polish(top)
+            row, spent, cut, _ = pool.polished(again) or tune_one(search, again)
+            work.did_tune(spent, cut, time.perf_counter() - began)
+            keep(row)
+        tune_cpu = pool.cpu
+    finally:
+        pool.close()
     rows = sorted(best.values(), key=lambda r: r.score)
     return LayoutReport(
         job=job,
