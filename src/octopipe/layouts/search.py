@@ -54,6 +54,7 @@ from octopipe.layouts.fanout import (
     default_workers,
     tune_one,
 )
+from octopipe.layouts.heap import collector_paused
 from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, search_space
 from octopipe.layouts.planner import (
     POLISH_ACTIONS,
@@ -116,6 +117,7 @@ class LayoutReport:
         return self.rows[0]
 
 
+@collector_paused()
 def plan_cluster(
     job: Job,
     *,
