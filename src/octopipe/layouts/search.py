@@ -27,8 +27,9 @@ job, its microbatches, recomputation and optimizer sharding, with its tuned plan
    evaluations of the tuner at most, and at most TUNE_ACTIONS list-scheduled actions.
 
 With `workers` > 1 (the cores this process may use, by default), the next layout is screened on
-a forked worker while this process screens the current one, and the finalists are tuned side
-by side (`fanout.py`); the answer is the one a single process gives.
+a forked worker while this process screens the current one, the finalists are tuned side by
+side, and a worker that would idle starts the likeliest polish (4.) early (`fanout.py`); the
+answer is the one a single process gives. The cycle collector waits meanwhile (`heap.py`).
 
 The work is counted in layouts screened and tuner evaluations, so the same job gives the same
 answer on any machine. `time_budget` is only a safety cap: when it cuts the search, the
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import islice
 
 from octopipe.errors import InputError
@@ -66,6 +67,7 @@ from octopipe.layouts.planner import (
 from octopipe.layouts.progress import Progress, SearchProgress, Work
 from octopipe.layouts.recipes import nearest_recipe
 from octopipe.layouts.reference import from_layout_row, recipe_row, reference_row
+from octopipe.layouts.report import LayoutReport
 from octopipe.layouts.runners import DEFAULT_RUNNER, Runner, get_runner
 from octopipe.layouts.spec import LayoutSpec
 from octopipe.plan import Plan
@@ -83,38 +85,6 @@ __all__ = [
 FINALISTS = 4
 MAX_SCREENED = 300  # layouts screened at most, best bound first: a bound on the work
 SCREEN_ACTIONS = 8_000_000  # and the actions their screening simulates, at most
-
-
-@dataclass(frozen=True)
-class LayoutReport:
-    job: Job
-    rows: tuple[Row, ...]  # every layout planned, best first (the tuned ones as tuned)
-    reference: Row | None  # Megatron-LM's usual layout, planned as Megatron-LM runs it
-    screened: int  # layouts screened (the references besides)
-    candidates: int  # layouts of the search space
-    tuned: int
-    seconds: float
-    given: Row | None = None  # the user's --from-layout, planned as `estimate` plans it
-    unfit: int = 0  # layouts set aside: their memory bound exceeds the GPUs'
-    pruned: int = 0  # layouts never screened: their step bound could not beat the answer
-    evaluations: int = 0  # layouts screened x their baselines, plus the tuner's evaluations
-    cut_by_time: bool = False  # the time budget cut the search: the answer is machine-bound
-    notes: tuple[str, ...] = field(default=())
-    best_standard: Row | None = None  # the fastest standard schedule, uniform partition
-    recipe: Row | None = None  # the model's published recipe, as its framework runs it
-    recipe_source: str = ""  # where that recipe is published, at what GPU count
-    runner: str = DEFAULT_RUNNER  # the engine every row is for (`runners.py`)
-    not_runnable: tuple[tuple[str, str], ...] = ()
-    """(reference name, why) for the references the runner cannot run: shown, no candidates."""
-    # CPU seconds of each tuning run on the workers, in the order they took them: the finalists
-    # and, where its guess was taken, the polish (`fanout.Finalists`)
-    tune_cpu: tuple[float, ...] = ()
-    workers: int = 1  # processes the finalists were tuned on, and the screening ran on
-    screen_waited: float = 0.0  # CPU s of screening workers not overlapped with this process
-
-    @property
-    def best(self) -> Row:
-        return self.rows[0]
 
 
 @collector_paused()
