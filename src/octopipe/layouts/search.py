@@ -27,8 +27,9 @@ job, its microbatches, recomputation and optimizer sharding, with its tuned plan
    evaluations of the tuner at most, and at most TUNE_ACTIONS list-scheduled actions.
 
 With `workers` > 1 (the cores this process may use, by default), the next layout is screened on
-a forked worker while this process screens the current one, and the finalists are tuned side
-by side (`fanout.py`); the answer is the one a single process gives.
+a forked worker while this process screens the current one, the finalists are tuned side by
+side, and a worker that would idle starts the likeliest polish (4.) early (`fanout.py`); the
+answer is the one a single process gives. The cycle collector waits meanwhile (`heap.py`).
 
 The work is counted in layouts screened and tuner evaluations, so the same job gives the same
 answer on any machine. `time_budget` is only a safety cap: when it cuts the search, the
@@ -42,11 +43,19 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import islice
 
 from octopipe.errors import InputError
-from octopipe.layouts.fanout import ScreenAhead, TuneJob, default_workers, tune_all
+from octopipe.layouts.fanout import (
+    Finalists,
+    ScreenAhead,
+    Tuned,
+    TuneJob,
+    default_workers,
+    tune_one,
+)
+from octopipe.layouts.heap import collector_paused
 from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, search_space
 from octopipe.layouts.planner import (
     POLISH_ACTIONS,
@@ -58,6 +67,7 @@ from octopipe.layouts.planner import (
 from octopipe.layouts.progress import Progress, SearchProgress, Work
 from octopipe.layouts.recipes import nearest_recipe
 from octopipe.layouts.reference import from_layout_row, recipe_row, reference_row
+from octopipe.layouts.report import LayoutReport
 from octopipe.layouts.runners import DEFAULT_RUNNER, Runner, get_runner
 from octopipe.layouts.spec import LayoutSpec
 from octopipe.plan import Plan
@@ -77,36 +87,7 @@ MAX_SCREENED = 300  # layouts screened at most, best bound first: a bound on the
 SCREEN_ACTIONS = 8_000_000  # and the actions their screening simulates, at most
 
 
-@dataclass(frozen=True)
-class LayoutReport:
-    job: Job
-    rows: tuple[Row, ...]  # every layout planned, best first (the tuned ones as tuned)
-    reference: Row | None  # Megatron-LM's usual layout, planned as Megatron-LM runs it
-    screened: int  # layouts screened (the references besides)
-    candidates: int  # layouts of the search space
-    tuned: int
-    seconds: float
-    given: Row | None = None  # the user's --from-layout, planned as `estimate` plans it
-    unfit: int = 0  # layouts set aside: their memory bound exceeds the GPUs'
-    pruned: int = 0  # layouts never screened: their step bound could not beat the answer
-    evaluations: int = 0  # layouts screened x their baselines, plus the tuner's evaluations
-    cut_by_time: bool = False  # the time budget cut the search: the answer is machine-bound
-    notes: tuple[str, ...] = field(default=())
-    best_standard: Row | None = None  # the fastest standard schedule, uniform partition
-    recipe: Row | None = None  # the model's published recipe, as its framework runs it
-    recipe_source: str = ""  # where that recipe is published, at what GPU count
-    runner: str = DEFAULT_RUNNER  # the engine every row is for (`runners.py`)
-    not_runnable: tuple[tuple[str, str], ...] = ()
-    """(reference name, why) for the references the runner cannot run: shown, no candidates."""
-    tune_cpu: tuple[float, ...] = ()  # CPU seconds of each finalist's tuning, in order
-    workers: int = 1  # processes the finalists were tuned on, and the screening ran on
-    screen_waited: float = 0.0  # CPU s of screening workers not overlapped with this process
-
-    @property
-    def best(self) -> Row:
-        return self.rows[0]
-
-
+@collector_paused()
 def plan_cluster(
     job: Job,
     *,
@@ -292,23 +273,41 @@ def plan_cluster(
         at_once = min(workers, len(jobs))
         doing = f"{len(jobs)} finalists, {at_once} at a time" if at_once > 1 else ""
         work.say("tuning", doing or jobs[0].start.layout.describe(), best_step())
-    tune_cpu = []
-    for row, spent, cut, cpu in tune_all(search, jobs, workers):
-        work.did_tune(spent, cut, cpu)
-        keep(row)
-        tuned += spent > 0
-        tune_cpu.append(cpu)
-    # 4. The best tuned plan's layout, tuned again from its screening plan with more work.
-    top = incumbent()
-    if top is not None and top.label == "tuned" and not work.out_of_time():
-        work.say("tuning", f"the best layout further: {top.layout.describe()}", best_step())
-        began = time.perf_counter()
+
+    def polish(top: Row) -> TuneJob:
+        """4.'s tuning of the best tuned plan's layout, from its screening plan."""
         start = screen_rows.get(top.layout, top)
-        row, spent, cut = search.tune(
-            start, tune_evaluations, work.left(), seed, max_chunks, actions=POLISH_ACTIONS
-        )
-        work.did_tune(spent, cut, time.perf_counter() - began)
-        keep(row)
+        return TuneJob(start, tune_evaluations, work.left(), seed, max_chunks, POLISH_ACTIONS)
+
+    def guess(done: list[Tuned]) -> TuneJob | None:
+        """The polish 4. would run if the finalists tuned so far (`done`) held the best: a
+        worker that would idle starts it early, taken only where 4. asks for this very job."""
+        top = incumbent()
+        for row, *_ in done:  # as `keep` and `incumbent` will rank them
+            if row.sim.fits and (top is None or row.score < top.score):
+                top = row
+        if top is None or top.label != "tuned" or top.layout not in screen_rows:
+            return None
+        return polish(top)
+
+    pool = Finalists(search, jobs, workers)
+    try:
+        for row, spent, cut, cpu in pool.tune(guess):
+            work.did_tune(spent, cut, cpu)
+            keep(row)
+            tuned += spent > 0
+        # 4. The best tuned plan's layout, tuned again from its screening plan with more work.
+        top = incumbent()
+        if top is not None and top.label == "tuned" and not work.out_of_time():
+            work.say("tuning", f"the best layout further: {top.layout.describe()}", best_step())
+            began = time.perf_counter()
+            again = polish(top)
+            row, spent, cut, _ = pool.polished(again) or tune_one(search, again)
+            work.did_tune(spent, cut, time.perf_counter() - began)
+            keep(row)
+        tune_cpu = pool.cpu
+    finally:
+        pool.close()
     rows = sorted(best.values(), key=lambda r: r.score)
     return LayoutReport(
         job=job,

@@ -5,19 +5,21 @@
     simulate(profile, plan)             # the same in one call
 
 `graph.py` lowers a plan to integer ids, `evaluate.py` times it, under the default cost
-semantics (docs/FORMATS.md). Two options go beyond them: `Simulator(profile, action_overhead=s)`
-adds a fixed cost to every action (exported `predicted` figures never use it), and
-`run(plan, overlap_steps=True)` runs steps back to back with no barrier (`steps.py`).
+semantics (docs/FORMATS.md); without detail, `quick.py` gives the same figures in one pass.
+Two options go beyond them: `Simulator(profile, action_overhead=s)` adds a fixed cost to every
+action (exported `predicted` figures never use it), and `run(plan, overlap_steps=True)` runs
+steps back to back with no barrier (`steps.py`).
 """
 
 from __future__ import annotations
 
 from octopipe.costs import CostTable
 from octopipe.errors import DeadlockError
-from octopipe.plan import Plan
+from octopipe.plan import Plan, check_structure
 from octopipe.profile import Device, Profile
 from octopipe.sim.evaluate import SimResult, evaluate
-from octopipe.sim.graph import build_graph, devices_for
+from octopipe.sim.graph import build_graph, check_recompute, devices_for
+from octopipe.sim.quick import quick_evaluate
 from octopipe.sim.steps import FIRST_STEPS, MAX_STEPS, steady_state
 
 __all__ = ["SimResult", "Simulator", "lower_bound", "simulate"]
@@ -52,8 +54,16 @@ class Simulator:
         with no barrier (`sim/steps.py`; no events or critical path), simulating from
         `steps[0]` up to `steps[1]` steps until it settles."""
         devices = devices_for(self.profile, plan, where)
-        graph = build_graph(self.costs, plan, devices, check, where)
         bound = lower_bound(self.profile, devices, plan.num_microbatches)
+        if not detail and not overlap_steps:  # a search's: timed without building the graph
+            if check:
+                check_structure(plan, where, self.costs.num_layers)
+            if plan.recompute:
+                check_recompute(self.costs, plan, where)
+            result = quick_evaluate(self.costs, plan, devices, bound)
+            if result is not None:
+                return result
+        graph = build_graph(self.costs, plan, devices, check, where)
         try:
             if overlap_steps:
                 return steady_state(graph, bound, *steps)

@@ -1,0 +1,43 @@
+"""What `plan_cluster` answers (`search.py`): every layout planned, best first, the rows an
+answer is set beside, and the search's counts and seconds. Only the record: no searching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from octopipe.layouts.layout import Job
+from octopipe.layouts.planner import Row
+from octopipe.layouts.runners import DEFAULT_RUNNER
+
+
+@dataclass(frozen=True)
+class LayoutReport:
+    job: Job
+    rows: tuple[Row, ...]  # every layout planned, best first (the tuned ones as tuned)
+    reference: Row | None  # Megatron-LM's usual layout, planned as Megatron-LM runs it
+    screened: int  # layouts screened (the references besides)
+    candidates: int  # layouts of the search space
+    tuned: int
+    seconds: float
+    given: Row | None = None  # the user's --from-layout, planned as `estimate` plans it
+    unfit: int = 0  # layouts set aside: their memory bound exceeds the GPUs'
+    pruned: int = 0  # layouts never screened: their step bound could not beat the answer
+    evaluations: int = 0  # layouts screened x their baselines, plus the tuner's evaluations
+    cut_by_time: bool = False  # the time budget cut the search: the answer is machine-bound
+    notes: tuple[str, ...] = field(default=())
+    best_standard: Row | None = None  # the fastest standard schedule, uniform partition
+    recipe: Row | None = None  # the model's published recipe, as its framework runs it
+    recipe_source: str = ""  # where that recipe is published, at what GPU count
+    runner: str = DEFAULT_RUNNER  # the engine every row is for (`runners.py`)
+    not_runnable: tuple[tuple[str, str], ...] = ()
+    """(reference name, why) for the references the runner cannot run: shown, no candidates."""
+    # CPU seconds of each tuning run on the workers, in the order they took them: the finalists
+    # and, where its guess was taken, the polish (`fanout.Finalists`)
+    tune_cpu: tuple[float, ...] = ()
+    workers: int = 1  # processes the finalists were tuned on, and the screening ran on
+    screen_waited: float = 0.0  # CPU s of screening workers not overlapped with this process
+
+    @property
+    def best(self) -> Row:
+        return self.rows[0]
