@@ -17,7 +17,9 @@ two plans are the same file, and with --repeat 2 whether two runs of now agree. 
 search's and its forked workers' CPU seconds together; *quiet s* what a quiet 2-core machine's
 wall time would be: this process's CPU seconds, plus what it would wait for the layout a worker
 screens ahead (that job's CPU seconds less this process's since it started), plus the longest
-worker's share of the finalists' tunings (they run side by side on `workers` processes). `--save`
+worker's share of the tunings run on workers (the finalists side by side on `workers`
+processes, and the winner's polish where a worker took it early), each given in turn to the
+first free worker. `--save`
 writes every result as JSON; `--before FILE` takes the older side from such a file instead of
 running it again (its seconds are then those of the recorded run).
 """
@@ -102,6 +104,13 @@ def _makespan(tune_cpu: list[float], report) -> float:
     return max(free)
 
 
+def _cpu_quiet(result: dict) -> list[str]:
+    """A result's CPU seconds (this process and its workers) and quiet estimate, as cells."""
+    cpu = result["cpu_seconds"] + result.get("worker_cpu_seconds", 0.0)
+    quiet = result.get("quiet_seconds", result["cpu_seconds"])
+    return [f"{cpu:.1f}", f"{quiet:.1f}"]
+
+
 def run_side(src: Path, label: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
     done = subprocess.run(
@@ -178,7 +187,7 @@ def main() -> int:
     saved: dict = {"rev": rev, "before": dict(before), "now": {}}
     head = ["job"]
     if rev:
-        head += [f"{rev}: s", f"{rev}: chosen"]
+        head += [f"{rev}: s", f"{rev}: CPU s", f"{rev}: quiet s", f"{rev}: chosen"]
     head += ["now: s", "now: CPU s", "now: quiet s", "now: chosen"]
     head += ["best_standard", "recipe", "Megatron-LM"]
     if rev:
@@ -202,19 +211,17 @@ def main() -> int:
                         before[label] = run_side(Path(tree) / "src", label)
                         saved["before"][label] = before[label]
                     old = before[label]
-                    cells += [f"{old['seconds']:.0f}", short(old)]
+                    cells += [f"{old['seconds']:.1f}", *_cpu_quiet(old), short(old)]
                 if args.record_only:
                     Path(args.save).write_text(json.dumps(saved, indent=1))
-                    print(f"| {label} | {old['seconds']:.0f} | {short(old)} |", flush=True)
+                    print(f"| {label} | {old['seconds']:.1f} | {short(old)} |", flush=True)
                     continue
                 runs = rendered.get(label) or [
                     run_side(ROOT / "src", label) for _ in range(args.repeat)
                 ]
                 now = runs[0]
                 saved["now"][label] = runs
-                cpu = now["cpu_seconds"] + now.get("worker_cpu_seconds", 0.0)
-                quiet = now.get("quiet_seconds", now["cpu_seconds"])
-                cells += [f"{now['seconds']:.1f}", f"{cpu:.1f}", f"{quiet:.1f}", short(now)]
+                cells += [f"{now['seconds']:.1f}", *_cpu_quiet(now), short(now)]
                 cells += [beside(now, key) for key in ("best_standard", "recipe", "reference")]
                 if rev:
                     ratio = now["chosen"]["step_time"] / old["chosen"]["step_time"]

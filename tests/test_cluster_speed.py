@@ -120,3 +120,53 @@ def test_a_layout_screened_ahead_gives_the_rows_screened_here():
     assert row == search.screen(layout)
     assert [r.summary() for r in standard] == [r.summary() for r in search.standard(layout, beat)]
     assert len(standard) < len(here)
+
+
+# In a fresh process, as above: the winner's polish started early on a guess gives what the
+# polish run here gives, where it is asked for; a guess not asked for is ended.
+GUESSED_POLISH = """
+import multiprocessing, sys
+sys.path.insert(0, sys.argv[1])
+from test_cluster_speed import tiny_job
+from octopipe.layouts import LayoutSearch
+from octopipe.layouts.fanout import Finalists, TuneJob, tune_one
+from octopipe.layouts.layout import Layout
+from octopipe.layouts.planner import POLISH_ACTIONS
+search = LayoutSearch(tiny_job())
+rows = [search.screen(Layout(1, 2, 4, 1, 4)), search.screen(Layout(1, 4, 2, 1, 8))]
+jobs = [TuneJob(r, 60, 600.0, 0, 4) for r in rows]
+polish = TuneJob(rows[0], 60, 600.0, 0, 4, POLISH_ACTIONS)
+asked = TuneJob(rows[0], 60, 300.0, 0, 4, POLISH_ACTIONS)  # another time budget, the same work
+def key(tuned):
+    return tuned[0].summary(), tuned[0].plan.to_dict(), tuned[1], tuned[2]
+def same(a, b):
+    return key(a) == key(b)
+pool = Finalists(search, jobs, 2)
+try:
+    tuned = pool.tune(lambda done: polish)
+    guessed = pool.polished(asked)
+finally:
+    pool.close()
+assert all(same(t, tune_one(search, j)) for t, j in zip(tuned, jobs)), "finalists differ"
+assert guessed is not None and same(guessed, tune_one(search, asked)), "the guess differs"
+assert len(pool.cpu) == len(jobs) + 1, "the guess's CPU seconds not counted"
+pool = Finalists(search, jobs, 2)
+try:
+    pool.tune(lambda done: polish)
+    assert pool.polished(TuneJob(rows[1], 60, 600.0, 0, 4, POLISH_ACTIONS)) is None
+finally:
+    pool.close()
+assert multiprocessing.active_children() == [], "a worker is left running"
+print("same answer")
+"""
+
+
+def test_a_guessed_polish_gives_the_polish_run_here():
+    done = subprocess.run(
+        [sys.executable, "-c", GUESSED_POLISH, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "same answer"

@@ -277,10 +277,12 @@ class ScreenAhead:
         return row, [r for bound, r in bounded if bound < beat]
 
     def close(self) -> None:
-        """End every worker: what they still screen is for layouts the search left out."""
+        """End every worker once it has screened what it holds (at most a layout each, for
+        layouts the search left out): a pool terminated while a worker sends its result can
+        hang for good (CPython's Pool: the killed worker keeps the result queue's lock)."""
         global _AHEAD
         if self.pool is not None:
-            self.pool.terminate()
+            self.pool.close()
             self.pool.join()
             self.pool = None
         self.started.clear()
