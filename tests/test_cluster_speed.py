@@ -65,15 +65,21 @@ print("same answer")
 """
 
 
-def test_finalists_tuned_on_two_workers_give_the_serial_answer():
+def _in_a_fresh_process(script: str) -> None:
+    """Run `script` where no other thread runs (the search forks only then): it prints
+    "same answer" when its checks hold."""
     done = subprocess.run(
-        [sys.executable, "-c", FORKED_AGAINST_SERIAL, str(Path(__file__).parent)],
+        [sys.executable, "-c", script, str(Path(__file__).parent)],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "same answer"
+
+
+def test_finalists_tuned_on_two_workers_give_the_serial_answer():
+    _in_a_fresh_process(FORKED_AGAINST_SERIAL)
 
 
 @pytest.mark.parametrize("model", ["tiny-vlm", "tiny-deepseek", "tiny-gemma", "tiny-hybrid"])
@@ -162,11 +168,4 @@ print("same answer")
 
 
 def test_a_guessed_polish_gives_the_polish_run_here():
-    done = subprocess.run(
-        [sys.executable, "-c", GUESSED_POLISH, str(Path(__file__).parent)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "same answer"
+    _in_a_fresh_process(GUESSED_POLISH)
