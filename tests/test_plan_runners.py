@@ -234,6 +234,7 @@ def test_a_reference_the_runner_cannot_run_is_shown_not_chosen(tmp_path, capsys)
         (["--runner", "megatron", "--torchtitan"], "--torchtitan: is for torchtitan, but"),
         (["--runner", "torchtitan", "--megatron"], "--megatron: --runner torchtitan plans for"),
         (["--runner", "torchtitan", "--overlap-steps"], "torchtitan runs synchronous steps"),
+        (["--runner", "megatron", "--moe-a2a-overlap"], "--moe-a2a-overlap: prices a published"),
     ],
 )
 def test_bad_runner_input_is_one_line(extra, message, tmp_path, capsys):

@@ -122,6 +122,12 @@ def run(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in DECIDED if getattr(args, k, None) is not None]
     if given:
         raise InputError(given[0], "the cluster layout decides this itself; drop it or --gpus")
+    if getattr(args, "moe_a2a_overlap", False):  # priced, but no runner's export writes it
+        raise InputError(
+            "--moe-a2a-overlap",
+            "prices a published Megatron-Core run with `octopipe estimate`; no plan --gpus "
+            "runner's export overlaps MoE all-to-alls, so its answer would not run as priced",
+        )
     runner = args.runner or DEFAULT_RUNNER
     check_runner_exports(args, runner)
     if args.rank_order is None:  # the runner's own numbering unless given
