@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in DECIDED if getattr(args, k, None) is not None]
     if given:
         raise InputError(given[0], "the cluster layout decides this itself; drop it or --gpus")
-    if getattr(args, "moe_a2a_overlap", False):  # priced, but no runner's export writes it
+    if args.moe_a2a_overlap:  # priced by `estimate`, but no runner's export writes it
         raise InputError(
             "--moe-a2a-overlap",
             "prices a published Megatron-Core run with `octopipe estimate`; no plan --gpus "

@@ -75,6 +75,7 @@ class LayoutCosts:
         self._profiles: dict[tuple, Profile] = {}
         self._exposed: dict[Layout, list[float]] = {}  # ZeRO-2/3's per layer and microbatch
         self._ep_across: dict[tuple, dict[int, int]] = {}
+        self._expert_rings: dict[tuple, DataParallel] = {}
 
     def settings(self, layout: Layout) -> Settings:
         cluster = self.job.cluster
@@ -134,8 +135,12 @@ class LayoutCosts:
         EP fills a node, each of its steps crosses nodes on one GPU's NIC, where the dense
         ring of consecutive ranks drives every NIC of a node at once."""
         fold = layout.ep * layout.expert_tp
-        members = [self._stage_gpu(layout, k * fold) for k in range(layout.expert_data_parallel)]
-        return self.job.cluster.ring_of(members)
+        key = (layout.tp, layout.cp, fold, layout.expert_data_parallel, self._stride(layout))
+        if key not in self._expert_rings:  # asked for every profile and step of a layout: kept
+            edp = layout.expert_data_parallel
+            members = [self._stage_gpu(layout, k * fold) for k in range(edp)]
+            self._expert_rings[key] = self.job.cluster.ring_of(members)
+        return self._expert_rings[key]
 
     def _expert_grad_scale(self, layout: Layout, ring: DataParallel) -> float:
         """The simulator reduces a stage's gradients on one ring, the dense one: an expert's
@@ -156,11 +161,11 @@ class LayoutCosts:
 
     def _key(self, layout: Layout, hw: Hardware) -> tuple:
         """What a layout's layers depend on (not DP, nor the microbatch count; PP only through
-        whether it moves an EP group across nodes, so PP degrees that do not share one)."""
+        how it lays an EP group over nodes, so PP degrees that do not share one). The EP
+        group's fewest ranks on a node also say whether it spans nodes (fewer than EP)."""
         return (
             layout.tp,
             layout.cp,
-            self.ep_across_nodes(layout),
             self.ep_node_ranks(layout),
             layout.ep,
             layout.etp,
