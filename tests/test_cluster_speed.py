@@ -129,16 +129,31 @@ def test_a_layout_screened_ahead_gives_the_rows_screened_here():
 
 
 # In a fresh process, as above: the winner's polish started early on a guess gives what the
-# polish run here gives, where it is asked for; a guess not asked for is ended.
+# polish run here gives, where it is asked for; a guess not asked for is ended. The guess starts
+# only on a worker that would idle: the second finalist waits (on a file) until the guess has
+# begun, so the first has freed its worker; without the wait, two finalists that end together
+# leave no worker idle and no guess is made (the search then polishes here: a race, not a bug).
 GUESSED_POLISH = """
-import multiprocessing, sys
+import multiprocessing, sys, tempfile, time
+from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from test_cluster_speed import tiny_job
 from octopipe.layouts import LayoutSearch
 from octopipe.layouts.fanout import Finalists, TuneJob, tune_one
 from octopipe.layouts.layout import Layout
 from octopipe.layouts.planner import POLISH_ACTIONS
-search = LayoutSearch(tiny_job())
+begun = Path(tempfile.mkdtemp()) / "guess-begun"
+class Ordered(LayoutSearch):
+    def tune(self, start, *args, **kw):
+        if kw.get("actions") == POLISH_ACTIONS:
+            begun.touch()
+        elif start is rows[1]:
+            waited = time.monotonic()
+            while not begun.exists():
+                assert time.monotonic() - waited < 120, "the guess never began"
+                time.sleep(0.01)
+        return super().tune(start, *args, **kw)
+search = Ordered(tiny_job())
 rows = [search.screen(Layout(1, 2, 4, 1, 4)), search.screen(Layout(1, 4, 2, 1, 8))]
 jobs = [TuneJob(r, 60, 600.0, 0, 4) for r in rows]
 polish = TuneJob(rows[0], 60, 600.0, 0, 4, POLISH_ACTIONS)
@@ -153,8 +168,9 @@ try:
     guessed = pool.polished(asked)
 finally:
     pool.close()
+assert guessed is not None, "no guess was made"
 assert all(same(t, tune_one(search, j)) for t, j in zip(tuned, jobs)), "finalists differ"
-assert guessed is not None and same(guessed, tune_one(search, asked)), "the guess differs"
+assert same(guessed, tune_one(search, asked)), "the guess differs"
 assert len(pool.cpu) == len(jobs) + 1, "the guess's CPU seconds not counted"
 pool = Finalists(search, jobs, 2)
 try:
