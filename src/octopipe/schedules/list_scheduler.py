@@ -22,11 +22,16 @@ With one stage per device, `inflight = S - s`, `backward_first` and no split the
 cost layer's (`StageCost.duration`, `.memory_change`, `.lag_next`), the same tables the simulator
 lowers a plan with, so the simulator reproduces the scheduler's makespan; still, callers report
 the simulator's figures, not this module's. This module does not search (see `octopipe.tuner`).
+
+The loop runs compiled by numba where it imports (`list_compiled.py`: the same schedule bit for
+bit, tens of times faster); the Python loop here is its reference and its fallback.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
+import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,7 +92,23 @@ def list_schedule(
     With `give_up_after`, returns None as soon as the schedule is sure to end later than that
     (a search that only keeps improvements need not finish a worse candidate).
     """
-    return _run(stages, num_devices, num_microbatches, rules, give_up_after)
+    if len(rules.inflight) != len(stages):
+        raise ValueError(f"rules give {len(rules.inflight)} in-flight caps for {len(stages)} stages")
+    run = _compiled() or _run
+    return run(stages, num_devices, num_microbatches, rules, give_up_after)
+
+
+@functools.cache
+def _compiled():
+    """The compiled loop (`list_compiled.py`, the same orders bit for bit), or None: numba is
+    not installed, or OCTOPIPE_COMPILED=0 asks for the Python loop."""
+    if os.environ.get("OCTOPIPE_COMPILED", "1") == "0":
+        return None
+    try:
+        from octopipe.schedules.list_compiled import list_schedule_compiled
+    except ImportError:
+        return None
+    return list_schedule_compiled
 
 
 def _run(
@@ -97,13 +118,12 @@ def _run(
 
     F and backward of a stage go in microbatch order; the candidates of a free device are thus
     one F and one backward per stage it holds, plus its oldest deferred W. This loop is the
-    tuner's inner loop (millions of actions a search): the choosing and running of an action
-    are written inline, on plain lists, because calls and attribute look-ups were most of its
-    cost; tests/test_list_scheduler.py holds it to the rules above.
+    tuner's inner loop (millions of actions a search) where numba is missing: the choosing and
+    running of an action are written inline, on plain lists, because calls and attribute
+    look-ups were most of its cost; tests/test_list_scheduler.py holds it to the rules above,
+    tests/test_list_compiled.py the compiled loop to it.
     """
     S = len(stages)
-    if len(rules.inflight) != S:
-        raise ValueError(f"rules give {len(rules.inflight)} in-flight caps for {S} stages")
     split, defer_w = rules.split_backward, rules.defer_w
     backward_first, oldest_first = rules.backward_first, rules.oldest_first
     reduce_early = rules.reduce_early

@@ -1,0 +1,271 @@
+"""The list scheduler's loop compiled by numba: the same decisions as `list_scheduler._run`, on
+arrays, bit for bit (tests/test_list_compiled.py holds the two to each other).
+
+The tuner spends nearly all of its time in that loop (millions of actions a search); compiled,
+it runs tens of times faster. The Python loop stays the reference, and what runs where numba
+cannot be imported. Numba compiles on the first call and caches the machine code beside this
+file (or in the user's cache where that is read-only), so a later process loads it.
+
+The arrays: per stage its device, in-flight cap and figures by kind; per device its stages in
+the order a free device looks at them (`owned` from `owned_start[d]`), its memory budget and
+its W kept for the end. The orders come back as one (stage, kind, mb) row per action, device
+d's from `order_start[d]`, `order_len[d]` of them.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+from numba import njit
+
+from octopipe.actions import B_CODE, F_CODE, I_CODE, W_CODE
+
+GAVE_UP, DONE, DEADLOCK = 0, 1, 2
+
+
+@njit(cache=True)
+def run_compiled(  # noqa: PLR0912, PLR0913, PLR0915 (the loop is written out, as in Python)
+    device_of, cap, owned, owned_start, budget, tail_w,
+    d_f, d_i, d_w, d_b, m_f, m_i, m_w, m_b, lag_next, act,
+    M, split, defer_w, backward_first, oldest_first, reduce_early, give_up_after,
+    orders, order_start, order_len, busy, peak, last_backward, free_at, memory_waits,
+):  # fmt: skip
+    S = device_of.shape[0]
+    nd = budget.shape[0]
+    inf = np.inf
+    f_ready = np.full(S * M, inf)
+    f_ready[:M] = 0.0
+    b_ready = np.full(S * M, inf)
+    next_f = np.zeros(S, np.int64)
+    next_bwd = np.zeros(S, np.int64)
+    # Per device a queue of deferred W (stage, mb): its slots from its first stage's, S*M in all.
+    w_stage = np.empty(S * M, np.int64)
+    w_mb = np.empty(S * M, np.int64)
+    w_head = np.empty(nd, np.int64)
+    w_tail = np.empty(nd, np.int64)
+    left_fb = np.empty(nd, np.int64)
+    for d in range(nd):
+        w_head[d] = w_tail[d] = owned_start[d] * M
+        left_fb[d] = 2 * M * (owned_start[d + 1] - owned_start[d])
+    urgent_w = np.zeros(nd, np.int64)
+    level = np.zeros(nd)
+    wakeups = [(0.0, d) for d in range(nd)]
+    remaining = S * M * (3 if split else 2)
+    last = S - 1
+
+    while remaining:
+        if len(wakeups) == 0:
+            return DEADLOCK
+        now, d = heapq.heappop(wakeups)
+        if now > give_up_after:
+            return GAVE_UP
+        if free_at[d] > now:
+            continue
+        pending = w_tail[d] - w_head[d]
+        kind = -1
+        s = -1
+        if urgent_w[d] or (pending and not defer_w):
+            kind = W_CODE
+        else:
+            memory_blocked = False
+            for turn in range(3):
+                if turn == 1:  # forward
+                    best, best_mb = -1, M
+                    for j in range(owned_start[d], owned_start[d + 1]):
+                        t = owned[j]
+                        m = next_f[t]
+                        if m >= M or m > best_mb:
+                            continue
+                        inflight = m - next_bwd[t]
+                        if inflight >= cap[t] or f_ready[t * M + m] > now:
+                            continue
+                        if (inflight or pending) and level[d] + act[t] > budget[d]:
+                            memory_blocked = True
+                            memory_waits[d] += 1
+                            continue
+                        best, best_mb = t, m
+                        if not oldest_first:
+                            break
+                    if best >= 0:
+                        kind, s = F_CODE, best
+                        break
+                elif (turn == 0) == backward_first:  # backward
+                    best, best_mb = -1, M
+                    for j in range(owned_start[d], owned_start[d + 1]):
+                        t = owned[j]
+                        m = next_bwd[t]
+                        if m >= next_f[t] or m > best_mb or b_ready[t * M + m] > now:
+                            continue
+                        best, best_mb = t, m
+                        if not oldest_first:
+                            break
+                    if best >= 0:
+                        s = best
+                        kind = B_CODE
+                        if split and pending:
+                            rise = m_i[s]
+                            if rise > 0 and level[d] + rise > budget[d]:
+                                memory_waits[d] += 1
+                                kind = W_CODE
+                        break
+            if kind < 0 and pending:
+                if pending > tail_w[d] or memory_blocked or left_fb[d] == 0:
+                    kind = W_CODE
+        if kind < 0:
+            continue
+
+        if kind == F_CODE:
+            m = next_f[s]
+            next_f[s] = m + 1
+            left_fb[d] -= 1
+            duration, delta, code = d_f[s], m_f[s], F_CODE
+        elif kind == W_CODE:
+            s = w_stage[w_head[d]]
+            m = w_mb[w_head[d]]
+            w_head[d] += 1
+            if urgent_w[d]:
+                urgent_w[d] -= 1
+            duration, delta, code = d_w[s], m_w[s], W_CODE
+        else:
+            m = next_bwd[s]
+            next_bwd[s] = m + 1
+            left_fb[d] -= 1
+            if split:
+                duration, delta, code = d_i[s], m_i[s], I_CODE
+            else:
+                duration, delta, code = d_b[s], m_b[s], B_CODE
+        end = now + duration
+        row = order_start[d] + order_len[d]
+        orders[row, 0] = s
+        orders[row, 1] = code
+        orders[row, 2] = m
+        order_len[d] += 1
+        free_at[d] = end
+        busy[d] += duration
+        lv = level[d] + delta
+        level[d] = lv
+        if lv > peak[d]:
+            peak[d] = lv
+        remaining -= 1
+        heapq.heappush(wakeups, (end, d))
+        if kind == F_CODE:
+            if s < last:
+                at = end + lag_next[s]
+                f_ready[(s + 1) * M + m] = at
+                heapq.heappush(wakeups, (at, device_of[s + 1]))
+            else:
+                b_ready[s * M + m] = end
+        elif kind == W_CODE:
+            if end > last_backward[s]:
+                last_backward[s] = end
+        else:
+            if split:
+                w_stage[w_tail[d]] = s
+                w_mb[w_tail[d]] = m
+                w_tail[d] += 1
+                if reduce_early and m == M - 1:
+                    _to_front(w_stage, w_mb, w_head[d], w_tail[d], s)
+                    for j in range(w_head[d], w_tail[d]):
+                        if w_stage[j] == s:
+                            urgent_w[d] += 1
+            else:
+                last_backward[s] = end
+            if s > 0:
+                at = end + lag_next[s - 1]
+                b_ready[(s - 1) * M + m] = at
+                heapq.heappush(wakeups, (at, device_of[s - 1]))
+    return DONE
+
+
+@njit(cache=True)
+def _to_front(w_stage, w_mb, head, tail, s):
+    """Stage s's queued W before the others, each group in its order."""
+    n = tail - head
+    stages = w_stage[head:tail].copy()
+    mbs = w_mb[head:tail].copy()
+    k = head
+    for mine in (True, False):
+        for j in range(n):
+            if (stages[j] == s) == mine:
+                w_stage[k] = stages[j]
+                w_mb[k] = mbs[j]
+                k += 1
+
+
+def list_schedule_compiled(stages, nd: int, M: int, rules, give_up_after: float):
+    """`list_scheduler._run` through the compiled loop: a `ListSchedule`, or None where it
+    gave up past `give_up_after`."""
+    from octopipe.errors import DeadlockError
+    from octopipe.schedules.list_scheduler import ListSchedule
+
+    S = len(stages)
+    device_of = np.fromiter((st.device for st in stages), np.int64, S)
+    owned = [[s for s in range(S) if device_of[s] == d] for d in range(nd)]
+    if not rules.oldest_first:
+        for stages_of in owned:
+            stages_of.reverse()  # deepest stage first
+    owned_start = np.zeros(nd + 1, np.int64)
+    owned_start[1:] = np.cumsum([len(o) for o in owned])
+    per_stage = 3 if rules.split_backward else 2
+    order_start = owned_start[:-1] * (M * per_stage)
+    duration = np.array([st.duration for st in stages], np.float64).reshape(S, 4)
+    memory = np.array([st.memory_change for st in stages], np.float64).reshape(S, 4)
+    orders = np.empty((S * M * per_stage, 3), np.int64)
+    order_len = np.zeros(nd, np.int64)
+    busy, peak, free_at = np.zeros(nd), np.zeros(nd), np.zeros(nd)
+    last_backward = np.zeros(S)
+    memory_waits = np.zeros(nd, np.int64)
+    budget = np.array(rules.memory_budget if rules.memory_budget else [np.inf] * nd, np.float64)
+    tail_w = np.array(rules.tail_w if rules.tail_w else [0] * nd, np.int64)
+    status = run_compiled(
+        device_of,
+        np.array([max(1, c) for c in rules.inflight], np.int64),
+        np.array([s for o in owned for s in o], np.int64),
+        owned_start,
+        budget,
+        tail_w,
+        np.ascontiguousarray(duration[:, F_CODE]),
+        np.ascontiguousarray(duration[:, I_CODE]),
+        np.ascontiguousarray(duration[:, W_CODE]),
+        np.ascontiguousarray(duration[:, B_CODE]),
+        np.ascontiguousarray(memory[:, F_CODE]),
+        np.ascontiguousarray(memory[:, I_CODE]),
+        np.ascontiguousarray(memory[:, W_CODE]),
+        np.ascontiguousarray(memory[:, B_CODE]),
+        np.array([st.lag_next for st in stages], np.float64),
+        np.array([st.act for st in stages], np.float64),
+        M,
+        rules.split_backward,
+        rules.defer_w,
+        rules.backward_first,
+        rules.oldest_first,
+        rules.reduce_early,
+        float(give_up_after),
+        orders,
+        order_start,
+        order_len,
+        busy,
+        peak,
+        last_backward,
+        free_at,
+        memory_waits,
+    )
+    if status == DEADLOCK:
+        raise DeadlockError("list scheduler: no device can make progress")
+    makespan = float(free_at.max()) if nd else 0.0
+    if status == GAVE_UP or makespan > give_up_after:
+        return None
+    rows = orders.tolist()
+    return ListSchedule(
+        codes=tuple(
+            tuple(map(tuple, rows[a : a + n]))
+            for a, n in zip(order_start.tolist(), order_len.tolist())
+        ),
+        makespan=makespan,
+        busy=tuple(busy.tolist()),
+        peak_activation_bytes=tuple(peak.tolist()),
+        last_backward=tuple(last_backward.tolist()),
+        device_ends=tuple(free_at.tolist()),
+        memory_waits=tuple(memory_waits.tolist()),
+    )
