@@ -92,8 +92,9 @@ def list_schedule(
     With `give_up_after`, returns None as soon as the schedule is sure to end later than that
     (a search that only keeps improvements need not finish a worse candidate).
     """
-    if len(rules.inflight) != len(stages):
-        raise ValueError(f"rules give {len(rules.inflight)} in-flight caps for {len(stages)} stages")
+    S = len(stages)
+    if len(rules.inflight) != S:
+        raise ValueError(f"rules give {len(rules.inflight)} in-flight caps for {S} stages")
     run = _compiled() or _run
     return run(stages, num_devices, num_microbatches, rules, give_up_after)
 
