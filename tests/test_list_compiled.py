@@ -83,10 +83,7 @@ def test_a_pipeline_of_many_stages_gives_the_same_schedule():
 
 def test_the_scheduler_takes_the_compiled_loop_unless_told_not_to():
     assert list_scheduler._compiled() is compiled.list_schedule_compiled
-    script = (
-        "from octopipe.schedules import list_scheduler as ls; "
-        "print(ls._compiled() is None)"
-    )
+    script = "from octopipe.schedules import list_scheduler as ls; print(ls._compiled() is None)"
     env = {**os.environ, "OCTOPIPE_COMPILED": "0"}
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
