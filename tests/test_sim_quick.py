@@ -1,5 +1,6 @@
 """The one-pass timing of a search's plans (`sim/quick.py`) gives the graph's figures bit for
-bit, or None where the graph's way would report a deadlock."""
+bit, or None where the graph's way would report a deadlock: its Python loop and its compiled
+one (`sim/quick_compiled.py`) alike."""
 
 from __future__ import annotations
 
@@ -20,6 +21,21 @@ from octopipe.sim.graph import build_graph, devices_for
 from octopipe.sim.quick import quick_evaluate
 from tests.sim_helpers import one_f_one_b, uniform_profile
 from tests.test_sim import random_profile
+
+
+@pytest.fixture(autouse=True, scope="module", params=["compiled", "python"])
+def loop(request):
+    """Every test of this module once with each loop of the pass."""
+    from octopipe.sim import quick
+
+    if request.param == "compiled":
+        assert quick.compiled("octopipe.sim.quick_compiled", "timed_orders") is not None
+        yield request.param
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quick, "compiled", lambda module, name: None)
+        yield request.param
+
 
 FIELDS = (
     "iteration_time",

@@ -24,6 +24,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Sequence
 
+from octopipe.compiled import compiled
 from octopipe.costs import CostTable
 from octopipe.errors import InputError
 from octopipe.profile import Profile
@@ -314,8 +315,15 @@ def _prefix_bottlenecks(
     grow with i (stages differ in speed), but a start whose shorter prefix is no faster than
     a later start's is never better. The others form a stack along which the prefix
     bottleneck rises while the stage time falls: the best start is where they cross
-    (bisection). O(S x L log L).
+    (bisection). O(S x L log L). Compiled where numba imports (`partition_compiled.py`, the
+    same table; the clock is then looked at before and after).
     """
+    table = compiled("octopipe.partition_compiled", "prefix_bottlenecks")
+    if table is not None:
+        _check_clock(deadline)
+        out = table(prefix, speeds)
+        _check_clock(deadline)
+        return out
     num_layers, S = len(prefix) - 1, len(speeds)
     speed = speeds[0]
     out = [[prefix[j] / speed for j in range(1, num_layers - S + 2)]]

@@ -29,14 +29,13 @@ bit, tens of times faster); the Python loop here is its reference and its fallba
 
 from __future__ import annotations
 
-import functools
 import heapq
-import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from octopipe.actions import B_CODE, F_CODE, I_CODE, KINDS, W_CODE, Action
+from octopipe.compiled import compiled
 from octopipe.costs import StageCost
 from octopipe.errors import DeadlockError
 
@@ -99,17 +98,9 @@ def list_schedule(
     return run(stages, num_devices, num_microbatches, rules, give_up_after)
 
 
-@functools.cache
 def _compiled():
-    """The compiled loop (`list_compiled.py`, the same orders bit for bit), or None: numba is
-    not installed, or OCTOPIPE_COMPILED=0 asks for the Python loop."""
-    if os.environ.get("OCTOPIPE_COMPILED", "1") == "0":
-        return None
-    try:
-        from octopipe.schedules.list_compiled import list_schedule_compiled
-    except ImportError:
-        return None
-    return list_schedule_compiled
+    """The compiled loop (`list_compiled.py`), or None (`octopipe.compiled`)."""
+    return compiled("octopipe.schedules.list_compiled", "list_schedule_compiled")
 
 
 def _run(

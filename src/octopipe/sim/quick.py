@@ -8,12 +8,14 @@ stage's backward; W after its I), with the same arithmetic in the same order as 
 `evaluate.py`, so every time and peak is the same float. A plan this pass cannot finish (a
 dependency never run: a cycle, or an order `graph.py` lowers otherwise) returns None, and the
 caller takes the graph's way, which says what is wrong. Events, the critical path and
-overlapped steps stay `evaluate.py`'s and `steps.py`'s.
+overlapped steps stay `evaluate.py`'s and `steps.py`'s. The pass runs compiled where numba
+imports (`quick_compiled.py`, the same figures); the loop here is its reference.
 """
 
 from __future__ import annotations
 
 from octopipe.actions import B_CODE, F_CODE, W_CODE
+from octopipe.compiled import compiled
 from octopipe.costs import (
     CostTable,
     reduction_buckets,
@@ -34,12 +36,45 @@ def quick_evaluate(
     M = plan.num_microbatches
     ranges = [(st.start, st.end) for st in plan.stages]
     per_stage = stage_costs(costs, ranges, plan.placement, devices, plan.recompute)
-    S = len(per_stage)
     dur = [c.duration for c in per_stage]
     mem = [c.memory_change for c in per_stage]
     lag = [c.lag_next for c in per_stage]
     nd = plan.num_devices
     rows = [plan.schedule.get(d, ()) for d in range(nd)]
+    timed = compiled("octopipe.sim.quick_compiled", "timed_orders") or _timed_orders
+    done = timed(rows, dur, mem, lag, M)
+    if done is None:
+        return None  # the graph's way says why
+    free_at, busy, level, top, last_bwd = done
+
+    static = static_bytes(costs, ranges, plan.placement, nd)
+    buckets = reduction_buckets(costs, ranges, plan.placement, devices, plan.recompute)
+    reductions: tuple[Reduction, ...] = ()
+    if any(buckets):
+        ends = None
+        if costs.profile.data_parallel.at_end:  # a device's reductions wait for its last action
+            ends = [free_at[d] if rows[d] else 0.0 for d in range(nd)]
+        windows = reduction_windows(last_bwd, buckets, plan.placement, ends)
+        reductions = tuple(Reduction(*w) for w in windows)
+    makespan = max([*free_at, *(r.end for r in reductions)]) if nd else 0.0
+    return SimResult(
+        iteration_time=makespan,
+        busy=tuple(busy),
+        peak_memory_bytes=tuple(float(static[d] + top[d]) for d in range(nd)),
+        static_memory_bytes=tuple(float(x) for x in static),
+        capacity_bytes=tuple(dev.memory_bytes for dev in devices),
+        lower_bound=lower_bound,
+        critical_path=(),
+        end_memory_bytes=tuple(float(static[d] + level[d]) for d in range(nd)),
+        reductions=reductions,
+    )
+
+
+def _timed_orders(rows, dur, mem, lag, M: int):
+    """The pass over `rows` (per device, its actions): per device its end, busy seconds,
+    activation level at the end and peak; per stage its last B or W's end and whether a W.
+    None where the pass cannot finish. `quick_compiled.timed_orders` is the same, compiled."""
+    S, nd = len(dur), len(rows)
     f_end = [-1.0] * (S * M)  # by s * M + m: when its F ends
     b_end = [-1.0] * (S * M)  # and its backward (I or B)
     i_end = [-1.0] * (S * M)  # and its I, which its W waits for
@@ -120,26 +155,5 @@ def quick_evaluate(
                 level[d], top[d], busy[d] = lv, hi, work
                 progressed = True
         if not progressed:
-            return None  # the graph's way says why
-
-    static = static_bytes(costs, ranges, plan.placement, nd)
-    buckets = reduction_buckets(costs, ranges, plan.placement, devices, plan.recompute)
-    reductions: tuple[Reduction, ...] = ()
-    if any(buckets):
-        ends = None
-        if costs.profile.data_parallel.at_end:  # a device's reductions wait for its last action
-            ends = [free_at[d] if rows[d] else 0.0 for d in range(nd)]
-        windows = reduction_windows(last_bwd, buckets, plan.placement, ends)
-        reductions = tuple(Reduction(*w) for w in windows)
-    makespan = max([*free_at, *(r.end for r in reductions)]) if nd else 0.0
-    return SimResult(
-        iteration_time=makespan,
-        busy=tuple(busy),
-        peak_memory_bytes=tuple(float(static[d] + top[d]) for d in range(nd)),
-        static_memory_bytes=tuple(float(x) for x in static),
-        capacity_bytes=tuple(dev.memory_bytes for dev in devices),
-        lower_bound=lower_bound,
-        critical_path=(),
-        end_memory_bytes=tuple(float(static[d] + level[d]) for d in range(nd)),
-        reductions=reductions,
-    )
+            return None
+    return free_at, busy, level, top, last_bwd

@@ -1,0 +1,151 @@
+"""`quick.py`'s one pass over a plan's orders, compiled by numba: the same times and peaks bit
+for bit (tests/test_sim_quick.py holds the two to each other). A layout search times thousands
+of screening plans this way; compiled, the pass costs a small part of building the plan.
+
+A device's orders reach the loop as rows of (stage, kind code, mb), converted once per order:
+the plans of one schedule share their order tuples (`make_plan` keeps them), so the conversion
+is kept by the tuple's identity.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+from numba import njit
+
+from octopipe.actions import B_CODE, F_CODE, W_CODE
+
+KEPT_ORDERS = 4096  # device orders converted and kept, the most recent
+
+
+@njit(cache=True)
+def one_pass(rows, row_start, dur, mem, lag, M, free_at, busy, level, top, last_t, last_w):
+    """`quick.quick_evaluate`'s loop; False where a dependency is never run."""
+    nd = free_at.shape[0]
+    S = dur.shape[0]
+    f_end = np.full(S * M, -1.0)
+    b_end = np.full(S * M, -1.0)
+    i_end = np.full(S * M, -1.0)
+    ptr = row_start[:-1].copy()
+    remaining = row_start[nd] - row_start[0]
+    last = S - 1
+    while remaining:
+        progressed = False
+        for d in range(nd):
+            p = start = ptr[d]
+            n = row_start[d + 1]
+            if p == n:
+                continue
+            t = free_at[d]
+            lv, hi, work = level[d], top[d], busy[d]
+            while p < n:
+                s, code, m = rows[p, 0], rows[p, 1], rows[p, 2]
+                sm = s * M + m
+                t0 = t
+                if code == F_CODE:
+                    if s > 0:
+                        e = f_end[sm - M]
+                        if e < 0.0:
+                            break
+                        e += lag[s - 1]
+                        if e > t0:
+                            t0 = e
+                elif code == W_CODE:
+                    e = i_end[sm]
+                    if e < 0.0:
+                        break
+                    if e > t0:
+                        t0 = e
+                else:
+                    e = f_end[sm]
+                    if e < 0.0:
+                        break
+                    if e > t0:
+                        t0 = e
+                    if s < last:
+                        e = b_end[sm + M]
+                        if e < 0.0:
+                            break
+                        e += lag[s]
+                        if e > t0:
+                            t0 = e
+                took = dur[s, code]
+                t = t0 + took
+                if code == F_CODE:
+                    f_end[sm] = t
+                elif code == W_CODE:
+                    if t >= last_t[s]:
+                        last_t[s] = t
+                        last_w[s] = True
+                else:
+                    b_end[sm] = t
+                    if code == B_CODE:
+                        if t >= last_t[s]:
+                            last_t[s] = t
+                            last_w[s] = False
+                    else:
+                        i_end[sm] = t
+                work += took
+                lv += mem[s, code]
+                if lv > hi:
+                    hi = lv
+                p += 1
+            if p != start:
+                remaining -= p - start
+                ptr[d] = p
+                free_at[d] = t
+                level[d] = lv
+                top[d] = hi
+                busy[d] = work
+                progressed = True
+        if not progressed:
+            return False
+    return True
+
+
+_converted: OrderedDict[int, tuple[tuple, np.ndarray]] = OrderedDict()
+
+
+def order_rows(order: tuple) -> np.ndarray:
+    """A device's actions as (stage, kind code, mb) rows, kept by the order's identity."""
+    kept = _converted.get(id(order))
+    if kept is not None and kept[0] is order:
+        return kept[1]
+    rows = np.array([(s, k.code, m) for s, k, m in order], np.int64).reshape(len(order), 3)
+    _converted[id(order)] = (order, rows)  # the order held: its id is not reused meanwhile
+    if len(_converted) > KEPT_ORDERS:
+        _converted.popitem(last=False)
+    return rows
+
+
+def timed_orders(orders, dur, mem, lag, M: int):
+    """The pass over `orders` (per device, a tuple of actions): per device its end, busy
+    seconds, activation level at the end and peak; per stage its last B or W's end and whether
+    a W. None where the pass cannot finish."""
+    nd = len(orders)
+    arrays = [order_rows(o) for o in orders]
+    row_start = np.zeros(nd + 1, np.int64)
+    row_start[1:] = np.cumsum([len(a) for a in arrays])
+    rows = np.concatenate(arrays) if nd else np.empty((0, 3), np.int64)
+    S = len(dur)
+    free_at, busy, level, top = np.zeros(nd), np.zeros(nd), np.zeros(nd), np.zeros(nd)
+    last_t, last_w = np.zeros(S), np.zeros(S, np.bool_)
+    done = one_pass(
+        rows,
+        row_start,
+        np.array(dur, np.float64).reshape(S, 4),
+        np.array(mem, np.float64).reshape(S, 4),
+        np.array(lag, np.float64),
+        M,
+        free_at,
+        busy,
+        level,
+        top,
+        last_t,
+        last_w,
+    )
+    if not done:
+        return None
+    last_bwd = list(zip(last_t.tolist(), last_w.tolist()))
+    return free_at.tolist(), busy.tolist(), level.tolist(), top.tolist(), last_bwd
