@@ -16,7 +16,9 @@ from numba import njit
 
 from octopipe.actions import B_CODE, F_CODE, W_CODE
 
-KEPT_ORDERS = 4096  # device orders converted and kept, the most recent
+# Actions of the orders converted and kept (12 bytes each): a search's screening plans use
+# about 3 million.
+KEPT_ACTIONS = 4_000_000
 
 
 @njit(cache=True)
@@ -105,17 +107,25 @@ def one_pass(rows, row_start, dur, mem, lag, M, free_at, busy, level, top, last_
 
 
 _converted: OrderedDict[int, tuple[tuple, np.ndarray]] = OrderedDict()
+_kept = [0]  # the actions in `_converted`
 
 
 def order_rows(order: tuple) -> np.ndarray:
-    """A device's actions as (stage, kind code, mb) rows, kept by the order's identity."""
-    kept = _converted.get(id(order))
+    """A device's actions as (stage, kind code, mb) rows, kept by the order's identity (the
+    least recently used dropped past KEPT_ACTIONS)."""
+    key = id(order)
+    kept = _converted.get(key)
     if kept is not None and kept[0] is order:
+        _converted.move_to_end(key)
         return kept[1]
-    rows = np.array([(s, k.code, m) for s, k, m in order], np.int64).reshape(len(order), 3)
-    _converted[id(order)] = (order, rows)  # the order held: its id is not reused meanwhile
-    if len(_converted) > KEPT_ORDERS:
-        _converted.popitem(last=False)
+    rows = np.array([(s, k.code, m) for s, k, m in order], np.int32).reshape(len(order), 3)
+    if kept is not None:  # another order now has that id: the old one is gone
+        _kept[0] -= len(kept[1])
+    _converted[key] = (order, rows)  # the order held: its id is not reused meanwhile
+    _kept[0] += len(rows)
+    while _kept[0] > KEPT_ACTIONS:
+        _, (_, dropped) = _converted.popitem(last=False)
+        _kept[0] -= len(dropped)
     return rows
 
 
@@ -127,7 +137,7 @@ def timed_orders(orders, dur, mem, lag, M: int):
     arrays = [order_rows(o) for o in orders]
     row_start = np.zeros(nd + 1, np.int64)
     row_start[1:] = np.cumsum([len(a) for a in arrays])
-    rows = np.concatenate(arrays) if nd else np.empty((0, 3), np.int64)
+    rows = np.concatenate(arrays) if nd else np.empty((0, 3), np.int32)
     S = len(dur)
     free_at, busy, level, top = np.zeros(nd), np.zeros(nd), np.zeros(nd), np.zeros(nd)
     last_t, last_w = np.zeros(S), np.zeros(S, np.bool_)
