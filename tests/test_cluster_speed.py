@@ -4,7 +4,6 @@ and layer estimates shared between PP degrees only where they cannot differ."""
 
 from __future__ import annotations
 
-import multiprocessing
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +15,9 @@ from octopipe.costmodel.build import _estimate, estimate_layers
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.hf_config import load_architecture
 from octopipe.costmodel.layercost import layer_work
-from octopipe.layouts import Job, LayoutSearch, plan_cluster
+from octopipe.layouts import Job, plan_cluster
 from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.layouts.costs import LayoutCosts
-from octopipe.layouts.fanout import ScreenAhead
 from octopipe.layouts.layout import Layout
 from octopipe.layouts.stack import Stack, layer_settings
 
@@ -109,23 +107,6 @@ def test_moe_layers_shared_between_pp_degrees_equal_a_fresh_estimate():
         assert crossing[-1] == fresh.ep_across_nodes(layout)
         assert shared.layers(layout) == fresh.layers(layout)
     assert crossing == [False, False, True]
-
-
-def test_a_layout_screened_ahead_gives_the_rows_screened_here():
-    search = LayoutSearch(tiny_job())
-    layout = Layout(1, 2, 4, 1, 4)
-    here = search.standard(layout)
-    beat = max(bound for bound, _ in search.standard_bounded(layout))  # drops some rows
-    ahead = ScreenAhead(search, workers=2)
-    try:
-        ahead.ahead([layout], float("inf"))  # started before the beat fell
-        row, standard = ahead.take(layout, beat)
-    finally:
-        ahead.close()
-    assert multiprocessing.active_children() == []
-    assert row == search.screen(layout)
-    assert [r.summary() for r in standard] == [r.summary() for r in search.standard(layout, beat)]
-    assert len(standard) < len(here)
 
 
 # In a fresh process, as above: the winner's polish started early on a guess gives what the

@@ -1,7 +1,7 @@
 """The layout search's work side by side on forked workers: the finalists tuned one job each,
-the results taken back in the finalists' order (`Finalists`, `tune_all`), the winner's polish
-started early on a guess (`Finalists.polished`), and the next layouts screened ahead while this
-process screens the current one (`ScreenAhead`).
+the results taken back in the finalists' order (`Finalists`, `tune_all`), and the winner's polish
+started early on a guess (`Finalists.polished`). The screening stays in the search's process:
+its rows, pickled back from a worker, cost more than screening them here.
 
     jobs = [TuneJob(row, evaluations, budget, seed, max_chunks) for row in finalists]
     done = tune_all(search, jobs, workers=2)       # [(row, evaluations, cut, cpu_seconds)]
@@ -21,10 +21,9 @@ import multiprocessing.connection
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from octopipe.layouts.layout import Layout
 from octopipe.layouts.planner import LayoutSearch, Row
 
 
@@ -226,72 +225,3 @@ def tune_one(search: LayoutSearch, job: TuneJob) -> Tuned:
         job.start, job.evaluations, job.time_budget, job.seed, job.max_chunks, **more
     )
     return row, spent, cut, time.process_time() - began
-
-
-# --- screening ahead ----------------------------------------------------------------------
-
-_AHEAD: LayoutSearch | None = None  # what a screening worker screens with, set before it forks
-
-
-class ScreenAhead:
-    """Screens, on forked workers, the layouts the search is likely to screen next while this
-    process screens the current one. `take` gives what `LayoutSearch.screen` and `.standard`
-    would give here: a worker's standard rows carry their bounds, and those at or above the
-    `beat` of the moment of taking are dropped (the beat only falls, so the worker, started
-    with an earlier one, simulated a superset). A layout the search then skips is wasted work,
-    never a changed answer. `waited`: CPU seconds this process would have waited for workers
-    on a quiet machine (a worker's job less this process's CPU seconds since it started)."""
-
-    def __init__(self, search: LayoutSearch, workers: int):
-        self.search = search
-        self.helpers = workers - 1 if can_fork() else 0
-        self.pool = None  # a multiprocessing pool: its workers can be ended mid-job
-        self.started: dict = {}  # layout -> (async result, this process's CPU seconds then)
-        self.waited = 0.0
-
-    def ahead(self, layouts: Iterable[Layout], beat: float) -> None:
-        """Start the first of `layouts` not started yet, if a worker is free."""
-        if self.helpers <= 0:
-            return
-        busy = sum(not r.ready() for r, _ in self.started.values())
-        if busy >= self.helpers:
-            return
-        layout = next((x for x in layouts if x not in self.started), None)
-        if layout is None:
-            return
-        if self.pool is None:
-            global _AHEAD
-            _AHEAD = self.search
-            self.pool = multiprocessing.get_context("fork").Pool(self.helpers)
-        result = self.pool.apply_async(_screen_one, (layout, beat))
-        self.started[layout] = (result, time.process_time())
-
-    def take(self, layout: Layout, beat: float) -> tuple[Row | None, list[Row]]:
-        """The layout's screening row and its standard rows under `beat`."""
-        found = self.started.pop(layout, None)
-        if found is None:
-            return self.search.screen(layout), self.search.standard(layout, beat)
-        result, since = found
-        row, bounded, cpu = result.get()
-        self.waited += max(0.0, cpu - (time.process_time() - since))
-        return row, [r for bound, r in bounded if bound < beat]
-
-    def close(self) -> None:
-        """End every worker once it has screened what it holds (at most a layout each, for
-        layouts the search left out): a pool terminated while a worker sends its result can
-        hang for good (CPython's Pool: the killed worker keeps the result queue's lock)."""
-        global _AHEAD
-        if self.pool is not None:
-            self.pool.close()
-            self.pool.join()
-            self.pool = None
-        self.started.clear()
-        _AHEAD = None
-
-
-def _screen_one(layout: Layout, beat: float) -> tuple[Row | None, list[tuple], float]:
-    assert _AHEAD is not None, "a screening worker forked without its search"
-    began = time.process_time()
-    row = _AHEAD.screen(layout)
-    bounded = _AHEAD.standard_bounded(layout, beat)
-    return row, bounded, time.process_time() - began

@@ -36,7 +36,6 @@ class LayoutReport:
     # and, where its guess was taken, the polish (`fanout.Finalists`)
     tune_cpu: tuple[float, ...] = ()
     workers: int = 1  # processes the finalists were tuned on, and the screening ran on
-    screen_waited: float = 0.0  # CPU s of screening workers not overlapped with this process
 
     @property
     def best(self) -> Row:

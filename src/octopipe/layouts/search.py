@@ -26,10 +26,11 @@ job, its microbatches, recomputation and optimizer sharding, with its tuned plan
 3. **Tuning.** The best `finalists` screened layouts are tuned, each with `tune_evaluations`
    evaluations of the tuner at most, and at most TUNE_ACTIONS list-scheduled actions.
 
-With `workers` > 1 (the cores this process may use, by default), the next layout is screened on
-a forked worker while this process screens the current one, the finalists are tuned side by
-side, and a worker that would idle starts the likeliest polish (4.) early (`fanout.py`); the
-answer is the one a single process gives. The cycle collector waits meanwhile (`heap.py`).
+With `workers` > 1 (the cores this process may use, by default), the finalists are tuned side
+by side on forked workers, and a worker that would idle starts the likeliest polish (4.) early
+(`fanout.py`); the answer is the one a single process gives. The screening stays here: its
+inner loops run compiled (`octopipe.compiled`), and a worker's rows cost more to send back
+than to screen. The cycle collector waits meanwhile (`heap.py`).
 
 The work is counted in layouts screened and tuner evaluations, so the same job gives the same
 answer on any machine. `time_budget` is only a safety cap: when it cuts the search, the
@@ -44,12 +45,10 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import replace
-from itertools import islice
 
 from octopipe.errors import InputError
 from octopipe.layouts.fanout import (
     Finalists,
-    ScreenAhead,
     Tuned,
     TuneJob,
     default_workers,
@@ -195,21 +194,11 @@ def plan_cluster(
         fitting_standard = best_standard is not None and best_standard.sim.fits
         return best_standard.step_time if fitting_standard else float("inf")
 
-    def upcoming(i: int):
-        """The layouts after the i-th that would be screened as things stand (`ahead`)."""
-        top = incumbent()
-        for bound, _, layout in islice(fitting, i + 1, None):
-            if top is not None and bound >= top.step_time:
-                return
-            lighter = fits_with.get(replace(layout, recompute="none"))
-            if layout not in done and not (lighter and _heavier(layout.recompute, lighter)):
-                yield layout
-
     def screen(layout: Layout, simulated: int) -> list[Row]:
         """The layout's screening rows and standard rows, kept; best_standard updated."""
         nonlocal best_standard
         began = time.perf_counter()
-        row, standard = ahead.take(layout, beat())
+        row, standard = search.screen(layout), search.standard(layout, beat())
         if row is not None:
             screen_rows[layout] = row
         done.add(layout)
@@ -224,41 +213,37 @@ def plan_cluster(
             keep(r)
         return rows
 
-    # The next layout is screened on a worker meanwhile (`fanout.py`), with the same rows.
-    ahead = ScreenAhead(search, workers)
+    # Screened here, in one process: a layout's screening costs less than a worker's pickled
+    # rows did once the inner loops were compiled (BENCHMARKS.md, "In seconds").
     pruned = 0
-    try:
-        # The references' own layouts first: the best standard row is never slower than theirs.
-        for ref in runnable:
-            if ref.layout not in done:
-                work.say("screening", ref.layout.describe(), best_step())
-                screen(
-                    ref.layout,
-                    len(SCREEN_BASELINES) * 3 * ref.layout.pp * ref.layout.num_microbatches,
-                )
-        for i, (bound, _, layout) in enumerate(fitting):
-            family = replace(layout, recompute="none")
-            lighter = fits_with.get(family)
-            if layout in done or lighter is not None and _heavier(layout.recompute, lighter):
-                continue  # screened, or the same plans with more recomputation: slower
-            top = incumbent()
-            if top is not None and bound >= top.step_time:
-                pruned = len(fitting) - i
-                break
-            simulated = len(SCREEN_BASELINES) * 3 * layout.pp * layout.num_microbatches
-            over = work.screened >= max_screened or work.actions + simulated > screen_actions
-            if over or work.out_of_time():
-                pruned = len(fitting) - i
-                work.capped(work.screened, over)
-                break
-            work.to_screen = _still_under(bounds, i, top)
-            work.say("screening", layout.describe(), best_step())
-            ahead.ahead(upcoming(i), beat())  # the next one on a worker, meanwhile
-            if any(r.sim.fits for r in screen(layout, simulated)) and family not in fits_with:
-                fits_with[family] = layout.recompute
-        work.to_screen = 0
-    finally:
-        ahead.close()
+    # The references' own layouts first: the best standard row is never slower than theirs.
+    for ref in runnable:
+        if ref.layout not in done:
+            work.say("screening", ref.layout.describe(), best_step())
+            screen(
+                ref.layout,
+                len(SCREEN_BASELINES) * 3 * ref.layout.pp * ref.layout.num_microbatches,
+            )
+    for i, (bound, _, layout) in enumerate(fitting):
+        family = replace(layout, recompute="none")
+        lighter = fits_with.get(family)
+        if layout in done or lighter is not None and _heavier(layout.recompute, lighter):
+            continue  # screened, or the same plans with more recomputation: slower
+        top = incumbent()
+        if top is not None and bound >= top.step_time:
+            pruned = len(fitting) - i
+            break
+        simulated = len(SCREEN_BASELINES) * 3 * layout.pp * layout.num_microbatches
+        over = work.screened >= max_screened or work.actions + simulated > screen_actions
+        if over or work.out_of_time():
+            pruned = len(fitting) - i
+            work.capped(work.screened, over)
+            break
+        work.to_screen = _still_under(bounds, i, top)
+        work.say("screening", layout.describe(), best_step())
+        if any(r.sim.fits for r in screen(layout, simulated)) and family not in fits_with:
+            fits_with[family] = layout.recompute
+    work.to_screen = 0
 
     # 3. Tuning the best of them.
     candidates = sorted(
@@ -329,7 +314,6 @@ def plan_cluster(
         runner=runner,
         not_runnable=tuple(refused.items()),
         tune_cpu=tuple(tune_cpu),
-        screen_waited=ahead.waited,
         workers=workers,
     )
 
