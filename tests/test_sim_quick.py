@@ -1,6 +1,6 @@
 """The one-pass timing of a search's plans (`sim/quick.py`) gives the graph's figures bit for
-bit, or None where the graph's way would report a deadlock: its Python loop and its compiled
-one (`sim/quick_compiled.py`) alike."""
+bit, or None where the graph's way would report a deadlock: its loop (`sim/quick_loop.py`)
+compiled and as Python alike."""
 
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ from tests.test_sim import random_profile
 
 @pytest.fixture(autouse=True, scope="module", params=["compiled", "python"])
 def loop(request):
-    """Every test of this module once with each loop of the pass."""
-    from octopipe.sim import quick
+    """Every test of this module once with the pass compiled, once as Python."""
+    from octopipe.compiled import python_of
+    from octopipe.sim import quick_loop
 
     if request.param == "compiled":
-        assert quick.compiled("octopipe.sim.quick_compiled", "timed_orders") is not None
         yield request.param
         return
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(quick, "compiled", lambda module, name: None)
+        patch.setattr(quick_loop, "one_pass", python_of(quick_loop.one_pass))
         yield request.param
 
 

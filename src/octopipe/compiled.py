@@ -1,26 +1,33 @@
-"""Where the inner loops run compiled: numba's machine code for the loops a search repeats
-millions of times (`schedules/list_compiled.py`, `sim/quick_compiled.py`), each the same
-figures bit for bit as its Python loop, which stays the reference and the fallback.
+"""The search's inner loops as machine code: `jit` compiles a loop written on numpy arrays with
+numba, where it imports, and otherwise leaves it as Python (the same source, the same figures,
+slower). The loops: the list scheduler's (`schedules/list_loop.py`), the one-pass timing's
+(`sim/quick_loop.py`) and the min-max partitioner's table (`partition_loop.py`).
 
-    run = compiled("octopipe.sim.quick_compiled", "quick_evaluate") or python_loop
+    @jit
+    def loop(arrays...): ...      # machine code, cached beside the module by numba
 
-OCTOPIPE_COMPILED=0 takes the Python loops (to compare, or where numba misbehaves).
+OCTOPIPE_COMPILED=0 leaves them as Python (to compare, or where numba misbehaves); a compiled
+loop's Python source stays at `loop.py_func`.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 from collections.abc import Callable
 
 
-@functools.cache
-def compiled(module: str, name: str) -> Callable | None:
-    """`module.name`, or None where numba cannot be imported or OCTOPIPE_COMPILED=0."""
+def jit(loop: Callable) -> Callable:
+    """`loop` compiled by numba (its machine code cached on disk), or `loop` itself where numba
+    cannot be imported or OCTOPIPE_COMPILED=0."""
     if os.environ.get("OCTOPIPE_COMPILED", "1") == "0":
-        return None
+        return loop
     try:
-        return getattr(importlib.import_module(module), name)
+        from numba import njit
     except ImportError:
-        return None
+        return loop
+    return njit(cache=True)(loop)
+
+
+def python_of(loop: Callable) -> Callable:
+    """The loop as Python, compiled or not (tests run both and compare)."""
+    return getattr(loop, "py_func", loop)

@@ -24,7 +24,6 @@ import time
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from octopipe.compiled import compiled
 from octopipe.costs import CostTable
 from octopipe.errors import InputError
 from octopipe.profile import Profile
@@ -309,52 +308,23 @@ def _prefix_bottlenecks(
     prefix: Sequence[int], speeds: Sequence[float], deadline: float = math.inf
 ) -> list[list[float]]:
     """out[s][j - s - 1]: the smallest bottleneck of layers [0, j) in stages 0..s, for every
-    end j that leaves a layer to each later stage.
+    end j that leaves a layer to each later stage. O(S x L log L): a row a stage
+    (`partition_loop.next_row`, compiled), the clock looked at between rows."""
+    import numpy as np
 
-    Stage s's time shrinks as its start i grows; the shorter prefix's bottleneck need not
-    grow with i (stages differ in speed), but a start whose shorter prefix is no faster than
-    a later start's is never better. The others form a stack along which the prefix
-    bottleneck rises while the stage time falls: the best start is where they cross
-    (bisection). O(S x L log L). Compiled where numba imports (`partition_compiled.py`, the
-    same table; the clock is then looked at before and after).
-    """
-    table = compiled("octopipe.partition_compiled", "prefix_bottlenecks")
-    if table is not None:
-        _check_clock(deadline)
-        out = table(prefix, speeds)
-        _check_clock(deadline)
-        return out
+    from octopipe.partition_loop import next_row
+
     num_layers, S = len(prefix) - 1, len(speeds)
-    speed = speeds[0]
-    out = [[prefix[j] / speed for j in range(1, num_layers - S + 2)]]
+    ints = np.asarray(prefix, np.int64)
+    width = num_layers - S + 1
+    rows = [ints[1 : width + 1] / speeds[0]]
+    starts = np.empty(width, np.int64)
     for s in range(1, S):
-        prev, speed = out[-1], speeds[s]  # prev[i - s]: bottleneck of [0, i) in stages < s
-        starts: list[int] = []  # undominated starts, ascending, with rising prev
-        row = []
-        for j in range(s + 1, num_layers - (S - 1 - s) + 1):
-            if not j % _CLOCK_EVERY:
-                _check_clock(deadline)
-            last = prev[j - 1 - s]
-            while starts and prev[starts[-1] - s] >= last:
-                starts.pop()
-            starts.append(j - 1)
-            pj = prefix[j]
-            lo, hi = 0, len(starts) - 1  # first position whose prev >= its stage time
-            while lo < hi:
-                mid = (lo + hi) // 2
-                i = starts[mid]
-                if prev[i - s] >= (pj - prefix[i]) / speed:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            i = starts[lo]
-            value = max(prev[i - s], (pj - prefix[i]) / speed)
-            if lo:
-                i = starts[lo - 1]
-                value = min(value, max(prev[i - s], (pj - prefix[i]) / speed))
-            row.append(value)
-        out.append(row)
-    return out
+        _check_clock(deadline)
+        row = np.empty(width)
+        next_row(rows[-1], ints, float(speeds[s]), s, S, row, starts)
+        rows.append(row)
+    return [row.tolist() for row in rows]
 
 
 def stage_speeds(profile: Profile, num_stages: int, placement: Sequence[int] | None) -> list[float]:

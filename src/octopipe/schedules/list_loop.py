@@ -1,10 +1,11 @@
-"""The list scheduler's loop compiled by numba: the same decisions as `list_scheduler._run`, on
-arrays, bit for bit (tests/test_list_compiled.py holds the two to each other).
+"""The list scheduler's event loop (`list_scheduler.py` says what it decides), on arrays,
+compiled by numba where it imports (`octopipe.compiled`).
 
-The tuner spends nearly all of its time in that loop (millions of actions a search); compiled,
-it runs tens of times faster. The Python loop stays the reference, and what runs where numba
-cannot be imported. Numba compiles on the first call and caches the machine code beside this
-file (or in the user's cache where that is read-only), so a later process loads it.
+The tuner spends nearly all of its time in this loop (millions of actions a search); compiled,
+it runs tens of times faster than as Python. Numba compiles on the first call and caches the
+machine code beside this file (or in the user's cache where that is read-only), so a later
+process loads it. The choosing and running of an action are written inline, as one loop over
+local names: as Python (without numba) calls and look-ups were most of its cost.
 
 The arrays: per stage its device, in-flight cap and figures by kind; per device its stages in
 the order a free device looks at them (`owned` from `owned_start[d]`), its memory budget and
@@ -17,15 +18,15 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
-from numba import njit
 
 from octopipe.actions import B_CODE, F_CODE, I_CODE, W_CODE
+from octopipe.compiled import jit
 
 GAVE_UP, DONE, DEADLOCK = 0, 1, 2
 
 
-@njit(cache=True)
-def run_compiled(  # noqa: PLR0912, PLR0913, PLR0915 (the loop is written out, as in Python)
+@jit
+def schedule_loop(
     device_of, cap, owned, owned_start, budget, tail_w,
     d_f, d_i, d_w, d_b, m_f, m_i, m_w, m_b, lag_next, act,
     M, split, defer_w, backward_first, oldest_first, reduce_early, give_up_after,
@@ -178,7 +179,7 @@ def run_compiled(  # noqa: PLR0912, PLR0913, PLR0915 (the loop is written out, a
     return DONE
 
 
-@njit(cache=True)
+@jit
 def _to_front(w_stage, w_mb, head, tail, s):
     """Stage s's queued W before the others, each group in its order."""
     n = tail - head
@@ -191,81 +192,3 @@ def _to_front(w_stage, w_mb, head, tail, s):
                 w_stage[k] = stages[j]
                 w_mb[k] = mbs[j]
                 k += 1
-
-
-def list_schedule_compiled(stages, nd: int, M: int, rules, give_up_after: float):
-    """`list_scheduler._run` through the compiled loop: a `ListSchedule`, or None where it
-    gave up past `give_up_after`."""
-    from octopipe.errors import DeadlockError
-    from octopipe.schedules.list_scheduler import ListSchedule
-
-    S = len(stages)
-    device_of = np.fromiter((st.device for st in stages), np.int64, S)
-    owned = [[s for s in range(S) if device_of[s] == d] for d in range(nd)]
-    if not rules.oldest_first:
-        for stages_of in owned:
-            stages_of.reverse()  # deepest stage first
-    owned_start = np.zeros(nd + 1, np.int64)
-    owned_start[1:] = np.cumsum([len(o) for o in owned])
-    per_stage = 3 if rules.split_backward else 2
-    order_start = owned_start[:-1] * (M * per_stage)
-    duration = np.array([st.duration for st in stages], np.float64).reshape(S, 4)
-    memory = np.array([st.memory_change for st in stages], np.float64).reshape(S, 4)
-    orders = np.empty((S * M * per_stage, 3), np.int64)
-    order_len = np.zeros(nd, np.int64)
-    busy, peak, free_at = np.zeros(nd), np.zeros(nd), np.zeros(nd)
-    last_backward = np.zeros(S)
-    memory_waits = np.zeros(nd, np.int64)
-    budget = np.array(rules.memory_budget if rules.memory_budget else [np.inf] * nd, np.float64)
-    tail_w = np.array(rules.tail_w if rules.tail_w else [0] * nd, np.int64)
-    status = run_compiled(
-        device_of,
-        np.array([max(1, c) for c in rules.inflight], np.int64),
-        np.array([s for o in owned for s in o], np.int64),
-        owned_start,
-        budget,
-        tail_w,
-        np.ascontiguousarray(duration[:, F_CODE]),
-        np.ascontiguousarray(duration[:, I_CODE]),
-        np.ascontiguousarray(duration[:, W_CODE]),
-        np.ascontiguousarray(duration[:, B_CODE]),
-        np.ascontiguousarray(memory[:, F_CODE]),
-        np.ascontiguousarray(memory[:, I_CODE]),
-        np.ascontiguousarray(memory[:, W_CODE]),
-        np.ascontiguousarray(memory[:, B_CODE]),
-        np.array([st.lag_next for st in stages], np.float64),
-        np.array([st.act for st in stages], np.float64),
-        M,
-        rules.split_backward,
-        rules.defer_w,
-        rules.backward_first,
-        rules.oldest_first,
-        rules.reduce_early,
-        float(give_up_after),
-        orders,
-        order_start,
-        order_len,
-        busy,
-        peak,
-        last_backward,
-        free_at,
-        memory_waits,
-    )
-    if status == DEADLOCK:
-        raise DeadlockError("list scheduler: no device can make progress")
-    makespan = float(free_at.max()) if nd else 0.0
-    if status == GAVE_UP or makespan > give_up_after:
-        return None
-    rows = orders.tolist()
-    return ListSchedule(
-        codes=tuple(
-            tuple(map(tuple, rows[a : a + n]))
-            for a, n in zip(order_start.tolist(), order_len.tolist())
-        ),
-        makespan=makespan,
-        busy=tuple(busy.tolist()),
-        peak_activation_bytes=tuple(peak.tolist()),
-        last_backward=tuple(last_backward.tolist()),
-        device_ends=tuple(free_at.tolist()),
-        memory_waits=tuple(memory_waits.tolist()),
-    )

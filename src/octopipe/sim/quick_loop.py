@@ -1,6 +1,6 @@
-"""`quick.py`'s one pass over a plan's orders, compiled by numba: the same times and peaks bit
-for bit (tests/test_sim_quick.py holds the two to each other). A layout search times thousands
-of screening plans this way; compiled, the pass costs a small part of building the plan.
+"""`quick.py`'s one pass over a plan's orders, on arrays, compiled by numba where it imports
+(`octopipe.compiled`). A layout search times thousands of screening plans this way; compiled,
+the pass costs a small part of building the plan.
 
 A device's orders reach the loop as rows of (stage, kind code, mb), converted once per order:
 the plans of one schedule share their order tuples (`make_plan` keeps them), so the conversion
@@ -12,18 +12,21 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
-from numba import njit
 
 from octopipe.actions import B_CODE, F_CODE, W_CODE
+from octopipe.compiled import jit
 
 # Actions of the orders converted and kept (12 bytes each): a search's screening plans use
 # about 3 million.
 KEPT_ACTIONS = 4_000_000
 
 
-@njit(cache=True)
+@jit
 def one_pass(rows, row_start, dur, mem, lag, M, free_at, busy, level, top, last_t, last_w):
-    """`quick.quick_evaluate`'s loop; False where a dependency is never run."""
+    """Each device's actions in order, each as soon as its device is free and what it waits
+    for has run (`quick.py`); False where a dependency is never run (the pass cannot finish).
+    Per device, its end, busy seconds, activation level and peak; per stage, when its last B
+    or W ends and whether a W."""
     nd = free_at.shape[0]
     S = dur.shape[0]
     f_end = np.full(S * M, -1.0)
