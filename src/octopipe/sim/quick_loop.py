@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from octopipe.actions import B_CODE, F_CODE, W_CODE
+from octopipe.actions import F_CODE, I_CODE, W_CODE
 from octopipe.compiled import jit
 
 # Actions of the orders converted and kept (12 bytes each): a search's screening plans use
@@ -79,18 +79,14 @@ def one_pass(rows, row_start, dur, mem, lag, M, free_at, busy, level, top, last_
                 t = t0 + took
                 if code == F_CODE:
                     f_end[sm] = t
-                elif code == W_CODE:
-                    if t >= last_t[s]:
-                        last_t[s] = t
-                        last_w[s] = True
                 else:
-                    b_end[sm] = t
-                    if code == B_CODE:
-                        if t >= last_t[s]:
-                            last_t[s] = t
-                            last_w[s] = False
-                    else:
+                    if code != W_CODE:  # I or B: the stage's backward
+                        b_end[sm] = t
+                    if code == I_CODE:  # its W waits for it
                         i_end[sm] = t
+                    elif t >= last_t[s]:  # a W or a B: the stage's last backward so far
+                        last_t[s] = t
+                        last_w[s] = code == W_CODE
                 work += took
                 lv += mem[s, code]
                 if lv > hi:
