@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from octopipe.actions import I_CODE, W_CODE
 from octopipe.costs import StageCost, stage_costs
 from octopipe.plan import check_structure, make_plan
 from octopipe.profile import Device, LayerCost, Link, Profile, Recomputation, Recomputed
@@ -198,3 +199,22 @@ def test_recomputing_stages_are_timed_and_held_alike_by_the_scheduler_and_the_si
     assert result.iteration_time == pytest.approx(sched.makespan, rel=1e-9, abs=1e-12)
     dynamic_peaks = [p - s for p, s in zip(result.peak_memory_bytes, result.static_memory_bytes)]
     assert dynamic_peaks == pytest.approx(sched.peak_activation_bytes)
+
+
+@pytest.mark.parametrize("kept", [0, 1, 3])
+def test_tail_w_keeps_that_many_deferred_w_past_the_last_backward(kept):
+    # A slow first stage leaves the later devices idle within the step: they spend it on
+    # deferred W only while more than `kept` wait, so past each one's last I come the `kept` W
+    # it held back and that I's own; the first device, never idle, runs its W at the end.
+    P, M = 4, 8
+    stages = [StageCost(s, 3.0 if s == 0 else 1.0, 1.0, 1.0, 10, 4, 0.0) for s in range(P)]
+    rules = Rules(inflight=tuple(P - s for s in range(P)), tail_w=(kept,) * P)
+    sched = list_schedule(stages, P, M, rules)
+    for device, order in enumerate(sched.codes):
+        kinds = [k for _, k, _ in order]
+        after_last_i = len(kinds) - 1 - max(i for i, k in enumerate(kinds) if k == I_CODE)
+        assert set(kinds[len(kinds) - after_last_i :]) == {W_CODE}
+        if device:
+            assert after_last_i == kept + 1
+        else:
+            assert after_last_i >= kept + 1
