@@ -321,7 +321,9 @@ window.addEventListener("mousemove",e=>{{
     tip.style.top=(e.clientY+14)+"px";
   }} else tip.style.display="none";
 }});
-window.addEventListener("resize",()=>{{fitRows();ticks();}}); fitRows(); ticks();
+// The first labels drawn at once, not at the next frame: the page opens labelled (a headless
+// browser may save the page before any frame).
+window.addEventListener("resize",()=>{{fitRows();ticks();}}); fitRows(); ticks(); labels();
 }})();
 </script></body></html>
 """
