@@ -32,6 +32,23 @@ def as_python(module, *names):
         yield
 
 
+def test_a_loop_compiles_without_a_place_for_numbas_cache(monkeypatch):
+    # A read-only install with no writable home: numba finds no cache locator and refuses to
+    # cache; the loop is compiled all the same, each process for itself.
+    from numba.core import caching
+
+    from octopipe.compiled import jit
+
+    monkeypatch.setattr(caching.CacheImpl, "_locator_classes", [])
+
+    def twice(x):
+        return 2 * x
+
+    compiled = jit(twice)
+    assert python_of(compiled) is twice
+    assert compiled(21) == 42
+
+
 def test_the_loops_are_compiled_here():
     for loop in (list_loop.schedule_loop, list_loop._to_front, partition_loop.next_row):
         assert python_of(loop) is not loop

@@ -25,7 +25,10 @@ def jit(loop: Callable) -> Callable:
         from numba import njit
     except ImportError:
         return loop
-    return njit(cache=True)(loop)
+    try:
+        return njit(cache=True)(loop)
+    except RuntimeError:  # nowhere to write numba's cache (a read-only install, no home)
+        return njit(loop)  # compiled again in each process
 
 
 def python_of(loop: Callable) -> Callable:
