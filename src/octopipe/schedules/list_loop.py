@@ -7,7 +7,8 @@ machine code beside this file (or in the user's cache where that is read-only), 
 process loads it. The choosing and running of an action are written inline, as one loop over
 local names: as Python (without numba) calls and look-ups were most of its cost.
 
-The arrays: per stage its device, in-flight cap and figures by kind; per device its stages in
+The arrays: per stage its device, in-flight cap, seconds and memory change by kind code
+(`dur[s, code]`, `mem[s, code]`), lag and activation bytes; per device its stages in
 the order a free device looks at them (`owned` from `owned_start[d]`), its memory budget and
 its W kept for the end. The orders come back as one (stage, kind, mb) row per action, device
 d's from `order_start[d]`, `order_len[d]` of them.
@@ -27,8 +28,7 @@ GAVE_UP, DONE, DEADLOCK = 0, 1, 2
 
 @jit
 def schedule_loop(
-    device_of, cap, owned, owned_start, budget, tail_w,
-    d_f, d_i, d_w, d_b, m_f, m_i, m_w, m_b, lag_next, act,
+    device_of, cap, owned, owned_start, budget, tail_w, dur, mem, lag_next, act,
     M, split, defer_w, backward_first, oldest_first, reduce_early, give_up_after,
     orders, order_start, order_len, busy, peak, last_backward, free_at, memory_waits,
 ):  # fmt: skip
@@ -105,7 +105,7 @@ def schedule_loop(
                         s = best
                         kind = B_CODE
                         if split and pending:
-                            rise = m_i[s]
+                            rise = mem[s, I_CODE]
                             if rise > 0 and level[d] + rise > budget[d]:
                                 memory_waits[d] += 1
                                 kind = W_CODE
@@ -120,22 +120,20 @@ def schedule_loop(
             m = next_f[s]
             next_f[s] = m + 1
             left_fb[d] -= 1
-            duration, delta, code = d_f[s], m_f[s], F_CODE
+            code = F_CODE
         elif kind == W_CODE:
             s = w_stage[w_head[d]]
             m = w_mb[w_head[d]]
             w_head[d] += 1
             if urgent_w[d]:
                 urgent_w[d] -= 1
-            duration, delta, code = d_w[s], m_w[s], W_CODE
+            code = W_CODE
         else:
             m = next_bwd[s]
             next_bwd[s] = m + 1
             left_fb[d] -= 1
-            if split:
-                duration, delta, code = d_i[s], m_i[s], I_CODE
-            else:
-                duration, delta, code = d_b[s], m_b[s], B_CODE
+            code = I_CODE if split else B_CODE
+        duration, delta = dur[s, code], mem[s, code]
         end = now + duration
         row = order_start[d] + order_len[d]
         orders[row, 0] = s
@@ -166,10 +164,7 @@ def schedule_loop(
                 w_mb[w_tail[d]] = m
                 w_tail[d] += 1
                 if reduce_early and m == M - 1:
-                    _to_front(w_stage, w_mb, w_head[d], w_tail[d], s)
-                    for j in range(w_head[d], w_tail[d]):
-                        if w_stage[j] == s:
-                            urgent_w[d] += 1
+                    urgent_w[d] += _to_front(w_stage, w_mb, w_head[d], w_tail[d], s)
             else:
                 last_backward[s] = end
             if s > 0:
@@ -181,14 +176,17 @@ def schedule_loop(
 
 @jit
 def _to_front(w_stage, w_mb, head, tail, s):
-    """Stage s's queued W before the others, each group in its order."""
-    n = tail - head
+    """Stage s's queued W before the others, each group in its order; how many are s's."""
     stages = w_stage[head:tail].copy()
     mbs = w_mb[head:tail].copy()
     k = head
-    for mine in (True, False):
-        for j in range(n):
-            if (stages[j] == s) == mine:
-                w_stage[k] = stages[j]
-                w_mb[k] = mbs[j]
-                k += 1
+    for j in range(tail - head):
+        if stages[j] == s:
+            w_stage[k], w_mb[k] = stages[j], mbs[j]
+            k += 1
+    moved = k - head
+    for j in range(tail - head):
+        if stages[j] != s:
+            w_stage[k], w_mb[k] = stages[j], mbs[j]
+            k += 1
+    return moved

@@ -29,11 +29,16 @@ The event loop itself is `list_loop.py`'s, on arrays, compiled by numba where it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
-from octopipe.actions import B_CODE, F_CODE, I_CODE, KINDS, W_CODE, Action
+from octopipe.actions import KINDS, Action
 from octopipe.costs import StageCost
 from octopipe.errors import DeadlockError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 INF = float("inf")
 
@@ -52,19 +57,47 @@ class Rules:
     tail_w: tuple[int, ...] | None = None  # per device
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ListSchedule:
     """The scheduler's orders, with its own estimate of time and activation peaks."""
 
-    # Per device: (stage, kind code, mb). Plain ints: millions of these tuples stay out of the
-    # garbage collector's way (a tuple holding an enum member is tracked, one of ints is not).
-    codes: tuple[tuple[tuple[int, int, int], ...], ...]
+    # One (stage, kind code, mb) row per action, device 0's first, `row_counts[d]` of them a
+    # device: kept as the loop wrote them, `codes` built on demand (a search discards most).
+    rows: np.ndarray = field(repr=False)
+    row_counts: tuple[int, ...]
     makespan: float
     busy: tuple[float, ...]
     peak_activation_bytes: tuple[float, ...]
     last_backward: tuple[float, ...]  # per stage: when its last B or W ends (its all-reduce)
     device_ends: tuple[float, ...] = ()  # per device: when its last action ends
     memory_waits: tuple[int, ...] = ()  # per device: how often memory held an action back
+
+    @cached_property
+    def codes(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        """Per device: (stage, kind code, mb). Plain ints: millions of these tuples stay out of
+        the garbage collector's way (a tuple holding an enum member is tracked, one of ints
+        is not)."""
+        rows, out, at = self.rows.tolist(), [], 0
+        for n in self.row_counts:
+            out.append(tuple(map(tuple, rows[at : at + n])))
+            at += n
+        return tuple(out)
+
+    def _figures(self) -> tuple:
+        return (
+            self.codes,
+            self.makespan,
+            self.busy,
+            self.peak_activation_bytes,
+            self.last_backward,
+            self.device_ends,
+            self.memory_waits,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ListSchedule) and self._figures() == other._figures()
+
+    __hash__ = None  # equal by value, not hashable (as a dataclass with eq)
 
     @property
     def orders(self) -> dict[int, tuple[Action, ...]]:
@@ -108,8 +141,6 @@ def list_schedule(
     owned_start[1:] = np.cumsum([len(o) for o in owned])
     per_stage = 3 if rules.split_backward else 2
     order_start = owned_start[:-1] * (M * per_stage)  # device d's rows, in one array
-    duration = np.array([st.duration for st in stages], np.float64).reshape(S, 4).T.copy()
-    memory = np.array([st.memory_change for st in stages], np.float64).reshape(S, 4).T.copy()
     orders = np.empty((S * M * per_stage, 3), np.int64)
     order_len = np.zeros(nd, np.int64)
     busy, peak, free_at = np.zeros(nd), np.zeros(nd), np.zeros(nd)
@@ -122,8 +153,8 @@ def list_schedule(
         owned_start,
         np.array(rules.memory_budget if rules.memory_budget else [INF] * nd, np.float64),
         np.array(rules.tail_w if rules.tail_w else [0] * nd, np.int64),
-        *duration[[F_CODE, I_CODE, W_CODE, B_CODE]],
-        *memory[[F_CODE, I_CODE, W_CODE, B_CODE]],
+        np.array([st.duration for st in stages], np.float64).reshape(S, 4),
+        np.array([st.memory_change for st in stages], np.float64).reshape(S, 4),
         np.array([st.lag_next for st in stages], np.float64),
         np.array([st.act for st in stages], np.float64),
         M,
@@ -147,12 +178,10 @@ def list_schedule(
     makespan = float(free_at.max()) if nd else 0.0
     if status == GAVE_UP or makespan > give_up_after:
         return None
-    rows = orders.tolist()
+    # Done, every device ran its whole block of rows: the blocks lie back to back.
     return ListSchedule(
-        codes=tuple(
-            tuple(map(tuple, rows[a : a + n]))
-            for a, n in zip(order_start.tolist(), order_len.tolist())
-        ),
+        rows=orders,
+        row_counts=tuple(order_len.tolist()),
         makespan=makespan,
         busy=tuple(busy.tolist()),
         peak_activation_bytes=tuple(peak.tolist()),
