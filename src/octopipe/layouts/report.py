@@ -35,7 +35,7 @@ class LayoutReport:
     # CPU seconds of each tuning run on the workers, in the order they took them: the finalists
     # and, where its guess was taken, the polish (`fanout.Finalists`)
     tune_cpu: tuple[float, ...] = ()
-    workers: int = 1  # processes the finalists were tuned on, and the screening ran on
+    workers: int = 1  # processes the finalists were tuned on
 
     @property
     def best(self) -> Row:

@@ -214,7 +214,8 @@ def plan_cluster(
         return rows
 
     # Screened here, in one process: a layout's screening costs less than a worker's pickled
-    # rows did once the inner loops were compiled (BENCHMARKS.md, "In seconds").
+    # rows did once the inner loops were compiled (BENCHMARKS.md, "Cluster layouts ... in
+    # seconds").
     pruned = 0
     # The references' own layouts first: the best standard row is never slower than theirs.
     for ref in runnable:

@@ -105,27 +105,30 @@ def one_pass(rows, row_start, dur, mem, lag, M, free_at, busy, level, top, last_
     return True
 
 
-_converted: OrderedDict[int, tuple[tuple, np.ndarray]] = OrderedDict()
-_kept = [0]  # the actions in `_converted`
+class _KeptRows:
+    """Device orders converted to (stage, kind code, mb) rows, kept by the order's identity;
+    the least recently used dropped past KEPT_ACTIONS. Each order is held with its rows, so
+    its id names no other object meanwhile."""
+
+    def __init__(self) -> None:
+        self.kept: OrderedDict[int, tuple[tuple, np.ndarray]] = OrderedDict()
+        self.actions = 0
+
+    def __call__(self, order: tuple) -> np.ndarray:
+        key = id(order)
+        if key in self.kept:
+            self.kept.move_to_end(key)
+            return self.kept[key][1]
+        rows = np.array([(s, k.code, m) for s, k, m in order], np.int32).reshape(len(order), 3)
+        self.kept[key] = (order, rows)
+        self.actions += len(rows)
+        while self.actions > KEPT_ACTIONS:
+            _, (_, dropped) = self.kept.popitem(last=False)
+            self.actions -= len(dropped)
+        return rows
 
 
-def order_rows(order: tuple) -> np.ndarray:
-    """A device's actions as (stage, kind code, mb) rows, kept by the order's identity (the
-    least recently used dropped past KEPT_ACTIONS)."""
-    key = id(order)
-    kept = _converted.get(key)
-    if kept is not None and kept[0] is order:
-        _converted.move_to_end(key)
-        return kept[1]
-    rows = np.array([(s, k.code, m) for s, k, m in order], np.int32).reshape(len(order), 3)
-    if kept is not None:  # another order now has that id: the old one is gone
-        _kept[0] -= len(kept[1])
-    _converted[key] = (order, rows)  # the order held: its id is not reused meanwhile
-    _kept[0] += len(rows)
-    while _kept[0] > KEPT_ACTIONS:
-        _, (_, dropped) = _converted.popitem(last=False)
-        _kept[0] -= len(dropped)
-    return rows
+order_rows = _KeptRows()
 
 
 def timed_orders(orders, dur, mem, lag, M: int):
