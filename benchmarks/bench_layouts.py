@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from octopipe.costmodel import shipped_models
-from octopipe.layouts import Cluster, Job, Layout, Row, parse_gpus, plan_cluster
+from octopipe.layouts import Cluster, Job, JobShape, Row, parse_gpus, plan_cluster
 from octopipe.layouts.estimate import Given, estimate
 from octopipe.layouts.stack import Stack
 from octopipe.units import GIB
@@ -51,13 +51,13 @@ LLAMA3_RUNS = ((8192, 8, 1, 16, 64, 8192, 430), (16384, 8, 1, 16, 128, 8192, 400
 LLAMA3_TOKENS = 16 * 2**20  # 16M tokens a step in all three runs
 
 
-def describe(lay: Layout) -> str:
+def describe(lay: JobShape) -> str:
     parts = [f"{lay.tp}/{lay.pp}/{lay.dp}"]
     if lay.cp > 1:
         parts.append(f"CP{lay.cp}")
     if lay.ep > 1:
         parts.append(f"EP{lay.ep}")
-    if lay.zero1:
+    if lay.shards_optimizer:
         parts.append("Z1")
     if lay.recompute != "none":
         parts.append(lay.recompute[0])
@@ -125,13 +125,13 @@ def published_cases(folder: Path) -> Iterator[Case]:
         )
         cluster = Cluster(parse_gpus(r["gpus"], r["hardware"]), int(r["gpus_per_node"]))
         job = Job(str(config), cluster, int(r["global_batch"]), int(r["seq_len"]), stack)
-        lay = Layout(
+        lay = JobShape(
             int(r["tp"]),
             int(r["pp"]),
             int(r["dp"]),
             int(r["micro_batch"]),
             1,
-            zero1=r["zero"] == "1",
+            zero=int(r["zero"] == "1"),
             cp=int(r["cp"]),
             recompute=r["recompute"],
         )
@@ -144,7 +144,7 @@ def target_cases(deepseek_gpus: tuple[int, ...] = (64, 256, 1024)) -> Iterator[C
     """Llama-3-405B at Llama 3's Table 4 layouts, then DeepSeek-V3 on `deepseek_gpus` H100s."""
     for gpus, tp, cp, pp, dp, seq, _ in LLAMA3_RUNS:
         job = Job("llama3-405b", Cluster(parse_gpus(str(gpus)), 8), LLAMA3_TOKENS // seq, seq)
-        lay = Layout(tp, pp, dp, 1, 1, zero1=True, cp=cp)
+        lay = JobShape(tp, pp, dp, 1, 1, zero=1, cp=cp)
         yield Case(f"Llama-3-405B, {gpus} H100, {seq // 1024}K tokens", job, Given(lay, "i1f1b", 2))
     for gpus in deepseek_gpus:
         job = Job("deepseek-v3", Cluster(parse_gpus(str(gpus)), 8), 4 * gpus, 4096)

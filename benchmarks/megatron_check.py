@@ -73,14 +73,14 @@ print("OCTOPIPE-PARSED " + json.dumps(out))
 def plan_of(model, tp, cp, pp, dp, ep, v, partition, seq, m, recompute):
     from octopipe.api import baseline
     from octopipe.layouts import Cluster, Job, LayoutSearch, parse_gpus
-    from octopipe.layouts.layout import Layout
+    from octopipe.plan import JobShape
 
     cluster = Cluster(parse_gpus(str(tp * cp * pp * dp)), 8)
     job = Job(model, cluster, global_batch=dp * m, seq_len=seq)
-    layout = Layout(tp, pp, dp, 1, m, zero1=True, cp=cp, recompute=recompute, ep=ep)
+    layout = JobShape(tp, pp, dp, 1, m, zero=1, cp=cp, recompute=recompute, ep=ep)
     profile, _ = LayoutSearch(job).profile(layout)
     plan = baseline(profile, "i1f1b", partition, m, pp, v)
-    plan = plan.with_parallelism(tp, dp, 1, 1, cp, ep, recompute)
+    plan = plan.with_shape(layout)
     return plan.with_layer_names(profile.layer_names), profile
 
 

@@ -15,7 +15,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import titan_check as tc
@@ -124,9 +124,14 @@ def export_layout(seq_len: int, par: dict, folder: Path):
     config.write_text(__import__("json").dumps(tc.DEBUG_MODEL))
     profile = profile_from_config(str(config), devices=tc.DEVICES, seq_len=seq_len)
     plan = baseline(profile, "1f1b", "uniform", tc.MICROBATCHES, tc.DEVICES)
-    plan = plan.with_parallelism(1, par.get("dp", 1), 1, par.get("zero", 0), par.get("cp", 1))
-    if "group" in par:  # HSDP: docs/FORMATS.md, parallelism.shard_group
-        plan = replace(plan, parallelism={**plan.parallelism, "shard_group": par["group"]})
+    plan = plan.with_shape(  # HSDP's "group": docs/FORMATS.md, parallelism.shard_group
+        tp=1,
+        dp=par.get("dp", 1),
+        microbatch_size=1,
+        zero=par.get("zero", 0),
+        cp=par.get("cp", 1),
+        shard_group=par.get("group", 0),
+    )
     write_outputs(plan, profile, folder, pictures=False, torchtitan=TorchtitanBase.parse(tc.BASE))
     return plan, profile, torchtitan_launch_command(folder, titan_layout(plan, profile).world)
 

@@ -57,7 +57,7 @@ def test_a_model_with_a_published_recipe_gets_it_scaled_to_the_job():
     assert recipe is not None and recipe.source == "NeMo llama3_70b" and recipe.gpus == 32
     layout = recipe_layout(job, recipe)  # TP 4 x CP 2 x PP 4 kept, DP the GPUs left
     assert (layout.tp, layout.cp, layout.pp, layout.dp) == (4, 2, 4, 2)
-    assert layout.num_microbatches == 64 and layout.zero1
+    assert layout.num_microbatches == 64 and layout.shards_optimizer
     row = recipe_row(LayoutSearch(job), job)
     assert row is not None and row.label == "recipe: i1f1b5/uniform"
     assert row.plan.num_stages == 4 * 5  # five virtual stages a device, as the recipe runs

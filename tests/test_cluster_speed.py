@@ -18,7 +18,7 @@ from octopipe.costmodel.layercost import layer_work
 from octopipe.layouts import Job, plan_cluster
 from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.layouts.costs import LayoutCosts
-from octopipe.layouts.layout import Layout
+from octopipe.layouts.layout import JobShape
 from octopipe.layouts.stack import Stack, layer_settings
 
 
@@ -101,7 +101,7 @@ def test_moe_layers_shared_between_pp_degrees_equal_a_fresh_estimate():
     shared = LayoutCosts(job)
     crossing = []
     for pp in (1, 2, 4):
-        layout = Layout(1, pp, 16 // pp, 1, pp, ep=2)
+        layout = JobShape(1, pp, 16 // pp, 1, pp, ep=2)
         fresh = LayoutCosts(job)
         crossing.append(shared.ep_across_nodes(layout))
         assert crossing[-1] == fresh.ep_across_nodes(layout)
@@ -121,7 +121,7 @@ sys.path.insert(0, sys.argv[1])
 from test_cluster_speed import tiny_job
 from octopipe.layouts import LayoutSearch
 from octopipe.layouts.fanout import Finalists, TuneJob, tune_one
-from octopipe.layouts.layout import Layout
+from octopipe.layouts.layout import JobShape
 from octopipe.layouts.planner import POLISH_ACTIONS
 begun = Path(tempfile.mkdtemp()) / "guess-begun"
 class Ordered(LayoutSearch):
@@ -135,7 +135,7 @@ class Ordered(LayoutSearch):
                 time.sleep(0.01)
         return super().tune(start, *args, **kw)
 search = Ordered(tiny_job())
-rows = [search.screen(Layout(1, 2, 4, 1, 4)), search.screen(Layout(1, 4, 2, 1, 8))]
+rows = [search.screen(JobShape(1, 2, 4, 1, 4)), search.screen(JobShape(1, 4, 2, 1, 8))]
 jobs = [TuneJob(r, 60, 600.0, 0, 4) for r in rows]
 polish = TuneJob(rows[0], 60, 600.0, 0, 4, POLISH_ACTIONS)
 asked = TuneJob(rows[0], 60, 300.0, 0, 4, POLISH_ACTIONS)  # another time budget, the same work

@@ -118,7 +118,7 @@ def test_ranks_hold_the_cost_models_param_bytes_under_cp(runs):
         for st in plan.stages:
             per_device[st.device] += sum(x.param_bytes for x in profile.layers[st.start : st.end])
         expected = [per_device[d] for d in range(plan.num_devices) for _ in range(cfg.cp * cfg.tp)]
-        assert list(result.state_bytes[: cfg.layout(plan).size]) == expected, name
+        assert list(result.state_bytes[: cfg.layout(plan).world_size]) == expected, name
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from octopipe.cli import main
-from octopipe.layouts import Cluster, Job, Layout, LayoutSearch, parse_gpus
+from octopipe.layouts import Cluster, Job, JobShape, LayoutSearch, parse_gpus
 from octopipe.layouts.estimate import Given, estimate
 from octopipe.layouts.stack import Stack
 
@@ -50,7 +50,7 @@ def job(config: str, gpus: int = 16, batch: int = 64, stack: Stack = MEGATRON_20
     return Job(config, Cluster(parse_gpus(str(gpus), "a100"), 8), batch, 2048, stack)
 
 
-LAYOUT = Layout(tp=2, pp=4, dp=2, microbatch_size=2, num_microbatches=1, recompute="full")
+LAYOUT = JobShape(tp=2, pp=4, dp=2, microbatch_size=2, num_microbatches=1, recompute="full")
 
 
 def test_flops_follow_megatrons_formulas(gpt):
@@ -88,7 +88,7 @@ def test_the_layout_search_predicts_the_same_step(gpt):
     assert max(row.sim.peak_memory_bytes) == result.peak_memory_bytes
 
 
-def step(config: str, layout: Layout = LAYOUT, schedule: str = "1f1b", **stack) -> object:
+def step(config: str, layout: JobShape = LAYOUT, schedule: str = "1f1b", **stack) -> object:
     return estimate(job(config, stack=replace(MEGATRON_2021, **stack)), Given(layout, schedule))
 
 
@@ -122,15 +122,15 @@ def test_each_setting_moves_the_prediction_its_way(gpt):
 
 def test_zero1_shards_the_optimizer_and_gathers_the_weights(gpt):
     plain = step(gpt)
-    sharded = step(gpt, replace(LAYOUT, zero1=True))
+    sharded = step(gpt, replace(LAYOUT, zero=1))
     assert sharded.peak_memory_bytes < plain.peak_memory_bytes
     assert sharded.breakdown.optimizer < plain.breakdown.optimizer  # a DP-th of the update
 
 
 def test_context_parallelism_splits_the_sequence_and_exchanges_kv(gpt):
     # The same replicas with twice the GPUs: each holds half of every sequence.
-    one = estimate(job(gpt, 16, stack=Stack()), Given(Layout(2, 1, 8, 1, 1)))
-    cp = estimate(job(gpt, 32, stack=Stack()), Given(Layout(2, 1, 8, 1, 1, cp=2)))
+    one = estimate(job(gpt, 16, stack=Stack()), Given(JobShape(2, 1, 8, 1, 1)))
+    cp = estimate(job(gpt, 32, stack=Stack()), Given(JobShape(2, 1, 8, 1, 1, cp=2)))
     assert cp.model_flops == pytest.approx(one.model_flops)
     assert cp.step_time < 0.75 * one.step_time
     assert cp.peak_memory_bytes < one.peak_memory_bytes
@@ -155,8 +155,8 @@ def test_ring_attention_hides_its_exchange_over_nvlink_but_not_over_the_network(
 
 def test_expert_parallelism_divides_the_experts_memory_and_pays_all_to_alls():
     job = Job("mixtral-8x7b", Cluster(parse_gpus("64"), 8), 64, 4096, Stack())
-    dense = estimate(job, Given(Layout(1, 8, 8, 1, 1, zero1=True), "1f1b"))
-    spread = estimate(job, Given(Layout(1, 8, 8, 1, 1, zero1=True, ep=8), "1f1b"))
+    dense = estimate(job, Given(JobShape(1, 8, 8, 1, 1, zero=1), "1f1b"))
+    spread = estimate(job, Given(JobShape(1, 8, 8, 1, 1, zero=1, ep=8), "1f1b"))
     assert spread.peak_memory_bytes < dense.peak_memory_bytes
     assert dense.breakdown.ep_comm == 0 < spread.breakdown.ep_comm
     assert spread.model_flops == pytest.approx(dense.model_flops)
@@ -166,7 +166,7 @@ def test_titan_partition_counts_the_embedding_and_head_as_blocks():
     """Megatron-Core's account_for_embedding/loss_in_pipeline_split: the end stages hold one
     block fewer, so the first device holds fewer layers' activations."""
     job = Job("llama3-8b", Cluster(parse_gpus("6", "h100"), 6), 12, 4096, Stack())
-    lay = Layout(1, 6, 1, 1, 1)  # 32 blocks: uniform 6, 6, 5, ...; titan 5, 6, 6, 6, 5, 4
+    lay = JobShape(1, 6, 1, 1, 1)  # 32 blocks: uniform 6, 6, 5, ...; titan 5, 6, 6, 6, 5, 4
     uniform = estimate(job, Given(lay, "1f1b"))
     titan = estimate(job, Given(lay, "1f1b", partition="titan"))
     blocks = [[s.end - s.start for s in r.plan.stages] for r in (uniform, titan)]

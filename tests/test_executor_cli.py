@@ -190,9 +190,7 @@ def test_run_at_the_sizes_the_profile_was_measured_at(tmp_path, capsys):
 
 @pytest.mark.timeout(120)
 def test_run_says_when_it_runs_other_replicas_than_planned(tmp_path, capsys):
-    plan = one_f_one_b(2, 2, layer_count("tiny-llama")).with_parallelism(
-        tp=1, dp=4, microbatch_size=1
-    )
+    plan = one_f_one_b(2, 2, layer_count("tiny-llama")).with_shape(tp=1, dp=4, microbatch_size=1)
     save_plan(plan, tmp_path / "plan.json")
     argv = ["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-llama", "--steps", "1"]
     assert main([*argv, "--dp", "1", "--json"]) == 0  # without --dp: the plan's 4

@@ -120,7 +120,7 @@ def test_toml_writer_escapes_strings():
 def test_microbatch_size_comes_from_the_plan_first_then_the_profile(tmp_path):
     prof = profile(devices=None, microbatch_size=3)
     plan = two_device_plan(prof)
-    for source, size in [(plan.with_parallelism(1, 1, 5), 5), (plan, 3)]:
+    for source, size in [(plan.with_shape(tp=1, dp=1, microbatch_size=5), 5), (plan, 3)]:
         doc, text = torchtitan_toml(source, prof, tmp_path)
         assert doc["parallelism"]["pipeline_parallel_microbatch_size"] == size
         assert doc["training"]["local_batch_size"] == 4 * size
@@ -139,7 +139,10 @@ def test_unknown_microbatch_size_is_taken_as_1_and_said_so(tmp_path):
 def test_tp_and_dp_degrees_come_from_the_plan_first_then_the_profile(tmp_path):
     prof = profile(devices=None, tensor_parallel=2, data_parallel={"degree": 3}, microbatch_size=2)
     plan = two_device_plan(prof)
-    for source, (tp, dp) in [(plan.with_parallelism(4, 5, 2), (4, 5)), (plan, (2, 3))]:
+    for source, (tp, dp) in [
+        (plan.with_shape(tp=4, dp=5, microbatch_size=2), (4, 5)),
+        (plan, (2, 3)),
+    ]:
         doc, _ = torchtitan_toml(source, prof, tmp_path)
         par = doc["parallelism"]
         assert (par["tensor_parallel_degree"], par["data_parallel_replicate_degree"]) == (tp, dp)

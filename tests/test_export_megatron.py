@@ -33,7 +33,7 @@ def words(args: list[str]) -> dict[str, str | bool]:
 
 def test_degrees_batches_optimizer_and_recomputation(prof):
     plan = baseline(prof, "i1f1b", "uniform", 4, 2, 2)
-    plan = plan.with_parallelism(2, 3, 1, zero=1, cp=2, recompute="full")
+    plan = plan.with_shape(tp=2, dp=3, microbatch_size=1, zero=1, cp=2, recompute="full")
     got = words(megatron_arguments(plan, prof))
     blocks = sum(n.startswith("layers.") for n in prof.layer_names)
     assert got == {
@@ -84,13 +84,13 @@ def test_what_megatron_cannot_run_is_refused_naming_the_nearest(prof, schedule, 
 def test_zero3_and_uneven_recomputation_are_refused(prof):
     plan = baseline(prof, "1f1b", "uniform", 4, 2)
     with pytest.raises(InputError, match="ZeRO-3 is Megatron-FSDP"):
-        megatron_arguments(plan.with_parallelism(1, 2, 1, zero=3), prof)
+        megatron_arguments(plan.with_shape(tp=1, dp=2, microbatch_size=1, zero=3), prof)
     with pytest.raises(InputError, match="the nearest it runs: every stage full"):
         megatron_arguments(replace(plan, recompute=("full", "none")), prof)
 
 
 def test_the_args_file_is_a_bash_array(prof, tmp_path):
-    plan = baseline(prof, "1f1b", "uniform", 4, 2).with_parallelism(2, 1, 1)
+    plan = baseline(prof, "1f1b", "uniform", 4, 2).with_shape(tp=2, dp=1, microbatch_size=1)
     write_megatron_args(plan, prof, tmp_path / "megatron_args.sh")
     done = subprocess.run(
         ["bash", "-c", 'source megatron_args.sh; printf "%s\\n" "${MEGATRON_ARGS[@]}"'],

@@ -137,7 +137,7 @@ def test_config_module_holds_the_plans_values(style, tmp_path):
 
 def test_degrees_come_from_the_plans_parallelism(tmp_path):
     prof = profile(microbatch_size=3)
-    plan = plans(prof)["loop"].with_parallelism(tp=4, dp=2, microbatch_size=1)
+    plan = plans(prof)["loop"].with_shape(tp=4, dp=2, microbatch_size=1)
     written = export(plan, prof, tmp_path / "out")
     par = written.PARALLELISM
     assert (par["tensor_parallel_degree"], par["data_parallel_replicate_degree"]) == (4, 2)
@@ -151,7 +151,7 @@ def test_without_pp_the_microbatches_are_accumulated(tmp_path):
     accumulates M of them (global = M x b x DP = local x DP x M)."""
     prof = profile(microbatch_size=2, devices=(Device(),))
     plan = baseline(prof, "1f1b", "uniform", num_microbatches=4, num_devices=1)
-    plan = plan.with_parallelism(tp=1, dp=2, microbatch_size=2, zero=3)
+    plan = plan.with_shape(tp=1, dp=2, microbatch_size=2, zero=3)
     written = export(plan, prof, tmp_path / "out")
     training = written.TRAINING
     assert (training["local_batch_size"], training["global_batch_size"]) == (2, 4 * 2 * 2)
@@ -163,8 +163,9 @@ def test_the_whole_layout_reaches_torchtitan(tmp_path):
     """The 64-GPU Llama-3-70B answer's shape: TP 2 x CP 4 x PP 2 (here) x DP 2, EP, ZeRO-3 over
     HSDP groups: every degree is written and the launch takes every GPU."""
     prof = profile(microbatch_size=1, seq_len=4096)
-    plan = plans(prof)["loop"].with_parallelism(tp=2, dp=2, microbatch_size=1, cp=4, ep=8)
-    plan = replace(plan, parallelism={**plan.parallelism, "zero": 3, "shard_group": 4})
+    plan = plans(prof)["loop"].with_shape(
+        tp=2, dp=2, microbatch_size=1, cp=4, ep=8, zero=3, shard_group=4
+    )
     written = export(plan, prof, tmp_path / "out")
     par = written.PARALLELISM
     got = {k: par[k] for k in par if k.endswith("_degree")}
@@ -193,7 +194,7 @@ def test_the_whole_layout_reaches_torchtitan(tmp_path):
 )
 def test_data_parallelism_is_what_torchtitan_runs(zero, cp, degrees, note, tmp_path):
     prof = profile(microbatch_size=1, seq_len=4096)
-    plan = plans(prof)["loop"].with_parallelism(tp=1, dp=2, microbatch_size=1, zero=zero, cp=cp)
+    plan = plans(prof)["loop"].with_shape(tp=1, dp=2, microbatch_size=1, zero=zero, cp=cp)
     lay = titan_layout(plan, prof)
     assert (lay.dp_replicate, lay.dp_shard) == degrees
     assert lay.world == 2 * cp * 2
@@ -211,26 +212,15 @@ def test_what_torchtitan_cannot_run_is_refused_in_one_line(tmp_path, capsys):
     loop = plans(prof)["loop"]
     cases = [
         # EP over dp_shard x CP x TP = 1 x 1 x 2 under DDP: 4 does not divide 2.
-        (loop.with_parallelism(tp=2, dp=2, microbatch_size=1, ep=4), "parallelism.ep: torch"),
+        (loop.with_shape(tp=2, dp=2, microbatch_size=1, ep=4), "parallelism.ep: torch"),
         # HSDP shards of 3 across CP 2.
         (
-            replace(
-                loop,
-                parallelism={
-                    "tp": 1,
-                    "pp": 2,
-                    "dp": 3,
-                    "microbatch_size": 1,
-                    "cp": 2,
-                    "zero": 3,
-                    "shard_group": 3,
-                },
-            ),
+            loop.with_shape(tp=1, dp=3, microbatch_size=1, cp=2, zero=3, shard_group=3),
             "parallelism.shard_group: torchtitan 0.3 shards over dp_shard x CP",
         ),
         # Recomputation under a split backward.
         (
-            plans(prof)["v"].with_parallelism(tp=1, dp=1, microbatch_size=1, recompute="full"),
+            plans(prof)["v"].with_shape(tp=1, dp=1, microbatch_size=1, recompute="full"),
             "the plan recomputes (full) under a split backward",
         ),
     ]
@@ -262,7 +252,7 @@ def test_what_torchtitan_cannot_run_is_refused_in_one_line(tmp_path, capsys):
 def test_activation_checkpointing_as_planned(layout, stages, expected, tmp_path):
     prof = profile(microbatch_size=1, seq_len=64)
     loop = baseline(prof, "1f1b", "uniform", num_microbatches=4, num_devices=2)
-    plan = loop.with_parallelism(tp=1, dp=1, microbatch_size=1, recompute=layout)
+    plan = loop.with_shape(tp=1, dp=1, microbatch_size=1, recompute=layout)
     plan = replace(plan, recompute=stages)
     written = export(plan, prof, tmp_path / "out")
     assert written.ACTIVATION_CHECKPOINTING == expected
@@ -299,7 +289,7 @@ def test_torchtitans_rank_order_is_pointed_out_where_it_moves_unlike_devices(tmp
         ((Device(), Device(speed=0.5)), 2, True),
     ]:
         prof = profile(devices=devices)
-        plan = plans(prof)["loop"].with_parallelism(tp=1, dp=dp, microbatch_size=1)
+        plan = plans(prof)["loop"].with_shape(tp=1, dp=dp, microbatch_size=1)
         folder = tmp_path / f"{dp}-{noted}"
         export(plan, prof, folder)
         assert (note in (folder / "octopipe_torchtitan.py").read_text()) == noted

@@ -99,7 +99,9 @@ def test_an_exported_cp_plan_at_too_short_a_sequence_is_refused_by_its_config(tm
     for seq_len, refused in ((128, True), (256, False)):
         prof = profile(seq_len=seq_len)
         plan = baseline(prof, "1f1b", "uniform", num_microbatches=4, num_devices=2)
-        written = export(plan.with_parallelism(1, 1, 1, cp=2), prof, tmp_path / str(seq_len))
+        written = export(
+            plan.with_shape(tp=1, dp=1, microbatch_size=1, cp=2), prof, tmp_path / str(seq_len)
+        )
         assert written.PARALLELISM["module_fqns_per_model_part"][0][0] == TITAN[0]
         titan = trainer_config()
         written.apply_plan(titan)

@@ -13,6 +13,7 @@ import pytest
 
 from octopipe.cli import main
 from octopipe.export.titan_layout import node_groups_note
+from octopipe.plan import JobShape
 
 
 def torchtitan_rank(p: int, r: int, c: int, t: int, pp: int, dp: int, cp: int, tp: int) -> int:
@@ -41,7 +42,7 @@ def crossings(tp: int, cp: int, pp: int, dp: int, per_node: int, rank) -> tuple[
     [(1, 1, 2, 2, 2), (2, 1, 4, 4, 8), (2, 2, 2, 4, 8), (1, 1, 4, 2, 2), (4, 1, 2, 4, 8)],
 )
 def test_the_note_counts_the_links_torchtitans_mesh_moves(tp, cp, pp, dp, per_node):
-    note = node_groups_note(tp, cp, pp, dp, per_node)
+    note = node_groups_note(JobShape(tp, pp, dp, cp=cp), per_node)
 
     def ours(p, r, c, t):
         return t + tp * (c + cp * (p + pp * r))
@@ -70,7 +71,7 @@ def test_the_note_counts_the_links_torchtitans_mesh_moves(tp, cp, pp, dp, per_no
     ],
 )
 def test_no_note_where_both_orders_put_the_same_ranks_in_a_node(tp, cp, pp, dp, per_node):
-    assert node_groups_note(tp, cp, pp, dp, per_node) is None
+    assert node_groups_note(JobShape(tp, pp, dp, cp=cp), per_node) is None
 
 
 def test_plan_gpus_prints_the_note_and_writes_it_into_the_config(tmp_path, capsys):
@@ -97,7 +98,7 @@ def test_plan_gpus_prints_the_note_and_writes_it_into_the_config(tmp_path, capsy
     printed = capsys.readouterr().out
     plan = json.loads((out / "plan.json").read_text())
     tp, pp, dp = (plan["parallelism"][k] for k in ("tp", "pp", "dp"))
-    expected = node_groups_note(tp, 1, pp, dp, 2)
+    expected = node_groups_note(JobShape(tp, pp, dp), 2)
     if expected is None:
         pytest.skip(f"the search chose TP {tp} PP {pp} DP {dp}, which no order moves")
     assert f"note: {expected}" in " ".join(printed.split())

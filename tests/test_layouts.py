@@ -15,7 +15,7 @@ from octopipe.costmodel.hardware import PRESETS
 from octopipe.errors import InputError
 from octopipe.layouts import (
     Job,
-    Layout,
+    JobShape,
     LayoutCosts,
     LayoutSearch,
     candidate_layouts,
@@ -98,14 +98,14 @@ def test_candidate_layouts_cover_the_cluster_and_the_global_batch():
         assert lay.dp * lay.num_microbatches * lay.microbatch_size == 64
         assert 8 % lay.tp == 0 and lay.tp != 4 and lay.pp <= 10
     assert {lay.pp for lay in layouts} == {1, 2, 4, 8}  # 16 stages exceed the 10 layers
-    assert Layout(1, 2, 8, 1, 8) in layouts and Layout(1, 2, 8, 8, 1) in layouts
+    assert JobShape(1, 2, 8, 1, 8) in layouts and JobShape(1, 2, 8, 8, 1) in layouts
 
 
 def test_megatrons_usual_layout_fills_a_node_with_tp():
     cluster = Cluster(parse_gpus("64"), 8)
     first = megatron_layout(cluster, 512, num_layers=80, tp_fits=lambda tp: True)[0]
     assert (first.tp, first.pp, first.dp, first.microbatch_size) == (8, 1, 8, 1)
-    assert first.zero1  # the distributed optimizer
+    assert first.shards_optimizer  # the distributed optimizer
     # Heads that do not split 8 ways: the largest TP that fits.
     assert megatron_layout(cluster, 512, 80, lambda tp: tp <= 4)[0].tp == 4
 
@@ -114,8 +114,8 @@ def test_zero1_keeps_a_dp_th_of_the_optimizer_state():
     # 16 bytes a parameter in BF16 with BF16 gradients: 4 kept whole, 12 of Adam state sharded.
     job = Job("tiny-llama", Cluster(parse_gpus("8"), 8), 64, 64, Stack(grad_dtype="bf16"))
     costs = LayoutCosts(job)
-    full, _ = costs.profile(Layout(1, 2, 4, 1, 16))
-    sharded, _ = costs.profile(Layout(1, 2, 4, 1, 16, zero1=True))
+    full, _ = costs.profile(JobShape(1, 2, 4, 1, 16))
+    sharded, _ = costs.profile(JobShape(1, 2, 4, 1, 16, zero=1))
     for a, b in zip(full.layers, sharded.layers):
         assert b.param_bytes == math.ceil(a.param_bytes * (4 + 12 / 4) / 16)
     assert sharded.data_parallel.sharded and not full.data_parallel.sharded
@@ -124,10 +124,10 @@ def test_zero1_keeps_a_dp_th_of_the_optimizer_state():
 def test_zero1_shards_the_experts_state_over_the_ranks_holding_each_expert():
     job = Job("tiny-moe", Cluster(parse_gpus("8"), 8), 64, 64, Stack(grad_dtype="bf16"))
     costs = LayoutCosts(job)
-    dense, _ = costs.profile(Layout(1, 1, 8, 1, 8, zero1=True))
-    experts, _ = costs.profile(Layout(1, 1, 8, 1, 8, zero1=True, ep=2))
+    dense, _ = costs.profile(JobShape(1, 1, 8, 1, 8, zero=1))
+    experts, _ = costs.profile(JobShape(1, 1, 8, 1, 8, zero=1, ep=2))
     layer = next(i for i, l in enumerate(dense.layers) if l.kind == "moe")
-    estimates = costs.layers(Layout(1, 1, 8, 1, 8, ep=2))
+    estimates = costs.layers(JobShape(1, 1, 8, 1, 8, ep=2))
     e = estimates[layer]
     assert 0 < e.expert_params < e.params
     want = (e.params - e.expert_params) * (4 + 12 / 8) + e.expert_params * (4 + 12 / 4)
@@ -138,7 +138,7 @@ def test_zero1_shards_the_experts_state_over_the_ranks_holding_each_expert():
 def test_a_replica_on_slower_gpus_sets_the_step_time():
     job = Job("tiny-llama", Cluster(parse_gpus("4xh100,4xa100"), 4), 16, seq_len=128)
     search = LayoutSearch(job)
-    lay = Layout(tp=1, pp=4, dp=2, microbatch_size=1, num_microbatches=8)
+    lay = JobShape(tp=1, pp=4, dp=2, microbatch_size=1, num_microbatches=8)
     (row,) = search.baselines(lay, [("1f1b", "uniform", None)])
     profile, replicas = search.profile(lay)
     assert len(replicas) == 2
@@ -179,7 +179,7 @@ def test_the_answer_is_never_slower_than_the_reference_or_the_given_layout():
     job = Job("tiny-llama", Cluster(parse_gpus("16"), 8), global_batch=64, seq_len=256)
     report = plan_cluster(job, from_layout=parse_layout("tp2,pp2,b2,v2,selective"))
     assert report.reference is not None and report.given is not None
-    assert report.given.layout == Layout(2, 2, 4, 2, 8, recompute="selective")
+    assert report.given.layout == JobShape(2, 2, 4, 2, 8, recompute="selective")
     assert report.given.label == "given" and report.reference.label == "Megatron-LM"
     for ref in (report.reference, report.given):
         assert report.best.score <= ref.score
@@ -197,20 +197,20 @@ def test_plan_gpus_writes_the_best_layout_with_its_profile(tmp_path, capsys):
     assert "Megatron-LM" in text and "tok/s/GPU" in text
     profile = load_profile(out / "profile.json")
     plan = load_plan(out / "plan.json", profile.num_layers)
-    par = plan.parallelism
-    assert par["tp"] * par["pp"] * par["dp"] == 8 and par["pp"] == plan.num_devices
-    assert par["dp"] * plan.num_microbatches * par["microbatch_size"] == 16
-    assert profile.tensor_parallel == par["tp"]
-    assert profile.microbatch_size == par["microbatch_size"]
-    assert profile.data_parallel.degree == par["dp"]
+    shape = plan.shape
+    assert shape.world_size == 8 and shape.pp == plan.num_devices
+    assert shape.dp * plan.num_microbatches * shape.microbatch_size == 16
+    assert profile.tensor_parallel == shape.tp
+    assert profile.microbatch_size == shape.microbatch_size
+    assert profile.data_parallel.degree == shape.dp
     predicted = Simulator(profile).run(plan).iteration_time
     assert json.loads((out / "plan.json").read_text())["predicted"]["iteration_time"] == (
         pytest.approx(predicted)
     )
     toml = tomllib.loads((out / "torchtitan.toml").read_text())["parallelism"]
-    assert toml["tensor_parallel_degree"] == par["tp"]
-    assert toml["data_parallel_replicate_degree"] == par["dp"]
-    assert toml["pipeline_parallel_microbatch_size"] == par["microbatch_size"]
+    assert toml["tensor_parallel_degree"] == shape.tp
+    assert toml["data_parallel_replicate_degree"] == shape.dp
+    assert toml["pipeline_parallel_microbatch_size"] == shape.microbatch_size
 
 
 def test_plan_gpus_with_overlapped_steps_ranks_by_the_steady_step(tmp_path, capsys):
@@ -314,7 +314,7 @@ def test_run_refuses_a_plan_with_degrees_it_does_not_run(tmp_path, capsys):
     from octopipe.plan import save_plan
 
     plan = api.baseline(api.profile_from_config("tiny-llama", devices=2), "1f1b", "uniform", 4)
-    save_plan(plan.with_parallelism(2, 2, 1, cp=2), tmp_path / "cp.json")
+    save_plan(plan.with_shape(tp=2, dp=2, microbatch_size=1, cp=2), tmp_path / "cp.json")
     argv = ["run", "--plan", str(tmp_path / "cp.json"), "--model", "tiny-llama"]
     assert main([*argv, "--seq-len", "64", "--zero", "3"]) == 2
     err = capsys.readouterr().err.strip()

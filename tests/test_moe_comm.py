@@ -13,7 +13,7 @@ from moe_configs import moe_work, write_qwen3_moe
 from octopipe.cli import main
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.kernels import EP_NETWORK
-from octopipe.layouts import Cluster, Job, Layout, parse_gpus
+from octopipe.layouts import Cluster, Job, JobShape, parse_gpus
 from octopipe.layouts.costs import LayoutCosts
 from octopipe.layouts.estimate import Given, estimate
 from octopipe.layouts.stack import Stack
@@ -27,14 +27,14 @@ def qwen3_moe(tmp_path) -> str:
 
 
 def _costs(config: str, gpus: int = 16) -> LayoutCosts:
-    stack = Stack(rank_order="megatron")
-    return LayoutCosts(Job(config, Cluster(parse_gpus(str(gpus), "h100"), 8), 64, 2048, stack))
+    cluster = Cluster(parse_gpus(str(gpus), "h100"), 8)
+    return LayoutCosts(Job(config, cluster, 64, 2048, Stack(), rank_order="megatron"))
 
 
 def test_expert_gradients_reduce_over_the_ranks_holding_the_same_experts(qwen3_moe):
     costs = _costs(qwen3_moe)
-    layout = Layout(tp=1, pp=1, dp=16, microbatch_size=1, num_microbatches=4, ep=8, zero=1)
-    dense = costs.job.cluster.data_parallel_ring(1, 1, 1, 16)
+    layout = JobShape(tp=1, pp=1, dp=16, microbatch_size=1, num_microbatches=4, ep=8, zero=1)
+    dense = costs.job.cluster.data_parallel_ring(layout)
     experts = costs.expert_ring(layout)
     # EP 8 fills a node: the two ranks holding an expert sit on two nodes, one NIC apart,
     # where the dense ring of 16 consecutive ranks drives a node's 8 NICs at once.
@@ -54,7 +54,7 @@ def test_expert_gradients_reduce_over_the_ranks_holding_the_same_experts(qwen3_m
 
 def test_the_weights_gather_of_zero1_splits_by_ring(qwen3_moe):
     costs = _costs(qwen3_moe)
-    layout = Layout(tp=1, pp=1, dp=16, microbatch_size=1, num_microbatches=4, ep=8, zero=1)
+    layout = JobShape(tp=1, pp=1, dp=16, microbatch_size=1, num_microbatches=4, ep=8, zero=1)
     result = estimate(costs.job, Given(layout))
     profile, _ = costs.profile(layout)
     tail = costs.tail(layout, result.plan, profile)
@@ -69,7 +69,7 @@ def test_the_weights_gather_of_zero1_splits_by_ring(qwen3_moe):
 
 def test_only_the_copies_bound_for_other_nodes_cross_the_network(qwen3_moe):
     costs = _costs(qwen3_moe)
-    layout = Layout(tp=1, pp=1, dp=16, microbatch_size=1, num_microbatches=1, ep=16)
+    layout = JobShape(tp=1, pp=1, dp=16, microbatch_size=1, num_microbatches=1, ep=16)
     assert costs.ep_across_nodes(layout) and costs.ep_node_ranks(layout) == 8
 
     def network_bytes(node_ranks: int) -> float:

@@ -13,7 +13,7 @@ from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.kernels import EP_NETWORK, EP_NVLINK, GROUPED
 from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
-from octopipe.layouts import Cluster, Job, Layout, parse_gpus
+from octopipe.layouts import Cluster, Job, JobShape, parse_gpus
 from octopipe.layouts.estimate import Given, estimate
 from octopipe.layouts.stack import Stack
 
@@ -59,21 +59,21 @@ def _job(config: str, gpus: int) -> Job:
 
 def test_ep_folds_over_tp_cp_dp_beyond_the_dp_ranks(qwen3_moe):
     # TP 2 x PP 2 x DP 4 on 16 GPUs: EP 8 exceeds DP x CP = 4 but folds over TP x DP = 8.
-    layout = Layout(tp=2, pp=2, dp=4, microbatch_size=1, num_microbatches=1, ep=8)
+    layout = JobShape(tp=2, pp=2, dp=4, microbatch_size=1, num_microbatches=1, ep=8)
     result = estimate(_job(qwen3_moe, 16), Given(layout))
     assert result.breakdown.ep_comm > 0
     with pytest.raises(InputError, match="TP x CP x DP"):
-        estimate(_job(qwen3_moe, 16), Given(Layout(2, 2, 4, 1, 1, ep=16)))
+        estimate(_job(qwen3_moe, 16), Given(JobShape(2, 2, 4, 1, 1, ep=16)))
 
 
 def test_the_all_to_all_stays_on_nvlink_inside_a_node_and_crosses_nics_beyond(qwen3_moe):
     from octopipe.layouts.costs import LayoutCosts
 
     inside = LayoutCosts(_job(qwen3_moe, 16))
-    assert not inside.ep_across_nodes(Layout(1, 1, 16, 1, 1, ep=8))
-    assert inside.ep_across_nodes(Layout(1, 1, 16, 1, 1, ep=16))
+    assert not inside.ep_across_nodes(JobShape(1, 1, 16, 1, 1, ep=8))
+    assert inside.ep_across_nodes(JobShape(1, 1, 16, 1, 1, ep=16))
     # Under PP the DP ranks of a stage sit PP nodes' worth apart: EP 8 over DP spans nodes.
-    assert inside.ep_across_nodes(Layout(1, 2, 8, 1, 1, ep=8))
+    assert inside.ep_across_nodes(JobShape(1, 2, 8, 1, 1, ep=8))
     arch = load_architecture(qwen3_moe)
     h100 = hardware_preset("h100")
     near = estimate_layers(arch, h100, Settings(seq_len=2048, expert_parallel=8))[1]
@@ -84,15 +84,13 @@ def test_the_all_to_all_stays_on_nvlink_inside_a_node_and_crosses_nics_beyond(qw
 
 
 def test_megatrons_rank_order_keeps_a_stages_ep_group_inside_a_node(qwen3_moe):
-    from dataclasses import replace as with_stack
+    from dataclasses import replace
 
     from octopipe.layouts.costs import LayoutCosts
 
-    layout = Layout(1, 2, 8, 1, 1, ep=8)  # PP 2: OctoPipe's DP ranks sit two GPUs apart
-    octopipe = LayoutCosts(_job(qwen3_moe, 16))
-    megatron_job = _job(qwen3_moe, 16)
-    megatron_job = with_stack(megatron_job, stack=Stack(rank_order="megatron"))
-    megatron = LayoutCosts(megatron_job)
-    assert octopipe.ep_across_nodes(layout) and not megatron.ep_across_nodes(layout)
+    layout = JobShape(1, 2, 8, 1, 1, ep=8)  # PP 2: OctoPipe's DP ranks sit two GPUs apart
+    costs = LayoutCosts(_job(qwen3_moe, 16))
+    megatron = replace(layout, rank_order="megatron")
+    assert costs.ep_across_nodes(layout) and not costs.ep_across_nodes(megatron)
     with pytest.raises(InputError, match="--rank-order"):
-        Stack(rank_order="pp-first")
+        replace(_job(qwen3_moe, 16), rank_order="pp-first")

@@ -12,23 +12,23 @@ from executor_helpers import layer_count, one_f_one_b
 from model_zoo import titan_style, tp_titan_style, write_hf_config
 
 from octopipe.errors import InputError
+from octopipe.plan import JobShape, Place
 from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import validate_jobs
 from octopipe.runtime.model.load import load_recipe
-from octopipe.runtime.parallel.layout import Place, RankLayout
 from octopipe.runtime.parallel.tensor_parallel import check_plan, matches, resolve
 
 
 def test_ranks_number_tp_fastest_then_pp_then_dp():
-    layout = RankLayout(tp=2, pp=3, dp=2)
-    assert layout.size == 12 and layout.stage_ranks == 4
+    layout = JobShape(tp=2, pp=3, dp=2)
+    assert layout.world_size == 12 and layout.stage_ranks == 4
     assert layout.rank(replica=1, device=2, tp_rank=1) == 1 + 2 * (2 + 3 * 1)
-    places = [layout.place(r) for r in range(layout.size)]
+    places = [layout.place(r) for r in range(layout.world_size)]
     assert places[:3] == [Place(0, 0, 0), Place(0, 0, 1), Place(0, 1, 0)]
     assert [layout.rank(p.replica, p.device, p.tp_rank) for p in places] == list(range(12))
     assert layout.place(12) is None  # past the job
     # Without TP it is the earlier rule: replica x P + device.
-    assert RankLayout(1, 3, 2).rank(1, 2) == 1 * 3 + 2
+    assert JobShape(1, 3, 2).rank(1, 2) == 1 * 3 + 2
 
 
 def test_plan_patterns_match_name_by_name():

@@ -55,7 +55,9 @@ def test_a_run_takes_its_sizes_from_the_plan_unless_given(made):
     assert run_shape(plan, None, None) == (16, 4)
     assert run_shape(plan, 8, None) == (8, 4)
     assert run_shape(plan, None, 1) == (16, 1)
-    cluster = plan.with_parallelism(1, 1, 3)  # a cluster plan's own microbatch size first
+    cluster = plan.with_shape(
+        tp=1, dp=1, microbatch_size=3
+    )  # a cluster plan's own microbatch size first
     assert run_shape(cluster, None, None) == (16, 3)
 
 

@@ -20,7 +20,7 @@ from octopipe.export.titan_config import torchtitan_config_settings
 from octopipe.export.titan_layout import titan_layout
 from octopipe.layouts import Job, plan_cluster
 from octopipe.layouts.cluster import Cluster, parse_gpus
-from octopipe.layouts.layout import Layout
+from octopipe.layouts.layout import JobShape
 from octopipe.layouts.planner import LayoutSearch
 from octopipe.layouts.runners import RUNNERS, get_runner
 from octopipe.layouts.search import LayoutReport, runner_space, written_plan
@@ -58,7 +58,7 @@ def test_torchtitans_answers_export_as_priced(job, tmp_path):
         lay, plan = row.layout, written_plan(row)
         titan = titan_layout(plan, row.profile)  # no refusal
         assert (titan.tp, titan.cp, titan.pp, titan.ep) == (lay.tp, lay.cp, lay.pp, lay.ep)
-        assert titan.dp == lay.dp and titan.world == lay.gpus
+        assert titan.dp == lay.dp and titan.world == lay.world_size
         assert lay.zero in (0, 3)
         if lay.zero == 3:  # FSDP over the shard group, replicated across the groups
             assert titan.dp_shard * lay.cp == lay.shards
@@ -86,7 +86,7 @@ def test_megatrons_answers_export_as_priced(job):
         assert int(value.get("--expert-model-parallel-size", 1)) == lay.ep
         batch = lay.dp * lay.num_microbatches * lay.microbatch_size
         assert int(value["--global-batch-size"]) == batch
-        assert megatron_world(plan, row.profile) == lay.gpus
+        assert megatron_world(plan, row.profile) == lay.world_size
         assert ("--use-distributed-optimizer" in args) == (lay.zero == 1)
         assert lay.zero in (0, 1)
         assert value.get("--recompute-granularity", "none") == lay.recompute
@@ -160,23 +160,25 @@ def test_octopipes_zero3_is_priced_as_its_zero1_and_refused_where_the_executor_d
 
     job = Job("tiny-llama", Cluster(parse_gpus("8"), 4), 16, 256)
     search = LayoutSearch(job, runner=get_runner("octopipe"))
-    for base in (Layout(1, 1, 8, 1, 2), Layout(1, 2, 4, 1, 4), Layout(2, 2, 2, 2, 4)):
-        one, three = (search.screen(replace(base, zero=z, zero1=True)) for z in (1, 3))
+    for base in (JobShape(1, 1, 8, 1, 2), JobShape(1, 2, 4, 1, 4), JobShape(2, 2, 2, 2, 4)):
+        one, three = (search.screen(replace(base, zero=z)) for z in (1, 3))
         assert three.step_time == pytest.approx(one.step_time, rel=1e-12)
         assert three.peak_memory_bytes == pytest.approx(one.peak_memory_bytes, rel=1e-12)
     runner = get_runner("octopipe")
     arch = load_architecture("tiny-moe")
-    assert "expert parallelism" in runner.layout_refusal(Layout(1, 1, 4, 1, 1, zero=3, ep=2), arch)
-    assert "TP 1" in runner.layout_refusal(Layout(2, 1, 2, 1, 1, zero=3, cp=2), arch)
-    assert "overlapped" in runner.layout_refusal(Layout(1, 1, 4, 1, 1, zero=1), arch, True)
-    assert runner.layout_refusal(Layout(1, 1, 4, 1, 1, zero=3, cp=2), arch) is None
+    assert "expert parallelism" in runner.layout_refusal(
+        JobShape(1, 1, 4, 1, 1, zero=3, ep=2), arch
+    )
+    assert "TP 1" in runner.layout_refusal(JobShape(2, 1, 2, 1, 1, zero=3, cp=2), arch)
+    assert "overlapped" in runner.layout_refusal(JobShape(1, 1, 4, 1, 1, zero=1), arch, True)
+    assert runner.layout_refusal(JobShape(1, 1, 4, 1, 1, zero=3, cp=2), arch) is None
 
 
 @pytest.mark.parametrize(
     ("layout", "message"),
     [
-        (Layout(2, 1, 2, 1, 1, zero=3, cp=2, ep=2), "3 is not built with expert parallelism"),
-        (Layout(2, 1, 2, 1, 1, zero=3, cp=2), "runs with --cp at --tp 1"),
+        (JobShape(2, 1, 2, 1, 1, zero=3, cp=2, ep=2), "3 is not built with expert parallelism"),
+        (JobShape(2, 1, 2, 1, 1, zero=3, cp=2), "runs with --cp at --tp 1"),
     ],
 )
 def test_the_zero3_rule_is_the_executors_refusal(layout, message):
@@ -184,8 +186,8 @@ def test_the_zero3_rule_is_the_executors_refusal(layout, message):
     from octopipe.plan import make_plan
 
     assert get_runner("octopipe").layout_refusal(layout, load_architecture("tiny-moe"))
-    plan = make_plan(1, 2, [(0, 9)], [0], {0: []}).with_parallelism(
-        layout.tp, layout.dp, 1, 3, layout.cp, layout.ep
+    plan = make_plan(1, 2, [(0, 9)], [0], {0: []}).with_shape(
+        tp=layout.tp, dp=layout.dp, microbatch_size=1, zero=3, cp=layout.cp, ep=layout.ep
     )
     settings = from_keywords(JobConfig(), zero=3, seq_len=64)
     with pytest.raises(InputError, match=message):
@@ -195,18 +197,20 @@ def test_the_zero3_rule_is_the_executors_refusal(layout, message):
 def test_octopipe_run_refuses_an_hsdp_plan_under_zero3():
     from octopipe.plan import make_plan
 
-    plan = make_plan(1, 2, [(0, 9)], [0], {0: []}).with_parallelism(1, 4, 1, 3, shard_group=2)
+    plan = make_plan(1, 2, [(0, 9)], [0], {0: []}).with_shape(
+        tp=1, dp=4, microbatch_size=1, zero=3, shard_group=2
+    )
     with pytest.raises(InputError, match="HSDP shard groups of 2 are not run"):
         runtime_config_of(from_keywords(JobConfig(), zero=3, seq_len=64), plan, "tiny-llama")
 
 
 def test_torchtitan_offers_hsdp_within_a_node_only():
     runner = get_runner("torchtitan")
-    fsdp = Layout(1, 1, 16, 1, 1, zero=3)
-    assert runner.layouts(fsdp, 8) == [fsdp, Layout(1, 1, 16, 1, 1, zero=3, shard_group=8)]
-    assert runner.layouts(Layout(2, 1, 16, 1, 1, zero=3), 8)[1].shard_group == 4
-    assert runner.layouts(Layout(1, 1, 8, 1, 1, zero=3), 8) == [Layout(1, 1, 8, 1, 1, zero=3)]
-    for refused in (Layout(1, 1, 8, 1, 1, zero=1), Layout(1, 1, 4, 1, 1, cp=2)):
+    fsdp = JobShape(1, 1, 16, 1, 1, zero=3)
+    assert runner.layouts(fsdp, 8) == [fsdp, JobShape(1, 1, 16, 1, 1, zero=3, shard_group=8)]
+    assert runner.layouts(JobShape(2, 1, 16, 1, 1, zero=3), 8)[1].shard_group == 4
+    assert runner.layouts(JobShape(1, 1, 8, 1, 1, zero=3), 8) == [JobShape(1, 1, 8, 1, 1, zero=3)]
+    for refused in (JobShape(1, 1, 8, 1, 1, zero=1), JobShape(1, 1, 4, 1, 1, cp=2)):
         assert runner.layout_refusal(refused, None) is not None
 
 
@@ -221,10 +225,10 @@ def test_a_reference_the_runner_cannot_run_is_shown_not_chosen(tmp_path, capsys)
     assert summary["reference"]["runnable"] is False  # Megatron-LM's ZeRO-1
     assert "no ZeRO-1" in summary["reference"]["not_runnable"]
     assert "not run by torchtitan" in out and "layouts for torchtitan" in out
-    written = load_plan(tmp_path / "plan.json").parallelism
-    assert written.get("zero", 0) == summary["chosen"]["zero"]
+    written = load_plan(tmp_path / "plan.json").shape
+    assert written.zero == summary["chosen"]["zero"]
     if "shard_group" in summary["chosen"]:
-        assert written["shard_group"] == summary["chosen"]["shard_group"]
+        assert written.shard_group == summary["chosen"]["shard_group"]
 
 
 @pytest.mark.parametrize(
@@ -257,9 +261,9 @@ def test_the_shard_group_is_written_read_back_and_checked(tmp_path):
     from octopipe.plan import save_plan
 
     plan = op.baseline(op.profile_from_config("tiny-llama", devices=1), "1f1b", "uniform", 2)
-    hsdp = plan.with_parallelism(1, 8, 1, 3, cp=2, shard_group=4)
+    hsdp = plan.with_shape(tp=1, dp=8, microbatch_size=1, zero=3, cp=2, shard_group=4)
     save_plan(hsdp, tmp_path / "plan.json")
-    assert load_plan(tmp_path / "plan.json").parallelism["shard_group"] == 4
+    assert load_plan(tmp_path / "plan.json").shape.shard_group == 4
     for zero, group, message in [
         (1, 4, "parallelism.shard_group: shards weights: needs zero 3"),
         (3, 3, "parallelism.shard_group: 3 is not a multiple of CP 2 dividing DP x CP = 16"),
@@ -306,7 +310,7 @@ def test_each_runner_prices_the_stack_as_it_runs_it():
     stacks = {r: LayoutSearch(job, runner=get_runner(r)).job.stack for r in RUNNERS}
     assert stacks["octopipe"].zero3_held and not stacks["torchtitan"].zero3_held
     assert stacks["megatron"].reduce_at_end and not stacks["octopipe"].reduce_at_end
-    layout = Layout(1, 2, 4, 1, 4, zero=1)  # reductions wait for the step's end under Megatron
+    layout = JobShape(1, 2, 4, 1, 4, zero=1)  # reductions wait for the step's end under Megatron
     octo, mlm = (
         LayoutSearch(job, runner=get_runner(r)).baseline(layout, "1f1b", "uniform", None)
         for r in ("octopipe", "megatron")

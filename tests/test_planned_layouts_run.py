@@ -30,7 +30,7 @@ def test_a_cp_answer_of_plan_gpus_runs_from_its_printed_command(tmp_path, capsys
     printed = capsys.readouterr().out
     command = next(line for line in printed.splitlines() if "-m octopipe run" in line)
     plan = load_plan(out / "plan.json")
-    assert plan.parallelism["cp"] > 1 and plan.parallelism["dp"] > 1
+    assert plan.shape.cp > 1 and plan.shape.dp > 1
     flags = shlex.split(command.split("-m octopipe", 1)[1])  # run --plan ... --model ...
     flags[flags.index("--seq-len") + 1] = "64"  # scaled to what this machine holds
     assert main([*flags, "--steps", "2", "--json"]) == 0

@@ -55,7 +55,7 @@ def agent_command(node: int, plan: Path) -> str:
 @pytest.mark.timeout(240)
 def test_two_torchrun_nodes_train_a_tp_pp_dp_plan_as_one_process(tmp_path):
     plan = tmp_path / "plan.json"
-    save_plan(gpipe(PP, 2, layer_count(MODEL)).with_parallelism(TP, DP, MBS), plan)
+    save_plan(gpipe(PP, 2, layer_count(MODEL)).with_shape(tp=TP, dp=DP, microbatch_size=MBS), plan)
     script = tmp_path / "nodes.sh"
     script.write_text(
         "ip link set lo up\n"

@@ -8,7 +8,7 @@ import pytest
 
 from octopipe.costmodel.hf_config import load_architecture
 from octopipe.errors import InputError
-from octopipe.layouts.layout import Layout
+from octopipe.layouts.layout import JobShape
 from octopipe.layouts.runnable import context_parallel_refusal, run_refusal
 from octopipe.models import bundled_models
 
@@ -36,10 +36,10 @@ def test_refusals_name_what_does_not_run():
     deepseek, llama = load_architecture("tiny-deepseek"), load_architecture("tiny-llama")
     assert "MLA" in context_parallel_refusal(deepseek)
     assert context_parallel_refusal(llama) is None
-    cp2 = Layout(1, 1, 2, 1, 1, cp=2)
+    cp2 = JobShape(1, 1, 2, 1, 1, cp=2)
     assert run_refusal(cp2, llama) is None
     assert "context parallelism" in run_refusal(cp2, deepseek)
-    ep2 = Layout(1, 1, 2, 1, 1, ep=2)
+    ep2 = JobShape(1, 1, 2, 1, 1, ep=2)
     assert run_refusal(ep2, deepseek) is None
     assert "overlapped steps" in run_refusal(ep2, deepseek, overlap_steps=True)
 

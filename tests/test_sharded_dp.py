@@ -13,7 +13,7 @@ from octopipe.costmodel.build import estimate_layers
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
-from octopipe.layouts import Cluster, Job, Layout, parse_gpus
+from octopipe.layouts import Cluster, Job, JobShape, parse_gpus
 from octopipe.layouts.estimate import Given, estimate
 from octopipe.layouts.sharded_dp import sharding, state_bytes
 from octopipe.layouts.stack import Stack
@@ -23,16 +23,16 @@ def _job(gpus: int = 64, batch: int = 128) -> Job:
     return Job("llama3-8b", Cluster(parse_gpus(str(gpus), "h100"), 8), batch, 4096, Stack())
 
 
-FSDP = Layout(tp=1, pp=1, dp=64, microbatch_size=1, num_microbatches=1)
+FSDP = JobShape(tp=1, pp=1, dp=64, microbatch_size=1, num_microbatches=1)
 
 
-def _run(layout: Layout, gpus: int = 64):
+def _run(layout: JobShape, gpus: int = 64):
     return estimate(_job(gpus), Given(layout))
 
 
-def test_zero1_is_the_same_layout_spelled_either_way():
-    assert Layout(1, 1, 8, 1, 1, zero1=True) == Layout(1, 1, 8, 1, 1, zero=1)
-    assert Layout(1, 1, 8, 1, 1, zero=3).zero1  # the optimizer state is sharded too
+def test_every_zero_stage_shards_the_optimizer_state():
+    assert not JobShape(1, 1, 8, 1, 1).shards_optimizer
+    assert all(JobShape(1, 1, 8, 1, 1, zero=z).shards_optimizer for z in (1, 2, 3))
 
 
 def test_each_stage_holds_less():
@@ -78,7 +78,7 @@ def test_fp8_copies_are_held_with_whole_weights_and_in_flight_under_per_microbat
 def test_zero3_gathers_per_microbatch_without_pp_and_once_a_step_under_pp():
     per_mb = _run(replace(FSDP, zero=3))
     assert per_mb.breakdown.fsdp_comm > 0  # every microbatch's gathers, partly exposed
-    pp = Layout(tp=1, pp=4, dp=16, microbatch_size=1, num_microbatches=1)
+    pp = JobShape(tp=1, pp=4, dp=16, microbatch_size=1, num_microbatches=1)
     held, zero1 = _run(replace(pp, zero=3)), _run(replace(pp, zero=1))
     assert held.breakdown.fsdp_comm == 0  # gathered once, held across the microbatches
     assert held.step_time == pytest.approx(zero1.step_time)  # ZeRO-1's traffic
@@ -100,12 +100,13 @@ def test_hsdp_shards_within_groups_and_reduces_across_them():
     [
         (replace(FSDP, zero=1, shard_group=8), "needs --zero 2 or 3"),
         (replace(FSDP, zero=3, shard_group=7), "must divide"),
-        (replace(FSDP, zero=4), "0 to 3"),
     ],
 )
 def test_bad_shard_groups_are_one_line(layout, says):
     with pytest.raises(InputError, match=says):
         _run(layout)
+    with pytest.raises(ValueError, match="ZeRO stage 4"):  # no shape holds it at all
+        replace(FSDP, zero=4)
 
 
 def test_the_search_space_offers_zero_2_3_and_folded_ep_when_asked():

@@ -151,7 +151,7 @@ def test_ranks_hold_the_cost_models_share_of_weights_gradients_and_state(runs):
         ran, result = runs[name]
         cfg, plan = ran.config, ran.plan
         expected = analytic_state_bytes(model, plan, cfg.tp, cfg.dp, cfg.zero)
-        assert list(result.state_bytes[: cfg.layout(plan).size]) == expected, name
+        assert list(result.state_bytes[: cfg.layout(plan).world_size]) == expected, name
 
 
 def test_a_tensor_parallel_checkpoint_resumes_at_tp1_under_another_plan_and_back(runs, checkpoints):

@@ -191,12 +191,14 @@ def plan_layout(
     seq_len: int = 4096,
     stack=None,
     memory_headroom: float | None = None,
+    rank_order: str | None = None,
     **options,
 ) -> LayoutReport:
     """The parallel layout of a model on a cluster, as `octopipe plan --gpus` chooses it:
     `gpus` a count of `hardware` GPUs or a spec such as "4xh100,4xa100"; `stack` the
     training framework's settings (`octopipe.layouts.stack.Stack`, default OctoPipe's);
-    `memory_headroom` the fraction of each GPU's memory a plan leaves free (default 5%).
+    `memory_headroom` the fraction of each GPU's memory a plan leaves free (default 5%);
+    `rank_order` how ranks are numbered ("octopipe" or "megatron"; default the runner's).
     Megatron-LM's usual layout is planned and tuned first, every layout screened best bound
     first and the best tuned; `.rows` best first, `.reference` Megatron-LM's layout. `options`:
     those of `octopipe.layouts.plan_cluster` (time_budget, finalists, tune_evaluations,
@@ -204,11 +206,13 @@ def plan_layout(
     runner: "octopipe", "torchtitan" or "megatron", the engine the answer is for)."""
     from octopipe.layouts import Cluster, Job, parse_gpus, plan_cluster
     from octopipe.layouts.layout import DEFAULT_HEADROOM
+    from octopipe.layouts.runners import DEFAULT_RUNNER, get_runner
     from octopipe.layouts.stack import Stack
 
     cluster = Cluster(parse_gpus(str(gpus), hardware), gpus_per_node)
     headroom = DEFAULT_HEADROOM if memory_headroom is None else memory_headroom
-    job = Job(str(config), cluster, global_batch, seq_len, stack or Stack(), headroom)
+    order = rank_order or get_runner(options.get("runner", DEFAULT_RUNNER)).rank_order
+    job = Job(str(config), cluster, global_batch, seq_len, stack or Stack(), headroom, order)
     return plan_cluster(job, **options)
 
 

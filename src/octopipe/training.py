@@ -82,7 +82,7 @@ def run(
     run_config = runtime_config(config, plan, model_spec, loss=loss, **objects)
     results = execute(
         [Job(plan, run_config, where)],
-        config.launch.nproc or run_config.layout(plan).size,
+        config.launch.nproc or run_config.layout(plan).world_size,
         config.launch.backend,
         config.launch.timeout,
         config.launch.init_method,
@@ -268,7 +268,7 @@ def _reports_to(on_step, on_note):
 def planned_shape(plan: Plan) -> tuple[int | None, int | None]:
     """The sequence length and microbatch size a plan was made for (its profile's; a cluster
     plan's `parallelism` microbatch size first), each None where the plan does not say."""
-    b = plan.parallelism.get("microbatch_size") if plan.parallelism else None
+    b = plan.shape.microbatch_size if plan.shape is not None else None
     return plan.made_for_value("seq_len"), b or plan.made_for_value("microbatch_size")
 
 
@@ -288,13 +288,13 @@ def _with_planned_zero(config: JobConfig, plan: Plan) -> JobConfig:
     """`--zero`, else the ZeRO stage the plan was priced with (`plan --gpus` writes it)."""
     if config.parallelism.zero is not None:
         return config
-    zero = plan.parallelism.get("zero", 0) if plan.parallelism else 0
+    zero = plan.shape.zero if plan.shape is not None else 0
     return replace(config, parallelism=replace(config.parallelism, zero=zero))
 
 
 def _planned(plan: Plan, degree: str) -> int:
     """A degree (`tp`, `dp`) a cluster plan was made for (its `parallelism`), else 1."""
-    return plan.parallelism.get(degree, 1) if plan.parallelism else 1
+    return getattr(plan.shape, degree) if plan.shape is not None else 1
 
 
 def _check_shard_group(config: JobConfig, plan: Plan) -> None:
@@ -302,7 +302,7 @@ def _check_shard_group(config: JobConfig, plan: Plan) -> None:
     refused under --zero 3: FSDP2 here shards over every replica, not the plan's groups."""
     from octopipe.errors import InputError
 
-    group = plan.parallelism.get("shard_group") if plan.parallelism else None
+    group = plan.shape.shard_group if plan.shape is not None else None
     if group and config.parallelism.zero == 3:
         raise InputError(
             "--zero",

@@ -130,8 +130,6 @@ def run(args: argparse.Namespace) -> int:
         )
     runner = args.runner or DEFAULT_RUNNER
     check_runner_exports(args, runner)
-    if args.rank_order is None:  # the runner's own numbering unless given
-        args.rank_order = get_runner(runner).rank_order
     cap = DEFAULT_TIME_CAP if args.time_budget is None else args.time_budget
     spec = parse_layout(args.from_layout) if args.from_layout else None
     started = time.perf_counter()
@@ -148,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             seq_len=args.seq_len,
             stack=stack_from_args(args),
             memory_headroom=args.memory_headroom,
+            rank_order=args.rank_order,  # None: the runner's own numbering
             time_budget=cap,
             tune_evaluations=args.tune_evaluations,
             seed=args.seed,

@@ -8,8 +8,9 @@ import argparse
 from octopipe.commands._flags import number
 from octopipe.costmodel.precision import FP8_SCALINGS, PRECISIONS
 from octopipe.costmodel.settings import ATTENTION_KERNELS
-from octopipe.layouts.stack import GRAD_DTYPE_BYTES, P2P_KINDS, RANK_ORDERS, Stack
+from octopipe.layouts.stack import GRAD_DTYPE_BYTES, P2P_KINDS, Stack
 from octopipe.limits import MAX_BYTES
+from octopipe.plan.shape import RANK_ORDERS
 
 MB = 2**20
 _DEFAULT = Stack()
@@ -135,5 +136,4 @@ def stack_from_args(args: argparse.Namespace) -> Stack:
         moe_capacity_factor=args.moe_capacity_factor,
         moe_host_sync=args.moe_host_sync,
         moe_a2a_overlap=args.moe_a2a_overlap,
-        rank_order=args.rank_order or _DEFAULT.rank_order,
     )

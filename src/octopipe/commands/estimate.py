@@ -117,7 +117,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from octopipe.layouts.cluster import Cluster, parse_gpus
     from octopipe.layouts.estimate import Given, estimate
-    from octopipe.layouts.layout import Job, Layout
+    from octopipe.layouts.layout import Job
+    from octopipe.plan.shape import DEFAULT_RANK_ORDER, JobShape
 
     groups = parse_gpus(args.gpus, args.hardware)
     per_node = args.gpus_per_node or min(g.hardware.nvlink_domain for g in groups)
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                 "--dp", f"TP x CP x PP = {group} does not divide the {cluster.size} GPUs"
             )
         dp = cluster.size // group
-    layout = Layout(
+    layout = JobShape(
         tp=args.tp,
         pp=args.pp,
         dp=dp,
@@ -142,9 +143,18 @@ def run(args: argparse.Namespace) -> int:
         cp=args.cp,
         recompute=args.recompute,
         ep=args.ep,
+        rank_order=args.rank_order or DEFAULT_RANK_ORDER,
     )
     stack = stack_from_args(args)
-    job = Job(args.model, cluster, args.global_batch, args.seq_len, stack, args.memory_headroom)
+    job = Job(
+        args.model,
+        cluster,
+        args.global_batch,
+        args.seq_len,
+        stack,
+        args.memory_headroom,
+        layout.rank_order,
+    )
     result = estimate(job, Given(layout, args.schedule, args.chunks, args.partition))
     _print(result)
     if args.json:

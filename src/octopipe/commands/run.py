@@ -33,7 +33,6 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.config.sources import from_flags
     from octopipe.plan import load_plan
     from octopipe.runtime.launch.launcher import RankFailure, Stopped, under_torchrun
-    from octopipe.runtime.parallel.layout import RankLayout
     from octopipe.trace import from_records, write_trace
     from octopipe.training import run as train
     from octopipe.training import run_shape
@@ -64,18 +63,16 @@ def run(args: argparse.Namespace) -> int:
     if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         _leave_rank()
     # After the run, so that a refused run's error stays its only line.
-    par = config.parallelism
-    dp, tp = par.dp or _planned(plan, "dp") or 1, par.tp or _planned(plan, "tp") or 1
-    degrees = (("dp", dp, "data-parallel replicas"), ("tp", tp, "tensor-parallel ranks a device"))
-    for flag, ran, what in degrees:
-        if _planned(plan, flag) not in (None, ran):
+    layout = result.shape
+    degrees = (("dp", "data-parallel replicas"), ("tp", "tensor-parallel ranks a device"))
+    for flag, what in degrees:
+        planned, ran = _planned(plan, flag), getattr(layout, flag)
+        if planned not in (None, ran):
             print(
-                f"octopipe run: note: {plan_file} was planned for {_planned(plan, flag)} {what} "
+                f"octopipe run: note: {plan_file} was planned for {planned} {what} "
                 f"(its parallelism key); this ran {ran} (--{flag})",
                 file=sys.stderr,
             )
-    cp = par.cp or _planned(plan, "cp") or 1
-    layout = RankLayout(tp, plan.num_devices, dp, cp=cp)
     if out.trace:
         write_trace(out.trace, from_records(result.records), "measured")
     if out.png:
@@ -91,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
         print(dumps(summary))
     else:
         _print_human(summary, comparable)
-        if dp > 1 or tp > 1 or cp > 1:
-            print(layout.describe())
+        if layout.dp > 1 or layout.tp > 1 or layout.cp > 1:
+            print(layout.rank_rule())
         if out.trace and summary["predicted_iteration_time"] is not None:
             given = out.profile  # --profile, when the run was given the plan's profile
             calibrated = "CALIBRATED" if given is None else _calibrated_name(given)
@@ -234,8 +231,9 @@ def _note_other_device(plan, plan_file: str, summary: dict) -> bool:
     return note is not None
 
 
-def _planned(plan, key: str) -> int | None:
-    return plan.parallelism.get(key) if plan.parallelism else None
+def _planned(plan, degree: str) -> int | None:
+    """A degree (`tp`, `dp`) the plan was made for, or None for a plan without a shape."""
+    return getattr(plan.shape, degree) if plan.shape is not None else None
 
 
 def _print_human(summary: dict, comparable: bool = True) -> None:

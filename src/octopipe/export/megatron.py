@@ -26,7 +26,7 @@ import shlex
 from pathlib import Path
 
 from octopipe.errors import InputError
-from octopipe.export.titan_plan import microbatch_size, splits_backward, tp_dp_degrees
+from octopipe.export.titan_plan import microbatch_size, planned_shape, splits_backward
 from octopipe.outfiles import write_text
 from octopipe.plan import Plan
 from octopipe.profile import Profile
@@ -41,9 +41,8 @@ RUNNER_HINT = "`octopipe plan --gpus N --runner megatron` plans only what Megatr
 def megatron_arguments(plan: Plan, profile: Profile) -> list[str]:
     """Megatron-LM's pretraining arguments for `plan` (flags and values, in order); an
     InputError, one line naming the nearest plan Megatron-LM runs, where it cannot."""
-    par = plan.parallelism or {}
-    tp, dp = tp_dp_degrees(plan, profile)
-    cp, ep, zero = par.get("cp", 1), par.get("ep", 1), par.get("zero", 0)
+    shape = planned_shape(plan, profile)
+    tp, dp, cp, ep, zero = shape.tp, shape.dp, shape.cp, shape.ep, shape.zero
     P, S = plan.num_devices, plan.num_stages
     _check_placement(plan)
     if splits_backward(plan):
@@ -79,14 +78,13 @@ def megatron_arguments(plan: Plan, profile: Profile) -> list[str]:
         args += ["--seq-length", str(profile.seq_len)]
     if zero == 1 and dp * cp > 1:
         args.append("--use-distributed-optimizer")
-    args += _recomputation(plan, par.get("recompute", "none"))
+    args += _recomputation(plan, shape.recompute)
     return args
 
 
 def megatron_world(plan: Plan, profile: Profile) -> int:
     """GPUs one run takes: TP x CP x PP x DP."""
-    tp, dp = tp_dp_degrees(plan, profile)
-    return tp * (plan.parallelism or {}).get("cp", 1) * plan.num_devices * dp
+    return planned_shape(plan, profile).world_size
 
 
 def write_megatron_args(plan: Plan, profile: Profile, path: str | Path) -> None:

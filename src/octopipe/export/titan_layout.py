@@ -26,15 +26,13 @@ Nothing here writes a file or imports torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from octopipe.errors import InputError
-from octopipe.export.titan_plan import microbatch_size, splits_backward, tp_dp_degrees
-from octopipe.plan import Plan
+from octopipe.export.titan_plan import microbatch_size, planned_shape, splits_backward
+from octopipe.plan import RECOMPUTE_KINDS, JobShape, Plan
 from octopipe.profile import Profile
 
-RECOMPUTE_ORDER = ("none", "selective", "full")
 RUNNER_HINT = "`octopipe plan --gpus N --runner torchtitan` plans only what torchtitan runs"
 
 
@@ -100,11 +98,10 @@ def titan_layout(plan: Plan, profile: Profile, gpus_per_node: int | None = None)
     """How torchtitan 0.3 runs `plan`; an InputError (one line, naming the plan) where it
     cannot run it as planned at all. Given `gpus_per_node`, a note also says where torchtitan's
     rank order puts other groups of ranks in a node than the plan's (`node_groups_note`)."""
-    par: dict[str, Any] = plan.parallelism or {}
-    tp, dp = tp_dp_degrees(plan, profile)
-    cp, ep, zero = par.get("cp", 1), par.get("ep", 1), par.get("zero", 0)
+    shape = planned_shape(plan, profile)
+    tp, dp, cp, ep = shape.tp, shape.dp, shape.cp, shape.ep
     notes: list[str] = []
-    replicate, shard = _data_parallel(dp, cp, zero, par.get("shard_group", 0), notes)
+    replicate, shard = _data_parallel(dp, cp, shape.zero, shape.shard_group, notes)
     if ep > 1:
         expert_ranks = shard * cp * tp
         if expert_ranks % ep:
@@ -116,7 +113,7 @@ def titan_layout(plan: Plan, profile: Profile, gpus_per_node: int | None = None)
         # torchtitan's EP groups take TP ranks first (its mesh has TP innermost), as the cost
         # model lays them (layouts/costs.py, `ep_across_nodes`): nothing to note.
     if gpus_per_node is not None:
-        moved = node_groups_note(tp, cp, plan.num_devices, replicate * shard, gpus_per_node)
+        moved = node_groups_note(shape, gpus_per_node)
         notes += [moved] if moved else []
     return TitanLayout(
         tp=tp,
@@ -127,7 +124,7 @@ def titan_layout(plan: Plan, profile: Profile, gpus_per_node: int | None = None)
         ep=ep,
         microbatch_size=microbatch_size(plan, profile) or 1,
         num_microbatches=plan.num_microbatches,
-        activation_checkpoint=_checkpointing(plan, par.get("recompute", "none"), notes),
+        activation_checkpoint=_checkpointing(plan, shape.recompute, notes),
         notes=tuple(notes),
     )
 
@@ -167,7 +164,7 @@ def _checkpointing(plan: Plan, layout_recompute: str, notes: list[str]) -> str:
     refused under a split backward, which no checkpointing survives in torchtitan 0.3."""
     stage_kinds = [plan.recompute_of(s) for s in range(plan.num_stages)]
     kinds = {layout_recompute, *stage_kinds} - {"none"}
-    kind = max(kinds, key=RECOMPUTE_ORDER.index, default="none")
+    kind = max(kinds, key=RECOMPUTE_KINDS.index, default="none")
     if kind != "none" and splits_backward(plan):
         raise InputError(
             "plan.json",
@@ -192,21 +189,19 @@ def _checkpointing(plan: Plan, layout_recompute: str, notes: list[str]) -> str:
     return kind
 
 
-def node_groups_note(tp: int, cp: int, pp: int, dp: int, gpus_per_node: int) -> str | None:
-    """Where torchtitan's rank order (mesh pp, dp_replicate, dp_shard, cp, tp: PP outermost)
-    puts other ranks together in a node than the plan's GPU numbering (TP, CP, PP, DP: DP
-    outermost), one line saying which links change: the pipeline's hops between nodes and the
-    nodes each data-parallel group spans; None where both put the same groups in a node."""
+def node_groups_note(shape: JobShape, gpus_per_node: int) -> str | None:
+    """Where torchtitan's rank order (mesh pp, dp_replicate, dp_shard, cp, tp: PP outermost,
+    the "megatron" order) puts other ranks together in a node than the plan's, one line saying
+    which links change: the pipeline's hops between nodes and the nodes each data-parallel
+    group spans; None where both put the same groups in a node. The plan's pipeline hops are
+    priced where OctoPipe's numbering puts them, whatever its rank order (`layouts/cluster.py`),
+    so that numbering is the one compared."""
+    tp, cp, pp, dp = shape.tp, shape.cp, shape.pp, shape.dp
+    priced, titan = (replace(shape, rank_order=o) for o in ("octopipe", "megatron"))
 
-    def plan_gpu(t: int, c: int, p: int, r: int) -> int:
-        return t + tp * (c + cp * (p + pp * r))
-
-    def titan_gpu(t: int, c: int, p: int, r: int) -> int:
-        return t + tp * (c + cp * (r + dp * p))
-
-    def links(gpu) -> tuple[int, int]:
+    def links(numbering: JobShape) -> tuple[int, int]:
         def node(t: int, c: int, p: int, r: int) -> int:
-            return gpu(t, c, p, r) // gpus_per_node
+            return numbering.rank(r, p, t, c) // gpus_per_node
 
         tc = [(t, c) for t in range(tp) for c in range(cp)]
         hops = sum(
@@ -220,7 +215,7 @@ def node_groups_note(tp: int, cp: int, pp: int, dp: int, gpus_per_node: int) -> 
 
     if tp * cp * pp * dp <= gpus_per_node or pp == 1 or dp == 1:
         return None  # one node, or one of the two orders' outer axes alone: the same groups
-    (plan_hops, plan_spans), (titan_hops, titan_spans) = links(plan_gpu), links(titan_gpu)
+    (plan_hops, plan_spans), (titan_hops, titan_spans) = links(priced), links(titan)
     if (plan_hops, plan_spans) == (titan_hops, titan_spans):
         return None
     total = tp * cp * (pp - 1) * dp

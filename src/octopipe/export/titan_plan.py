@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 
 from octopipe.placement import torchtitan_style
-from octopipe.plan import Plan, split_backwards
+from octopipe.plan import JobShape, Plan, split_backwards
 from octopipe.profile import Profile
 
 # The schedule name torchtitan is given: with a CSV the order comes from the file, but the name
@@ -37,24 +37,24 @@ def module_fqns_per_model_part(plan: Plan, profile: Profile) -> list[list[str]]:
 def microbatch_size(plan: Plan, profile: Profile) -> int | None:
     """Samples per microbatch the plan was made for: the plan's, else the profile's; None when
     neither records it."""
-    if plan.parallelism is not None:
-        return plan.parallelism["microbatch_size"]
+    if plan.shape is not None:
+        return plan.shape.microbatch_size
     return profile.microbatch_size
 
 
-def tp_dp_degrees(plan: Plan, profile: Profile) -> tuple[int, int]:
-    """The tensor- and data-parallel degrees around the pipeline: the plan's, else the
-    profile's."""
-    if plan.parallelism is not None:
-        return plan.parallelism["tp"], plan.parallelism["dp"]
-    return profile.tensor_parallel, profile.data_parallel.degree
-
-
-def world_size(plan: Plan, profile: Profile) -> int:
-    """GPUs (processes) one run of the plan takes: TP x CP x PP x DP."""
-    tp, dp = tp_dp_degrees(plan, profile)
-    cp = (plan.parallelism or {}).get("cp", 1)
-    return tp * cp * plan.num_devices * dp
+def planned_shape(plan: Plan, profile: Profile) -> JobShape:
+    """The job's shape the plan was made for: its own (`parallelism`), else the one its
+    profile implies (its TP and data-parallel degree; microbatches of 1 sample where it does
+    not record their size)."""
+    if plan.shape is not None:
+        return plan.shape
+    return JobShape(
+        profile.tensor_parallel,
+        plan.num_devices,
+        profile.data_parallel.degree,
+        profile.microbatch_size or 1,
+        plan.num_microbatches,
+    )
 
 
 def batch_sizes(plan: Plan, profile: Profile) -> tuple[int, int]:
@@ -62,7 +62,7 @@ def batch_sizes(plan: Plan, profile: Profile) -> tuple[int, int]:
     local_batch_size / pipeline_parallel_microbatch_size microbatches under PP; without PP
     (one device) a local batch of one microbatch, accumulated over the plan's microbatches
     (global = local x dp x M). An unknown microbatch size is taken as 1."""
-    _, dp = tp_dp_degrees(plan, profile)
+    dp = planned_shape(plan, profile).dp
     size = microbatch_size(plan, profile) or 1
     step = plan.num_microbatches * size
     local = step if plan.num_devices > 1 else size
@@ -84,14 +84,14 @@ def caveats(plan: Plan, profile: Profile, layout_notes: bool = True) -> list[str
             "The profile does not record its microbatch size, so 1 was assumed; for costs of b "
             "samples, multiply pipeline_parallel_microbatch_size and both batch sizes by b."
         )
-    if layout_notes and plan.parallelism is not None and plan.parallelism.get("zero"):
+    if layout_notes and plan.shape is not None and plan.shape.zero:
         out.append(
             "The plan's memory figures assume the optimizer state sharded across the "
             "data-parallel replicas (ZeRO-1, Megatron-LM's distributed optimizer), which "
             "torchtitan does not offer as such; its FSDP (data_parallel_shard_degree) shards "
             "weights and gradients too, at other communication costs."
         )
-    _, dp = tp_dp_degrees(plan, profile)
+    dp = planned_shape(plan, profile).dp
     if dp > 1 and len(set(profile.devices or ())) > 1:
         out.append(
             "torchtitan numbers ranks with the pipeline outermost (mesh pp, dp_replicate, "

@@ -24,8 +24,8 @@ from octopipe.export.titan_plan import (
     microbatch_size,
     module_fqns_per_model_part,
     placement_style,
+    planned_shape,
     schedule_name,
-    tp_dp_degrees,
 )
 from octopipe.outfiles import write_text
 from octopipe.plan import Plan
@@ -35,7 +35,8 @@ from octopipe.profile import Profile
 def torchtitan_settings(plan: Plan, profile: Profile, csv_path: str) -> dict[str, dict[str, Any]]:
     """torchtitan 0.2 job-config sections reproducing `plan` (key names of its JobConfig); an
     unknown microbatch size is taken as 1."""
-    tp, dp = tp_dp_degrees(plan, profile)
+    shape = planned_shape(plan, profile)
+    tp, dp = shape.tp, shape.dp
     local_batch, global_batch = batch_sizes(plan, profile)
     return {
         "parallelism": {

@@ -1,7 +1,7 @@
 """Laying a model out on a cluster: TP x PP x DP degrees, microbatches, and their plans.
 
 - `cluster.py`: GPUs in nodes, and the topology one pipeline replica sees;
-- `layout.py`: what a layout is (`Layout`, `Job`) and which ones a job allows;
+- `layout.py`: what a layout is (`JobShape`, `Job`) and which ones a job allows;
 - `stack.py`: the training framework's settings shared by every layout (`Stack`);
 - `costs.py`: a layout's profile and what its step costs beyond the pipeline (`LayoutCosts`);
 - `estimate.py`: one given layout predicted (`octopipe estimate`);
@@ -13,7 +13,7 @@
 
 from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.layouts.costs import LayoutCosts
-from octopipe.layouts.layout import MAX_MICROBATCH_SIZE, Job, Layout, candidate_layouts, divisors
+from octopipe.layouts.layout import MAX_MICROBATCH_SIZE, Job, JobShape, candidate_layouts, divisors
 from octopipe.layouts.planner import LayoutSearch, Row
 from octopipe.layouts.reference import megatron_layout, reference_row
 from octopipe.layouts.search import LayoutReport, plan_cluster
@@ -22,7 +22,7 @@ __all__ = [
     "MAX_MICROBATCH_SIZE",
     "Cluster",
     "Job",
-    "Layout",
+    "JobShape",
     "LayoutCosts",
     "LayoutReport",
     "LayoutSearch",

@@ -4,9 +4,8 @@
 them in nodes of `gpus_per_node`, in the order given. `replica_topology` answers, for a layout
 of tensor (T), context (C), pipeline (P) and data (D) parallel degrees, what docs/FORMATS.md's
 profile keys need: each pipeline device's node, speed and memory, the links inside and between
-nodes, and the data-parallel ring. GPUs are numbered TP fastest, then CP, then PP, then DP (the
-`parallelism` rule of docs/FORMATS.md), so GPU `t + T * (c + C * (p + P * r))` is TP rank t of
-context rank c of pipeline device p in replica r; a pipeline device is a group of T x C GPUs.
+nodes, and the data-parallel ring. GPUs are numbered by the job's shape (`JobShape.rank`, the
+`parallelism` rule of docs/FORMATS.md); a pipeline device is a group of T x C GPUs.
 
 Nothing here estimates a model's costs (`costmodel/`) or searches (`layouts.py`).
 """
@@ -14,11 +13,12 @@ Nothing here estimates a model's costs (`costmodel/`) or searches (`layouts.py`)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from octopipe.costmodel.hardware import Hardware, hardware_preset
 from octopipe.errors import InputError
 from octopipe.limits import MAX_GPUS
+from octopipe.plan.shape import DEFAULT_RANK_ORDER, JobShape
 from octopipe.profile import DataParallel, Device, Link, Links
 
 
@@ -103,27 +103,24 @@ class Cluster:
         nodes = -(-self.size // self.gpus_per_node)
         return f"{kinds} in {nodes} node{'s' if nodes > 1 else ''} of {self.gpus_per_node}"
 
-    def gpu(self, t: int, c: int, p: int, r: int, tp: int, cp: int, pp: int) -> int:
-        """The GPU of TP rank t, CP rank c, pipeline device p, replica r (the numbering rule)."""
-        return t + tp * (c + cp * (p + pp * r))
-
     def cp_across_nodes(self, tp: int, cp: int) -> bool:
         """Whether a context-parallel group spans nodes (its ring then runs over the NICs)."""
         return cp > 1 and tp * cp > self.gpus_per_node
 
-    def ep_across_nodes(self, tp: int, cp: int, pp: int, ep: int) -> bool:
-        """Whether an expert-parallel group spans nodes: EP takes consecutive members of the
-        DP x CP ranks holding one TP rank of one pipeline device (CP rank fastest)."""
-        if ep == 1:
-            return False
-        members = [self.gpu(0, i % cp, 0, i // cp, tp, cp, pp) for i in range(ep)]
-        return len({self.node_of(g) for g in members}) > 1
-
     def replica_topology(
-        self, tp: int, pp: int, dp: int, speed: dict[str, float] | None = None, cp: int = 1
+        self,
+        tp: int,
+        pp: int,
+        dp: int,
+        speed: dict[str, float] | None = None,
+        cp: int = 1,
+        rank_order: str = DEFAULT_RANK_ORDER,
     ) -> Topology:
         """The topology of replica 0 under TP x CP x PP x DP = the cluster's size; `speed`
-        gives each preset's speed relative to the reference (1.0 where not given)."""
+        gives each preset's speed relative to the reference (1.0 where not given). The
+        data-parallel ring follows `rank_order`; the pipeline devices' nodes are OctoPipe's
+        numbering's in either order (pipeline hops are priced where `octopipe run` puts them)."""
+        shape = JobShape(tp, pp, dp, cp=cp)  # OctoPipe's numbering
         if tp * cp * pp * dp != self.size:
             raise ValueError(f"{tp} x {cp} x {pp} x {dp} != {self.size} GPUs")
         if min(self.gpus_per_node, self.size) % tp:
@@ -141,7 +138,7 @@ class Cluster:
             renumber: dict[int, int] = {}
             pattern = []
             for p in range(pp):
-                first = self.gpu(0, 0, p, r, tp, cp, pp)  # the group's first GPU
+                first = shape.rank(r, p)  # the group's first GPU
                 node = renumber.setdefault(self.node_of(first), len(renumber))
                 pattern.append((kind_of[self.gpus[first].name], node))
             patterns.setdefault(tuple(pattern), None)
@@ -162,7 +159,8 @@ class Cluster:
             intra_node=Link(bandwidth=self._slowest("tp_bandwidth"), latency=self._latency),
             inter_node=Link(bandwidth=self._slowest("link_bandwidth"), latency=self._latency),
         )
-        return Topology(replicas[0], links, self.data_parallel_ring(tp, cp, pp, dp), replicas)
+        ring = self.data_parallel_ring(replace(shape, rank_order=rank_order))
+        return Topology(replicas[0], links, ring, replicas)
 
     def _slowest(self, field: str) -> float:
         return min(getattr(g.hardware, field) for g in self.groups)
@@ -171,7 +169,7 @@ class Cluster:
     def _latency(self) -> float:
         return max(g.hardware.link_latency for g in self.groups)
 
-    def data_parallel_ring(self, tp: int, cp: int, pp: int, dp: int) -> DataParallel:
+    def data_parallel_ring(self, shape: JobShape) -> DataParallel:
         """The gradient ring of one TP rank of pipeline device 0: its D x C copies (the data
         and context-parallel ranks hold the same weights). Inside one node it runs over
         NVLink. Across nodes NCCL runs one ring per NIC: a node holding k of the ring's GPUs
@@ -180,7 +178,7 @@ class Cluster:
         side, each over its own NICs). Each step pays the network's latency where it crosses
         nodes (NVLink hops' few microseconds are left out)."""
         members = [
-            self.gpu(0, c, 0, r, tp, cp, pp) for r in range(dp) for c in range(cp)
+            shape.rank(r, 0, 0, c) for r in range(shape.dp) for c in range(shape.cp)
         ]  # every pipeline device's ring is laid out alike: device 0's stands for all
         return self.ring_of(members)
 

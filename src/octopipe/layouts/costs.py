@@ -23,10 +23,11 @@ from octopipe.costmodel.hf_config import load_architecture
 from octopipe.costmodel.precision import weight_cast_bytes
 from octopipe.costmodel.settings import Settings
 from octopipe.errors import InputError
-from octopipe.layouts.layout import Job, Layout
+from octopipe.layouts.layout import Job
 from octopipe.layouts.sharded_dp import Sharding, replica_ring, shard_layers, sharding
 from octopipe.layouts.stack import layer_settings
 from octopipe.plan import Plan
+from octopipe.plan.shape import JobShape
 from octopipe.profile import DataParallel, Profile
 from octopipe.sim import SimResult
 
@@ -73,11 +74,11 @@ class LayoutCosts:
         self.arch = load_architecture(job.config)
         self._layers: dict[tuple, list[LayerEstimate]] = {}
         self._profiles: dict[tuple, Profile] = {}
-        self._exposed: dict[Layout, list[float]] = {}  # ZeRO-2/3's per layer and microbatch
+        self._exposed: dict[JobShape, list[float]] = {}  # ZeRO-2/3's per layer and microbatch
         self._ep_across: dict[tuple, dict[int, int]] = {}
         self._expert_rings: dict[tuple, DataParallel] = {}
 
-    def settings(self, layout: Layout) -> Settings:
+    def settings(self, layout: JobShape) -> Settings:
         cluster = self.job.cluster
         return layer_settings(
             tp=layout.tp,
@@ -93,22 +94,22 @@ class LayoutCosts:
             etp=layout.etp,
         )
 
-    def _stride(self, layout: Layout) -> int:
+    def _stride(self, layout: JobShape) -> int:
         """How many TP x CP groups lie between two DP ranks of a stage: PP under OctoPipe's GPU
         numbering (PP before DP), 1 under Megatron's rank order (PP outermost)."""
-        return 1 if self.job.stack.rank_order == "megatron" else layout.pp
+        return 1 if layout.rank_order == "megatron" else layout.pp
 
-    def ep_across_nodes(self, layout: Layout) -> bool:
+    def ep_across_nodes(self, layout: JobShape) -> bool:
         """Whether an expert-parallel group spans nodes. MoE parallel folding lays groups of
         ETP x EP consecutive ranks over a stage's TP x CP x DP ranks (TP fastest, then CP, then
         DP: the GPU numbering of docs/FORMATS.md); an EP group is every ETP-th of them."""
         return len(self._ep_nodes(layout)) > 1
 
-    def ep_node_ranks(self, layout: Layout) -> int:
+    def ep_node_ranks(self, layout: JobShape) -> int:
         """The fewest of an EP group's ranks on one of its nodes."""
         return min(self._ep_nodes(layout).values(), default=1)
 
-    def _ep_nodes(self, layout: Layout) -> dict[int, int]:
+    def _ep_nodes(self, layout: JobShape) -> dict[int, int]:
         """Per node an EP group touches, how many of its ranks it holds ({} without EP)."""
         if layout.ep == 1:
             return {}
@@ -122,14 +123,13 @@ class LayoutCosts:
             self._ep_across[key] = nodes
         return self._ep_across[key]
 
-    def _stage_gpu(self, layout: Layout, i: int) -> int:
+    def _stage_gpu(self, layout: JobShape, i: int) -> int:
         """The GPU of the i-th of pipeline device 0's TP x CP x DP ranks (TP fastest, then
-        CP, then DP: the GPU numbering of docs/FORMATS.md)."""
+        CP, then DP), in the layout's rank order."""
         tp, cp = layout.tp, layout.cp
-        stride = self._stride(layout)
-        return self.job.cluster.gpu(i % tp, (i // tp) % cp, 0, i // (tp * cp), tp, cp, stride)
+        return layout.rank(i // (tp * cp), 0, i % tp, (i // tp) % cp)
 
-    def expert_ring(self, layout: Layout) -> DataParallel:
+    def expert_ring(self, layout: JobShape) -> DataParallel:
         """The ring that reduces an expert's gradients: the stage's ranks holding the same
         experts, every ETP x EP-th of its TP x CP x DP ranks (MoE parallel folding). Where
         EP fills a node, each of its steps crosses nodes on one GPU's NIC, where the dense
@@ -142,7 +142,7 @@ class LayoutCosts:
             self._expert_rings[key] = self.job.cluster.ring_of(members)
         return self._expert_rings[key]
 
-    def _expert_grad_scale(self, layout: Layout, ring: DataParallel) -> float:
+    def _expert_grad_scale(self, layout: JobShape, ring: DataParallel) -> float:
         """The simulator reduces a stage's gradients on one ring, the dense one: an expert's
         gradient byte counts there as this many bytes, its own ring's seconds per byte over
         the dense ring's (the rings' latencies left out: a bucket's few steps). Without a
@@ -159,7 +159,7 @@ class LayoutCosts:
 
         return per_byte(experts) / per_byte(ring)
 
-    def _key(self, layout: Layout, hw: Hardware) -> tuple:
+    def _key(self, layout: JobShape, hw: Hardware) -> tuple:
         """What a layout's layers depend on (not DP, nor the microbatch count; PP only through
         how it lays an EP group over nodes, so PP degrees that do not share one). The EP
         group's fewest ranks on a node also say whether it spans nodes (fewer than EP)."""
@@ -180,7 +180,7 @@ class LayoutCosts:
             return cluster.reference
         return next(g.hardware for g in cluster.groups if g.hardware.name == name)
 
-    def layers(self, layout: Layout, hardware: str | None = None) -> list[LayerEstimate]:
+    def layers(self, layout: JobShape, hardware: str | None = None) -> list[LayerEstimate]:
         """The layers' estimates for one microbatch of `layout` on one GPU of `hardware`."""
         hw = self.hardware(hardware)
         key = self._key(layout, hw)
@@ -188,7 +188,7 @@ class LayoutCosts:
             self._layers[key] = estimate_layers(self.arch, hw, self.settings(layout))
         return self._layers[key]
 
-    def base_profile(self, layout: Layout, hardware: str | None = None) -> Profile:
+    def base_profile(self, layout: JobShape, hardware: str | None = None) -> Profile:
         """The profile of `layout`'s layers on `hardware`, before topology."""
         hw = self.hardware(hardware)
         key = self._key(layout, hw)
@@ -202,12 +202,12 @@ class LayoutCosts:
         """Whether the model's heads (and experts) split `tp` ways, the sequence `cp` ways and
         the experts `ep` ways."""
         try:
-            self.layers(Layout(tp, 1, 1, 1, 1, cp=cp, ep=ep))
+            self.layers(JobShape(tp, 1, 1, 1, 1, cp=cp, ep=ep))
         except InputError:
             return False
         return True
 
-    def speeds(self, layout: Layout) -> dict[str, float]:
+    def speeds(self, layout: JobShape) -> dict[str, float]:
         """Each preset's speed relative to the reference: the ratio of the model's total
         estimated work (a mixed cluster's devices differ by one factor each)."""
 
@@ -218,22 +218,20 @@ class LayoutCosts:
         kinds = {g.hardware.name for g in self.job.cluster.groups}
         return {hw: ref / work(hw) for hw in kinds}
 
-    def profile(self, layout: Layout) -> tuple[Profile, tuple[tuple, ...]]:
+    def profile(self, layout: JobShape) -> tuple[Profile, tuple[tuple, ...]]:
         """Replica 0's profile of `layout`, and every distinct replica's devices (one tuple
         on a cluster of one kind of GPU)."""
         base = self.base_profile(layout)
         cluster = self.job.cluster
         speeds = self.speeds(layout) if cluster.mixed else {}
-        topo = cluster.replica_topology(layout.tp, layout.pp, layout.dp, speeds, layout.cp)
+        topo = cluster.replica_topology(
+            layout.tp, layout.pp, layout.dp, speeds, layout.cp, layout.rank_order
+        )
         stack = self.job.stack
-        if stack.rank_order == "megatron":  # a stage's DP x CP ranks follow its TP x CP group
-            topo = replace(
-                topo, data_parallel=cluster.data_parallel_ring(layout.tp, layout.cp, 1, layout.dp)
-            )
         ring = topo.data_parallel.model_copy(
             update={
                 "bucket_bytes": stack.grad_bucket_bytes,
-                "sharded": layout.zero1,
+                "sharded": layout.shards_optimizer,
                 "at_end": stack.reduce_at_end,
             }
         )
@@ -265,7 +263,7 @@ class LayoutCosts:
             profile = self._shard_all(profile, layout, ring)
         return profile, replicas
 
-    def _expert_gradients(self, profile: Profile, layout: Layout, ring: DataParallel) -> Profile:
+    def _expert_gradients(self, profile: Profile, layout: JobShape, ring: DataParallel) -> Profile:
         """The layers' expert gradients as the bytes of the dense ring that take as long as
         their own ring's reduction (`_expert_grad_scale`)."""
         scale = self._expert_grad_scale(layout, ring)
@@ -282,7 +280,7 @@ class LayoutCosts:
             )
         return profile.model_copy(update={"layers": tuple(layers)})
 
-    def _sharding(self, layout: Layout) -> Sharding:
+    def _sharding(self, layout: JobShape) -> Sharding:
         return sharding(
             layout.zero,
             layout.dp,
@@ -292,14 +290,12 @@ class LayoutCosts:
             held=self.job.stack.zero3_held,
         )
 
-    def rings(self, layout: Layout) -> tuple[DataParallel, DataParallel]:
+    def rings(self, layout: JobShape) -> tuple[DataParallel, DataParallel]:
         """ZeRO-2/3's rings of one TP rank of pipeline device 0: over its shard group (laid out
         as a DP ring of S / CP replicas, the first of them), and across HSDP's replicas."""
         cluster = self.job.cluster
         sh = self._sharding(layout)
-        shard = cluster.data_parallel_ring(
-            layout.tp, layout.cp, self._stride(layout), sh.shards // layout.cp
-        )
+        shard = cluster.data_parallel_ring(replace(layout, dp=sh.shards // layout.cp))
         hw = cluster.reference
         across = replica_ring(
             sh,
@@ -312,7 +308,7 @@ class LayoutCosts:
         )
         return shard, across
 
-    def _shard_all(self, profile: Profile, layout: Layout, ring: DataParallel) -> Profile:
+    def _shard_all(self, profile: Profile, layout: JobShape, ring: DataParallel) -> Profile:
         """ZeRO-2/3 and HSDP (`sharded_dp.py`): the layers' held bytes and exposed gathers and
         scatters; the simulator's ring reduce-scatters over the shard group once a step (ZeRO-3
         held under PP) or all-reduces the shards across the replicas (the others)."""
@@ -329,7 +325,7 @@ class LayoutCosts:
             dp = across.model_copy(update=keep) if across.degree > 1 else DataParallel()
         return profile.model_copy(update={"layers": layers, "data_parallel": dp})
 
-    def _shard_optimizer(self, profile: Profile, layout: Layout, ranks: int) -> Profile:
+    def _shard_optimizer(self, profile: Profile, layout: JobShape, ranks: int) -> Profile:
         """ZeRO-1 (Megatron-LM's distributed optimizer): the optimizer state of dense weights
         sharded over the `ranks` that hold them (DP x CP), of experts over the ranks that hold
         each expert (DP x CP / EP)."""
@@ -346,7 +342,7 @@ class LayoutCosts:
     # --- the step ------------------------------------------------------------------------
 
     def device_params(
-        self, layout: Layout, plan: Plan, fp8: bool = False, experts: bool = False
+        self, layout: JobShape, plan: Plan, fp8: bool = False, experts: bool = False
     ) -> list[int]:
         """Per pipeline device: the parameters of its stages on one GPU (one TP rank); `fp8`:
         only those of FP8 linears; `experts`: only the MoE layers' experts."""
@@ -359,14 +355,14 @@ class LayoutCosts:
             )
         return params
 
-    def tail(self, layout: Layout, plan: Plan, profile: Profile) -> Tail:
+    def tail(self, layout: JobShape, plan: Plan, profile: Profile) -> Tail:
         """The slowest device's optimizer update after the pipeline, and the weights' all-gather
         of ZeRO-1/2 (and of ZeRO-3 held under PP, for the next step, with HSDP's all-reduce of
         the gradient shards across the replicas)."""
         s = self.settings(layout)
         hw = self.hardware()
         ring = profile.data_parallel
-        shards = ring.degree if layout.zero1 else 1
+        shards = ring.degree if layout.shards_optimizer else 1
         across = DataParallel()
         if layout.zero >= 2 and layout.dp * layout.cp > 1:
             sh = self._sharding(layout)
@@ -390,18 +386,18 @@ class LayoutCosts:
             if expert_ring is not None:  # the experts' shards gather on their own ring
                 gather = ring.allgather_time((params - expert) * s.weight_bytes)
                 gather += expert_ring.allgather_time(expert * s.weight_bytes)
-            elif layout.zero1:
+            elif layout.shards_optimizer:
                 gather = ring.allgather_time(params * s.weight_bytes)
             gather += across.allreduce_time(params * s.grad_bytes / shards)
             one = Tail(update / device.speed, gather)
             worst = max(worst, one, key=lambda t: t.total)
         return worst
 
-    def step_time(self, layout: Layout, plan: Plan, profile: Profile, sim: SimResult) -> float:
+    def step_time(self, layout: JobShape, plan: Plan, profile: Profile, sim: SimResult) -> float:
         """The step: the simulated pipeline (its steady step when overlapped) and the tail."""
         return sim.iteration_time + self.tail(layout, plan, profile).total
 
-    def busy_parts(self, layout: Layout, plan: Plan, profile: Profile) -> list[TimeParts]:
+    def busy_parts(self, layout: JobShape, plan: Plan, profile: Profile) -> list[TimeParts]:
         """Per device: its seconds of compute, recomputation and exposed TP/CP communication
         in one step (every stage on it runs each microbatch's F, I and W once)."""
         layers = self.layers(layout)

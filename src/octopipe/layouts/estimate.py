@@ -23,8 +23,9 @@ from octopipe.costmodel.build import TimeParts, model_flops
 from octopipe.costmodel.error_band import ErrorBand, error_band, layout_kinds
 from octopipe.errors import InputError
 from octopipe.layouts.costs import LayoutCosts
-from octopipe.layouts.layout import Job, Layout
+from octopipe.layouts.layout import Job
 from octopipe.plan import Plan
+from octopipe.plan.shape import JobShape
 from octopipe.profile import DataParallel
 from octopipe.sim import SimResult, Simulator
 
@@ -35,7 +36,7 @@ PARTITION = "uniform"  # Megatron-LM's: blocks evenly, the embedding first, the 
 class Given:
     """The layout to predict and the schedule it runs."""
 
-    layout: Layout
+    layout: JobShape
     schedule: str = "1f1b"
     chunks: int | None = None  # stages per device (interleaved and V schedules)
     partition: str = PARTITION  # or "titan": the embedding and the head count as a block each
@@ -135,10 +136,10 @@ def check_given(job: Job, given: Given) -> None:
     for flag, value in (("--tp", lay.tp), ("--cp", lay.cp), ("--pp", lay.pp), ("--dp", lay.dp)):
         if value < 1:
             raise InputError(flag, f"must be at least 1, got {value}")
-    if lay.gpus != cluster.size:
+    if lay.world_size != cluster.size:
         raise InputError(
             "--gpus",
-            f"TP {lay.tp} x CP {lay.cp} x PP {lay.pp} x DP {lay.dp} = {lay.gpus} GPUs, "
+            f"TP {lay.tp} x CP {lay.cp} x PP {lay.pp} x DP {lay.dp} = {lay.world_size} GPUs, "
             f"not the {cluster.size} given",
         )
     if min(cluster.gpus_per_node, cluster.size) % lay.tp:
@@ -154,8 +155,6 @@ def check_given(job: Job, given: Given) -> None:
             f"EP {lay.ep} x expert TP {lay.expert_tp} does not divide the TP x CP x DP = "
             f"{ranks} ranks of a stage (MoE parallel folding)",
         )
-    if not 0 <= lay.zero <= 3:
-        raise InputError("--zero", f"expected a ZeRO stage 0 to 3, got {lay.zero}")
     ranks = lay.dp * lay.cp
     if lay.shard_group:
         if lay.zero < 2:
@@ -234,7 +233,7 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
     )
 
 
-def band_of(job: Job, layout: Layout, moe: bool) -> ErrorBand:
+def band_of(job: Job, layout: JobShape, moe: bool) -> ErrorBand:
     """The held-out error of published runs like this layout's (`costmodel/error_band.py`):
     same GPU, precision and model kind (`moe`), most parallelism kinds in common."""
     kinds = layout_kinds(layout.tp, layout.cp, layout.pp, layout.ep, layout.zero)
@@ -242,7 +241,7 @@ def band_of(job: Job, layout: Layout, moe: bool) -> ErrorBand:
     return error_band(hardware, job.stack.precision, kinds, moe)
 
 
-def step_flops(costs: LayoutCosts, layout: Layout, job: Job) -> tuple[float, float]:
+def step_flops(costs: LayoutCosts, layout: JobShape, job: Job) -> tuple[float, float]:
     """Model FLOPs of one step over all GPUs, and the FLOPs recomputation adds to them: per
     sample, as the model is without any parallelism (the model-FLOPs convention)."""
     one = replace(layout, tp=1, cp=1, microbatch_size=1)

@@ -1,108 +1,31 @@
-"""What a cluster layout is: the parallel degrees and the microbatches of one training job.
+"""Which job shapes a cluster allows: the parallel degrees and the microbatches of one job.
 
     job = Job("llama3-70b", cluster, global_batch=512, seq_len=4096)
     layouts = candidate_layouts(cluster, 512, num_layers=83, tp_fits=...)   # TP x PP x DP x b
     layouts = search_space(job, num_layers=83, fits=..., experts=0)          # every degree
 
-A layout fixes TP (inside a node), CP, PP, DP (and EP among the DP x CP ranks) with
-TP x CP x PP x DP GPUs, the microbatch size b and count M with D x M x b = the global batch,
-the recomputation and whether the optimizer state is sharded. Nothing here costs or searches
-a layout.
+A layout is a `JobShape` (`octopipe.plan.shape`): TP (inside a node), CP, PP, DP (and EP among
+the DP x CP ranks) with TP x CP x PP x DP GPUs, the microbatch size b and count M with
+D x M x b = the global batch, the recomputation, the optimizer sharding and the rank order.
+Nothing here costs or searches a layout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from octopipe.errors import InputError
 from octopipe.layouts.cluster import Cluster
 from octopipe.layouts.stack import Stack
+from octopipe.plan.shape import DEFAULT_RANK_ORDER, RANK_ORDERS, RECOMPUTE_KINDS, JobShape
 
 MAX_MICROBATCH_SIZE = 8
 MIN_CP_CHUNK = 1024  # tokens of a sequence a context-parallel rank holds at least
 MAX_EP = 64  # the widest expert-parallel group searched
-RECOMPUTE_ORDER = ("none", "selective", "full")  # cheapest in time first
 # A plan "fits" when its peak stays under this fraction less than each GPU's capacity: room for
 # the allocator's fragmentation, kernels' workspaces and the CUDA context, which no plan counts.
 DEFAULT_HEADROOM = 0.05
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The degrees of one job: TP x CP x PP x DP GPUs, b samples per microbatch, M per step."""
-
-    tp: int
-    pp: int
-    dp: int
-    microbatch_size: int
-    num_microbatches: int
-    zero1: bool = False  # optimizer state sharded across the DP (x CP) ranks
-    cp: int = 1  # context parallelism: each rank holds seq_len / cp tokens of a sequence
-    recompute: str = "none"  # activation recomputation: none, selective, full
-    ep: int = 1  # expert parallelism: MoE experts spread over this many of the DP x CP ranks
-    zero: int = 0
-    """ZeRO stage (`layouts/sharded_dp.py`): 1 the optimizer state sharded (`zero1` says the
-    same), 2 also the gradients, 3 also the weights (FSDP). 0 with `zero1` reads as 1."""
-    shard_group: int = 0
-    """HSDP: ZeRO-2/3 shards over groups of this many of the DP x CP ranks and replicates
-    over the rest; 0: over all of them."""
-    etp: int = 0
-    """Expert TP of the MoE layers, folded with EP over the stage's TP x CP x DP ranks
-    (Megatron-Core's MoE parallel folding); 0: TP without EP, 1 with it."""
-
-    @property
-    def expert_tp(self) -> int:
-        return self.etp or (self.tp if self.ep == 1 else 1)
-
-    @property
-    def expert_data_parallel(self) -> int:
-        """The ranks of a stage holding the same experts: TP x CP x DP / (EP x ETP)."""
-        return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
-
-    def __post_init__(self) -> None:
-        # `zero1` (the optimizer state sharded) and `zero` (the stage) say the same thing twice:
-        # keep them in step, so layouts built either way compare equal.
-        if self.zero1 and self.zero == 0:
-            object.__setattr__(self, "zero", 1)
-        if self.zero >= 1 and not self.zero1:
-            object.__setattr__(self, "zero1", True)
-
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.cp * self.pp * self.dp
-
-    @property
-    def shards(self) -> int:
-        """The ranks ZeRO shards over: the shard group, or all DP x CP ranks."""
-        return self.shard_group or self.dp * self.cp
-
-    def degrees(self) -> dict[str, int | str]:
-        """The layout's keys as the `--json` lines of `estimate` and `plan --gpus` name them."""
-        return {
-            "tp": self.tp,
-            "cp": self.cp,
-            "pp": self.pp,
-            "dp": self.dp,
-            "ep": self.ep,
-            "microbatch_size": self.microbatch_size,
-            "microbatches": self.num_microbatches,
-            "recompute": self.recompute,
-            "zero": self.zero,
-            **({"shard_group": self.shard_group} if self.shard_group else {}),
-            **({"etp": self.etp} if self.etp else {}),
-        }
-
-    def describe(self) -> str:
-        zero = f", ZeRO-{self.zero}" if self.zero else ""
-        zero += f" (HSDP, shards of {self.shard_group})" if self.shard_group else ""
-        cp = f" x CP {self.cp}" if self.cp > 1 else ""
-        ep = f" (EP {self.ep})" if self.ep > 1 else ""
-        ep = f" (EP {self.ep}, ETP {self.etp})" if self.etp else ep
-        again = f", recompute {self.recompute}" if self.recompute != "none" else ""
-        return (
-            f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}{ep}, "
-            f"b {self.microbatch_size} x M {self.num_microbatches}{zero}{again}"
-        )
 
 
 @dataclass(frozen=True)
@@ -115,6 +38,11 @@ class Job:
     seq_len: int = 4096
     stack: Stack = field(default_factory=Stack)  # how the training framework runs it
     memory_headroom: float = DEFAULT_HEADROOM  # of each GPU's memory, left for what plans miss
+    rank_order: str = DEFAULT_RANK_ORDER  # how the job's shapes number their ranks
+
+    def __post_init__(self) -> None:
+        if self.rank_order not in RANK_ORDERS:
+            raise InputError("--rank-order", f"expected one of {', '.join(RANK_ORDERS)}")
 
     @property
     def tokens(self) -> int:
@@ -127,7 +55,7 @@ def divisors(n: int) -> list[int]:
 
 def candidate_layouts(
     cluster: Cluster, global_batch: int, num_layers: int, tp_fits: Callable[[int], bool]
-) -> list[Layout]:
+) -> list[JobShape]:
     """Every TP (dividing a node, `tp_fits` the model) x PP (at most one device per layer) x
     DP = the cluster, with every power-of-two microbatch size up to MAX_MICROBATCH_SIZE that
     divides the per-replica batch."""
@@ -144,7 +72,7 @@ def candidate_layouts(
             b = 1
             while b <= min(MAX_MICROBATCH_SIZE, per_replica):
                 if per_replica % b == 0:
-                    out.append(Layout(tp, pp, dp, b, per_replica // b))
+                    out.append(JobShape(tp, pp, dp, b, per_replica // b))
                 b *= 2
     return out
 
@@ -156,7 +84,7 @@ def search_space(
     experts: int = 0,
     zero_stages: tuple[int, ...] = (0, 1),
     fold_experts: bool = False,
-) -> list[Layout]:
+) -> list[JobShape]:
     """Every layout of the job: `candidate_layouts`' TP x PP x DP x b, with every CP degree
     that leaves each rank at least MIN_CP_CHUNK tokens of a sequence, every EP degree dividing
     the MoE model's `experts` and the DP x CP ranks (up to MAX_EP; `fold_experts`: the TP x CP
@@ -182,20 +110,16 @@ def search_space(
             for ep in eps:
                 if ep > 1 and not fits(base.tp, cp, ep):
                     continue
-                for recompute in RECOMPUTE_ORDER:
+                for recompute in RECOMPUTE_KINDS:
                     for zero in zero_stages if ranks > 1 else (0,):
                         out.append(
-                            Layout(
-                                base.tp,
-                                base.pp,
-                                base.dp,
-                                base.microbatch_size,
-                                base.num_microbatches,
-                                zero >= 1,
-                                cp,
-                                recompute,
-                                ep,
+                            replace(
+                                base,
+                                cp=cp,
+                                recompute=recompute,
+                                ep=ep,
                                 zero=zero,
+                                rank_order=job.rank_order,
                             )
                         )
     return out

@@ -17,9 +17,10 @@ from dataclasses import dataclass, replace
 
 from octopipe.errors import InputError
 from octopipe.layouts.costs import LayoutCosts, optimizer_seconds
-from octopipe.layouts.layout import Job, Layout
+from octopipe.layouts.layout import Job
 from octopipe.layouts.runners import DEFAULT_RUNNER, Runner, get_runner
 from octopipe.plan import Plan
+from octopipe.plan.shape import JobShape
 from octopipe.profile import Profile
 from octopipe.schedules import ScheduleSpec, generate, placement_of
 from octopipe.sim import SimResult, Simulator
@@ -55,7 +56,7 @@ RECENT_PROFILES = 16  # layouts whose profiles are kept
 class Row:
     """One layout's best plan found, simulated on every replica's devices."""
 
-    layout: Layout
+    layout: JobShape
     label: str  # where the plan came from (a baseline's name, "tuned", "Megatron-LM")
     plan: Plan
     profile: Profile  # replica 0's profile, the plan's
@@ -110,8 +111,8 @@ class LayoutSearch:
         self.torchtitan = torchtitan  # only placements torchtitan builds itself
         self.costs = costs or LayoutCosts(job)  # shared: profiles are built once
         self._schedules: dict[tuple, ScheduleSpec] = {}  # generated orders, by their counts
-        self._recent: dict[Layout, tuple[Profile, tuple[tuple, ...]]] = {}
-        self._simulators: dict[Layout, list[Simulator]] = {}
+        self._recent: dict[JobShape, tuple[Profile, tuple[tuple, ...]]] = {}
+        self._simulators: dict[JobShape, list[Simulator]] = {}
         self._base_sums: dict[int, tuple[Profile, tuple[float, float, float]]] = {}
 
     def synchronous(self) -> LayoutSearch:
@@ -126,17 +127,17 @@ class LayoutSearch:
 
     @property
     def num_layers(self) -> int:
-        return self.costs.base_profile(Layout(1, 1, 1, 1, 1)).num_layers
+        return self.costs.base_profile(JobShape(1, 1, 1, 1, 1)).num_layers
 
     def dense_params(self) -> float:
         """The model's parameters, its MoE experts' left out."""
-        layers = self.costs.layers(Layout(1, 1, 1, 1, 1))
+        layers = self.costs.layers(JobShape(1, 1, 1, 1, 1))
         return float(sum(e.params - e.expert_params for e in layers))
 
     def tp_fits(self, tp: int) -> bool:
         return self.costs.fits_degrees(tp)
 
-    def profile(self, layout: Layout) -> tuple[Profile, tuple[tuple, ...]]:
+    def profile(self, layout: JobShape) -> tuple[Profile, tuple[tuple, ...]]:
         """`LayoutCosts.profile`, kept for the few layouts planned last (a layout's bounds,
         baselines and evaluations each ask for it)."""
         found = self._recent.pop(layout, None)
@@ -149,7 +150,7 @@ class LayoutSearch:
 
     # --- evaluating ----------------------------------------------------------------------
 
-    def evaluate(self, layout: Layout, label: str, plan: Plan) -> Row:
+    def evaluate(self, layout: JobShape, label: str, plan: Plan) -> Row:
         """The plan on every distinct replica; the row holds the slowest replica's result and
         profile (so the profile it is written with reproduces its figures)."""
         rows = []
@@ -163,7 +164,7 @@ class LayoutSearch:
             rows.append(Row(layout, label, plan, on, result, tail))
         return max(rows, key=lambda r: r.score)
 
-    def simulators(self, layout: Layout) -> list[Simulator]:
+    def simulators(self, layout: JobShape) -> list[Simulator]:
         """A simulator per distinct replica of the layout, kept with its profile (their cost
         tables are built once per layout, not once per plan)."""
         if layout not in self._simulators:
@@ -173,7 +174,7 @@ class LayoutSearch:
             self._simulators[layout] = [Simulator(profile.with_devices(d)) for d in replicas]
         return self._simulators[layout]
 
-    def baseline(self, layout: Layout, schedule: str, method: str, chunks: int | None) -> Row:
+    def baseline(self, layout: JobShape, schedule: str, method: str, chunks: int | None) -> Row:
         """One named schedule over one partitioner (InputError when the counts do not allow
         it); the schedule's orders are generated once for every layout of the same counts."""
         from octopipe.baselines import baseline_plan
@@ -186,7 +187,9 @@ class LayoutSearch:
         row = self.evaluate(layout, f"{schedule}/{method}", plan)
         return replace(row, plan=plan.with_predicted(row.sim.predicted()))
 
-    def baselines(self, layout: Layout, names: Iterable[tuple[str, str, int | None]]) -> list[Row]:
+    def baselines(
+        self, layout: JobShape, names: Iterable[tuple[str, str, int | None]]
+    ) -> list[Row]:
         """The named plans the layout's counts allow, of those the runner runs."""
         rows = []
         for schedule, method, chunks in self.runner.schedules(tuple(names), layout):
@@ -198,18 +201,18 @@ class LayoutSearch:
                 rows.append(row)
         return rows
 
-    def screen(self, layout: Layout) -> Row | None:
+    def screen(self, layout: JobShape) -> Row | None:
         """The best of a few balanced baselines: a quick estimate of the layout."""
         names = self.runner.screen_baselines(SCREEN_BASELINES, layout)
         return min(self.baselines(layout, names), key=lambda r: r.score, default=None)
 
-    def standard(self, layout: Layout, beat: float = float("inf")) -> list[Row]:
+    def standard(self, layout: JobShape, beat: float = float("inf")) -> list[Row]:
         """The standard schedules over the uniform partition that the layout's counts allow,
         each simulated only where its bound (`uniform_bound`) is under `beat`: a schedule
         whose uniform stages hold more work than that on one device cannot step faster."""
         return [row for _, row in self.standard_bounded(layout, beat)]
 
-    def standard_bounded(self, layout: Layout, beat: float = float("inf")) -> list[tuple]:
+    def standard_bounded(self, layout: JobShape, beat: float = float("inf")) -> list[tuple]:
         """`standard`'s rows, each with its bound: (bound, Row) pairs, in STANDARD_SCHEDULES'
         order (a caller with a lower `beat` keeps those whose bound is under it)."""
         out = []
@@ -263,31 +266,31 @@ class LayoutSearch:
 
     # --- bounds --------------------------------------------------------------------------
 
-    def step_bound(self, layout: Layout) -> float:
+    def step_bound(self, layout: JobShape) -> float:
         """No plan of `layout` steps faster: its work spread evenly over its pipeline devices
         (at the fastest device's speed), then the optimizer update of an even share of the
         parameters."""
         work = self._sums(layout)[0] * layout.num_microbatches
         return work / (layout.pp * self._fastest(layout)) + self._update_bound(layout)
 
-    def _update_bound(self, layout: Layout) -> float:
+    def _update_bound(self, layout: JobShape) -> float:
         """The optimizer update of an even share of the parameters, on the fastest device."""
         params = sum(e.params for e in self.costs.layers(layout)) / layout.pp
         s = self.costs.settings(layout)
-        shards = layout.dp * layout.cp if layout.zero1 else 1
+        shards = layout.dp * layout.cp if layout.shards_optimizer else 1
         update = optimizer_seconds(
             params / shards, s.grad_bytes, s.weight_bytes, self.costs.hardware()
         )
         return update / self._fastest(layout)
 
-    def _fastest(self, layout: Layout) -> float:
+    def _fastest(self, layout: JobShape) -> float:
         """The fastest pipeline device's speed (1 on a cluster of one kind of GPU)."""
         if not self.job.cluster.mixed:
             return 1.0
         profile, _ = self.profile(layout)
         return max(d.speed for d in profile.device_list())
 
-    def _sums(self, layout: Layout) -> tuple[float, float, float]:
+    def _sums(self, layout: JobShape) -> tuple[float, float, float]:
         """Its layers' work, static bytes and activation bytes, unsharded (the layers before
         topology and ZeRO-1, the same for every DP and PP)."""
         base = self.costs.base_profile(layout)
@@ -303,7 +306,7 @@ class LayoutSearch:
         return found[1]
 
     def uniform_bound(
-        self, layout: Layout, schedule: str, method: str, chunks: int | None
+        self, layout: JobShape, schedule: str, method: str, chunks: int | None
     ) -> float:
         """No plan of this schedule over this partition steps faster: the microbatches' work on
         its busiest device, then the optimizer update of an even share of the parameters (inf
@@ -323,10 +326,10 @@ class LayoutSearch:
         busiest = max(w / v for w, v in zip(work, speeds))
         return busiest * layout.num_microbatches + self._update_bound(layout)
 
-    def memory_bound(self, layout: Layout) -> float:
+    def memory_bound(self, layout: JobShape) -> float:
         """No plan of `layout` needs less on its fullest device: an even share of the static
         bytes and of one microbatch's activations."""
-        if not layout.zero1:  # the layers as before topology: no profile needed
+        if not layout.shards_optimizer:  # the layers as before topology: no profile needed
             _, static, one = self._sums(layout)
             return (static + one) / layout.pp
         profile, _ = self.profile(layout)
@@ -334,13 +337,13 @@ class LayoutSearch:
         one = sum(layer.act_bytes for layer in profile.layers)
         return (static + one) / layout.pp
 
-    def may_fit(self, layout: Layout) -> bool:
+    def may_fit(self, layout: JobShape) -> bool:
         """Whether `memory_bound` is within `capacity`, without building the profile where
         the unsharded bound already is (ZeRO-1 only lowers the static bytes)."""
         _, static, one = self._sums(layout)
         if (static + one) / layout.pp <= self.capacity():
             return True
-        return layout.zero1 and self.memory_bound(layout) <= self.capacity()
+        return layout.shards_optimizer and self.memory_bound(layout) <= self.capacity()
 
     def capacity(self) -> float:
         """What a plan may use of the smallest GPU's memory."""

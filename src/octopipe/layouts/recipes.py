@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from octopipe.layouts.layout import Job, Layout
+from octopipe.layouts.layout import Job
+from octopipe.plan.shape import JobShape
 
 RECIPE_LABEL = "recipe"
 
@@ -72,7 +73,7 @@ def nearest_recipe(job: Job) -> Recipe | None:
     )
 
 
-def recipe_layout(job: Job, recipe: Recipe) -> Layout | None:
+def recipe_layout(job: Job, recipe: Recipe) -> JobShape | None:
     """The recipe's layout on the job's GPUs and batch: its degrees kept, DP the GPUs left
     (None where they do not divide the GPUs, the global batch, or the sequence)."""
     n, per_group = job.cluster.size, recipe.tp * recipe.cp * recipe.pp
@@ -84,13 +85,14 @@ def recipe_layout(job: Job, recipe: Recipe) -> Layout | None:
         return None
     if (dp * recipe.cp) % recipe.ep:
         return None
-    return Layout(
+    return JobShape(
         recipe.tp,
         recipe.pp,
         dp,
         recipe.microbatch_size,
         job.global_batch // samples,
-        zero1=dp * recipe.cp > 1,
+        zero=int(dp * recipe.cp > 1),
         cp=recipe.cp,
         ep=recipe.ep,
+        rank_order=job.rank_order,
     )

@@ -17,10 +17,11 @@ from dataclasses import replace
 
 from octopipe.errors import InputError
 from octopipe.layouts.cluster import Cluster
-from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, divisors
+from octopipe.layouts.layout import Job, divisors
 from octopipe.layouts.planner import LayoutSearch, Row
 from octopipe.layouts.recipes import RECIPE_LABEL, nearest_recipe, recipe_layout
 from octopipe.layouts.spec import LayoutSpec
+from octopipe.plan.shape import RECOMPUTE_KINDS, JobShape
 
 MEGATRON_LABEL = "Megatron-LM"
 # Megatron-LM's scaling table (README; Narayanan et al. 2021, Table 1): the TP of each size,
@@ -41,7 +42,7 @@ def megatron_layout(
     num_layers: int,
     tp_fits: Callable[[int], bool],
     dense_params: float | None = None,
-) -> list[Layout]:
+) -> list[JobShape]:
     """Megatron-LM's usual choice, most preferred first: TP by the model's size (`tp_by_size`;
     the GPUs of a node when the size is not given), within a node and the largest that fits
     the model's heads, microbatch size 1, then the smallest PP that fits memory with the least
@@ -54,13 +55,13 @@ def megatron_layout(
     for pp in divisors(cluster.size // tp):
         dp = cluster.size // (tp * pp)
         if pp <= num_layers and global_batch % dp == 0:
-            for recompute in RECOMPUTE_ORDER:
-                layout = Layout(tp, pp, dp, 1, global_batch // dp, zero1=dp > 1)
+            for recompute in RECOMPUTE_KINDS:
+                layout = JobShape(tp, pp, dp, 1, global_batch // dp, zero=int(dp > 1))
                 out.append(replace(layout, recompute=recompute))
     return out
 
 
-def megatron_schedule(layout: Layout) -> tuple[str, str, int | None]:
+def megatron_schedule(layout: JobShape) -> tuple[str, str, int | None]:
     """(schedule, partition, chunks) Megatron-LM runs a layout with."""
     return ("i1f1b", "uniform", 2) if layout.pp > 1 else ("1f1b", "uniform", None)
 
@@ -71,6 +72,7 @@ def reference_row(search: LayoutSearch, job: Job, num_layers: int) -> Row | None
     leanest = None
     dense = search.dense_params()
     for layout in megatron_layout(job.cluster, job.global_batch, num_layers, search.tp_fits, dense):
+        layout = replace(layout, rank_order=job.rank_order)
         rows = search.baselines(layout, [megatron_schedule(layout)]) or search.baselines(
             layout, [("1f1b", "uniform", None)]
         )
@@ -87,6 +89,7 @@ def from_layout_row(search: LayoutSearch, job: Job, spec: LayoutSpec) -> Row:
     """The user's layout, planned as `octopipe estimate` plans it: its schedule over the
     uniform partition."""
     layout = spec.for_gpus(job.cluster.size, job.global_batch, "--from-layout")
+    layout = replace(layout, rank_order=job.rank_order)
     chunks = spec.chunks if spec.chunks > 1 else None
     try:
         row = search.baseline(layout, spec.schedule, "uniform", chunks)

@@ -9,7 +9,7 @@ Pure functions of the architecture config and the layout: no torch.
 from __future__ import annotations
 
 from octopipe.costmodel.arch import Architecture
-from octopipe.layouts.layout import Layout
+from octopipe.plan.shape import JobShape
 
 
 def context_parallel_refusal(arch: Architecture) -> str | None:
@@ -26,7 +26,7 @@ def context_parallel_refusal(arch: Architecture) -> str | None:
     return None
 
 
-def run_refusal(layout: Layout, arch: Architecture, overlap_steps: bool = False) -> str | None:
+def run_refusal(layout: JobShape, arch: Architecture, overlap_steps: bool = False) -> str | None:
     """Why `octopipe run` cannot run `layout` of `arch`, or None where it can."""
     if layout.cp > 1 and (why := context_parallel_refusal(arch)) is not None:
         return f"context parallelism does not run {why} yet"
@@ -35,7 +35,7 @@ def run_refusal(layout: Layout, arch: Architecture, overlap_steps: bool = False)
     return zero_refusal(layout, overlap_steps)
 
 
-def zero_refusal(layout: Layout, overlap_steps: bool = False) -> str | None:
+def zero_refusal(layout: JobShape, overlap_steps: bool = False) -> str | None:
     """Why `octopipe run` cannot shard `layout`'s state so, or None where it can: `--zero` 0, 1
     or 3 (FSDP2 over every DP x CP rank: no HSDP), 3 neither with EP nor with CP at TP > 1, and
     no sharding at all with overlapped steps."""

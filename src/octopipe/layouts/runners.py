@@ -36,9 +36,10 @@ from dataclasses import dataclass, replace
 
 from octopipe.costmodel.arch import Architecture
 from octopipe.errors import InputError
-from octopipe.layouts.layout import Job, Layout
+from octopipe.layouts.layout import Job
 from octopipe.layouts.runnable import run_refusal
 from octopipe.plan import Plan, split_backwards
+from octopipe.plan.shape import JobShape
 
 DEFAULT_RUNNER = "octopipe"
 
@@ -71,9 +72,9 @@ class Runner:
     overlaps_steps: bool = True
     """Whether it runs steps back to back (`--overlap-steps`): OctoPipe's executor only."""
     rank_order: str = "octopipe"
-    """Where a stage's DP ranks sit (`Stack.rank_order`): PP outermost in both others."""
+    """How its ranks are numbered (`JobShape.rank_order`): PP outermost in both others."""
 
-    def tunes(self, layout: Layout) -> bool:
+    def tunes(self, layout: JobShape) -> bool:
         """Whether the tuner can find it a better plan of `layout` than the named ones."""
         return True
 
@@ -83,25 +84,25 @@ class Runner:
         (`runtime/parallel/fsdp.py`)."""
         return self._with_stack(job, zero3_held=True)
 
-    def layouts(self, layout: Layout, gpus_per_node: int) -> list[Layout]:
+    def layouts(self, layout: JobShape, gpus_per_node: int) -> list[JobShape]:
         """The layout's variants it runs."""
         return [layout]
 
     def layout_refusal(
-        self, layout: Layout, arch: Architecture, overlap_steps: bool = False
+        self, layout: JobShape, arch: Architecture, overlap_steps: bool = False
     ) -> str | None:
         """Why it cannot run `layout` of `arch`, or None where it can."""
         return run_refusal(layout, arch, overlap_steps)
 
-    def plan_refusal(self, plan: Plan, layout: Layout) -> str | None:
+    def plan_refusal(self, plan: Plan, layout: JobShape) -> str | None:
         """Why it cannot run `plan` (of `layout`) as planned, or None where it can."""
         return None
 
-    def schedules(self, names: Schedules, layout: Layout) -> Schedules:
+    def schedules(self, names: Schedules, layout: JobShape) -> Schedules:
         """The named baselines it runs, of `names`."""
         return names
 
-    def screen_baselines(self, names: Schedules, layout: Layout) -> Schedules:
+    def screen_baselines(self, names: Schedules, layout: JobShape) -> Schedules:
         """A layout's screening baselines (`names`: OctoPipe's), or its own."""
         kept = self.schedules(names, layout)
         return kept if kept == names else WHOLE_BACKWARD_SCREEN
@@ -125,24 +126,24 @@ class _OtherEngine(Runner):
     rank_order: str = "megatron"
 
     def layout_refusal(
-        self, layout: Layout, arch: Architecture, overlap_steps: bool = False
+        self, layout: JobShape, arch: Architecture, overlap_steps: bool = False
     ) -> str | None:
         if overlap_steps:
             return f"{self.engine} runs synchronous steps, not overlapped ones"
         return self._layout_refusal(layout, layout.dp * layout.cp)
 
-    def _layout_refusal(self, layout: Layout, ranks: int) -> str | None:
+    def _layout_refusal(self, layout: JobShape, ranks: int) -> str | None:
         raise NotImplementedError
 
-    def plan_refusal(self, plan: Plan, layout: Layout) -> str | None:
+    def plan_refusal(self, plan: Plan, layout: JobShape) -> str | None:
         if plan.recompute:
             return f"{self.engine} recomputes the same in every stage"
         return self._plan_refusal(plan, layout, bool(split_backwards(plan)))
 
-    def _plan_refusal(self, plan: Plan, layout: Layout, split: bool) -> str | None:
+    def _plan_refusal(self, plan: Plan, layout: JobShape, split: bool) -> str | None:
         raise NotImplementedError
 
-    def schedules(self, names: Schedules, layout: Layout) -> Schedules:
+    def schedules(self, names: Schedules, layout: JobShape) -> Schedules:
         return tuple(n for n in names if n[0] in _WHOLE)
 
 
@@ -152,13 +153,13 @@ class TorchtitanRunner(_OtherEngine):
     engine: str = "torchtitan"
     zero_stages: tuple[int, ...] = (0, 3)
 
-    def tunes(self, layout: Layout) -> bool:
+    def tunes(self, layout: JobShape) -> bool:
         return layout.pp > 1  # without PP one stage: no schedule to order
 
     def priced(self, job: Job) -> Job:
         return self._with_stack(job, zero3_held=False)  # it reshards after each without PP
 
-    def layouts(self, layout: Layout, gpus_per_node: int) -> list[Layout]:
+    def layouts(self, layout: JobShape, gpus_per_node: int) -> list[JobShape]:
         """The layout and its HSDP variant: FSDP within a node's GPUs (shard groups of a
         node's TP groups), replicated across nodes. One variant only: the bound order prunes
         the rest."""
@@ -170,17 +171,17 @@ class TorchtitanRunner(_OtherEngine):
                 out.append(replace(layout, shard_group=group))
         return out
 
-    def _layout_refusal(self, layout: Layout, ranks: int) -> str | None:
+    def _layout_refusal(self, layout: JobShape, ranks: int) -> str | None:
         return _titan_refusal(layout, ranks)
 
-    def _plan_refusal(self, plan: Plan, layout: Layout, split: bool) -> str | None:
+    def _plan_refusal(self, plan: Plan, layout: JobShape, split: bool) -> str | None:
         if plan.num_stages > plan.num_devices == 1:
             return "torchtitan runs no pipeline schedule without PP (one stage)"
         if split and layout.recompute != "none":
             return "torchtitan's activation checkpointing survives no split backward"
         return None
 
-    def schedules(self, names: Schedules, layout: Layout) -> Schedules:
+    def schedules(self, names: Schedules, layout: JobShape) -> Schedules:
         return names if layout.recompute == "none" else super().schedules(names, layout)
 
     def standard_schedules(self, names: Schedules) -> Schedules:
@@ -192,7 +193,7 @@ class MegatronRunner(_OtherEngine):
     name: str = "megatron"
     engine: str = "Megatron-LM"
 
-    def tunes(self, layout: Layout) -> bool:
+    def tunes(self, layout: JobShape) -> bool:
         return False  # it runs its own orders
 
     def priced(self, job: Job) -> Job:
@@ -200,7 +201,7 @@ class MegatronRunner(_OtherEngine):
         # the step's last backward.
         return self._with_stack(job, zero3_held=False, reduce_at_end=True)
 
-    def _layout_refusal(self, layout: Layout, ranks: int) -> str | None:
+    def _layout_refusal(self, layout: JobShape, ranks: int) -> str | None:
         if layout.zero >= 2:
             return (
                 f"ZeRO-{layout.zero} is Megatron-FSDP, which the Megatron-LM export does not write"
@@ -209,7 +210,7 @@ class MegatronRunner(_OtherEngine):
             return f"EP {layout.ep} does not divide TP x CP x DP = {layout.tp * ranks}"
         return None
 
-    def _plan_refusal(self, plan: Plan, layout: Layout, split: bool) -> str | None:
+    def _plan_refusal(self, plan: Plan, layout: JobShape, split: bool) -> str | None:
         P, S = plan.num_devices, plan.num_stages
         if split:
             return "Megatron-LM runs whole backwards, not I/W splits"
@@ -233,7 +234,7 @@ def get_runner(name: str) -> Runner:
     return _RUNNERS[name]
 
 
-def _titan_refusal(layout: Layout, ranks: int) -> str | None:
+def _titan_refusal(layout: JobShape, ranks: int) -> str | None:
     if layout.zero in (1, 2):
         return f"torchtitan has no ZeRO-{layout.zero} (only FSDP, HSDP or DDP)"
     if layout.zero == 0 and layout.cp > 1:

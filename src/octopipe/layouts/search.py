@@ -55,7 +55,7 @@ from octopipe.layouts.fanout import (
     tune_one,
 )
 from octopipe.layouts.heap import collector_paused
-from octopipe.layouts.layout import RECOMPUTE_ORDER, Job, Layout, search_space
+from octopipe.layouts.layout import Job, search_space
 from octopipe.layouts.planner import (
     POLISH_ACTIONS,
     SCREEN_BASELINES,
@@ -70,6 +70,7 @@ from octopipe.layouts.report import LayoutReport
 from octopipe.layouts.runners import DEFAULT_RUNNER, Runner, get_runner
 from octopipe.layouts.spec import LayoutSpec
 from octopipe.plan import Plan
+from octopipe.plan.shape import RECOMPUTE_KINDS, JobShape
 
 __all__ = [
     "LayoutReport",
@@ -130,9 +131,9 @@ def plan_cluster(
         )
     work = Work(time_budget, progress, finalists)
     workers = default_workers() if workers is None else workers
-    best: dict[Layout, Row] = {}  # each layout's best row so far
+    best: dict[JobShape, Row] = {}  # each layout's best row so far
 
-    fits: dict[Layout, bool] = {}  # whether each layout's best row fits, asked once per row
+    fits: dict[JobShape, bool] = {}  # whether each layout's best row fits, asked once per row
 
     def keep(row: Row) -> None:
         if row.layout not in best or row.score < best[row.layout].score:
@@ -152,7 +153,7 @@ def plan_cluster(
     reference = reference_row(search.synchronous(), job, L)  # Megatron-LM synchronizes
     recipe = recipe_row(search, job)
     given = from_layout_row(search, job, from_layout) if from_layout is not None else None
-    tuned_layouts: set[Layout] = set()
+    tuned_layouts: set[JobShape] = set()
     tuned = 0
     refused = {
         name: why
@@ -184,17 +185,17 @@ def plan_cluster(
             fitting.append((search.step_bound(layout), _order(layout), layout))
     fitting.sort(key=lambda x: (x[0], x[1]))
     bounds = [b for b, _, _ in fitting]
-    fits_with: dict[Layout, str] = {}  # a family's lightest recomputation that fits
+    fits_with: dict[JobShape, str] = {}  # a family's lightest recomputation that fits
     best_standard: Row | None = None
-    done: set[Layout] = set()
-    screen_rows: dict[Layout, Row] = {}  # each layout's screening plan (balanced baselines)
+    done: set[JobShape] = set()
+    screen_rows: dict[JobShape, Row] = {}  # each layout's screening plan (balanced baselines)
 
     def beat() -> float:
         """The best fitting standard row's step: a standard schedule not under it is skipped."""
         fitting_standard = best_standard is not None and best_standard.sim.fits
         return best_standard.step_time if fitting_standard else float("inf")
 
-    def screen(layout: Layout, simulated: int) -> list[Row]:
+    def screen(layout: JobShape, simulated: int) -> list[Row]:
         """The layout's screening rows and standard rows, kept; best_standard updated."""
         nonlocal best_standard
         began = time.perf_counter()
@@ -319,7 +320,7 @@ def plan_cluster(
     )
 
 
-def runner_space(search: LayoutSearch, overlap_steps: bool = False) -> list[Layout]:
+def runner_space(search: LayoutSearch, overlap_steps: bool = False) -> list[JobShape]:
     """Every layout of the search's job its runner runs: `layout.search_space` with the
     runner's ZeRO stages and expert folding, its HSDP variants, less what it refuses."""
     job, costs, engine = search.job, search.costs, search.runner
@@ -334,13 +335,9 @@ def runner_space(search: LayoutSearch, overlap_steps: bool = False) -> list[Layo
 
 
 def written_plan(row: Row) -> Plan:
-    """The row's plan as `plan --gpus` writes it: its `parallelism` (ZeRO stage and HSDP shard
-    group included, docs/FORMATS.md), its layer names and predicted figures."""
-    lay = row.layout
-    plan = row.plan.with_parallelism(
-        lay.tp, lay.dp, lay.microbatch_size, lay.zero, lay.cp, lay.ep, lay.recompute,
-        lay.shard_group,
-    )  # fmt: skip
+    """The row's plan as `plan --gpus` writes it: its shape (`parallelism`, docs/FORMATS.md),
+    its layer names and predicted figures."""
+    plan = row.plan.with_shape(row.layout)
     return plan.with_predicted(row.sim.predicted()).with_layer_names(row.profile.layer_names)
 
 
@@ -365,15 +362,15 @@ def _still_under(bounds: list[float], i: int, top: Row | None) -> int:
 
 
 def _heavier(recompute: str, than: str) -> bool:
-    return RECOMPUTE_ORDER.index(recompute) > RECOMPUTE_ORDER.index(than)
+    return RECOMPUTE_KINDS.index(recompute) > RECOMPUTE_KINDS.index(than)
 
 
-def _order(layout: Layout) -> tuple:
+def _order(layout: JobShape) -> tuple:
     """Ties of the bound broken alike on every run: fewer devices and less recomputation,
     unsharded, smaller degrees first."""
     return (
         layout.pp,
-        RECOMPUTE_ORDER.index(layout.recompute),
+        RECOMPUTE_KINDS.index(layout.recompute),
         layout.zero,
         layout.shard_group,
         layout.tp,

@@ -13,11 +13,11 @@ line naming the flag and the part.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from octopipe.costmodel.settings import RECOMPUTE_KINDS
 from octopipe.errors import InputError
-from octopipe.layouts.layout import Layout
+from octopipe.plan.shape import JobShape
 
 _PART = re.compile(r"(tp|cp|pp|dp|ep|b|v|z)(\d+)")
 
@@ -26,7 +26,7 @@ _PART = re.compile(r"(tp|cp|pp|dp|ep|b|v|z)(\d+)")
 class LayoutSpec:
     """A layout as given, before the job fills in what it leaves out."""
 
-    layout: Layout
+    layout: JobShape
     chunks: int = 1
     dp_given: bool = True
 
@@ -34,7 +34,7 @@ class LayoutSpec:
     def schedule(self) -> str:
         return "i1f1b" if self.chunks > 1 else "1f1b"
 
-    def for_gpus(self, gpus: int, global_batch: int, flag: str) -> Layout:
+    def for_gpus(self, gpus: int, global_batch: int, flag: str) -> JobShape:
         """The layout on `gpus` GPUs (DP filled in), its microbatches from the batch."""
         lay = self.layout
         group = lay.tp * lay.cp * lay.pp
@@ -48,18 +48,7 @@ class LayoutSpec:
                 f"the global batch {global_batch} does not split into DP {dp} x microbatches "
                 f"of {lay.microbatch_size}",
             )
-        return Layout(
-            lay.tp,
-            lay.pp,
-            dp,
-            lay.microbatch_size,
-            global_batch // per_step,
-            lay.zero1,
-            lay.cp,
-            lay.recompute,
-            lay.ep,
-            zero=lay.zero,
-        )
+        return replace(lay, dp=dp, num_microbatches=global_batch // per_step)
 
 
 def parse_layout(text: str, flag: str = "--from-layout") -> LayoutSpec:
@@ -83,13 +72,12 @@ def parse_layout(text: str, flag: str = "--from-layout") -> LayoutSpec:
         if value < 1 and key != "z" or key == "z" and value not in (0, 1, 3):
             raise InputError(flag, f"{part}: out of range")
         values[key] = value
-    layout = Layout(
+    layout = JobShape(
         tp=values.get("tp", 1),
         pp=values.get("pp", 1),
         dp=values.get("dp", 1),
         microbatch_size=values.get("b", 1),
         num_microbatches=1,
-        zero1=values.get("z", 0) >= 1,
         cp=values.get("cp", 1),
         recompute=recompute,
         ep=values.get("ep", 1),

@@ -19,7 +19,6 @@ from octopipe.errors import InputError
 
 GRAD_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 P2P_KINDS = ("overlapped", "blocking")
-RANK_ORDERS = ("octopipe", "megatron")
 
 
 @dataclass(frozen=True)
@@ -67,12 +66,6 @@ class Stack:
     moe_a2a_overlap: bool = False
     """MoE all-to-alls hidden behind another microbatch's compute (Megatron-Core's
     `--overlap-moe-expert-parallel-comm`): only what a phase's compute cannot cover is exposed."""
-    rank_order: str = "octopipe"
-    """Where a stage's DP ranks sit: "octopipe" (the plan format's GPU numbering, TP, CP, PP,
-    DP: a stage's DP ranks PP groups apart) or "megatron" (Megatron-Core's default
-    `tp-cp-ep-dp-pp`, PP outermost: a stage's DP ranks, and the EP groups folded over them,
-    next to each other). It moves the data-parallel and expert-parallel rings between NVLink
-    and the NICs; pipeline transfers keep OctoPipe's placement."""
     zero3_held: bool = False
     """ZeRO-3 gathers a stage's weights once a step and holds them across its microbatches
     even without PP (OctoPipe's executor: FSDP2 with `reshard_after_forward=False`); False:
@@ -91,8 +84,6 @@ class Stack:
             raise InputError("--p2p", f"expected one of {', '.join(P2P_KINDS)}")
         if self.precision not in PRECISIONS:
             raise InputError("--precision", f"expected one of {', '.join(PRECISIONS)}")
-        if self.rank_order not in RANK_ORDERS:
-            raise InputError("--rank-order", f"expected one of {', '.join(RANK_ORDERS)}")
         if self.moe_capacity_factor < 0:
             raise InputError("--moe-capacity-factor", "must not be negative")
         if self.fp8_scaling not in FP8_SCALINGS:

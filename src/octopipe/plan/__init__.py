@@ -1,5 +1,7 @@
 """The plan (`octopipe.plan/1`): `data.py` holds the Plan itself (stages, placement, schedule,
-written as JSON and CSV); `checks.py` reads plan files and checks plans, one line per fault.
+written as JSON and CSV); `shape.py` the job's shape (`JobShape`: degrees, rank order, ZeRO,
+microbatching, the plan's `parallelism`); `checks.py` reads plan files and checks plans, one
+line per fault.
 
 Every public name is re-exported here, so callers import from `octopipe.plan`. Imports nothing
 from the simulator, the tuner or the runtime: they all stand on it.
@@ -18,9 +20,7 @@ from octopipe.plan.checks import (
     warn_if_made_for_another,
 )
 from octopipe.plan.data import (
-    NO_RECOMPUTE,
     PLAN_FORMAT,
-    RECOMPUTE_KINDS,
     Composites,
     Plan,
     Stage,
@@ -31,6 +31,7 @@ from octopipe.plan.data import (
     save_schedule_csv,
     split_backwards,
 )
+from octopipe.plan.shape import NO_RECOMPUTE, RANK_ORDERS, RECOMPUTE_KINDS, JobShape, Place
 
 __all__ = [
     "MAX_ZERO_STAGE",
@@ -40,6 +41,9 @@ __all__ = [
     "RECOMPUTE_KINDS",
     "Action",
     "Composites",
+    "JobShape",
+    "Place",
+    "RANK_ORDERS",
     "Plan",
     "Stage",
     "check_layer_names",

@@ -27,13 +27,13 @@ from octopipe.limits import (
     MAX_SEQ_LEN,
     MAX_STAGE_MICROBATCHES,
 )
-from octopipe.plan.data import (
+from octopipe.plan.data import PLAN_FORMAT, Plan, Stage, flatten_entries
+from octopipe.plan.shape import (
+    DEFAULT_RANK_ORDER,
     NO_RECOMPUTE,
-    PLAN_FORMAT,
+    RANK_ORDERS,
     RECOMPUTE_KINDS,
-    Plan,
-    Stage,
-    flatten_entries,
+    JobShape,
 )
 
 _BIT = {k: 1 << k.code for k in Kind}  # check_structure's bit set of kinds
@@ -103,6 +103,7 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
     schedule, composites = flatten_entries(entries)
     predicted = _predicted(data.get("predicted"), where)
     parallelism = _parallelism(data.get("parallelism"), nd, where)
+    shape = None if parallelism is None else JobShape.from_json(parallelism, nm)
     names = _layer_names(data.get("layer_names"), stages[-1].end, where)
     made_for = _made_for(data.get("profile"), nd, where)
     plan = Plan(
@@ -112,7 +113,7 @@ def plan_from_dict(data: Any, where: str = "<plan>", num_layers: int | None = No
         schedule,
         predicted,
         composites,
-        parallelism,
+        shape,
         names,
         made_for,
         tuple(recompute),
@@ -216,10 +217,11 @@ MAX_ZERO_STAGE = 3  # ZeRO-1 to -3; what the optimizer state sharding of the mem
 ZERO_STAGES = (0, 1, 3)  # what `run --zero` runs (FSDP2 for 3); a plan of ZeRO-2 is refused
 
 
-def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | None:
+def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, Any] | None:
     """The optional `parallelism` object: positive `tp`, `pp`, `dp`, `microbatch_size`, with
-    `pp` the plan's device count; optional: a ZeRO stage `zero` (0 to 3), the degrees `cp` and
-    `ep` (default 1) and `recompute` (default none)."""
+    `pp` the plan's device count; optional: a ZeRO stage `zero` (0, 1 or 3), the degrees `cp`,
+    `ep` (default 1) and `etp`, HSDP's `shard_group`, `recompute` (default none) and
+    `rank_order` (default octopipe)."""
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -250,6 +252,16 @@ def _parallelism(raw: Any, num_devices: int, where: str) -> dict[str, int] | Non
         )
     if recompute != "none":
         out["recompute"] = recompute
+    order = raw.get("rank_order", DEFAULT_RANK_ORDER)
+    if not isinstance(order, str) or order not in RANK_ORDERS:
+        orders = ", ".join(RANK_ORDERS)
+        raise InputError(
+            where, f"expected one of {orders}, got {order!r}", "parallelism.rank_order"
+        )
+    if order != DEFAULT_RANK_ORDER:
+        out["rank_order"] = order
+    if "etp" in raw:
+        out["etp"] = _positive_int(raw, "etp", where, "parallelism.", MAX_PARALLEL_DEGREE)
     if out["pp"] != num_devices:
         raise InputError(
             where, f"pp is {out['pp']} but the plan has {num_devices} devices", "parallelism.pp"

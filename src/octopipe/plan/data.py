@@ -16,11 +16,9 @@ from typing import Any, NamedTuple
 
 from octopipe.actions import Action, B, F, I, Kind, W, format_entry
 from octopipe.jsonfile import write_json
+from octopipe.plan.shape import NO_RECOMPUTE, JobShape
 
 PLAN_FORMAT = "octopipe.plan/1"
-NO_RECOMPUTE = "none"
-# As the cost model names them, from least memory saved to most.
-RECOMPUTE_KINDS = (NO_RECOMPUTE, "selective", "full")
 
 
 class Stage(NamedTuple):
@@ -66,9 +64,9 @@ class Plan:
     schedule: Mapping[int, tuple[Action, ...]]  # device -> its compute actions in order
     predicted: Mapping[str, Any] | None = field(default=None, compare=False)
     composites: Composites = field(default=frozenset(), compare=False)
-    # How the plan sits in the whole job (docs/FORMATS.md): {"tp", "pp", "dp",
-    # "microbatch_size"}, pp being num_devices. None: a pipeline on its own.
-    parallelism: Mapping[str, Any] | None = field(default=None, compare=False)
+    # How the plan sits in the whole job (docs/FORMATS.md, `parallelism`): its degrees, PP
+    # being num_devices, and M its num_microbatches. None: a pipeline on its own.
+    shape: JobShape | None = field(default=None, compare=False)
     # The profile's layer names, in order (docs/FORMATS.md): the executor checks them against
     # the model's before it starts. None: not recorded (then only the count is checked).
     layer_names: tuple[str, ...] | None = field(default=None, compare=False)
@@ -111,36 +109,19 @@ class Plan:
     def with_predicted(self, predicted: Mapping[str, Any]) -> Plan:
         return replace(self, predicted=predicted)
 
-    def with_parallelism(
-        self,
-        tp: int,
-        dp: int,
-        microbatch_size: int,
-        zero: int = 0,
-        cp: int = 1,
-        ep: int = 1,
-        recompute: str = "none",
-        shard_group: int = 0,
-    ) -> Plan:
-        """The plan as one part of a job (docs/FORMATS.md, `parallelism`); the optional keys
-        are written only where they differ from their defaults (`shard_group` 0: ZeRO-3 over
-        all DP x CP ranks)."""
-        degrees: dict[str, Any] = {
-            "tp": tp,
-            "pp": self.num_devices,
-            "dp": dp,
-            "microbatch_size": microbatch_size,
-        }
-        for key, value, default in (
-            ("zero", zero, 0),
-            ("cp", cp, 1),
-            ("ep", ep, 1),
-            ("recompute", recompute, "none"),
-            ("shard_group", shard_group, 0),
-        ):
-            if value != default:
-                degrees[key] = value
-        return replace(self, parallelism=degrees)
+    def with_shape(self, shape: JobShape | None = None, **degrees: Any) -> Plan:
+        """The plan as one part of a job (docs/FORMATS.md, `parallelism`): `shape`, or the
+        shape of these `degrees` (JobShape's fields) over the plan's devices and microbatches.
+        The shape's PP is the plan's device count; its microbatch count becomes the plan's."""
+        if shape is None:
+            shape = JobShape(pp=self.num_devices, num_microbatches=self.num_microbatches, **degrees)
+        elif degrees:
+            raise TypeError("give a shape or its degrees, not both")
+        if shape.pp != self.num_devices:
+            raise ValueError(f"a shape of PP {shape.pp} for a plan of {self.num_devices} devices")
+        if shape.num_microbatches != self.num_microbatches:
+            shape = replace(shape, num_microbatches=self.num_microbatches)
+        return replace(self, shape=shape)
 
     def with_layer_names(self, names: Sequence[str]) -> Plan:
         return replace(self, layer_names=tuple(names))
@@ -195,8 +176,8 @@ class Plan:
         }
         if self.predicted is not None:
             data["predicted"] = dict(self.predicted)
-        if self.parallelism is not None:
-            data["parallelism"] = dict(self.parallelism)
+        if self.shape is not None:
+            data["parallelism"] = self.shape.to_json()
         if self.layer_names is not None:
             data["layer_names"] = list(self.layer_names)
         if self.profile is not None:

@@ -136,13 +136,13 @@ class StepProgress:
         last, layout = plan.stages[-1].device, cfg.layout(plan)
         # Replica order; of a tensor-parallel group, TP rank 0 (all hold the same loss).
         self._loss_ranks = [
-            layout.rank(r, last, 0, c) for r in range(cfg.dp) for c in range(layout.cp)
+            layout.rank(r, last, 0, c) for r in range(layout.dp) for c in range(layout.cp)
         ]
         self._num_mb = plan.num_microbatches * cfg.accumulation  # losses of a step
         self._held_out_mb = plan.num_microbatches * cfg.eval_batches  # of an evaluation
         self._world, self._device = world_size, device
         self._tokens = cfg.global_sequences(plan) * cfg.seq_len
-        self._cfg, self._stage_ranks, self._ranks = cfg, layout.stage_ranks, layout.size
+        self._cfg, self._stage_ranks, self._ranks = cfg, layout.stage_ranks, layout.world_size
         self._rates = rates
         self._on_report = on_report if rank == 0 else None
         self.reports: list[StepReport] = []  # every step's, on every rank

@@ -12,10 +12,9 @@ from typing import Any
 
 import torch
 
-from octopipe.plan import Plan
+from octopipe.plan import JobShape, Plan
 from octopipe.runtime.job.progress import StepReport
 from octopipe.runtime.parallel.dtensors import local, whole
-from octopipe.runtime.parallel.layout import RankLayout
 from octopipe.runtime.step.worker import ActionRecord, StepRecord, Worker
 
 
@@ -50,6 +49,7 @@ class RunResult:
     redone_steps: int = 0  # overlapped steps: how many were rolled back and run again
     state_bytes: tuple[int, ...] = ()  # per rank: weights, gradients, optimizer state held
     reports: tuple[StepReport, ...] = ()  # per step, as rank 0 reported them
+    shape: JobShape | None = None  # the job's shape as it ran: which rank ran what
 
     @property
     def iteration_time(self) -> float:
@@ -92,16 +92,13 @@ class RunResult:
 def assemble(
     plan: Plan,
     reports: list[RankReport],
-    replicas: int = 1,
+    shape: JobShape,
     first_step: int = 0,
-    tp: int = 1,
     step_reports: tuple[StepReport, ...] = (),
-    cp: int = 1,
 ) -> RunResult:
     reports = sorted(reports, key=lambda r: r.rank)
-    layout = RankLayout(tp, plan.num_devices, replicas, cp=cp)
     device = plan.stages[-1].device  # every replica's and CP rank's loss (TP ranks share it)
-    last = [layout.rank(r, device, 0, c) for r in range(replicas) for c in range(cp)]
+    last = [shape.rank(r, device, 0, c) for r in range(shape.dp) for c in range(shape.cp)]
     num_steps = len(reports[last[0]].steps)
     losses = tuple(
         statistics.fmean(x for rank in last for x in reports[rank].steps[k].losses)
@@ -125,6 +122,7 @@ def assemble(
         max(r.redone_steps for r in reports),
         tuple(r.state_bytes for r in reports),
         step_reports,
+        shape,
     )
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from octopipe.config import JobConfig
-from octopipe.plan import Plan
+from octopipe.plan import JobShape, Plan
+from octopipe.plan.shape import DEFAULT_RANK_ORDER
 from octopipe.runtime.data.batches import DataSource, SyntheticData
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.model.recipe import (
@@ -24,7 +25,6 @@ from octopipe.runtime.model.recipe import (
     ModelSpec,
     vocabulary_size,
 )
-from octopipe.runtime.parallel.layout import RankLayout
 from octopipe.runtime.step.optim import OptimizerConfig
 
 
@@ -94,9 +94,20 @@ class RunConfig:
         """Sequences of one pass of the plan over all replicas: D x M x b."""
         return self.dp * plan.num_microbatches * self.micro_batch_size
 
-    def layout(self, plan: Plan) -> RankLayout:
-        """Which global rank runs what (docs/FORMATS.md, plan `parallelism`)."""
-        return RankLayout(self.tp, plan.num_devices, self.dp, self.ep, self.cp)
+    def layout(self, plan: Plan) -> JobShape:
+        """The job's shape: which global rank runs what (docs/FORMATS.md, plan `parallelism`),
+        in the plan's rank order."""
+        return JobShape(
+            self.tp,
+            plan.num_devices,
+            self.dp,
+            self.micro_batch_size,
+            plan.num_microbatches,
+            cp=self.cp,
+            ep=self.ep,
+            zero=self.zero,
+            rank_order=plan.shape.rank_order if plan.shape is not None else DEFAULT_RANK_ORDER,
+        )
 
 
 @dataclass(frozen=True)

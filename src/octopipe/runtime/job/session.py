@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from octopipe.errors import InputError
-from octopipe.plan import Plan
+from octopipe.plan import Place, Plan
 from octopipe.runtime.data.batches import Batch, replica_batch, split_sequences
 from octopipe.runtime.job.evaluate import Evaluation
 from octopipe.runtime.job.flops import peak_flops, step_model_flops
@@ -32,14 +32,13 @@ from octopipe.runtime.model.split import parameter_bytes
 from octopipe.runtime.model.ties import share_across_stages, spans_stages
 from octopipe.runtime.parallel.experts import expert_parameters, tp_summed_parameters
 from octopipe.runtime.parallel.fsdp import ShardedStages, fsdp_units
-from octopipe.runtime.parallel.layout import Place
 from octopipe.runtime.parallel.mesh import JobMesh, build_job_mesh
 from octopipe.runtime.parallel.parallelize import parallelizer
 from octopipe.runtime.step.experts import ExpertGrads
 from octopipe.runtime.step.overlap import OverlappedSteps
 from octopipe.runtime.step.shapes import exchange_boundary_specs
 from octopipe.runtime.step.tied import tied_gradients
-from octopipe.runtime.step.worker import Worker
+from octopipe.runtime.step.worker import RankPlace, StepSettings, Worker
 
 
 def run_job_on_rank(
@@ -54,15 +53,15 @@ def run_job_on_rank(
     every step all ranks check the loss together (`progress`); `on_report` gets the step's
     report, and notes of what the run is doing (given on rank 0 only).
 
-    Global rank `tp_rank + T * (d + P * replica)` runs TP rank `tp_rank` of device d of the plan
-    (P devices) in that replica (`RankLayout`); ranks past the last replica (jobs of several
-    sizes share one process group) only take part in the collectives."""
+    The job's shape numbers the ranks (`JobShape.rank`: TP rank, CP rank, device and replica);
+    ranks past the last replica (jobs of several sizes share one process group) only take part
+    in the collectives."""
     plan, cfg = job.plan, job.config
     layout = cfg.layout(plan)
     sharding = cfg.tp > 1 or cfg.zero == 3
     groups = build_job_mesh(layout, rank, device.type, with_mesh=sharding)
     place = groups.place or Place(cfg.dp, -1, 0)  # past the job: no device
-    replica, d, tp_rank, cp_rank = place.replica, place.device, place.tp_rank, place.cp_rank
+    replica, d, tp_rank = place.replica, place.device, place.tp_rank
     part = _context_part(groups)
     recipe = cfg.recipe()
     data = cfg.data_source(recipe)
@@ -97,26 +96,24 @@ def run_job_on_rank(
         plan,
         modules,
         explained(cfg.loss or recipe.loss),
-        d,
-        device,
         {s: specs[s] for s in range(1, plan.num_stages)},
-        cfg.optimizer,
-        nccl or cfg.order_matched,
-        cfg.lookahead,
-        replica,
-        cfg.dp,
-        groups.dp_group,
-        cfg.zero,
-        cfg.reduce_at_end,
-        cfg.autocast_dtype,
-        tp=cfg.tp,
-        tp_rank=tp_rank,
-        cp=cfg.cp,
-        cp_rank=cp_rank,
-        sharded=sharded,
-        accumulation=cfg.accumulation,
-        tied=tied,
-        experts=_expert_grads(groups, modules, cfg),
+        RankPlace(
+            layout,
+            place,
+            device,
+            groups.dp_group,
+            sharded,
+            tied,
+            _expert_grads(groups, modules, cfg),
+        ),
+        StepSettings(
+            cfg.optimizer,
+            nccl or cfg.order_matched,
+            cfg.lookahead,
+            cfg.reduce_at_end,
+            cfg.autocast_dtype,
+            cfg.accumulation,
+        ),
     )
     first_step = _resume(cfg, modules, worker)
     if first_step:
@@ -181,7 +178,7 @@ def run_job_on_rank(
     dist.gather_object(report, reports, dst=0)
     if reports is None:
         return None
-    return assemble(plan, reports, cfg.dp, first_step, cfg.tp, tuple(progress.reports), cfg.cp)
+    return assemble(plan, reports, layout, first_step, tuple(progress.reports))
 
 
 def _tp_plan(recipe: ModelRecipe, cfg: RunConfig):

@@ -1,5 +1,5 @@
-"""The job's process groups and its device mesh: DP x PP x TP, in the documented rank order,
-and the EP groups over a device's ranks (`layout.expert_groups`).
+"""The job's process groups and its device mesh: DP x PP x CP x TP, in the shape's rank order
+(`JobShape.rank`), and the EP groups over a device's ranks (`JobShape.expert_groups`).
 
 Every group is made with the run's timeout (`octopipe.runtime.parallel.groups`), and the mesh is put
 together from them with `DeviceMesh.from_group`, so a stuck DTensor or FSDP collective fails
@@ -16,19 +16,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from octopipe.plan import JobShape, Place
 from octopipe.runtime.parallel.context import ContextGroup
 from octopipe.runtime.parallel.experts import ExpertGroup
 from octopipe.runtime.parallel.groups import new_group
-from octopipe.runtime.parallel.layout import Place, RankLayout
 
-DIMS = ("dp", "pp", "cp", "tp")  # outermost first: the layout's rank order read as a grid
+DIMS = ("dp", "pp", "cp", "tp")  # the grid's dimensions (`rank_grid`)
 
 
 @dataclass(frozen=True)
 class JobMesh:
     """This rank's place in the job and the groups it computes in."""
 
-    layout: RankLayout
+    layout: JobShape
     place: Place | None  # None: a rank past the job
     mesh: DeviceMesh | None  # dims DIMS; only when DTensors are needed (TP or FSDP)
     # The ranks holding the same weights as this one (this device's TP rank in every replica
@@ -53,12 +53,12 @@ class JobMesh:
         return None if self.mesh is None else self.mesh["dp"]
 
 
-def build_job_mesh(layout: RankLayout, rank: int, device_type: str, with_mesh: bool) -> JobMesh:
+def build_job_mesh(layout: JobShape, rank: int, device_type: str, with_mesh: bool) -> JobMesh:
     """The groups of `layout` seen from `rank`; with `with_mesh`, the DeviceMesh too (made of the
     groups along each dimension). Without it only data and context parallelism's groups are
     made."""
     place = layout.place(rank)
-    grid = torch.arange(layout.size).view(layout.dp, layout.pp, layout.cp, layout.tp)
+    grid = rank_grid(layout)
     dims = DIMS if with_mesh else tuple(n for n in ("dp", "cp") if getattr(layout, n) > 1)
     mine = {name: _groups_along(grid, DIMS.index(name), rank) for name in dims}
     mesh = None
@@ -90,8 +90,22 @@ def build_job_mesh(layout: RankLayout, rank: int, device_type: str, with_mesh: b
     return JobMesh(layout, place, mesh, dp_group, experts, expert_dp, context, copies_mesh)
 
 
+def rank_grid(shape: JobShape) -> torch.Tensor:
+    """Every rank of the job at [replica, device, cp_rank, tp_rank] (dims DIMS), in the shape's
+    rank order."""
+    return torch.tensor(
+        [
+            [
+                [[shape.rank(r, d, t, c) for t in range(shape.tp)] for c in range(shape.cp)]
+                for d in range(shape.pp)
+            ]
+            for r in range(shape.dp)
+        ]
+    )
+
+
 def _expert_groups(
-    layout: RankLayout, rank: int, device_type: str
+    layout: JobShape, rank: int, device_type: str
 ) -> tuple[ExpertGroup | None, dist.ProcessGroup | None]:
     """Every device's EP groups and the groups of ranks holding the same experts (made by
     every rank, in one order); this rank's."""

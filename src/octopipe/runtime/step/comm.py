@@ -21,9 +21,8 @@ import torch
 import torch.distributed as dist
 
 from octopipe.actions import B, F, I
-from octopipe.plan import Plan
+from octopipe.plan import JobShape, Place, Plan
 from octopipe.runtime.parallel.groups import new_group
-from octopipe.runtime.parallel.layout import RankLayout
 from octopipe.runtime.step.shapes import BoundarySpec, grad_specs
 
 
@@ -64,7 +63,7 @@ def sender_order(plan: Plan, key: ChannelKey) -> list[int]:
 class P2P:
     """The channels touching one rank; `specs[b]` is the activation entering stage b.
 
-    Ranks are the plan's devices; globally, the job's layout numbers them (`RankLayout`:
+    Ranks are the plan's devices; globally, the job's shape numbers them (`JobShape.rank`:
     replica, device, context- and tensor-parallel rank). Each pipeline, one per replica, CP
     rank and TP rank, has channels of its own: TP rank t of CP rank c of a stage sends its part
     to TP rank t of CP rank c of the next."""
@@ -72,22 +71,22 @@ class P2P:
     def __init__(
         self,
         plan: Plan,
-        rank: int,
         specs: dict[int, BoundarySpec],
         device: torch.device,
         per_channel_groups: bool,
-        layout: RankLayout | None = None,
-        replica: int = 0,
-        tp_rank: int = 0,
-        cp_rank: int = 0,
+        shape: JobShape | None = None,
+        place: Place | None = None,
     ) -> None:
-        """`rank` is the plan's device index; `layout` the job's degrees (default: one replica,
-        no tensor parallelism). `per_channel_groups`: one group per channel, transfers matched
-        by order, no tags (what NCCL needs; on gloo it is how tests check the ordering NCCL
-        relies on)."""
-        self.rank, self.device = rank, device
-        layout = layout or RankLayout(1, plan.num_devices, 1)
-        self._global = lambda d: layout.rank(replica, d, tp_rank, cp_rank)  # device -> rank
+        """`place` is this rank's (its `device` the plan's device index) in `shape`, the job's
+        degrees (default: device 0 of one replica, no tensor parallelism).
+        `per_channel_groups`: one group per channel, transfers matched by order, no tags (what
+        NCCL needs; on gloo it is how tests check the ordering NCCL relies on)."""
+        shape = shape or JobShape(1, plan.num_devices, 1)
+        place = place or Place(0, 0, 0)
+        replica, tp_rank, cp_rank = place.replica, place.tp_rank, place.cp_rank
+        self.rank, self.device = place.device, device
+        rank = place.device
+        self._global = lambda d: shape.rank(replica, d, tp_rank, cp_rank)  # device -> rank
         self._tagged = not per_channel_groups
         self._num_mb = plan.num_microbatches
         self._max_entries = max((len(s) for s in specs.values()), default=1)
@@ -99,8 +98,8 @@ class P2P:
         if per_channel_groups:
             # new_group is collective: every rank creates every channel's group of every
             # pipeline, in one order.
-            mine = layout.rank(replica, 0, tp_rank, cp_rank)
-            for ranks in layout.pipelines():
+            mine = shape.rank(replica, 0, tp_rank, cp_rank)
+            for ranks in shape.pipelines():
                 for key in keys:
                     group = new_group(sorted(ranks[d] for d in self._ends(key)))
                     if ranks[0] == mine:

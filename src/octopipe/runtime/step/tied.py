@@ -17,11 +17,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from octopipe.plan import Plan
+from octopipe.plan import JobShape, Plan
 from octopipe.runtime.model.ties import Tie
 from octopipe.runtime.parallel.dtensors import local
 from octopipe.runtime.parallel.groups import new_group
-from octopipe.runtime.parallel.layout import RankLayout
 
 
 class TiedGradients:
@@ -47,7 +46,7 @@ def tied_gradients(
     plan: Plan,
     layers: Sequence[str],
     ties: Sequence[Tie],
-    layout: RankLayout,
+    layout: JobShape,
     rank: int,
     stages: dict[int, nn.Module],
 ) -> TiedGradients | None:

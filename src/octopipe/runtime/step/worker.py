@@ -21,11 +21,10 @@ import torch
 import torch.distributed as dist
 
 from octopipe.actions import Action, B, F, I
-from octopipe.plan import Plan, Stage
+from octopipe.plan import JobShape, Place, Plan, Stage
 from octopipe.runtime.data.batches import Batch
 from octopipe.runtime.model.recipe import Activation, Loss, StageModule
 from octopipe.runtime.parallel.fsdp import ShardedStages
-from octopipe.runtime.parallel.layout import RankLayout
 from octopipe.runtime.parallel.tensor_parallel import loss_context, settle_grads
 from octopipe.runtime.step.comm import P2P
 from octopipe.runtime.step.experts import ExpertGrads
@@ -65,72 +64,83 @@ class StepRecord:
     grad_squares: float | None = None
 
 
+@dataclass(frozen=True)
+class RankPlace:
+    """Where a worker runs: its place in the job's shape, its torch device and the groups the
+    step settles besides its own actions."""
+
+    shape: JobShape
+    place: Place  # replica, pipeline device, TP and CP rank
+    device: torch.device
+    dp_group: dist.ProcessGroup | None = None  # this device's ranks of every replica and CP rank
+    sharded: ShardedStages | None = None  # the stages as FSDP2 units (ZeRO-3)
+    tied: TiedGradients | None = None  # tied copies whose gradients other ranks sum with
+    experts: ExpertGrads | None = None  # the routed experts' parameters and groups (EP)
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """How a worker runs its steps."""
+
+    optimizer: OptimizerConfig
+    per_channel_groups: bool  # one group per channel, matched by order (NCCL's way)
+    lookahead: int = 8  # actions ahead receives are posted
+    reduce_at_end: bool = False  # every all-reduce held back until the last action
+    autocast: torch.dtype | None = None
+    accumulation: int = 1  # passes of the plan per step, their gradients summed
+
+
 class Worker:
-    """The stages of `plan` placed on device `rank` of the plan, and how to train them one step
-    at a time; with data parallelism, as replica `replica` of `replicas`."""
+    """The stages of `plan` placed on one pipeline device, and how to train them one step at a
+    time, as one rank of the job's shape."""
 
     def __init__(
         self,
         plan: Plan,
         stages: dict[int, StageModule],
         loss: Loss,
-        rank: int,
-        device: torch.device,
         specs: dict[int, BoundarySpec],
-        optimizer: OptimizerConfig,
-        per_channel_groups: bool,
-        lookahead: int = 8,
-        replica: int = 0,
-        replicas: int = 1,
-        dp_group: dist.ProcessGroup | None = None,
-        zero: int = 0,
-        reduce_at_end: bool = False,
-        autocast: torch.dtype | None = None,
-        *,
-        tp: int = 1,
-        tp_rank: int = 0,
-        cp: int = 1,
-        cp_rank: int = 0,
-        sharded: ShardedStages | None = None,
-        accumulation: int = 1,
-        tied: TiedGradients | None = None,
-        experts: ExpertGrads | None = None,
+        where: RankPlace,
+        settings: StepSettings,
     ) -> None:
-        """`stages[s]` holds stage s's layers, for every stage placed on `rank`; `specs[b]` is
-        the activation entering stage b, for every stage but the first. `dp_group` holds this
-        device's ranks of every replica (needed when `replicas > 1`). `reduce_at_end` holds every
-        all-reduce back until the last action (to measure what the overlap gains). With `tp`
-        > 1 the stages are tensor-parallel and this rank is `tp_rank` of its device's group;
-        `sharded`: the stages are FSDP2 units (`--zero 3`), gathered and reduced by it;
-        `tied`: tied copies on this rank whose gradients are summed with other ranks';
-        `experts`: the routed experts' parameters and groups under expert parallelism.
-        `accumulation`: passes of the plan per step, their gradients summed (the loss of a
-        step is the mean over all their microbatches)."""
+        """`stages[s]` holds stage s's layers, for every stage placed on this rank's device;
+        `specs[b]` is the activation entering stage b, for every stage but the first. `where`
+        says which rank of the shape this is and what it shares with others (the replicas'
+        `dp_group`, needed when DP x CP > 1; TP when the shape's TP > 1; FSDP2 units under
+        ZeRO-3); `settings.reduce_at_end` holds every all-reduce back until the last action
+        (to measure what the overlap gains); `settings.accumulation` passes of the plan make a
+        step, their gradients summed (the loss of a step is the mean over all their
+        microbatches)."""
+        shape, place, device = where.shape, where.place, where.device
+        rank, sharded, experts = place.device, where.sharded, where.experts
+        lookahead, accumulation = settings.lookahead, settings.accumulation
         self.plan, self.rank, self.device = plan, rank, device
         self.lookahead = lookahead
         self.actions: tuple[Action, ...] = plan.schedule.get(rank, ())
         self._forward_only = forward_only(plan)  # the order held-out batches run in
         self._last = last = plan.num_stages - 1
-        layout = RankLayout(tp, plan.num_devices, replicas, cp=cp)
         # Context-parallel ranks hold the same weights and see other tokens: they average
         # their gradients as replicas do (`dp_group` is then all D x C of them).
-        copies = layout.copies
-        context = loss_context if tp > 1 else nullcontext
+        copies, dp_group = shape.copies, where.dp_group
+        context = loss_context if shape.tp > 1 else nullcontext
         self.stages = {
             s: StageCompute(
-                module, s == last, loss, plan.num_microbatches * accumulation, autocast, context
+                module,
+                s == last,
+                loss,
+                plan.num_microbatches * accumulation,
+                settings.autocast,
+                context,
             )
             for s, module in stages.items()
         }
         self.modules = stages
-        self.comm = P2P(
-            plan, rank, specs, device, per_channel_groups, layout, replica, tp_rank, cp_rank
-        )
+        self.comm = P2P(plan, specs, device, settings.per_channel_groups, shape, place)
         # A tied parameter two stages of this rank share is one parameter to the optimizer.
         self.params = list({id(p): p for st in self.stages.values() for p in st.params}.values())
-        self.tied = tied
-        self.tensor_parallel, self.sharded = tp > 1, sharded
-        self.stage_ranks = layout.stage_ranks  # ranks holding each stage, for the global norm
+        self.tied = where.tied
+        self.tensor_parallel, self.sharded = shape.tp > 1, sharded
+        self.stage_ranks = shape.stage_ranks  # ranks holding each stage, for the global norm
         self.experts = experts
         expert_group = experts.expert_dp_group if experts is not None else None
         self.reducer = (
@@ -146,11 +156,11 @@ class Worker:
         )
         # Action index -> the stages whose gradients are final once it has run.
         self._stage_done_after = _last_backwards(self.actions)
-        if reduce_at_end and self._stage_done_after:
+        if settings.reduce_at_end and self._stage_done_after:
             every = [s for stages in self._stage_done_after.values() for s in stages]
             self._stage_done_after = {len(self.actions) - 1: every}
-        shard = dp_group if zero == 1 and copies > 1 else None
-        self.optimizer_config, self.replicas = optimizer, replicas
+        shard = dp_group if shape.zero == 1 and copies > 1 else None
+        self.optimizer_config = optimizer = settings.optimizer
         self.optimizer = (
             optimizer.build(
                 self.params,
