@@ -101,7 +101,7 @@ def main() -> int:
     p.add_argument("--megatron-venv", type=Path, required=True)
     p.add_argument("--megatron-src", type=Path, required=True)
     a = p.parse_args()
-    from octopipe.export.megatron import MEGATRON_TARGET, megatron_arguments
+    from octopipe.engines.megatron import MEGATRON_TARGET, megatron_arguments
 
     python = a.megatron_venv.resolve() / "bin" / "python"
     print(f"{MEGATRON_TARGET}, parsed by its megatron.training.arguments.parse_args\n")

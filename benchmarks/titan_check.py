@@ -149,12 +149,13 @@ def debug_profile(folder: Path):
 def export_baseline(profile, schedule: str, folder: Path) -> tuple[object, str]:
     """A baseline plan exported as `octopipe plan` exports a plan; its launch command."""
     from octopipe.api import baseline
-    from octopipe.commands._plan_outputs import write_outputs
-    from octopipe.export import TorchtitanBase, torchtitan_launch_command
+    from octopipe.engines import Answer, Exports, get_engine
+    from octopipe.engines.files import write_answer
+    from octopipe.engines.torchtitan import torchtitan_launch_command
 
     plan = baseline(profile, schedule, "uniform", MICROBATCHES, DEVICES)
-    folder.mkdir(parents=True)
-    write_outputs(plan, profile, folder, pictures=False, torchtitan=TorchtitanBase.parse(BASE))
+    answer = Answer(plan, profile, profile.name, exports=Exports(torchtitan_config=BASE))
+    write_answer(get_engine("torchtitan"), answer, folder, pictures=False)
     return plan, torchtitan_launch_command(folder, DEVICES)
 
 
@@ -249,7 +250,7 @@ def launch_steps(command: str, tag: str, start: Path, paths, titan_venv: Path, w
 
 
 def train(name, plan, command, start, paths, titan_venv, work, steps) -> Run:
-    from octopipe.export.titan_plan import placement_style
+    from octopipe.engines.torchtitan.plan import placement_style
 
     style = placement_style(plan)
     text, code, seconds = launch_steps(command, style, start, paths, titan_venv, work, steps)
@@ -294,25 +295,25 @@ def config_check(folder: Path, titan_venv: Path, start: Path) -> str:
 
 def shipped_export(name: str, folder: Path) -> Path:
     from octopipe.api import baseline, profile_from_config
-    from octopipe.commands._plan_outputs import write_outputs
-    from octopipe.export import SHIPPED_BASES
+    from octopipe.engines import Answer, get_engine
+    from octopipe.engines.files import write_answer
 
     profile = profile_from_config(name, devices=4)
     plan = baseline(profile, "1f1b", "uniform", 8, 4)
-    folder.mkdir(parents=True)
-    write_outputs(plan, profile, folder, pictures=False, torchtitan=SHIPPED_BASES[name])
+    # No torchtitan config given: torchtitan's own for the shipped model.
+    write_answer(get_engine("torchtitan"), Answer(plan, profile, name), folder, pictures=False)
     return folder
 
 
 def wrong_base_export(profile, folder: Path) -> Path:
     from octopipe.api import baseline
-    from octopipe.commands._plan_outputs import write_outputs
-    from octopipe.export import TorchtitanBase
+    from octopipe.engines import Answer, Exports, get_engine
+    from octopipe.engines.files import write_answer
 
     plan = baseline(profile, "1f1b", "uniform", MICROBATCHES, DEVICES)
-    folder.mkdir(parents=True)
-    base = TorchtitanBase.parse("llama3:llama3_8b")
-    write_outputs(plan, profile, folder, pictures=False, torchtitan=base)
+    exports = Exports(torchtitan_config="llama3:llama3_8b")
+    answer = Answer(plan, profile, profile.name, exports=exports)
+    write_answer(get_engine("torchtitan"), answer, folder, pictures=False)
     return folder
 
 

@@ -115,9 +115,10 @@ def export_layout(seq_len: int, par: dict, folder: Path):
     """A 1F1B plan of the debug model with the layout `par`, exported as `octopipe plan`
     exports a plan; the plan, its profile and its launch command."""
     from octopipe.api import baseline, profile_from_config
-    from octopipe.commands._plan_outputs import write_outputs
-    from octopipe.export import TorchtitanBase, torchtitan_launch_command
-    from octopipe.export.titan_layout import titan_layout
+    from octopipe.engines import Answer, Exports, get_engine
+    from octopipe.engines.files import write_answer
+    from octopipe.engines.torchtitan import torchtitan_launch_command
+    from octopipe.engines.torchtitan.layout import titan_layout
 
     folder.mkdir(parents=True)
     config = folder / "llama3_debugmodel.json"
@@ -132,12 +133,13 @@ def export_layout(seq_len: int, par: dict, folder: Path):
         cp=par.get("cp", 1),
         shard_group=par.get("group", 0),
     )
-    write_outputs(plan, profile, folder, pictures=False, torchtitan=TorchtitanBase.parse(tc.BASE))
+    answer = Answer(plan, profile, str(config), exports=Exports(torchtitan_config=tc.BASE))
+    write_answer(get_engine("torchtitan"), answer, folder, pictures=False)
     return plan, profile, torchtitan_launch_command(folder, titan_layout(plan, profile).world)
 
 
 def train_layout(name, plan, profile, command, start, paths, venv, work, steps) -> LayoutRun:
-    from octopipe.export.titan_layout import titan_layout
+    from octopipe.engines.torchtitan.layout import titan_layout
 
     lay = titan_layout(plan, profile)
     tag = re.sub(r"\W+", "-", name).strip("-")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
 from octopipe.api import baseline
-from octopipe.export import (
+from octopipe.engines.torchtitan import (
     module_fqns_per_model_part,
     to_toml,
     toml_string,

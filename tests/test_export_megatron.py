@@ -13,8 +13,8 @@ import pytest
 
 from octopipe.api import baseline, profile_from_config
 from octopipe.cli import main
+from octopipe.engines.megatron import megatron_arguments, megatron_notes, write_megatron_args
 from octopipe.errors import InputError
-from octopipe.export.megatron import megatron_arguments, megatron_notes, write_megatron_args
 
 
 @pytest.fixture(scope="module")

@@ -28,16 +28,16 @@ from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 from octopipe.actions import Action
 from octopipe.api import baseline, profile_from_config
 from octopipe.cli import main
-from octopipe.commands._plan_outputs import torchtitan_report
-from octopipe.errors import InputError
-from octopipe.export import (
+from octopipe.engines import Answer, Exports, get_engine
+from octopipe.engines.torchtitan import (
     TorchtitanBase,
     torchtitan_launch_command,
     torchtitan_names,
     write_torchtitan_config,
 )
-from octopipe.export.titan_config import python_literal
-from octopipe.export.titan_layout import titan_layout
+from octopipe.engines.torchtitan.config import python_literal
+from octopipe.engines.torchtitan.layout import titan_layout
+from octopipe.errors import InputError
 from octopipe.plan import make_plan, save_schedule_csv
 from octopipe.profile import Device, LayerCost, Profile, save_profile
 from octopipe.sim import Simulator
@@ -234,9 +234,12 @@ def test_what_torchtitan_cannot_run_is_refused_in_one_line(tmp_path, capsys):
         with pytest.raises(InputError):
             write_torchtitan_config(plan, prof, folder, BASE, "p.json")
         assert not (folder / "octopipe_torchtitan.py").exists()
-        report = torchtitan_report(plan, prof, folder, BASE)
-        assert report.startswith("torchtitan 0.3: no octopipe_torchtitan.py: plan.json: ")
-        assert "\n" not in report
+        exports = Exports(torchtitan_config="llama3:llama3_debugmodel")
+        lines = get_engine("torchtitan").launch(
+            Answer(plan, prof, "p.json", exports=exports), folder
+        )
+        assert len(lines) == 1  # one line says why there is no config
+        assert lines[0].startswith("torchtitan 0.3: no octopipe_torchtitan.py: plan.json: ")
 
 
 @pytest.mark.parametrize(
@@ -407,7 +410,7 @@ def test_check_stage_modules_refuses_a_plan_for_another_model(stages, message, t
 
 
 def test_a_smaller_base_model_is_refused_by_name():
-    import octopipe.export.torchtitan_module as template
+    import octopipe.engines.torchtitan.torchtitan_module as template
 
     modules = template.model_modules(config_of(lambda: Decoder(num_blocks=4)))
     with pytest.raises(ValueError, match="names 'layers.4', which the model"):

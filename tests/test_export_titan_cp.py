@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-import octopipe.export.torchtitan_module as template
+import octopipe.engines.torchtitan.torchtitan_module as template
 from octopipe.api import baseline
 from tests.test_export_titan import TITAN, export, profile, trainer_config
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from octopipe.cli import main
-from octopipe.export.titan_layout import node_groups_note
+from octopipe.engines.torchtitan.layout import node_groups_note
 from octopipe.plan import JobShape
 
 

@@ -13,16 +13,16 @@ from octopipe.cli import main
 from octopipe.config import JobConfig
 from octopipe.config.sources import from_keywords
 from octopipe.costmodel.hf_config import load_architecture
+from octopipe.engines import ENGINES, get_engine
+from octopipe.engines.megatron import megatron_arguments, megatron_notes, megatron_world
+from octopipe.engines.torchtitan import SHIPPED_BASES
+from octopipe.engines.torchtitan.config import torchtitan_config_settings
+from octopipe.engines.torchtitan.layout import titan_layout
 from octopipe.errors import InputError
-from octopipe.export import SHIPPED_BASES
-from octopipe.export.megatron import megatron_arguments, megatron_notes, megatron_world
-from octopipe.export.titan_config import torchtitan_config_settings
-from octopipe.export.titan_layout import titan_layout
 from octopipe.layouts import Job, plan_cluster
 from octopipe.layouts.cluster import Cluster, parse_gpus
 from octopipe.layouts.layout import JobShape
 from octopipe.layouts.planner import LayoutSearch
-from octopipe.layouts.runners import RUNNERS, get_runner
 from octopipe.layouts.search import LayoutReport, runner_space, written_plan
 from octopipe.plan import load_plan
 
@@ -126,7 +126,7 @@ def test_every_layout_a_runner_keeps_exports_as_priced(runner):
     """Not only the answers: every layout of the search space the runner keeps (CP, EP, FSDP,
     HSDP and recomputation among them), screened as the search screens it, exports."""
     job = Job("tiny-moe", Cluster(parse_gpus("16"), 8), 16, 8192)
-    engine = get_runner(runner)
+    engine = get_engine(runner)
     search = LayoutSearch(job, runner=engine)
     kept = runner_space(search)
     kinds = {
@@ -159,19 +159,17 @@ def test_octopipes_zero3_is_priced_as_its_zero1_and_refused_where_the_executor_d
     from dataclasses import replace
 
     job = Job("tiny-llama", Cluster(parse_gpus("8"), 4), 16, 256)
-    search = LayoutSearch(job, runner=get_runner("octopipe"))
+    search = LayoutSearch(job, runner=get_engine("octopipe"))
     for base in (JobShape(1, 1, 8, 1, 2), JobShape(1, 2, 4, 1, 4), JobShape(2, 2, 2, 2, 4)):
         one, three = (search.screen(replace(base, zero=z)) for z in (1, 3))
         assert three.step_time == pytest.approx(one.step_time, rel=1e-12)
         assert three.peak_memory_bytes == pytest.approx(one.peak_memory_bytes, rel=1e-12)
-    runner = get_runner("octopipe")
+    runner = get_engine("octopipe")
     arch = load_architecture("tiny-moe")
-    assert "expert parallelism" in runner.layout_refusal(
-        JobShape(1, 1, 4, 1, 1, zero=3, ep=2), arch
-    )
-    assert "TP 1" in runner.layout_refusal(JobShape(2, 1, 2, 1, 1, zero=3, cp=2), arch)
-    assert "overlapped" in runner.layout_refusal(JobShape(1, 1, 4, 1, 1, zero=1), arch, True)
-    assert runner.layout_refusal(JobShape(1, 1, 4, 1, 1, zero=3, cp=2), arch) is None
+    assert "expert parallelism" in runner.refuse(JobShape(1, 1, 4, 1, 1, zero=3, ep=2), arch)
+    assert "--tp 1" in runner.refuse(JobShape(2, 1, 2, 1, 1, zero=3, cp=2), arch)
+    assert "--overlap-steps" in runner.refuse(JobShape(1, 1, 4, 1, 1, zero=1), arch, True)
+    assert runner.refuse(JobShape(1, 1, 4, 1, 1, zero=3, cp=2), arch) is None
 
 
 @pytest.mark.parametrize(
@@ -182,10 +180,11 @@ def test_octopipes_zero3_is_priced_as_its_zero1_and_refused_where_the_executor_d
     ],
 )
 def test_the_zero3_rule_is_the_executors_refusal(layout, message):
-    """What `runnable.zero_refusal` refuses, `octopipe run` refuses too (and not the rest)."""
+    """What `engines.octopipe.shape_refusal` refuses, `octopipe run` refuses too (and not the
+    rest)."""
     from octopipe.plan import make_plan
 
-    assert get_runner("octopipe").layout_refusal(layout, load_architecture("tiny-moe"))
+    assert get_engine("octopipe").refuse(layout, load_architecture("tiny-moe"))
     plan = make_plan(1, 2, [(0, 9)], [0], {0: []}).with_shape(
         tp=layout.tp, dp=layout.dp, microbatch_size=1, zero=3, cp=layout.cp, ep=layout.ep
     )
@@ -205,13 +204,13 @@ def test_octopipe_run_refuses_an_hsdp_plan_under_zero3():
 
 
 def test_torchtitan_offers_hsdp_within_a_node_only():
-    runner = get_runner("torchtitan")
+    runner = get_engine("torchtitan")
     fsdp = JobShape(1, 1, 16, 1, 1, zero=3)
-    assert runner.layouts(fsdp, 8) == [fsdp, JobShape(1, 1, 16, 1, 1, zero=3, shard_group=8)]
-    assert runner.layouts(JobShape(2, 1, 16, 1, 1, zero=3), 8)[1].shard_group == 4
-    assert runner.layouts(JobShape(1, 1, 8, 1, 1, zero=3), 8) == [JobShape(1, 1, 8, 1, 1, zero=3)]
+    assert runner.variants(fsdp, 8) == [fsdp, JobShape(1, 1, 16, 1, 1, zero=3, shard_group=8)]
+    assert runner.variants(JobShape(2, 1, 16, 1, 1, zero=3), 8)[1].shard_group == 4
+    assert runner.variants(JobShape(1, 1, 8, 1, 1, zero=3), 8) == [JobShape(1, 1, 8, 1, 1, zero=3)]
     for refused in (JobShape(1, 1, 8, 1, 1, zero=1), JobShape(1, 1, 4, 1, 1, cp=2)):
-        assert runner.layout_refusal(refused, None) is not None
+        assert runner.refuse(refused, None) is not None
 
 
 def test_a_reference_the_runner_cannot_run_is_shown_not_chosen(tmp_path, capsys):
@@ -236,7 +235,10 @@ def test_a_reference_the_runner_cannot_run_is_shown_not_chosen(tmp_path, capsys)
     [
         (["--runner", "deepspeed"], "argument --runner: invalid choice: 'deepspeed'"),
         (["--runner", "megatron", "--torchtitan"], "--torchtitan: is for torchtitan, but"),
-        (["--runner", "torchtitan", "--megatron"], "--megatron: --runner torchtitan plans for"),
+        (
+            ["--runner", "torchtitan", "--megatron"],
+            "--megatron: is for Megatron-LM, but --runner torchtitan",
+        ),
         (["--runner", "torchtitan", "--overlap-steps"], "torchtitan runs synchronous steps"),
         (["--runner", "megatron", "--moe-a2a-overlap"], "--moe-a2a-overlap: prices a published"),
     ],
@@ -307,12 +309,12 @@ def test_with_overlapped_steps_octopipes_answer_is_one_its_executor_runs(tmp_pat
 
 def test_each_runner_prices_the_stack_as_it_runs_it():
     job = Job("tiny-llama", Cluster(parse_gpus("8"), 4), 16, 256)
-    stacks = {r: LayoutSearch(job, runner=get_runner(r)).job.stack for r in RUNNERS}
+    stacks = {r: LayoutSearch(job, runner=get_engine(r)).job.stack for r in ENGINES}
     assert stacks["octopipe"].zero3_held and not stacks["torchtitan"].zero3_held
     assert stacks["megatron"].reduce_at_end and not stacks["octopipe"].reduce_at_end
     layout = JobShape(1, 2, 4, 1, 4, zero=1)  # reductions wait for the step's end under Megatron
     octo, mlm = (
-        LayoutSearch(job, runner=get_runner(r)).baseline(layout, "1f1b", "uniform", None)
+        LayoutSearch(job, runner=get_engine(r)).baseline(layout, "1f1b", "uniform", None)
         for r in ("octopipe", "megatron")
     )
     assert mlm.step_time >= octo.step_time

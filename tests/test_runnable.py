@@ -1,5 +1,5 @@
 """`plan --gpus` answers only with layouts `octopipe run` carries out: the layout rule
-(`layouts/runnable.py`) and the executor's own refusal agree on every bundled model, and the
+(`engines/octopipe.py`) and the executor's own refusal agree on every bundled model, and the
 search keeps to the rule."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from octopipe.costmodel.hf_config import load_architecture
+from octopipe.engines.octopipe import context_parallel_refusal, run_refusal
 from octopipe.errors import InputError
 from octopipe.layouts.layout import JobShape
-from octopipe.layouts.runnable import context_parallel_refusal, run_refusal
 from octopipe.models import bundled_models
 
 
@@ -38,10 +38,10 @@ def test_refusals_name_what_does_not_run():
     assert context_parallel_refusal(llama) is None
     cp2 = JobShape(1, 1, 2, 1, 1, cp=2)
     assert run_refusal(cp2, llama) is None
-    assert "context parallelism" in run_refusal(cp2, deepseek)
+    assert "context parallelism" in str(run_refusal(cp2, deepseek))
     ep2 = JobShape(1, 1, 2, 1, 1, ep=2)
     assert run_refusal(ep2, deepseek) is None
-    assert "overlapped steps" in run_refusal(ep2, deepseek, overlap_steps=True)
+    assert "--overlap-steps" in str(run_refusal(ep2, deepseek, overlap_steps=True))
 
 
 @pytest.mark.timeout(300)

@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from octopipe.engines.answer import Exports
+
 if TYPE_CHECKING:
     from octopipe.layouts import LayoutReport
     from octopipe.plan import Plan
@@ -192,6 +194,9 @@ def plan_layout(
     stack=None,
     memory_headroom: float | None = None,
     rank_order: str | None = None,
+    output: str | Path | None = None,
+    exports: Exports | None = None,
+    pictures: bool = True,
     **options,
 ) -> LayoutReport:
     """The parallel layout of a model on a cluster, as `octopipe plan --gpus` chooses it:
@@ -199,21 +204,58 @@ def plan_layout(
     training framework's settings (`octopipe.layouts.stack.Stack`, default OctoPipe's);
     `memory_headroom` the fraction of each GPU's memory a plan leaves free (default 5%);
     `rank_order` how ranks are numbered ("octopipe" or "megatron"; default the runner's).
+    With `output`, a folder, the answer is written there as `plan --gpus` writes it (the
+    profile, plan.json, schedule.csv, the engine's exports as `exports` asks, and with
+    `pictures` the timelines): `.written` holds the files and the lines that launch them
+    (nothing is written when no layout fits).
     Megatron-LM's usual layout is planned and tuned first, every layout screened best bound
     first and the best tuned; `.rows` best first, `.reference` Megatron-LM's layout. `options`:
     those of `octopipe.layouts.plan_cluster` (time_budget, finalists, tune_evaluations,
     max_screened, seed, max_chunks, progress, overlap_steps, from_layout, torchtitan, workers,
     runner: "octopipe", "torchtitan" or "megatron", the engine the answer is for)."""
+    from octopipe.engines import Answer, check_exports, get_engine
+    from octopipe.engines.files import OUTPUT_FILES, write_answer
     from octopipe.layouts import Cluster, Job, parse_gpus, plan_cluster
     from octopipe.layouts.layout import DEFAULT_HEADROOM
-    from octopipe.layouts.runners import DEFAULT_RUNNER, get_runner
+    from octopipe.layouts.search import DEFAULT_TIME_BUDGET, written_plan
     from octopipe.layouts.stack import Stack
+    from octopipe.outfiles import check_output_folder
 
+    engine = get_engine(options.get("runner"))
+    exports = exports or Exports()
+    check_exports(engine, _export_flags(exports, options.get("torchtitan", False)))
+    if output is not None:  # before the search: fails at once
+        check_output_folder("--output", output, OUTPUT_FILES)
     cluster = Cluster(parse_gpus(str(gpus), hardware), gpus_per_node)
     headroom = DEFAULT_HEADROOM if memory_headroom is None else memory_headroom
-    order = rank_order or get_runner(options.get("runner", DEFAULT_RUNNER)).rank_order
+    order = rank_order or engine.rank_order
     job = Job(str(config), cluster, global_batch, seq_len, stack or Stack(), headroom, order)
-    return plan_cluster(job, **options)
+    report = plan_cluster(job, **options)
+    if output is None or not report.best.sim.fits:
+        return report
+    answer = Answer(
+        written_plan(report.best),
+        report.best.profile,
+        model=str(config),
+        seq_len=seq_len,
+        gpus_per_node=gpus_per_node,
+        overlap_steps=options.get("overlap_steps", False),
+        exports=exports,
+    )
+    left = options.get("time_budget", DEFAULT_TIME_BUDGET) - report.seconds
+    written = write_answer(engine, answer, Path(output), pictures, left, with_profile=True)
+    return replace(report, written=written)
+
+
+def _export_flags(exports: Exports, torchtitan: bool) -> dict[str, object]:
+    """The export settings by flag name (`engines.EXPORT_FLAGS`), `--torchtitan` with them."""
+    return {
+        "torchtitan": torchtitan,
+        "torchtitan_config": exports.torchtitan_config,
+        "torchtitan_assets": exports.torchtitan_assets,
+        "torchtitan_data": exports.torchtitan_data,
+        "megatron": exports.megatron,
+    }
 
 
 def measure_profile(model: str, *, nproc: int = 1, **options) -> Profile:

@@ -45,6 +45,8 @@ MAX_SEED = 2**63 - 1  # --seed: what torch's generators take
 # --- numbers ------------------------------------------------------------------------------------
 MAX_SECONDS = 1e6  # any duration: a layer's time, a latency, a timeout, a time budget
 MIN_TIMEOUT_S = 1.0  # --timeout: below this, the ranks could not even meet
+# A hung transfer fails after this instead of blocking forever (`--timeout`'s default).
+DEFAULT_TIMEOUT_S = 120.0
 MAX_RATE = 1e6  # --lr, --min-lr, --weight-decay, --clip-norm
 MAX_BYTES = 2**60  # any byte figure: memory, activations, parameters, messages
 MIN_BANDWIDTH, MAX_BANDWIDTH = 1.0, 1e18  # bytes per second (a divisor: never near 0)

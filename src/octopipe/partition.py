@@ -162,12 +162,7 @@ def min_max_ranges(
     if not 1 <= S <= num_layers:
         raise ValueError(f"{S} stages need 1 to {num_layers} (the layer count) stages")
     _check_clock(deadline)
-    total = work[-1] - work[0]
-    # The unit, at least the smallest float (a subnormal total would round it to 0).
-    unit = max(math.ldexp(1.0, math.frexp(total)[1] - RESOLUTION_BITS), math.ulp(0.0))
-    prefix = [0]  # integer work prefix
-    for a, b in zip(work, work[1:]):
-        prefix.append(prefix[-1] + max(0, round((b - a) / unit)))
+    prefix = _integer_prefix(work)
     _check_clock(deadline)
     # forward[s][j - s - 1]: the smallest bottleneck of layers [0, j) in stages 0..s.
     forward = _prefix_bottlenecks(prefix, speeds, deadline)
@@ -178,8 +173,29 @@ def min_max_ranges(
     backward = _prefix_bottlenecks(
         [prefix[-1] - p for p in reversed(prefix)], list(reversed(speeds)), deadline
     )
+    ends_ok = _ends_within(forward, backward, limit, num_layers)
+    bounds = _leximax_bounds(prefix, speeds, forward, ends_ok, deadline)
+    if devices is not None and len(set(devices)) < S:
+        _even_out_devices(prefix, speeds, devices, bounds)
+    return tuple(zip(bounds, bounds[1:]))
 
-    # Per stage: the ends within T* from both sides.
+
+def _integer_prefix(work: Sequence[float]) -> list[int]:
+    """The work prefix in integer units of 2**-RESOLUTION_BITS of the total."""
+    total = work[-1] - work[0]
+    # The unit, at least the smallest float (a subnormal total would round it to 0).
+    unit = max(math.ldexp(1.0, math.frexp(total)[1] - RESOLUTION_BITS), math.ulp(0.0))
+    prefix = [0]
+    for a, b in zip(work, work[1:]):
+        prefix.append(prefix[-1] + max(0, round((b - a) / unit)))
+    return prefix
+
+
+def _ends_within(
+    forward: list[list[float]], backward: list[list[float]], limit: float, num_layers: int
+) -> list[list[int]]:
+    """Per stage: the ends within T* (`limit`) from both sides."""
+    S = len(forward)
     ends_ok: list[list[int]] = []
     for s in range(S):
         later = S - 1 - s
@@ -195,9 +211,21 @@ def min_max_ranges(
                 if row[j - s - 1] <= limit and suffix[num_layers - j - later] <= limit
             ]
         )
+    return ends_ok
 
-    # Leximax program over the kept ends. A vector holds a split's stage times negated, in
-    # ascending order, so the larger tuple is the better split.
+
+def _leximax_bounds(
+    prefix: list[int],
+    speeds: Sequence[float],
+    forward: list[list[float]],
+    ends_ok: list[list[int]],
+    deadline: float,
+) -> list[int]:
+    """The stage bounds of the leximax-smallest split over the kept ends (step 2 of
+    `min_max_ranges`)."""
+    S, num_layers = len(speeds), len(prefix) - 1
+    # A vector holds a split's stage times negated, in ascending order, so the larger tuple is
+    # the better split.
     vectors: dict[int, tuple[float, ...]] = {0: ()}
     bounds_of: dict[int, float] = {0: 0.0}  # best bottleneck of the prefix ending there
     keys: list[int] = [0]  # the previous stage's kept ends, ascending
@@ -232,9 +260,7 @@ def min_max_ranges(
     for chosen in reversed(starts):
         bounds.append(chosen[bounds[-1]])
     bounds.reverse()
-    if devices is not None and len(set(devices)) < S:
-        _even_out_devices(prefix, speeds, devices, bounds)
-    return tuple(zip(bounds, bounds[1:]))
+    return bounds
 
 
 def _back_loaded(

@@ -15,14 +15,13 @@ a loss function, callbacks. This module resolves them into the ranks' `RunConfig
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from octopipe.config import JobConfig
 
 if TYPE_CHECKING:
-    from octopipe.plan import Plan
+    from octopipe.plan import JobShape, Plan
     from octopipe.runtime.job.progress import RunNote, StepReport
     from octopipe.runtime.job.result import RunResult
     from octopipe.runtime.job.run_config import RunConfig
@@ -103,7 +102,6 @@ def runtime_config(
 
     if model is None:
         raise InputError("--model", "must be given (--model, [model] name in --config, or model=)")
-    config = _with_planned_zero(config, plan)
     _check_loss(loss)
     if callable(model):
         _check_picklable("model", model)
@@ -114,8 +112,7 @@ def runtime_config(
     t, opt, sched = config.training, config.optimizer, config.lr_schedule
     seq_len, micro_batch_size = run_shape(plan, config.data.seq_len, config.data.micro_batch_size)
     seed, dtype = config.model.seed, config.data.dtype
-    dp = config.parallelism.dp or _planned(plan, "dp")
-    _check_shard_group(config, plan)
+    shape = run_job_shape(config, plan, seq_len, micro_batch_size)
     return RunConfig(
         model,
         seed,
@@ -134,11 +131,11 @@ def runtime_config(
         config.launch.lookahead,
         seq_len=seq_len,
         micro_batch_size=micro_batch_size,
-        dp=dp,
-        zero=config.parallelism.zero,
-        tp=config.parallelism.tp or _planned(plan, "tp"),
-        ep=_expert_degree(config, plan),
-        cp=_context_degree(config, plan, seq_len),
+        dp=shape.dp,
+        zero=shape.zero,
+        tp=shape.tp,
+        ep=shape.ep,
+        cp=shape.cp,
         data=_data_source(
             data if data is not None else config.data.path, seq_len, seed, dtype, t.steps
         ),
@@ -161,17 +158,18 @@ def runtime_config(
         eval_batches=config.evaluation.batches,
         keep_last=config.checkpoint.keep_last,
         peak_flops=None if (tflops := config.logging.peak_tflops) is None else tflops * 1e12,
-        accumulation=_accumulation(config, plan, dp, micro_batch_size),
+        accumulation=_accumulation(config, plan, shape),
         settings=config,
     )
 
 
-def _accumulation(config: JobConfig, plan: Plan, dp: int, micro_batch_size: int) -> int:
+def _accumulation(config: JobConfig, plan: Plan, shape: JobShape) -> int:
     """Passes of the plan per optimizer step: the global batch over one pass's sequences."""
     from octopipe.errors import InputError
 
     wanted = config.data.global_batch
-    one_pass = dp * plan.num_microbatches * micro_batch_size
+    dp, micro_batch_size = shape.dp, shape.microbatch_size
+    one_pass = shape.sequences_per_step
     if wanted is None or wanted == one_pass:
         return 1
     if wanted % one_pass:
@@ -182,7 +180,7 @@ def _accumulation(config: JobConfig, plan: Plan, dp: int, micro_batch_size: int)
         )
     for flag, on in (
         ("--overlap-steps", config.training.overlap_steps),
-        ("--zero 3", config.parallelism.zero == 3),
+        ("--zero 3", shape.zero == 3),
     ):
         if on:
             raise InputError(
@@ -284,74 +282,49 @@ def run_shape(plan: Plan, seq_len: int | None, micro_batch_size: int | None) -> 
     )
 
 
-def _with_planned_zero(config: JobConfig, plan: Plan) -> JobConfig:
-    """`--zero`, else the ZeRO stage the plan was priced with (`plan --gpus` writes it)."""
-    if config.parallelism.zero is not None:
-        return config
-    zero = plan.shape.zero if plan.shape is not None else 0
-    return replace(config, parallelism=replace(config.parallelism, zero=zero))
-
-
-def _planned(plan: Plan, degree: str) -> int:
-    """A degree (`tp`, `dp`) a cluster plan was made for (its `parallelism`), else 1."""
-    return getattr(plan.shape, degree) if plan.shape is not None else 1
-
-
-def _check_shard_group(config: JobConfig, plan: Plan) -> None:
-    """A plan of HSDP (`parallelism.shard_group`, from `plan --gpus --runner torchtitan`) is
-    refused under --zero 3: FSDP2 here shards over every replica, not the plan's groups."""
+def run_job_shape(config: JobConfig, plan: Plan, seq_len: int, micro_batch_size: int) -> JobShape:
+    """The job's shape a run of `plan` takes: each degree and the ZeRO stage as given, else
+    the plan's (`parallelism`), else 1 (ZeRO 0), in the plan's rank order; refused in one line
+    where `octopipe run` does not run it (`engines.octopipe.shape_refusal`, the rules the
+    search keeps to) or the sequence does not split into its CP chunks."""
+    from octopipe.engines.octopipe import shape_refusal
     from octopipe.errors import InputError
+    from octopipe.plan import JobShape
 
-    group = plan.shape.shard_group if plan.shape is not None else None
-    if group and config.parallelism.zero == 3:
-        raise InputError(
-            "--zero",
-            f"3 shards over every replica; the plan's HSDP shard groups of {group} are not run "
-            "(plan it with --runner octopipe, or run it in torchtitan)",
-        )
+    given, planned = config.parallelism, plan.shape
 
+    def degree(name: str) -> int:
+        value = getattr(given, name)
+        if value is not None:
+            return value
+        return getattr(planned, name) if planned is not None else 0 if name == "zero" else 1
 
-def _expert_degree(config: JobConfig, plan: Plan) -> int:
-    """`--ep`, else the plan's; refused in one line where it cannot run."""
-    from octopipe.errors import InputError
-
-    ep = config.parallelism.ep or _planned(plan, "ep")
-    if ep == 1:
-        return ep
-    p = config.parallelism
-    tp, dp, cp = (getattr(p, n) or _planned(plan, n) for n in ("tp", "dp", "cp"))
-    if (tp * cp * dp) % ep:
-        raise InputError(
-            "--ep", f"{ep} does not divide a device's TP x CP x DP = {tp * cp * dp} ranks"
-        )
-    if p.zero == 3:
-        raise InputError("--zero", f"3 is not built with expert parallelism yet (--ep {ep})")
-    if config.training.overlap_steps:
-        raise InputError("--overlap-steps", "not built with expert parallelism yet")
-    return ep
-
-
-def _context_degree(config: JobConfig, plan: Plan, seq_len: int) -> int:
-    """`--cp`, else the plan's; refused in one line where it cannot run."""
-    from octopipe.errors import InputError
-
-    cp = config.parallelism.cp or _planned(plan, "cp")
-    if cp == 1:
-        return cp
-    tp = config.parallelism.tp or _planned(plan, "tp")
-    if seq_len % (2 * cp) or (seq_len // cp) % tp:
+    zero = degree("zero")
+    shape = JobShape(
+        degree("tp"),
+        plan.num_devices,
+        degree("dp"),
+        micro_batch_size,
+        plan.num_microbatches,
+        cp=degree("cp"),
+        ep=degree("ep"),
+        zero=zero,
+        # HSDP's groups are a ZeRO-3 plan's: another --zero runs without them
+        shard_group=planned.shard_group if planned is not None and zero == 3 else 0,
+        recompute=planned.recompute if planned is not None else "none",
+        rank_order=planned.rank_order if planned is not None else "octopipe",
+    )
+    refusal = shape_refusal(shape, config.training.overlap_steps)
+    if refusal is not None:
+        raise InputError(refusal.flag, refusal.why)
+    cp, tp = shape.cp, shape.tp
+    if cp > 1 and (seq_len % (2 * cp) or (seq_len // cp) % tp):
         raise InputError(
             "--seq-len",
             f"{seq_len} tokens do not split into {2 * cp} equal chunks, each rank's two of them "
             f"into {tp} tensor-parallel shares (--cp {cp} --tp {tp})",
         )
-    if config.parallelism.zero == 3 and tp > 1:
-        raise InputError(
-            "--zero",
-            f"3 with --cp {cp} and --tp {tp} is not built yet (FSDP2 over the replicas' and CP "
-            "ranks needs their mesh and TP's from one root); --zero 3 runs with --cp at --tp 1",
-        )
-    return cp
+    return shape
 
 
 def _data_source(

@@ -18,41 +18,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from octopipe.commands._device_layers import device_layers, print_wide
-from octopipe.commands._flags import count, number
-from octopipe.commands._output_paths import check_output_folder
 from octopipe.commands._plan_band import band_cell, row_band, within_error_line
-from octopipe.commands._plan_outputs import (
-    OUTPUT_FILES,
-    check_runner_exports,
-    megatron_report,
-    pictures_fit,
-    since,
-    titan_paths,
-    torchtitan_base,
-    torchtitan_report,
-    write_outputs,
-)
 from octopipe.commands._plan_progress import SearchLine
 from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
+from octopipe.config.flags import count, number
+from octopipe.engines import ENGINES, Exports, get_engine
 from octopipe.errors import InputError, MemoryExceededError
 from octopipe.layouts import Job, LayoutReport, Row
 from octopipe.layouts.layout import DEFAULT_HEADROOM
 from octopipe.layouts.planner import TUNE_EVALUATIONS
-from octopipe.layouts.runners import DEFAULT_RUNNER, RUNNERS, get_runner
-from octopipe.layouts.search import written_plan
+from octopipe.layouts.search import DEFAULT_TIME_BUDGET
 from octopipe.limits import MAX_GLOBAL_BATCH, MAX_WORKERS
 from octopipe.units import GIB, fmt_bytes
 
 SHOWN_ROWS = 10
 DEFAULT_MODEL = "gemma2-9b"  # as the single-pipeline plan's
-DEFAULT_TIME_CAP = 600.0  # seconds: a safety cap, not what decides the answer
 # Options of the single-pipeline `plan` that a cluster layout decides itself.
 DECIDED = ("profile", "devices", "microbatches", "tp", "micro_batch_size", "memory_limit")
 
@@ -93,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--runner",
-        choices=RUNNERS,
+        choices=ENGINES,
         help="the engine the answer is for (default octopipe: `octopipe run`): the search keeps "
         "to the layouts, schedules, placements and memory techniques it runs, priced as it runs "
         "them; torchtitan: FSDP/HSDP or DDP, written as octopipe_torchtitan.py; megatron: "
@@ -128,13 +114,6 @@ def run(args: argparse.Namespace) -> int:
             "prices a published Megatron-Core run with `octopipe estimate`; no plan --gpus "
             "runner's export overlaps MoE all-to-alls, so its answer would not run as priced",
         )
-    runner = args.runner or DEFAULT_RUNNER
-    check_runner_exports(args, runner)
-    cap = DEFAULT_TIME_CAP if args.time_budget is None else args.time_budget
-    spec = parse_layout(args.from_layout) if args.from_layout else None
-    started = time.perf_counter()
-    out = Path(args.output)
-    check_output_folder("--output", out, OUTPUT_FILES)  # before the search: fails at once
     show = not (args.quiet or args.json) and sys.stderr.isatty()
     with SearchLine(show) as report:
         result = plan_layout(
@@ -147,23 +126,44 @@ def run(args: argparse.Namespace) -> int:
             stack=stack_from_args(args),
             memory_headroom=args.memory_headroom,
             rank_order=args.rank_order,  # None: the runner's own numbering
-            time_budget=cap,
+            output=Path(args.output),
+            exports=exports_of(args),
+            pictures=args.png,
+            time_budget=DEFAULT_TIME_BUDGET if args.time_budget is None else args.time_budget,
             tune_evaluations=args.tune_evaluations,
             seed=args.seed,
             max_chunks=args.max_chunks,
             progress=report,
             overlap_steps=args.overlap_steps,
-            from_layout=spec,
+            from_layout=parse_layout(args.from_layout) if args.from_layout else None,
             torchtitan=args.torchtitan,
-            runner=runner,
+            runner=args.runner,
             workers=args.workers,
         )
-    job = result.job
+    _print_answer(result, args)
+    if args.json:
+        print(json.dumps(json_summary(result)))
+    return 0
+
+
+def exports_of(args: argparse.Namespace) -> Exports:
+    """The export flags `plan` was given."""
+    return Exports(
+        torchtitan_config=args.torchtitan_config,
+        torchtitan_assets=args.torchtitan_assets,
+        torchtitan_data=args.torchtitan_data,
+        megatron=args.megatron,
+    )
+
+
+def _print_answer(result: LayoutReport, args: argparse.Namespace) -> None:
+    """The table and its notes; the refusal where nothing fits; else which layers each device
+    holds, what was written and how to launch it."""
+    job, best = result.job, result.best
     console = Console()
     print_wide(console, layout_table(result, job, args.overlap_steps))
     for note in result.notes:
         console.print(f"[yellow]note: {note}[/yellow]")
-    best = result.best
     if not best.sim.fits:  # the table (stdout) shows the leanest first; the refusal is one line
         raise MemoryExceededError(
             f"no layout fits {job.cluster.size} GPUs' memory (less {args.memory_headroom:.0%} "
@@ -173,79 +173,22 @@ def run(args: argparse.Namespace) -> int:
     console.print("which layers each device holds (the chosen plan):")
     for line in device_layers(best.plan, best.profile.layer_names):
         console.print(f"  {line}", highlight=False, soft_wrap=True)
-    out.mkdir(parents=True, exist_ok=True)
-    lay = best.layout
-    plan = written_plan(best)
-    from octopipe.profile import save_profile
-
-    save_profile(best.profile, out / "profile.json")
-    left = cap - since(started)
-    titan = torchtitan_base(args, DEFAULT_MODEL) if runner != "megatron" else None
-    written = write_outputs(
-        plan,
-        best.profile,
-        out,
-        pictures=args.png and pictures_fit(plan, left),
-        torchtitan=titan,
-        source=args.model or DEFAULT_MODEL,
-        gpus_per_node=args.gpus_per_node,
-        titan_paths=titan_paths(args),
-    )
+    written = result.written
+    assert written is not None  # written wherever the answer fits
+    for note in written.notes:
+        Console(stderr=True).print(f"note: {note}", highlight=False)
     console.print(
         f"{job.cluster.describe()}: {result.candidates} layouts, {result.unfit} set aside for "
         f"memory, {result.screened} screened, {result.pruned} left out by their bounds, "
         f"{result.tuned} tuned ({result.evaluations:,} evaluations) in {result.seconds:.1f} s; "
-        "wrote profile.json, " + ", ".join(written)
+        "wrote " + ", ".join(written.files),
+        highlight=False,
     )
-    if runner == "octopipe":  # the other runners' exports below say how to run them
-        console.print("to run it:")
-        for line in launch_commands(out, args, lay, job):
-            console.print(f"  {line}", soft_wrap=True, highlight=False)
-    if runner != "megatron":
-        titan_line = torchtitan_report(
-            plan, best.profile, out, titan, args.gpus_per_node, titan_paths(args)
-        )
-        console.print(titan_line, markup=False, highlight=False, soft_wrap=True)
-    if args.megatron or runner == "megatron":
-        line = megatron_report(plan, best.profile, out)
+    for line in written.lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     within = within_error_line(result)
     if within:
         console.print(within, markup=False, highlight=False, soft_wrap=True)
-    if args.json:
-        print(json.dumps(json_summary(result)))
-    return 0
-
-
-def launch_commands(out: Path, args: argparse.Namespace, lay, job: Job) -> list[str]:
-    """`torchrun` on every node, for `octopipe run` of the written plan: each rank takes its
-    place from the plan's `parallelism` (docs/FORMATS.md)."""
-    import shlex
-
-    nodes = max(1, job.cluster.size // job.cluster.gpus_per_node)
-    per_node = min(job.cluster.size, job.cluster.gpus_per_node)
-    model = args.model or DEFAULT_MODEL
-    run = [
-        "-m", "octopipe", "run",
-        "--plan", str((out / "plan.json").resolve()),
-        "--model", model,
-        "--seq-len", str(job.seq_len),
-    ]  # fmt: skip
-    if lay.zero:
-        run += ["--zero", str(lay.zero)]
-    if args.overlap_steps:  # the plan was ranked by its steady step with steps back to back
-        run.append("--overlap-steps")
-    if nodes == 1:
-        head = ["torchrun", "--standalone", "--nproc-per-node", str(per_node)]
-        notes = []
-    else:
-        head = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(per_node)]
-        head += ["--node-rank", "$NODE_RANK", "--rdzv-backend", "c10d"]
-        head += ["--rdzv-endpoint", "$MASTER_ADDR:29500"]
-        notes = [f"(on each of the {nodes} nodes, NODE_RANK 0..{nodes - 1}, MASTER_ADDR node 0's)"]
-    words = [w if w.startswith("$") else shlex.quote(w) for w in [*head, *run]]
-    missing = []
-    return [" ".join(words), *notes, *(f"note: {m}" for m in missing)]
 
 
 def json_summary(result: LayoutReport) -> dict:
@@ -287,7 +230,7 @@ def json_summary(result: LayoutReport) -> dict:
 
 def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) -> Table:
     overlapped = ", steps overlapped (step s: steady state; Megatron-LM synchronous)"
-    engine = get_runner(result.runner).engine
+    engine = get_engine(result.runner).title
     table = Table(
         title=f"{job.config} on {job.cluster.describe()}, global batch {job.global_batch} x "
         f"{job.seq_len} tokens: layouts for {engine} (--runner {result.runner}, simulated)"
@@ -372,7 +315,7 @@ def _caption(result: LayoutReport) -> str:
     if result.given is not None:
         parts.append("given: --from-layout")
     if result.not_runnable:
-        engine = get_runner(result.runner).engine
+        engine = get_engine(result.runner).title
         parts.append(f"a reference {engine} cannot run is shown beside, not chosen")
     parts.append(
         "error: mean held-out error of published runs like the row (same GPU, precision, "

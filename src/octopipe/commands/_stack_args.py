@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from octopipe.commands._flags import number
+from octopipe.config.flags import number
 from octopipe.costmodel.precision import FP8_SCALINGS, PRECISIONS
 from octopipe.costmodel.settings import ATTENTION_KERNELS
 from octopipe.layouts.stack import GRAD_DTYPE_BYTES, P2P_KINDS, Stack

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from octopipe.commands._flags import count
+from octopipe.config.flags import count
 from octopipe.limits import MAX_CHUNKS, MAX_DEVICES, MAX_MICROBATCHES
 from octopipe.partition import METHODS
 from octopipe.schedules import DEFAULT_CHUNKS, SCHEDULES
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopipe.api import baseline
-    from octopipe.commands._output_paths import check_output_file
+    from octopipe.outfiles import check_output_file
     from octopipe.plan import save_plan
     from octopipe.profile import load_profile
     from octopipe.units import fmt_time

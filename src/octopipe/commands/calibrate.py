@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
         scaled,
         stage_ratios,
     )
-    from octopipe.commands._output_paths import check_output_file
     from octopipe.costs import CostTable
+    from octopipe.outfiles import check_output_file
     from octopipe.plan import check_layer_names, load_plan
     from octopipe.profile import load_profile, save_profile
     from octopipe.sim.graph import check_recompute

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from octopipe.commands._flags import count, number
 from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
+from octopipe.config.flags import count, number
 from octopipe.costmodel.hardware import PRESETS
 from octopipe.costmodel.settings import RECOMPUTE_KINDS
 from octopipe.errors import InputError

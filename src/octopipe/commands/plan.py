@@ -23,22 +23,12 @@ from rich.table import Table
 from octopipe.api import profile_from_config, tune
 from octopipe.commands import _plan_cluster as plan_cluster
 from octopipe.commands._device_layers import device_layers, print_wide
-from octopipe.commands._flags import count, number
-from octopipe.commands._output_paths import check_output_folder
-from octopipe.commands._plan_outputs import (
-    OUTPUT_FILES,
-    megatron_report,
-    picture_seconds,
-    pictures_fit,
-    since,
-    titan_paths,
-    torchtitan_base,
-    torchtitan_report,
-    write_outputs,
-)
+from octopipe.config.flags import count, number
+from octopipe.engines import Answer, get_engine
+from octopipe.engines.files import OUTPUT_FILES, picture_seconds, write_answer
+from octopipe.engines.torchtitan import base_config, torchtitan_names
+from octopipe.engines.torchtitan.plan import recompute_summary
 from octopipe.errors import InputError, MemoryExceededError
-from octopipe.export import torchtitan_names
-from octopipe.export.titan_plan import recompute_summary
 from octopipe.limits import (
     MAX_CHUNKS,
     MAX_DEVICES,
@@ -49,6 +39,7 @@ from octopipe.limits import (
     MAX_SEED,
     MAX_SEQ_LEN,
 )
+from octopipe.outfiles import check_output_folder
 from octopipe.profile import Profile, load_profile
 from octopipe.tuner import Evaluated, TuneResult
 from octopipe.units import GIB, byte_unit, fmt_column, fmt_time, parse_size, time_unit
@@ -65,6 +56,14 @@ DEFAULT_TIME_BUDGET = 30.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    _add_source_arguments(p)
+    _add_search_arguments(p)
+    _add_export_arguments(p)
+    _add_output_arguments(p)
+    plan_cluster.add_arguments(p)
+
+
+def _add_source_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("what to plan (a profile, or a model for the analytic cost model)")
     src.add_argument("--profile", help="profile JSON (octopipe.profile/1)")
     src.add_argument("--model", help=f"shipped model name or config.json (default {DEFAULT_MODEL})")
@@ -86,6 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="samples per microbatch for --model (default 1; recorded in the profile, so "
         "torchtitan.toml gets it)",
     )
+
+
+def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--devices",
         type=count(1, MAX_DEVICES),
@@ -120,6 +122,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--seed", type=count(0, MAX_SEED), default=0, help="seed of the search's random moves"
     )
     p.add_argument(
+        "--action-overhead",
+        type=number(0, MAX_SECONDS),
+        default=0.0,
+        metavar="SECONDS",
+        help="a fixed cost every action pays on top of its layers' times, which the search "
+        "adds when it compares plans (e.g. the figure `octopipe calibrate` fits to a run); the "
+        "plan's predicted figures keep the default semantics",
+    )
+    p.add_argument(
+        "--overlap-steps",
+        action="store_true",
+        help="plan for steps run back to back with no barrier: rank plans by their steady "
+        "time per step (docs/FORMATS.md); the timelines show one step",
+    )
+
+
+def _add_export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--torchtitan",
         action="store_true",
         help="only placements torchtitan builds itself (looped, or V with 2 per device); "
@@ -153,21 +173,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the data set torchtitan reads (its --dataloader.dataset_path), written into the "
         "printed launch command; default: $TORCHTITAN_DATA, which the command then needs",
     )
-    p.add_argument(
-        "--action-overhead",
-        type=number(0, MAX_SECONDS),
-        default=0.0,
-        metavar="SECONDS",
-        help="a fixed cost every action pays on top of its layers' times, which the search "
-        "adds when it compares plans (e.g. the figure `octopipe calibrate` fits to a run); the "
-        "plan's predicted figures keep the default semantics",
-    )
-    p.add_argument(
-        "--overlap-steps",
-        action="store_true",
-        help="plan for steps run back to back with no barrier: rank plans by their steady "
-        "time per step (docs/FORMATS.md); the timelines show one step",
-    )
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quiet", action="store_true", help="no progress line (there is none in a pipe either)"
     )
@@ -178,7 +186,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="draw no timeline (timeline.png and timeline.html take seconds for big plans)",
     )
     p.add_argument("-o", "--output", default="octopipe-plan", help="output folder")
-    plan_cluster.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,9 +201,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     check_output_folder("--output", out, OUTPUT_FILES)  # before any work: fails at once
     profile = _profile(args)
-    titan = torchtitan_base(args, DEFAULT_MODEL)
     source = args.profile or args.model or DEFAULT_MODEL
-    if titan is not None:
+    exports = plan_cluster.exports_of(args)
+    if base_config(exports, source, from_profile=args.profile is not None) is not None:
         torchtitan_names(profile, source)  # a name torchtitan lacks fails before the search
     devices = profile.device_list(args.devices)  # a profile without devices needs --devices
     if args.memory_limit is not None:
@@ -224,13 +231,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
-    out.mkdir(parents=True, exist_ok=True)
     console = Console()
-    pictures = args.png and pictures_fit(result.best.plan, args.time_budget - since(started))
-    paths = titan_paths(args)
-    written = write_outputs(
-        result.best.plan, profile, out, pictures, titan, source, titan_paths=paths
-    )
+    answer = Answer(result.best.plan, profile, source, args.profile is not None, exports=exports)
+    left = args.time_budget - since(started)
+    written = write_answer(get_engine(), answer, out, args.png, left)
+    for note in written.notes:
+        Console(stderr=True).print(f"note: {note}", highlight=False)
     title = profile.name
     if args.action_overhead:
         title += f", {args.action_overhead * 1e6:.0f} us per action"
@@ -244,15 +250,16 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"the tuned plan: {recompute_summary(result.best.plan)}")
     console.print(
         f"searched {result.evaluations} candidates in {result.seconds:.1f} s"
-        f"{'' if result.converged else ' (time budget reached)'}; wrote {', '.join(written)}"
+        f"{'' if result.converged else ' (time budget reached)'}; "
+        f"wrote {', '.join(written.files)}"
     )
-    report = torchtitan_report(result.best.plan, profile, out, titan, titan_paths=paths)
-    console.print(report, markup=False, highlight=False, soft_wrap=True)
-    if args.megatron:
-        plan = result.best.plan.with_layer_names(profile.layer_names)
-        line = megatron_report(plan, profile, out)
+    for line in written.lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def since(started: float) -> float:
+    return time.perf_counter() - started
 
 
 def shortfall_message(leanest: Evaluated) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from octopipe.commands._flags import number
+from octopipe.config.flags import number
 from octopipe.errors import InputError
 
 NAME = "prepare-data"
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         TimeRemainingColumn,
     )
 
-    from octopipe.commands._output_paths import check_output_folder
+    from octopipe.outfiles import check_output_folder
     from octopipe.tokens.meta import META
     from octopipe.tokens.prepare import TOKENIZER_FILE, TRAIN, VAL, prepare, total_bytes
     from octopipe.tokens.sources import input_files

@@ -13,7 +13,7 @@ HELP = "Measure a model's per-layer costs (every layer by FQN) on this device; w
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from octopipe.commands._flags import count
+    from octopipe.config.flags import count
     from octopipe.limits import MAX_MICRO_BATCH_SIZE, MAX_PROCESSES, MAX_SEED, MAX_SEQ_LEN
 
     parser.add_argument(
@@ -61,9 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from octopipe.commands._output_paths import check_output_file
     from octopipe.device_kinds import local_kind
     from octopipe.limits import MAX_MICROBATCH_TOKENS, check_microbatch_tokens
+    from octopipe.outfiles import check_output_file
     from octopipe.profile import save_profile
     from octopipe.runtime.measure.profile_job import check_fits, measure_profile
 

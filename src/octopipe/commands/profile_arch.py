@@ -6,7 +6,7 @@ import argparse
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from octopipe.commands._flags import count, number
+from octopipe.config.flags import count, number
 from octopipe.costmodel.hardware import PRESETS
 from octopipe.costmodel.hf_config import HF_RUNNABLE, shipped_models
 from octopipe.costmodel.precision import FP8_SCALINGS, PRECISIONS
@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from octopipe.commands._output_paths import check_output_file
+    from octopipe.outfiles import check_output_file
 
     check_output_file("--output", args.output)
     from octopipe.api import profile_from_config

@@ -23,14 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from octopipe.commands._output_paths import (
+    from octopipe.commands._run_progress import RunProgress
+    from octopipe.config.sources import from_flags
+    from octopipe.outfiles import (
         JSON,
         PICTURE,
         check_output_file,
         check_output_folder,
     )
-    from octopipe.commands._run_progress import RunProgress
-    from octopipe.config.sources import from_flags
     from octopipe.plan import load_plan
     from octopipe.runtime.launch.launcher import RankFailure, Stopped, under_torchrun
     from octopipe.trace import from_records, write_trace

@@ -7,11 +7,11 @@ import math
 import sys
 
 from octopipe.commands._device_layers import device_layers
-from octopipe.commands._flags import number
-from octopipe.commands._output_paths import HTML, JSON, PICTURE, check_output_file
+from octopipe.config.flags import number
 from octopipe.errors import InputError
 from octopipe.jsonfile import dumps
 from octopipe.limits import MAX_SECONDS
+from octopipe.outfiles import HTML, JSON, PICTURE, check_output_file
 from octopipe.plan import check_layer_names, load_plan, warn_if_made_for_another
 from octopipe.profile import load_profile
 from octopipe.report import print_simulation

@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from octopipe.config.fields import Setting, setting, settings_of
+from octopipe.engines.octopipe import RUN_ZERO_STAGES
 from octopipe.errors import InputError
 from octopipe.limits import (
+    DEFAULT_TIMEOUT_S,
     MAX_EVAL_BATCHES,
     MAX_GLOBAL_BATCH,
     MAX_MICRO_BATCH_SIZE,
@@ -26,7 +28,6 @@ from octopipe.limits import (
     MAX_STEPS,
     MIN_TIMEOUT_S,
 )
-from octopipe.runtime import DEFAULT_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class ParallelismSection:
         "gradients (FSDP2, gathered and reduced where the plan says); 0: neither (default: the "
         "plan's parallelism.zero, else 0)",
         flag="--zero",
-        choices=(0, 1, 3),
+        choices=RUN_ZERO_STAGES,
     )
 
 

@@ -100,7 +100,7 @@ class _StoreTrue(_Store):
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """Every setting that has a flag, as an argparse option (its default shown in the help)
     whose value overrides the job file only when given."""
-    from octopipe.commands._flags import count, number
+    from octopipe.config.flags import count, number
 
     parser.add_argument(
         CONFIG_FLAG,

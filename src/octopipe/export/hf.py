@@ -155,7 +155,7 @@ def _checkpoint(path: Path):
 
 
 def _check_output(out: Path) -> None:
-    from octopipe.commands._output_paths import check_output_folder
+    from octopipe.outfiles import check_output_folder
 
     check_output_folder("--output", out)
     if out.exists() and any(out.iterdir()):

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from octopipe.engines import DEFAULT_ENGINE, Engine, get_engine
 from octopipe.errors import InputError
 from octopipe.layouts.costs import LayoutCosts, optimizer_seconds
 from octopipe.layouts.layout import Job
-from octopipe.layouts.runners import DEFAULT_RUNNER, Runner, get_runner
 from octopipe.plan import Plan
 from octopipe.plan.shape import JobShape
 from octopipe.profile import Profile
@@ -103,10 +103,10 @@ class LayoutSearch:
         overlap_steps: bool = False,
         costs: LayoutCosts | None = None,
         torchtitan: bool = False,
-        runner: Runner | None = None,
+        runner: Engine | None = None,
     ):
-        self.runner = runner or get_runner(DEFAULT_RUNNER)  # the engine its plans are for
-        self.job = job = self.runner.priced(job)
+        self.runner = runner or get_engine(DEFAULT_ENGINE)  # the engine its plans are for
+        self.job = job = self.runner.price(job)
         self.overlap_steps = overlap_steps  # rank plans by their steady step time
         self.torchtitan = torchtitan  # only placements torchtitan builds itself
         self.costs = costs or LayoutCosts(job)  # shared: profiles are built once
@@ -197,7 +197,7 @@ class LayoutSearch:
                 row = self.baseline(layout, schedule, method, chunks)
             except InputError:  # too few microbatches or layers for this schedule
                 continue
-            if self.runner.plan_refusal(row.plan, layout) is None:
+            if self.runner.refuse_plan(row.plan, layout) is None:
                 rows.append(row)
         return rows
 
@@ -260,7 +260,7 @@ class LayoutSearch:
             torchtitan=self.torchtitan,
         )
         row = self.evaluate(layout, "tuned", result.best.plan)
-        runs = self.runner.plan_refusal(row.plan, layout) is None
+        runs = self.runner.refuse_plan(row.plan, layout) is None
         best = row if runs and row.score <= start.score else start
         return best, result.evaluations, result.cut_by_time
 

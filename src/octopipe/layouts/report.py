@@ -1,14 +1,16 @@
 """What `plan_cluster` answers (`search.py`): every layout planned, best first, the rows an
-answer is set beside, and the search's counts and seconds. Only the record: no searching.
+answer is set beside, the search's counts and seconds, and (`api.plan_layout` with an output
+folder) what was written for the answer. Only the record: no searching.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from octopipe.engines import DEFAULT_ENGINE
+from octopipe.engines.files import Written
 from octopipe.layouts.layout import Job
 from octopipe.layouts.planner import Row
-from octopipe.layouts.runners import DEFAULT_RUNNER
 
 
 @dataclass(frozen=True)
@@ -29,13 +31,14 @@ class LayoutReport:
     best_standard: Row | None = None  # the fastest standard schedule, uniform partition
     recipe: Row | None = None  # the model's published recipe, as its framework runs it
     recipe_source: str = ""  # where that recipe is published, at what GPU count
-    runner: str = DEFAULT_RUNNER  # the engine every row is for (`runners.py`)
+    runner: str = DEFAULT_ENGINE  # the engine every row is for (`octopipe.engines`)
     not_runnable: tuple[tuple[str, str], ...] = ()
     """(reference name, why) for the references the runner cannot run: shown, no candidates."""
     # CPU seconds of each tuning run on the workers, in the order they took them: the finalists
     # and, where its guess was taken, the polish (`fanout.Finalists`)
     tune_cpu: tuple[float, ...] = ()
     workers: int = 1  # processes the finalists were tuned on
+    written: Written | None = None  # the answer's files and launch lines, where written
 
     @property
     def best(self) -> Row:

@@ -28,7 +28,3 @@ spawns the ranks itself (gloo on loopback, or NCCL with a GPU per rank);
 process of an existing job. From Python: `octopipe.run(plan, "tiny-llama", steps=3)`
 (`octopipe/api.py`), or `launch([Job(plan, RunConfig("tiny-llama"))], nproc=2)` for several jobs.
 """
-
-# A hung transfer fails after this instead of blocking forever. Here, not in `launch`, so the
-# CLI can show it without importing torch (this package's __init__ imports nothing).
-DEFAULT_TIMEOUT_S = 120.0

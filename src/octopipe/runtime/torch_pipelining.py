@@ -29,9 +29,9 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as tps
 
+from octopipe.limits import DEFAULT_TIMEOUT_S
 from octopipe.placement import interleaved, v_shape
 from octopipe.plan import Plan, save_schedule_csv
-from octopipe.runtime import DEFAULT_TIMEOUT_S
 from octopipe.runtime.data.batches import SyntheticData, replica_batch
 from octopipe.runtime.job.result import RunResult
 from octopipe.runtime.job.run_config import Job

@@ -132,31 +132,79 @@ def tune(
     steps back to back (docs/FORMATS.md, "Overlapped steps").
     """
     devices = profile.device_list(num_devices)
-    check_plan_size(profile, num_microbatches, len(devices))
-    if profile.num_layers < len(devices):
+    _check_counts(profile, num_microbatches, len(devices))
+    run = _TunerRun(
+        profile,
+        devices,
+        num_microbatches,
+        AUTO_CHUNKS if max_chunks is None else max_chunks,
+        overlap_steps,
+        torchtitan,
+        action_overhead,
+    )
+    run.start(time_budget, seed, progress, max_evaluations)
+    base = run.evaluate(baselines)
+    run.first_search(run.seeds(base))
+    finalists, converged = run.further()
+    return run.result(finalists, base, converged)
+
+
+def _check_counts(profile: Profile, num_microbatches: int, num_devices: int) -> None:
+    check_plan_size(profile, num_microbatches, num_devices)
+    if profile.num_layers < num_devices:
         raise InputError(
             profile.name,
-            f"{len(devices)} devices need at least as many layers, "
+            f"{num_devices} devices need at least as many layers, "
             f"the profile has {profile.num_layers}",
         )
     if num_microbatches < 1:
         raise InputError(
             profile.name, f"microbatch count must be at least 1, got {num_microbatches}"
         )
-    simulator = Simulator(profile, action_overhead)  # refuses overlap with data parallelism
-    evaluator = Evaluator(
-        profile, devices, num_microbatches, simulator.costs, simulator if overlap_steps else None
-    )
 
-    def simulate(plan: Plan, check: bool = False) -> SimResult:
-        return simulator.run(plan, detail=False, check=check, overlap_steps=overlap_steps)
 
-    P = len(devices)
-    cap = AUTO_CHUNKS if max_chunks is None else max_chunks
+class _TunerRun:
+    """One `tune`: its simulator and evaluator, its chunk caps, and its steps in order."""
 
-    def within(limit: int) -> Callable[[tuple[int, ...]], bool]:
+    def __init__(
+        self,
+        profile: Profile,
+        devices,
+        num_microbatches: int,
+        cap: int,
+        overlap_steps: bool,
+        torchtitan: bool,
+        action_overhead: float,
+    ) -> None:
+        self.profile, self.P, self.cap = profile, len(devices), cap
+        self.overlap_steps, self.torchtitan = overlap_steps, torchtitan
+        self.action_overhead = action_overhead
+        self.simulator = Simulator(profile, action_overhead)  # refuses overlap with DP
+        simulator = self.simulator if overlap_steps else None
+        self.evaluator = Evaluator(
+            profile, devices, num_microbatches, self.simulator.costs, simulator
+        )
+        self.allowed, self.depth = self.within(cap), min(cap, SEED_DEPTH)
+
+    def start(
+        self,
+        time_budget: float,
+        seed: int,
+        progress: Progress | None,
+        max_evaluations: int | None,
+    ) -> None:
+        # The first search keeps to `depth` stages a device: the capped search's own, so a
+        # deeper cap only adds finalists to it.
+        first = self.within(self.depth)
+        self.search = Search(self.evaluator, time_budget, seed, progress, first, max_evaluations)
+
+    def simulate(self, plan: Plan, check: bool = False) -> SimResult:
+        return self.simulator.run(plan, detail=False, check=check, overlap_steps=self.overlap_steps)
+
+    def within(self, limit: int) -> Callable[[tuple[int, ...]], bool]:
         """Placements with at most `limit` stages on any device (moves can deepen one device
         past the seeds'), and only those torchtitan builds where asked."""
+        P, torchtitan = self.P, self.torchtitan
 
         def allowed(placement: tuple[int, ...]) -> bool:
             if chunk_count(placement) > limit:
@@ -165,88 +213,115 @@ def tune(
 
         return allowed
 
-    allowed, depth = within(cap), min(cap, SEED_DEPTH)
-    # The first search keeps to `depth` stages a device: the capped search's own, so a deeper
-    # cap only adds finalists to it.
-    search = Search(evaluator, time_budget, seed, progress, within(depth), max_evaluations)
-
-    base = tuple(
-        Evaluated(label, plan, simulate(plan))
-        for label, plan in baselines
-        if allowed(plan.placement)
-    )
-    seeds = seed_candidates(evaluator, depth, deadline=search.deadline) + [
-        Candidate(
-            tuple((s.start, s.end) for s in e.plan.stages),
-            e.plan.placement,
-            warmup=warmup,
-            reduce_early=evaluator.data_parallel,
-            label=f"from {e.label}",
+    def evaluate(self, baselines: Sequence[tuple[str, Plan]]) -> tuple[Evaluated, ...]:
+        """The baselines the caps allow, simulated as they are."""
+        return tuple(
+            Evaluated(label, plan, self.simulate(plan))
+            for label, plan in baselines
+            if self.allowed(plan.placement)
         )
-        for e in base
-        for warmup in SEED_WARMUPS
-    ]
-    if overlap_steps:  # keep W for each step's end, where the next step's fill would idle
-        seeds = [with_fill_tails(evaluator, c) for c in seeds]
-    # Overlapped steps: every evaluation is a run of several steps and the budget binds, so
-    # the start that stands best takes the turns, and every few rounds each start one (the
-    # start standing best may lead to a worse optimum; BENCHMARKS.md, overlapped steps).
-    seeds = [c for c in seeds if search.allowed(c.placement)]
 
-    def first_search(work: float = math.inf) -> None:
-        search.run(seeds, best_first=overlap_steps, fair_every=OVERLAP_FAIR_EVERY, work=work)
+    def seeds(self, base: tuple[Evaluated, ...]) -> list[Candidate]:
+        """1.'s seeds, and every baseline's partition and placement at each warm-up."""
+        evaluator, search = self.evaluator, self.search
+        seeds = seed_candidates(evaluator, self.depth, deadline=search.deadline) + [
+            Candidate(
+                tuple((s.start, s.end) for s in e.plan.stages),
+                e.plan.placement,
+                warmup=warmup,
+                reduce_early=evaluator.data_parallel,
+                label=f"from {e.label}",
+            )
+            for e in base
+            for warmup in SEED_WARMUPS
+        ]
+        if self.overlap_steps:  # keep W for each step's end, where the next step's fill idles
+            seeds = [with_fill_tails(evaluator, c) for c in seeds]
+        return [c for c in seeds if search.allowed(c.placement)]
 
-    first_search()
+    def first_search(self, seeds: list[Candidate]) -> None:
+        """Steps 1 to 3. Overlapped steps: every evaluation is a run of several steps and the
+        budget binds, so the start that stands best takes the turns, and every few rounds each
+        start one (the start standing best may lead to a worse optimum; BENCHMARKS.md,
+        overlapped steps)."""
+        self._seeds = seeds
+        self._first(math.inf)
 
-    def finish(outcomes: list[Outcome]) -> list[Evaluated]:
+    def _first(self, work: float) -> None:
+        self.search.run(
+            self._seeds, best_first=self.overlap_steps, fair_every=OVERLAP_FAIR_EVERY, work=work
+        )
+
+    def further(self) -> tuple[list[Evaluated], bool]:
+        """The first search's finalists, then 4. and 5.: each bounded by the first search's
+        work, each only adding finalists; whether every search converged."""
+        search, evaluator, depth, allowed = self.search, self.evaluator, self.depth, self.allowed
+        shallow = search.best_outcomes(3)
+        finalists = self.finish(shallow)
+        converged = search.converged
+        # The first search's work bounds the second: deeper interleaving where memory leaves
+        # room for it, else recomputation per stage (each only adds finalists).
+        first = evaluator.work
+        deepest = min(self.cap, self.profile.num_layers // self.P)
+        search.allowed = allowed
+        overlap = self.overlap_steps
+        if not search.out_of_time() and memory_binds(search):
+            before = search.best_outcomes(RECOMPUTE_FROM)
+            converged = recompute(search, evaluator, depth, before, first, allowed, overlap)
+            recomputed = [o for o in search.best_outcomes(3) if o.candidate.recompute]
+            finalists += self.finish(recomputed)
+        elif not search.out_of_time() and deepest > depth and search.best and search.best.fits:
+            converged = deepen(search, evaluator, depth + 1, deepest, first, allowed, overlap)
+            finalists += self.finish([o for o in search.best_outcomes(3) if o not in shallow])
+        if not search.out_of_time() and deepest > depth:
+            known = search.best_outcomes(3)
+            deeper = self.within(depth + 1)
+            converged = one_deeper(search, self._first, deeper, first) and converged
+            finalists += self.finish([o for o in search.best_outcomes(3) if o not in known])
+        return finalists, converged
+
+    def finish(self, outcomes: list[Outcome]) -> list[Evaluated]:
         """The best outcomes as plans, the very best also polished (none: none)."""
         if not outcomes:
             return []
         done = []
         for outcome in outcomes:
-            plan = evaluator.to_plan(outcome)
+            plan = self.evaluator.to_plan(outcome)
             # check=True: a structural fault here would be a tuner bug, not a user's.
-            result = simulate(plan, check=True)
+            result = self.simulate(plan, check=True)
             done.append(Evaluated(f"tuned ({outcome.candidate.label})", plan, result))
         top = min(done, key=lambda e: e.score)
-        if not overlap_steps:  # the polish follows one step's critical path
+        if not self.overlap_steps:  # the polish follows one step's critical path
             plan, result = reorder_critical(
-                simulator, top.plan, top.sim, out_of_time=search.out_of_time
+                self.simulator, top.plan, top.sim, out_of_time=self.search.out_of_time
             )
             done.append(Evaluated(top.label, plan, result))
         return done
 
-    shallow = search.best_outcomes(3)
-    finalists = finish(shallow)
-    converged = search.converged
-    # The first search's work bounds the second: deeper interleaving where memory leaves room
-    # for it, else recomputation per stage (each only adds finalists).
-    first = evaluator.work
-    deepest = min(cap, profile.num_layers // P)
-    search.allowed = allowed
-    if not search.out_of_time() and memory_binds(search):
-        before = search.best_outcomes(RECOMPUTE_FROM)
-        converged = recompute(search, evaluator, depth, before, first, allowed, overlap_steps)
-        recomputed = [o for o in search.best_outcomes(3) if o.candidate.recompute]
-        finalists += finish(recomputed)
-    elif not search.out_of_time() and deepest > depth and search.best and search.best.fits:
-        converged = deepen(search, evaluator, depth + 1, deepest, first, allowed, overlap_steps)
-        finalists += finish([o for o in search.best_outcomes(3) if o not in shallow])
-    if not search.out_of_time() and deepest > depth:
-        known = search.best_outcomes(3)
-        converged = one_deeper(search, first_search, within(depth + 1), first) and converged
-        finalists += finish([o for o in search.best_outcomes(3) if o not in known])
-    best = min([*finalists, *base], key=lambda e: e.score)
-    label = best.label if best in finalists else f"{best.label} (kept)"
-    exported = best.sim
-    if action_overhead:
-        exported = Simulator(profile).run(best.plan, detail=False, overlap_steps=overlap_steps)
-    plan = best.plan.with_predicted(exported.predicted()).with_layer_names(profile.layer_names)
-    best = Evaluated(label, plan, best.sim)
-    seconds = search.elapsed()
-    return TuneResult(
-        best, base, evaluator.evaluations, seconds, converged, search.time_cut, evaluator.work
-    )
+    def result(
+        self, finalists: list[Evaluated], base: tuple[Evaluated, ...], converged: bool
+    ) -> TuneResult:
+        """The best of the finalists and the baselines, its predicted figures those of the
+        default semantics."""
+        best = min([*finalists, *base], key=lambda e: e.score)
+        label = best.label if best in finalists else f"{best.label} (kept)"
+        exported = best.sim
+        if self.action_overhead:
+            exported = Simulator(self.profile).run(
+                best.plan, detail=False, overlap_steps=self.overlap_steps
+            )
+        names = self.profile.layer_names
+        plan = best.plan.with_predicted(exported.predicted()).with_layer_names(names)
+        search, evaluator = self.search, self.evaluator
+        return TuneResult(
+            Evaluated(label, plan, best.sim),
+            base,
+            evaluator.evaluations,
+            search.elapsed(),
+            converged,
+            search.time_cut,
+            evaluator.work,
+        )
 
 
 def chunk_count(placement: Sequence[int]) -> int:

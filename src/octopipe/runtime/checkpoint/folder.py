@@ -207,7 +207,7 @@ def keep_newest(root: str | Path, keep: int, saved: int) -> list[Path]:
 
 def check_folder(root: str | Path) -> None:
     """`--checkpoint-dir` is a folder this process can write, or one it can create."""
-    from octopipe.commands._output_paths import check_output_folder  # plain path checks
+    from octopipe.outfiles import check_output_folder  # plain path checks
 
     check_output_folder("--checkpoint-dir", root, (LOCK,))
 

@@ -10,23 +10,22 @@ business, not this module's.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from octopipe.errors import InputError
-from octopipe.plan import Place, Plan
-from octopipe.runtime.data.batches import Batch, replica_batch, split_sequences
+from octopipe.plan import JobShape, Place, Plan
+from octopipe.runtime.data.batches import Batch, DataSource, replica_batch, split_sequences
 from octopipe.runtime.job.evaluate import Evaluation
 from octopipe.runtime.job.flops import peak_flops, step_model_flops
 from octopipe.runtime.job.progress import OnReport, StepProgress, StepRates, say
 from octopipe.runtime.job.result import RankReport, RunResult, assemble, gathered_state, state_bytes
 from octopipe.runtime.job.run_config import Job, RunConfig
-from octopipe.runtime.model.recipe import (
-    ModelRecipe,
-    explained,
-)
+from octopipe.runtime.model.recipe import ModelRecipe, StageModule, explained
 from octopipe.runtime.model.recompute import apply_recompute, stage_layers
 from octopipe.runtime.model.split import parameter_bytes
 from octopipe.runtime.model.ties import share_across_stages, spans_stages
@@ -38,7 +37,7 @@ from octopipe.runtime.step.experts import ExpertGrads
 from octopipe.runtime.step.overlap import OverlappedSteps
 from octopipe.runtime.step.shapes import exchange_boundary_specs
 from octopipe.runtime.step.tied import tied_gradients
-from octopipe.runtime.step.worker import RankPlace, StepSettings, Worker
+from octopipe.runtime.step.worker import RankPlace, StepRecord, StepSettings, Worker
 
 
 def run_job_on_rank(
@@ -56,129 +55,162 @@ def run_job_on_rank(
     The job's shape numbers the ranks (`JobShape.rank`: TP rank, CP rank, device and replica);
     ranks past the last replica (jobs of several sizes share one process group) only take part
     in the collectives."""
+    say(on_report, f"{world_size} processes joined; building each rank's stages")
+    built = _build(job, rank, device, nccl, on_report)
+    first_step = _resume(job.config, built.modules, built.worker)
+    if first_step:
+        say(on_report, f"resumed from {job.config.resume_checkpoint} ({first_step} steps done)")
+    progress = StepProgress(
+        job.plan,
+        job.config,
+        rank,
+        world_size,
+        device,
+        on_report,
+        _rates(job.config, job.plan, device),
+    )
+    say(on_report, f"training steps {first_step + 1} to {job.config.steps}")
+    steps, redone = _train(built, first_step, progress, on_report)
+    report = _rank_report(built, rank, steps, redone)
+    reports: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
+    dist.gather_object(report, reports, dst=0)
+    if reports is None:
+        return None
+    return assemble(job.plan, reports, built.layout, first_step, tuple(progress.reports))
+
+
+@dataclass(frozen=True)
+class _Built:
+    """One rank's part of the job, built: where it sits, its stages and the worker that runs
+    them, and how its share of a batch is cut."""
+
+    job: Job
+    layout: JobShape
+    place: Place
+    recipe: ModelRecipe
+    data: DataSource
+    part: Callable[[Batch], Batch]  # this CP rank's share of a replica's batch
+    modules: dict[int, StageModule]
+    worker: Worker
+
+
+def _build(
+    job: Job, rank: int, device: torch.device, nccl: bool, on_report: OnReport | None
+) -> _Built:
+    """The rank's groups, stages (tied, recomputing as planned, shapes between them learned
+    from one microbatch) and worker."""
     plan, cfg = job.plan, job.config
     layout = cfg.layout(plan)
-    sharding = cfg.tp > 1 or cfg.zero == 3
-    groups = build_job_mesh(layout, rank, device.type, with_mesh=sharding)
+    groups = build_job_mesh(layout, rank, device.type, with_mesh=cfg.tp > 1 or cfg.zero == 3)
     place = groups.place or Place(cfg.dp, -1, 0)  # past the job: no device
-    replica, d, tp_rank = place.replica, place.device, place.tp_rank
     part = _context_part(groups)
     recipe = cfg.recipe()
     data = cfg.data_source(recipe)
-    mine = plan.stages_on(d)
-    say(on_report, f"{world_size} processes joined; building each rank's stages")
     shard = parallelizer(groups, _tp_plan(recipe, cfg), cfg.zero)
     modules = {
         s: recipe.stage(
             recipe.layers[plan.stages[s].start : plan.stages[s].end], device, cfg.seed, shard
         )
-        for s in mine
+        for s in plan.stages_on(place.device)
     }
     _check_ties(recipe, plan, modules, cfg)
     share_across_stages(modules, recipe.ties)  # a tied weight is one parameter on one rank
     tied = tied_gradients(plan, recipe.layers, recipe.ties, layout, rank, modules)
     for s, module in modules.items():  # what the plan has each stage recompute
         apply_recompute(module, *stage_layers(plan, recipe, s), plan.recompute_of(s))
-    b = cfg.micro_batch_size
     first = data.global_batch(0, cfg.global_sequences(plan))
-    sample = part(replica_batch(first, 0, 1, b)).inputs[0]
+    sample = part(replica_batch(first, 0, 1, cfg.micro_batch_size)).inputs[0]
     owners = [layout.rank(0, st.device) for st in plan.stages]  # replica 0's TP rank 0
     # FSDP2 gathers over the replicas inside the forward, EP sends tokens between them: then
     # every replica runs its stages.
-    runs = modules if replica == 0 or cfg.zero == 3 or cfg.ep > 1 else {}
+    runs = modules if place.replica == 0 or cfg.zero == 3 or cfg.ep > 1 else {}
     say(on_report, "stages built; running one microbatch to learn the shapes between stages")
-    specs = exchange_boundary_specs(owners, runs, sample, device, cfg.tp, tp_rank)
+    specs = exchange_boundary_specs(owners, runs, sample, device, cfg.tp, place.tp_rank)
     sharded = None
     if cfg.zero == 3:
-        sharded = ShardedStages(fsdp_units(modules), plan.schedule.get(d, ()))
+        sharded = ShardedStages(fsdp_units(modules), plan.schedule.get(place.device, ()))
         sharded.reshard_all()  # the stages were gathered by shape discovery
-    worker = Worker(
-        plan,
-        modules,
-        explained(cfg.loss or recipe.loss),
-        {s: specs[s] for s in range(1, plan.num_stages)},
-        RankPlace(
-            layout,
-            place,
-            device,
-            groups.dp_group,
-            sharded,
-            tied,
-            _expert_grads(groups, modules, cfg),
-        ),
-        StepSettings(
-            cfg.optimizer,
-            nccl or cfg.order_matched,
-            cfg.lookahead,
-            cfg.reduce_at_end,
-            cfg.autocast_dtype,
-            cfg.accumulation,
-        ),
+    where = RankPlace(
+        layout, place, device, groups.dp_group, sharded, tied, _expert_grads(groups, modules, cfg)
     )
-    first_step = _resume(cfg, modules, worker)
-    if first_step:
-        say(on_report, f"resumed from {cfg.resume_checkpoint} ({first_step} steps done)")
+    settings = StepSettings(
+        cfg.optimizer,
+        nccl or cfg.order_matched,
+        cfg.lookahead,
+        cfg.reduce_at_end,
+        cfg.autocast_dtype,
+        cfg.accumulation,
+    )
+    loss = explained(cfg.loss or recipe.loss)
+    boundaries = {s: specs[s] for s in range(1, plan.num_stages)}
+    worker = Worker(plan, modules, loss, boundaries, where, settings)
+    return _Built(job, layout, place, recipe, data, part, modules, worker)
+
+
+def _train(
+    built: _Built, first_step: int, progress: StepProgress, on_report: OnReport | None
+) -> tuple[list[StepRecord], int]:
+    """The steps from `first_step` on, each checked by every rank together (a non-finite loss
+    stops them all), evaluated and checkpointed where asked; the steps' records and how many
+    overlapped steps were run again."""
+    plan, cfg, worker = built.job.plan, built.job.config, built.worker
+    mine = plan.stages_on(built.place.device)
     needs_data = 0 in mine or plan.num_stages - 1 in mine
-    evaluation = _evaluation(cfg, worker, plan, replica, needs_data, recipe, part)
+    evaluation = _evaluation(
+        cfg, worker, plan, built.place.replica, needs_data, built.recipe, built.part
+    )
 
     def passes_of(k: int) -> list[Batch]:
         """Step k's global batch as the plan's passes (gradients accumulated over them): pass
         a takes sequences [a D M b, (a+1) D M b), then this replica's (and CP rank's) share."""
         if not needs_data:
             return [Batch([], [])] * cfg.accumulation
-        sequences = data.global_batch(k, cfg.global_sequences(plan))
+        sequences = built.data.global_batch(k, cfg.global_sequences(plan))
+        b, replica = cfg.micro_batch_size, built.place.replica
         return [
-            part(replica_batch(piece, replica, plan.num_microbatches, b))
+            built.part(replica_batch(piece, replica, plan.num_microbatches, b))
             for piece in split_sequences(sequences, cfg.pass_sequences(plan))
         ]
 
-    def batch_of(k: int) -> Batch:  # overlapped steps: one pass (they accumulate none)
-        return passes_of(k)[0]
-
     dist.barrier()
     origin = time.perf_counter()
-    redone = 0
-    progress = StepProgress(
-        plan, cfg, rank, world_size, device, on_report, _rates(cfg, plan, device)
-    )
-    say(on_report, f"training steps {first_step + 1} to {cfg.steps}")
-    if cfg.overlap_steps:
+    if cfg.overlap_steps:  # one pass a step: overlapped steps accumulate none
         overlapped = OverlappedSteps(worker)
-        steps = overlapped.run(batch_of, first_step, cfg.steps, origin)
-        redone = overlapped.redone
+        steps = overlapped.run(lambda k: passes_of(k)[0], first_step, cfg.steps, origin)
         # Reported once the run is done: a collective after every step would be a barrier.
         for k, record in enumerate(steps, first_step):
             progress.after_step(k, record, worker.peak_memory()[0])
-    else:
-        steps = []
-        for k in range(first_step, cfg.steps):
-            steps.append(worker.train_step(k, passes_of(k), origin))
-            held_out = evaluation.after_step(k) if evaluation is not None else None
-            # A non-finite loss stops every rank here.
-            progress.after_step(k, steps[-1], worker.peak_memory()[0], held_out)
-            if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
-                _save(cfg, recipe, k + 1, modules, worker, on_report)
-    # Whole tensors of sharded parameters are gathered by every rank holding a share (all
-    # replicas under FSDP2); the first replica's TP rank 0 reports them.
-    # Under EP the experts are divided over replicas (and TP ranks): every rank reports its own.
-    gathers = replica == 0 or cfg.zero == 3 or cfg.ep > 1
+        return steps, overlapped.redone
+    steps = []
+    for k in range(first_step, cfg.steps):
+        steps.append(worker.train_step(k, passes_of(k), origin))
+        held_out = evaluation.after_step(k) if evaluation is not None else None
+        # A non-finite loss stops every rank here.
+        progress.after_step(k, steps[-1], worker.peak_memory()[0], held_out)
+        if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
+            _save(cfg, built.recipe, k + 1, built.modules, worker, on_report)
+    return steps, 0
+
+
+def _rank_report(built: _Built, rank: int, steps: list[StepRecord], redone: int) -> RankReport:
+    """What this rank sends rank 0. Whole tensors of sharded parameters are gathered by every
+    rank holding a share (all replicas under FSDP2); the first replica's TP rank 0 reports
+    them. Under EP the experts are divided over replicas (and TP ranks): every rank reports
+    its own."""
+    cfg, worker, place = built.job.config, built.worker, built.place
+    gathers = place.replica == 0 or cfg.zero == 3 or cfg.ep > 1
     state = gathered_state(worker) if cfg.collect_state and gathers else ({}, {})
-    reports_state = (replica == 0 and tp_rank == 0) or cfg.ep > 1
-    report = RankReport(
+    reports_state = (place.replica == 0 and place.tp_rank == 0) or cfg.ep > 1
+    return RankReport(
         rank,
         tuple(steps),
         tuple(worker.records),
         *worker.peak_memory(),
         *(state if reports_state else ({}, {})),
-        sum(parameter_bytes(m) for m in modules.values()),
+        sum(parameter_bytes(m) for m in built.modules.values()),
         redone,
         state_bytes(worker),
     )
-    reports: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
-    dist.gather_object(report, reports, dst=0)
-    if reports is None:
-        return None
-    return assemble(plan, reports, layout, first_step, tuple(progress.reports))
 
 
 def _tp_plan(recipe: ModelRecipe, cfg: RunConfig):

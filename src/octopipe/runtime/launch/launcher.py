@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from octopipe.errors import InputError
-from octopipe.runtime import DEFAULT_TIMEOUT_S
+from octopipe.limits import DEFAULT_TIMEOUT_S
 from octopipe.runtime.checkpoint.folder import hold_all
 from octopipe.runtime.job.progress import OnReport, say
 from octopipe.runtime.job.result import RunResult
@@ -92,7 +92,7 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
         check_runnable(job.plan, len(layers), world_size // (dp * tp), job.source)
         check_plan_layer_names(job.plan.layer_names, layers)
         check_made_for_model(job.plan, recipe, job.config.seq_len, job.source)
-        check_parallelism(job.config, recipe)
+        check_parallelism(job.config, recipe, job.plan)
         check_recomputable(job.plan, recipe, job.source)
         check_overlap(job.config)
         config = check_resumable(job.config, recipe)

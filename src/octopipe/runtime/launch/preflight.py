@@ -19,6 +19,7 @@ from octopipe.limits import (
 )
 
 if TYPE_CHECKING:
+    from octopipe.plan import Plan
     from octopipe.runtime.job.run_config import RunConfig
     from octopipe.runtime.model.recipe import ModelRecipe
 
@@ -27,8 +28,7 @@ def check_overlap(config: RunConfig) -> None:
     """What overlapped steps do not combine with yet, refused in one line."""
     if not config.overlap_steps:
         return
-    for flag, used in (
-        ("--zero", config.zero),
+    for flag, used in (  # --zero's is the shape's rule (`engines.octopipe.shape_refusal`)
         ("--checkpoint-every", config.checkpoint_every),
         ("--resume", config.resume),
         ("--val-data", config.val_data is not None),
@@ -37,11 +37,15 @@ def check_overlap(config: RunConfig) -> None:
             raise InputError(flag, "not supported with --overlap-steps yet")
 
 
-def check_parallelism(config: RunConfig, recipe: ModelRecipe) -> None:
-    """Tensor parallelism needs a plan that applies to the model; neither it nor FSDP2 (`--zero
-    3`) combines with every other setting yet."""
-    if config.zero not in (0, 1, 3):
-        raise InputError("--zero", f"must be 0, 1 or 3, got {config.zero}")
+def check_parallelism(config: RunConfig, recipe: ModelRecipe, plan: Plan) -> None:
+    """What `octopipe run` does not run of the job's shape (`engines.octopipe.shape_refusal`,
+    the rules the layout search keeps to); tensor parallelism needs a plan that applies to the
+    model and a sequence it splits."""
+    from octopipe.engines.octopipe import shape_refusal
+
+    refusal = shape_refusal(config.layout(plan), config.overlap_steps)
+    if refusal is not None:
+        raise InputError(refusal.flag, refusal.why)
     if config.tp == 1:
         return
     if recipe.tp_plan is None:

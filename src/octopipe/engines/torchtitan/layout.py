@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from octopipe.engines.answer import microbatch_size, planned_shape
+from octopipe.engines.torchtitan.plan import splits_backward
 from octopipe.errors import InputError
-from octopipe.export.titan_plan import microbatch_size, planned_shape, splits_backward
 from octopipe.plan import RECOMPUTE_KINDS, JobShape, Plan
 from octopipe.profile import Profile
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from octopipe.engines.answer import microbatch_size, planned_shape
 from octopipe.errors import InputError
-from octopipe.export.titan_plan import microbatch_size, planned_shape, splits_backward
 from octopipe.outfiles import write_text
-from octopipe.plan import Plan
+from octopipe.plan import Plan, split_backwards
 from octopipe.profile import Profile
 
 MEGATRON_COMMIT = "d98e8a64dd"  # NVIDIA/Megatron-LM main, 2026-08-22
@@ -45,7 +45,7 @@ def megatron_arguments(plan: Plan, profile: Profile) -> list[str]:
     tp, dp, cp, ep, zero = shape.tp, shape.dp, shape.cp, shape.ep, shape.zero
     P, S = plan.num_devices, plan.num_stages
     _check_placement(plan)
-    if splits_backward(plan):
+    if split_backwards(plan):
         raise InputError(
             "plan.json",
             "schedule: Megatron-LM's schedules run whole backwards, not I/W splits; the "

@@ -17,14 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from octopipe.export.titan_plan import (
+from octopipe.engines.answer import microbatch_size, planned_shape
+from octopipe.engines.torchtitan.plan import (
     batch_sizes,
     caveats,
     comment_lines,
-    microbatch_size,
     module_fqns_per_model_part,
     placement_style,
-    planned_shape,
     schedule_name,
 )
 from octopipe.outfiles import write_text

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import textwrap
 
+from octopipe.engines.answer import microbatch_size, planned_shape
 from octopipe.placement import torchtitan_style
-from octopipe.plan import JobShape, Plan, split_backwards
+from octopipe.plan import Plan, split_backwards
 from octopipe.profile import Profile
 
 # The schedule name torchtitan is given: with a CSV the order comes from the file, but the name
@@ -32,29 +33,6 @@ def schedule_name(plan: Plan) -> str:
 def module_fqns_per_model_part(plan: Plan, profile: Profile) -> list[list[str]]:
     """Per stage (model part, in stage order), the profile's layer names it holds."""
     return [[layer.name for layer in profile.layers[s.start : s.end]] for s in plan.stages]
-
-
-def microbatch_size(plan: Plan, profile: Profile) -> int | None:
-    """Samples per microbatch the plan was made for: the plan's, else the profile's; None when
-    neither records it."""
-    if plan.shape is not None:
-        return plan.shape.microbatch_size
-    return profile.microbatch_size
-
-
-def planned_shape(plan: Plan, profile: Profile) -> JobShape:
-    """The job's shape the plan was made for: its own (`parallelism`), else the one its
-    profile implies (its TP and data-parallel degree; microbatches of 1 sample where it does
-    not record their size)."""
-    if plan.shape is not None:
-        return plan.shape
-    return JobShape(
-        profile.tensor_parallel,
-        plan.num_devices,
-        profile.data_parallel.degree,
-        profile.microbatch_size or 1,
-        plan.num_microbatches,
-    )
 
 
 def batch_sizes(plan: Plan, profile: Profile) -> tuple[int, int]:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from octopipe.engines.torchtitan.layout import titan_layout
+from octopipe.engines.torchtitan.names import torchtitan_names
+from octopipe.engines.torchtitan.plan import caveats, comment_lines, placement_style, schedule_name
 from octopipe.errors import InputError
-from octopipe.export.titan_layout import titan_layout
-from octopipe.export.titan_names import torchtitan_names
-from octopipe.export.titan_plan import caveats, comment_lines, placement_style, schedule_name
 from octopipe.outfiles import write_text
 from octopipe.plan import Plan
 from octopipe.profile import Profile
