@@ -12,7 +12,14 @@ import pytest
 
 from octopipe.cli import build_parser, main
 from octopipe.config import JobConfig
-from octopipe.config.docs import BEGIN, END, documented
+from octopipe.config.docs import (
+    BEGIN,
+    END,
+    PLANNING_BEGIN,
+    PLANNING_END,
+    documented,
+    planning_documented,
+)
 from octopipe.config.job import all_settings
 from octopipe.config.sources import add_flags, from_file, from_flags, from_keywords, keywords
 from octopipe.errors import InputError
@@ -73,6 +80,8 @@ def test_the_docs_table_is_the_configs():
     text = DOCS.read_text()
     start, end = text.index(BEGIN), text.index(END) + len(END)
     assert text[start:end] == documented(), "regenerate: python -m octopipe.config.docs"
+    start, end = text.index(PLANNING_BEGIN), text.index(PLANNING_END) + len(PLANNING_END)
+    assert text[start:end] == planning_documented(), "regenerate: python -m octopipe.config.docs"
 
 
 def test_flags_override_the_file_even_at_their_default(tmp_path):

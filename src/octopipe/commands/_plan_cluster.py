@@ -27,14 +27,15 @@ from octopipe.commands._device_layers import device_layers, print_wide
 from octopipe.commands._plan_band import band_cell, row_band, within_error_line
 from octopipe.commands._plan_progress import SearchLine
 from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
-from octopipe.config.flags import count, number
+from octopipe.config.flags import count
+from octopipe.config.planning import add_job_flags, resolved
 from octopipe.engines import ENGINES, Exports, get_engine
 from octopipe.errors import InputError, MemoryExceededError
 from octopipe.layouts import Job, LayoutReport, Row
-from octopipe.layouts.layout import DEFAULT_HEADROOM
+from octopipe.layouts.cluster import parse_gpus
 from octopipe.layouts.planner import TUNE_EVALUATIONS
 from octopipe.layouts.search import DEFAULT_TIME_BUDGET
-from octopipe.limits import MAX_GLOBAL_BATCH, MAX_WORKERS
+from octopipe.limits import MAX_WORKERS
 from octopipe.units import GIB, fmt_bytes
 
 SHOWN_ROWS = 10
@@ -47,30 +48,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "cluster layout (with --gpus: choose TP, CP, PP, DP, EP, microbatches, recomputation)"
     )
-    g.add_argument(
-        "--gpus",
-        help="GPUs of the cluster: a count of --hardware GPUs (16) or counts of presets "
-        "(4xh100,4xa100: whole nodes of each); plans the layout instead of one pipeline",
-    )
-    g.add_argument("--gpus-per-node", type=count(1, 1024), default=8, help="GPUs per node")
-    g.add_argument(
-        "--global-batch",
-        type=count(1, MAX_GLOBAL_BATCH),
-        default=512,
-        help="samples (of --seq-len tokens) per step: DP x microbatches x microbatch size",
-    )
+    # The job's settings, each its one definition (`octopipe.config`); --gpus plans the layout
+    # instead of one pipeline.
+    add_job_flags(g, ("cluster.gpus", "cluster.gpus_per_node", "data.global_batch"))
     g.add_argument(
         "--from-layout",
         metavar="LAYOUT",
         help="your own layout to beat, e.g. tp8,pp16,dp24,b1,v2 (cpN, epN, z1, z3, selective or "
         "full also): planned as `octopipe estimate` plans it, tuned, shown beside the answer",
     )
-    g.add_argument(
-        "--memory-headroom",
-        type=number(0, 1, below=True),
-        default=DEFAULT_HEADROOM,
-        help="fraction of each GPU's memory a plan leaves free (fragmentation, workspaces)",
-    )
+    add_job_flags(g, ("cluster.memory_headroom",))
     g.add_argument(
         "--tune-evaluations",
         type=count(1, 10**7),
@@ -99,6 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         '({"chosen", "best_standard", "recipe", "reference", "given", "search"})',
     )
     add_stack_arguments(p)
+    add_job_flags(p, ("shape.rank_order", "precision.precision", "precision.fp8_scaling"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,14 +103,17 @@ def run(args: argparse.Namespace) -> int:
             "runner's export overlaps MoE all-to-alls, so its answer would not run as priced",
         )
     show = not (args.quiet or args.json) and sys.stderr.isatty()
+    if args.gpus_per_node is None:  # the preset's NVLink domain
+        groups = parse_gpus(args.gpus, args.hardware)
+        args.gpus_per_node = min(g.hardware.nvlink_domain for g in groups)
     with SearchLine(show) as report:
         result = plan_layout(
             args.model or DEFAULT_MODEL,
             args.gpus,
-            global_batch=args.global_batch,
+            global_batch=resolved(args, "data.global_batch"),
             gpus_per_node=args.gpus_per_node,
             hardware=args.hardware,
-            seq_len=args.seq_len,
+            seq_len=resolved(args, "data.seq_len"),
             stack=stack_from_args(args),
             memory_headroom=args.memory_headroom,
             rank_order=args.rank_order,  # None: the runner's own numbering

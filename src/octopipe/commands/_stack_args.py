@@ -1,16 +1,15 @@
 """The training stack's flags (`layouts.stack.Stack`), shared by `estimate` and `plan --gpus`:
-how the framework runs every layout (attention kernel, communication, gradient dtype)."""
+how the framework runs every layout (attention kernel, communication, gradient dtype). The
+precision is a job setting (`config/planning.py`); `stack_from_args` reads it too."""
 
 from __future__ import annotations
 
 import argparse
 
 from octopipe.config.flags import number
-from octopipe.costmodel.precision import FP8_SCALINGS, PRECISIONS
 from octopipe.costmodel.settings import ATTENTION_KERNELS
 from octopipe.layouts.stack import GRAD_DTYPE_BYTES, P2P_KINDS, Stack
 from octopipe.limits import MAX_BYTES
-from octopipe.plan.shape import RANK_ORDERS
 
 MB = 2**20
 _DEFAULT = Stack()
@@ -69,19 +68,6 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         help="each TP rank sends its 1/t of a stage's output to the next stage (Megatron-LM)",
     )
     g.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default=_DEFAULT.precision,
-        help="the blocks' GEMMs in BF16, FP8 (Transformer Engine, Hopper and later) or MXFP8 "
-        "(Blackwell); attention, norms, embedding, head and optimizer stay as they are",
-    )
-    g.add_argument(
-        "--fp8-scaling",
-        choices=FP8_SCALINGS,
-        default=_DEFAULT.fp8_scaling,
-        help="FP8's per-tensor scaling: delayed (amax history) or current (amax pass first)",
-    )
-    g.add_argument(
         "--moe-capacity-factor",
         type=number(0, 1024),
         default=_DEFAULT.moe_capacity_factor,
@@ -100,13 +86,6 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         help="MoE all-to-alls hidden behind another microbatch's compute, as Megatron-Core's "
         "--overlap-moe-expert-parallel-comm runs them (only what a phase's compute cannot "
         "cover is exposed)",
-    )
-    g.add_argument(
-        "--rank-order",
-        choices=RANK_ORDERS,
-        help="where a stage's DP (and folded EP) ranks sit: OctoPipe's numbering (PP before "
-        "DP) or Megatron-Core's (PP outermost); default octopipe, or with plan --gpus the "
-        "--runner's (torchtitan and megatron number PP outermost)",
     )
     g.add_argument(
         "--p2p",

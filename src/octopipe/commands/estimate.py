@@ -10,18 +10,12 @@ from __future__ import annotations
 import argparse
 
 from octopipe.commands._stack_args import add_stack_arguments, stack_from_args
-from octopipe.config.flags import count, number
-from octopipe.costmodel.hardware import PRESETS
-from octopipe.costmodel.settings import RECOMPUTE_KINDS
+from octopipe.config.flags import count
+from octopipe.config.planning import add_job_flags, resolved
 from octopipe.errors import InputError
 from octopipe.jsonfile import dumps
-from octopipe.layouts.layout import DEFAULT_HEADROOM
 from octopipe.limits import (
     MAX_CHUNKS,
-    MAX_GLOBAL_BATCH,
-    MAX_MICRO_BATCH_SIZE,
-    MAX_PARALLEL_DEGREE,
-    MAX_SEQ_LEN,
 )
 from octopipe.schedules import SCHEDULES
 
@@ -29,51 +23,32 @@ NAME = "estimate"
 HELP = "Predict one given TP x CP x PP x DP layout: step time, TFLOP/s, MFU, memory, breakdown."
 
 
+# The job's settings this command takes, each its one definition (`octopipe.config`).
+CLUSTER = ("model.name", "cluster.hardware", "cluster.gpus", "cluster.gpus_per_node")
+LAYOUT = (
+    "parallelism.tp",
+    "parallelism.cp",
+    "shape.pp",
+    "parallelism.ep",
+    "shape.etp",
+    "parallelism.dp",
+    "data.micro_batch_size",
+    "data.global_batch",
+    "data.seq_len",
+    "shape.recompute",
+    "parallelism.zero",
+    "shape.shard_group",
+    "cluster.memory_headroom",
+    "shape.rank_order",
+    "precision.precision",
+    "precision.fp8_scaling",
+)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="shipped model name or config.json")
-    p.add_argument("--hardware", default="h100", help=f"GPU preset: {', '.join(PRESETS)}")
-    p.add_argument(
-        "--gpus",
-        required=True,
-        help="GPUs of the job: a count of --hardware GPUs, or counts of presets (4xh100,4xa100)",
-    )
-    p.add_argument(
-        "--gpus-per-node",
-        type=count(1, 1024),
-        help="GPUs per NVLink domain (default: the preset's: 8, GB200 NVL72's 72)",
-    )
+    add_job_flags(p, CLUSTER, required=("model.name", "cluster.gpus"))
     g = p.add_argument_group("the layout")
-    for flag, what in (
-        ("--tp", "tensor-parallel degree"),
-        ("--cp", "context-parallel degree"),
-        ("--pp", "pipeline-parallel degree (devices of one pipeline)"),
-        ("--ep", "expert-parallel degree (MoE experts over that many of the TP x CP x DP ranks)"),
-    ):
-        g.add_argument(flag, type=count(1, MAX_PARALLEL_DEGREE), default=1, help=what)
-    g.add_argument(
-        "--etp",
-        type=count(1, MAX_PARALLEL_DEGREE),
-        help="expert TP of the MoE layers, folded with EP over TP x CP x DP (Megatron-Core's "
-        "MoE parallel folding; default: TP without EP, 1 with it)",
-    )
-    g.add_argument(
-        "--dp",
-        type=count(1, MAX_PARALLEL_DEGREE),
-        help="data-parallel degree (default: the GPUs left)",
-    )
-    g.add_argument(
-        "--micro-batch-size",
-        type=count(1, MAX_MICRO_BATCH_SIZE),
-        default=1,
-        help="samples per microbatch",
-    )
-    g.add_argument(
-        "--global-batch",
-        type=count(1, MAX_GLOBAL_BATCH),
-        required=True,
-        help="samples per step",
-    )
-    g.add_argument("--seq-len", type=count(1, MAX_SEQ_LEN), default=4096, help="tokens per sample")
+    add_job_flags(g, LAYOUT)
     g.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
     g.add_argument(
         "--chunks",
@@ -88,28 +63,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "count as a block each (torchtitan; Megatron-Core's account_for_embedding/loss_in_"
         "pipeline_split)",
     )
-    g.add_argument(
-        "--recompute", choices=RECOMPUTE_KINDS, default="none", help="activation recomputation"
-    )
-    g.add_argument(
-        "--zero",
-        type=count(0, 3),
-        default=0,
-        help="ZeRO stage over DP x CP: 1 the optimizer state sharded (distributed optimizer), "
-        "2 also the gradients, 3 also the weights (FSDP; held across microbatches under PP)",
-    )
-    g.add_argument(
-        "--shard-group",
-        type=count(1, MAX_PARALLEL_DEGREE),
-        help="HSDP: ZeRO-2/3 shards over groups of this many DP x CP ranks, replicated across "
-        "the groups (default: all of them)",
-    )
-    g.add_argument(
-        "--memory-headroom",
-        type=number(0, 1, below=True),
-        default=DEFAULT_HEADROOM,
-        help="fraction of each GPU's memory a plan leaves free (fragmentation, workspaces)",
-    )
     add_stack_arguments(p)
     p.add_argument("--json", action="store_true", help="everything as JSON on the last line")
 
@@ -123,34 +76,34 @@ def run(args: argparse.Namespace) -> int:
     groups = parse_gpus(args.gpus, args.hardware)
     per_node = args.gpus_per_node or min(g.hardware.nvlink_domain for g in groups)
     cluster = Cluster(groups, per_node)
+    tp, cp, pp = (resolved(args, k) for k in ("parallelism.tp", "parallelism.cp", "shape.pp"))
     dp = args.dp
-    if dp is None:
-        group = args.tp * args.cp * args.pp
-        if cluster.size % group:
+    if dp is None:  # the GPUs left
+        if cluster.size % (tp * cp * pp):
             raise InputError(
-                "--dp", f"TP x CP x PP = {group} does not divide the {cluster.size} GPUs"
+                "--dp", f"TP x CP x PP = {tp * cp * pp} does not divide the {cluster.size} GPUs"
             )
-        dp = cluster.size // group
+        dp = cluster.size // (tp * cp * pp)
     layout = JobShape(
-        tp=args.tp,
-        pp=args.pp,
+        tp=tp,
+        pp=pp,
         dp=dp,
-        microbatch_size=args.micro_batch_size,
+        microbatch_size=resolved(args, "data.micro_batch_size"),
         num_microbatches=1,  # set from the global batch
-        zero=args.zero,
+        zero=resolved(args, "parallelism.zero"),
         shard_group=args.shard_group or 0,
         etp=args.etp or 0,
-        cp=args.cp,
+        cp=cp,
         recompute=args.recompute,
-        ep=args.ep,
+        ep=resolved(args, "parallelism.ep"),
         rank_order=args.rank_order or DEFAULT_RANK_ORDER,
     )
     stack = stack_from_args(args)
     job = Job(
         args.model,
         cluster,
-        args.global_batch,
-        args.seq_len,
+        resolved(args, "data.global_batch"),
+        resolved(args, "data.seq_len"),
         stack,
         args.memory_headroom,
         layout.rank_order,

@@ -24,6 +24,7 @@ from octopipe.api import profile_from_config, tune
 from octopipe.commands import _plan_cluster as plan_cluster
 from octopipe.commands._device_layers import device_layers, print_wide
 from octopipe.config.flags import count, number
+from octopipe.config.planning import add_job_flags, resolved
 from octopipe.engines import Answer, get_engine
 from octopipe.engines.files import OUTPUT_FILES, picture_seconds, write_answer
 from octopipe.engines.torchtitan import base_config, torchtitan_names
@@ -32,12 +33,9 @@ from octopipe.errors import InputError, MemoryExceededError
 from octopipe.limits import (
     MAX_CHUNKS,
     MAX_DEVICES,
-    MAX_MICRO_BATCH_SIZE,
     MAX_MICROBATCHES,
-    MAX_PARALLEL_DEGREE,
     MAX_SECONDS,
     MAX_SEED,
-    MAX_SEQ_LEN,
 )
 from octopipe.outfiles import check_output_folder
 from octopipe.profile import Profile, load_profile
@@ -66,24 +64,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _add_source_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("what to plan (a profile, or a model for the analytic cost model)")
     src.add_argument("--profile", help="profile JSON (octopipe.profile/1)")
-    src.add_argument("--model", help=f"shipped model name or config.json (default {DEFAULT_MODEL})")
-    src.add_argument("--hardware", default="h100", help="hardware preset for --model")
-    src.add_argument(
-        "--tp",
-        type=count(1, MAX_PARALLEL_DEGREE),
-        help="tensor-parallel degree for --model (default 1)",
-    )
-    src.add_argument(
-        "--seq-len",
-        type=count(1, MAX_SEQ_LEN),
-        default=4096,
-        help="tokens per sample for --model",
-    )
-    src.add_argument(
-        "--micro-batch-size",
-        type=count(1, MAX_MICRO_BATCH_SIZE),
-        help="samples per microbatch for --model (default 1; recorded in the profile, so "
-        "torchtitan.toml gets it)",
+    # The job's settings, each its one definition (`octopipe.config`).
+    add_job_flags(
+        src,
+        (
+            "model.name",
+            "cluster.hardware",
+            "parallelism.tp",
+            "data.seq_len",
+            "data.micro_batch_size",
+        ),
     )
 
 
@@ -316,9 +306,9 @@ def _profile(args: argparse.Namespace) -> Profile:
         args.model or DEFAULT_MODEL,
         args.hardware,
         devices=args.devices or DEFAULT_DEVICES,
-        tp=args.tp or 1,
-        seq_len=args.seq_len,
-        micro_batch_size=args.micro_batch_size or 1,
+        tp=resolved(args, "parallelism.tp"),
+        seq_len=resolved(args, "data.seq_len"),
+        micro_batch_size=resolved(args, "data.micro_batch_size"),
     )
 
 

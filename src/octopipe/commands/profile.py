@@ -14,24 +14,18 @@ HELP = "Measure a model's per-layer costs (every layer by FQN) on this device; w
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from octopipe.config.flags import count
-    from octopipe.limits import MAX_MICRO_BATCH_SIZE, MAX_PROCESSES, MAX_SEED, MAX_SEQ_LEN
+    from octopipe.config.planning import add_job_flags
+    from octopipe.limits import MAX_PROCESSES
 
-    parser.add_argument(
-        "--model",
-        required=True,
-        help="bundled model name, config.json, hf:PATH (a transformers config) or module:factory",
+    # The job's settings, each its one definition (`octopipe.config`): measured as a run
+    # would run them (a run's sequence and microbatch size where not given).
+    add_job_flags(
+        parser,
+        ("model.name", "data.seq_len", "data.micro_batch_size", "model.seed"),
+        required=("model.name",),
     )
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where to run the layers"
-    )
-    parser.add_argument(
-        "--seq-len", type=count(1, MAX_SEQ_LEN), default=32, help="tokens per sequence"
-    )
-    parser.add_argument(
-        "--micro-batch-size",
-        type=count(1, MAX_MICRO_BATCH_SIZE),
-        default=2,
-        help="sequences per microbatch",
     )
     parser.add_argument(
         "--repeats", type=count(1, 10_000), default=5, help="timed runs per layer (median)"
@@ -39,7 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", type=count(0, 10_000), default=2, help="untimed runs per layer first"
     )
-    parser.add_argument("--seed", type=count(0, MAX_SEED), default=0, help="weights and data seed")
     parser.add_argument(
         "--threads",
         type=count(1, 1024),
@@ -66,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from octopipe.outfiles import check_output_file
     from octopipe.profile import save_profile
     from octopipe.runtime.measure.profile_job import check_fits, measure_profile
+    from octopipe.runtime.model.recipe import DEFAULT_MICRO_BATCH_SIZE, DEFAULT_SEQ_LEN
 
     check_output_file("--output", args.output)
+    args.seq_len = args.seq_len or DEFAULT_SEQ_LEN  # a run's, where not given
+    args.micro_batch_size = args.micro_batch_size or DEFAULT_MICRO_BATCH_SIZE
     check_microbatch_tokens(args.seq_len, args.micro_batch_size, MAX_MICROBATCH_TOKENS)
 
     if sys.stderr.isatty():  # the processes take seconds to start before their bar shows

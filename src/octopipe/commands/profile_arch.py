@@ -7,17 +7,13 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from octopipe.config.flags import count, number
-from octopipe.costmodel.hardware import PRESETS
+from octopipe.config.planning import add_job_flags, resolved
 from octopipe.costmodel.hf_config import HF_RUNNABLE, shipped_models
-from octopipe.costmodel.precision import FP8_SCALINGS, PRECISIONS
 from octopipe.limits import (
     MAX_BANDWIDTH,
     MAX_BYTES,
     MAX_DEVICES,
-    MAX_MICRO_BATCH_SIZE,
-    MAX_PARALLEL_DEGREE,
     MAX_SECONDS,
-    MAX_SEQ_LEN,
     MIN_BANDWIDTH,
 )
 
@@ -36,36 +32,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CONFIG_OR_NAME",
         help=f"config.json path or shipped model: {', '.join(shipped_models())}",
     )
-    parser.add_argument("--hardware", default="h100", help=f"preset: {', '.join(PRESETS)}")
-    parser.add_argument(
-        "--tp", type=count(1, MAX_PARALLEL_DEGREE), default=1, help="tensor-parallel degree"
+    # The job's settings, each its one definition (`octopipe.config`).
+    add_job_flags(
+        parser,
+        (
+            "cluster.hardware",
+            "parallelism.tp",
+            "data.seq_len",
+            "data.micro_batch_size",
+            "shape.recompute",
+            "precision.precision",
+            "precision.fp8_scaling",
+        ),
     )
     parser.add_argument(
         "--sequence-parallel",
         action="store_true",
         help="Megatron sequence parallelism (split replicated activations)",
-    )
-    parser.add_argument(
-        "--seq-len", type=count(1, MAX_SEQ_LEN), default=4096, help="tokens per sample"
-    )
-    parser.add_argument(
-        "--micro-batch-size",
-        type=count(1, MAX_MICRO_BATCH_SIZE),
-        default=1,
-        help="samples per microbatch",
-    )
-    parser.add_argument("--recompute", action="store_true", help="full activation recomputation")
-    parser.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="bf16",
-        help="the blocks' GEMMs in BF16, FP8 (Hopper and later) or MXFP8 (Blackwell)",
-    )
-    parser.add_argument(
-        "--fp8-scaling",
-        choices=FP8_SCALINGS,
-        default="delayed",
-        help="FP8's per-tensor scaling: delayed (amax history) or current (amax pass first)",
     )
     parser.add_argument(
         "--optimizer-bytes",
@@ -113,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
         args.config,
         args.hardware,
         devices=args.devices,
-        tp=args.tp,
-        seq_len=args.seq_len,
-        micro_batch_size=args.micro_batch_size,
+        tp=resolved(args, "parallelism.tp"),
+        seq_len=resolved(args, "data.seq_len"),
+        micro_batch_size=resolved(args, "data.micro_batch_size"),
         sequence_parallel=args.sequence_parallel,
         recompute=args.recompute,
         optimizer_bytes=args.optimizer_bytes,

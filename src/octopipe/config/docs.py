@@ -1,22 +1,26 @@
-"""The settings table of docs/FORMATS.md ("The job config"), written from the config itself:
-`python -m octopipe.config.docs` prints it; tests/test_config.py holds the docs to it."""
+"""The settings tables of docs/FORMATS.md ("The job config"), written from the config itself:
+`run`'s settings, and the planning commands' own (`planning.py`). `python -m
+octopipe.config.docs` prints both; tests/test_config.py holds the docs to them."""
 
 from __future__ import annotations
 
+from octopipe.config.fields import Setting
 from octopipe.config.job import all_settings
 
 BEGIN = "<!-- settings table: python -m octopipe.config.docs -->"
 END = "<!-- end of settings table -->"
+PLANNING_BEGIN = "<!-- planning settings table: python -m octopipe.config.docs -->"
+PLANNING_END = "<!-- end of planning settings table -->"
 
 
-def settings_table() -> str:
-    """One row per setting: the job file's key, `run`'s flag, `octopipe.run`'s keyword, the
-    default, the values it takes, and what it does."""
+def settings_table(settings: list[Setting] | None = None) -> str:
+    """One row per setting (default: `run`'s): the job file's key, the flag, `octopipe.run`'s
+    keyword, the default, the values it takes, and what it does."""
     rows = [
         "| key | flag | keyword | default | values | what it does |",
         "|---|---|---|---|---|---|",
     ]
-    for s in all_settings():
+    for s in all_settings() if settings is None else settings:
         default = (
             ""
             if s.default is None
@@ -34,5 +38,14 @@ def documented() -> str:
     return f"{BEGIN}\n{settings_table()}\n{END}"
 
 
+def planning_documented() -> str:
+    """The planning commands' own settings' table, between its markers in docs/FORMATS.md."""
+    from octopipe.config.planning import planning_settings
+
+    return f"{PLANNING_BEGIN}\n{settings_table(planning_settings())}\n{PLANNING_END}"
+
+
 if __name__ == "__main__":
     print(documented())
+    print()
+    print(planning_documented())

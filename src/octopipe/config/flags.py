@@ -15,6 +15,10 @@ import argparse
 import math
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from octopipe.config.fields import Setting
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
@@ -60,3 +64,39 @@ def number(
     parse.__name__ = "number"
     parse.bounds = (minimum, maximum, above, below)  # type: ignore[attr-defined]
     return parse
+
+
+def add_setting_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    s: Setting,
+    dest: str | None = None,
+    required: bool = False,
+    **extra: Any,
+) -> None:
+    """One setting as an argparse option: its doc as the help, its bounds as the type's.
+    `dest`: where the value goes (default: the setting's keyword); `extra`: argparse's own
+    keywords (an action of the caller's)."""
+    assert s.spec.flag is not None, f"{s.key} has no flag"
+    options: dict[str, Any] = {"dest": dest or s.keyword, "help": s.spec.doc, **extra}
+    if s.kind is bool:
+        options.setdefault("action", "store_true")
+        parser.add_argument(s.spec.flag, **options)
+        return
+    options.setdefault("default", s.default)
+    if required:
+        options.update(required=True, default=None)
+    if s.spec.choices is None:
+        options["metavar"] = s.spec.flag.lstrip("-").upper().replace("-", "_")
+    else:
+        options["choices"] = s.spec.choices
+    if s.spec.flag_const is not None:  # `--resume` alone, or `--resume=require`
+        options.update(nargs="?", const=s.spec.flag_const)
+    if s.kind is int:
+        low = 0 if s.spec.low is None else int(s.spec.low)
+        high = max(s.spec.choices or (int(s.spec.high),))  # type: ignore[arg-type]
+        options["type"] = count(low, high)
+    elif s.kind is float:
+        options["type"] = number(
+            s.spec.low, s.spec.high, above=s.spec.open_low, below=s.spec.open_high
+        )
+    parser.add_argument(s.spec.flag, **options)

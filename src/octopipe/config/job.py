@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from octopipe.config.fields import Setting, setting, settings_of
-from octopipe.engines.octopipe import RUN_ZERO_STAGES
 from octopipe.errors import InputError
 from octopipe.limits import (
     DEFAULT_TIMEOUT_S,
@@ -28,6 +27,7 @@ from octopipe.limits import (
     MAX_STEPS,
     MIN_TIMEOUT_S,
 )
+from octopipe.plan.shape import ZERO_STAGES
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,8 @@ class PlanSection:
 class ModelSection:
     name: str | None = setting(
         None,
-        "bundled model name, config.json, hf:PATH (a transformers config), or module:factory "
-        "(a function returning an nn.Module)",
+        "the model: a bundled model's name or a config.json; `run` also takes hf:PATH (a "
+        "transformers config) and module:factory (a function returning an nn.Module)",
         flag="--model",
         keyword="model",
     )
@@ -64,7 +64,8 @@ class DataSection:
     )
     seq_len: int | None = setting(
         None,
-        "tokens per sequence (default: what the plan was made for, its profile's, else 32)",
+        "tokens per sequence (default: what the plan was made for, its profile's; else 4096 to "
+        "plan or price, 32 to run)",
         flag="--seq-len",
         low=1,
         high=MAX_SEQ_LEN,
@@ -72,16 +73,17 @@ class DataSection:
     micro_batch_size: int | None = setting(
         None,
         "sequences per microbatch (default: what the plan was made for, its parallelism or "
-        "profile key, else 2)",
+        "profile key; else 1 to plan or price, 2 to run)",
         flag="--micro-batch-size",
         low=1,
         high=MAX_MICRO_BATCH_SIZE,
     )
     global_batch: int | None = setting(
         None,
-        "sequences per optimizer step over all replicas (default: one pass of the plan, DP x "
-        "its microbatches x the microbatch size); a multiple of that accumulates gradients "
-        "over as many passes",
+        "sequences (of --seq-len tokens) per optimizer step over all replicas: DP x "
+        "microbatches x the microbatch size, times the passes accumulated (default: one pass "
+        "of the plan; with no plan yet, 512); `run` accumulates gradients over a multiple of "
+        "one pass",
         flag="--global-batch",
         low=1,
         high=MAX_GLOBAL_BATCH,
@@ -110,7 +112,8 @@ class TrainingSection:
 class ParallelismSection:
     dp: int | None = setting(
         None,
-        "data-parallel replicas of the plan (default: the plan's parallelism.dp, else 1)",
+        "data-parallel replicas of the plan (default: the plan's parallelism.dp; else 1 to run, "
+        "the GPUs left to price)",
         flag="--dp",
         low=1,
         high=MAX_PARALLEL_DEGREE,
@@ -118,7 +121,7 @@ class ParallelismSection:
     tp: int | None = setting(
         None,
         "tensor-parallel ranks per pipeline device (default: the plan's parallelism.tp, else "
-        "1); rank = tp_rank + TP x (device + PP x replica)",
+        "1); ranks numbered as docs/FORMATS.md's plan `parallelism` says",
         flag="--tp",
         low=1,
         high=MAX_PARALLEL_DEGREE,
@@ -126,8 +129,7 @@ class ParallelismSection:
     cp: int | None = setting(
         None,
         "context parallelism: each sequence divided over this many ranks per pipeline device "
-        "(ring attention; default: the plan's parallelism.cp, else 1); rank = tp_rank + TP x "
-        "(cp_rank + CP x (device + PP x replica))",
+        "(ring attention; default: the plan's parallelism.cp, else 1)",
         flag="--cp",
         low=1,
         high=MAX_PARALLEL_DEGREE,
@@ -135,19 +137,20 @@ class ParallelismSection:
     ep: int | None = setting(
         None,
         "expert parallelism: each MoE layer's routed experts divided over this many of a "
-        "device's TP x DP ranks, tokens sent by all-to-all (default: the plan's parallelism.ep, "
-        "else 1)",
+        "device's TP x CP x DP ranks, tokens sent by all-to-all (default: the plan's "
+        "parallelism.ep, else 1)",
         flag="--ep",
         low=1,
         high=MAX_PARALLEL_DEGREE,
     )
     zero: int | None = setting(
         None,
-        "1: shard the optimizer state across the replicas (ZeRO-1); 3: also the weights and "
-        "gradients (FSDP2, gathered and reduced where the plan says); 0: neither (default: the "
-        "plan's parallelism.zero, else 0)",
+        "the ZeRO stage over the DP x CP ranks: 1 the optimizer state sharded (the distributed "
+        "optimizer), 2 also the gradients, 3 also the weights (FSDP; held across microbatches "
+        "under PP); 0 neither. `run` runs 0, 1 and 3 (FSDP2) (default: the plan's "
+        "parallelism.zero, else 0)",
         flag="--zero",
-        choices=RUN_ZERO_STAGES,
+        choices=ZERO_STAGES,
     )
 
 

@@ -100,7 +100,7 @@ class _StoreTrue(_Store):
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """Every setting that has a flag, as an argparse option (its default shown in the help)
     whose value overrides the job file only when given."""
-    from octopipe.config.flags import count, number
+    from octopipe.config.flags import add_setting_flag
 
     parser.add_argument(
         CONFIG_FLAG,
@@ -110,28 +110,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.set_defaults(**{GIVEN: None})
     for s in all_settings():
-        if s.spec.flag is None:
-            continue
-        options: dict[str, Any] = {"dest": s.key, "help": s.spec.doc}
-        if s.kind is bool:
-            parser.add_argument(s.spec.flag, action=_StoreTrue, **options)
-            continue
-        options.update(action=_Store, default=s.default)
-        if s.spec.choices is None:
-            options["metavar"] = s.spec.flag.lstrip("-").upper().replace("-", "_")
-        else:
-            options["choices"] = s.spec.choices
-        if s.spec.flag_const is not None:  # `--resume` alone, or `--resume=require`
-            options.update(nargs="?", const=s.spec.flag_const)
-        if s.kind is int:
-            low = 0 if s.spec.low is None else int(s.spec.low)
-            high = max(s.spec.choices or (int(s.spec.high),))
-            options["type"] = count(low, high)
-        elif s.kind is float:
-            options["type"] = number(
-                s.spec.low, s.spec.high, above=s.spec.open_low, below=s.spec.open_high
-            )
-        parser.add_argument(s.spec.flag, **options)
+        if s.spec.flag is not None:
+            store = _StoreTrue if s.kind is bool else _Store
+            add_setting_flag(parser, s, dest=s.key, action=store)
 
 
 def from_flags(args: argparse.Namespace) -> JobConfig:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from octopipe.config.planning import DEFAULT_HEADROOM
 from octopipe.errors import InputError
 from octopipe.layouts.cluster import Cluster
 from octopipe.layouts.stack import Stack
@@ -23,9 +24,6 @@ from octopipe.plan.shape import DEFAULT_RANK_ORDER, RANK_ORDERS, RECOMPUTE_KINDS
 MAX_MICROBATCH_SIZE = 8
 MIN_CP_CHUNK = 1024  # tokens of a sequence a context-parallel rank holds at least
 MAX_EP = 64  # the widest expert-parallel group searched
-# A plan "fits" when its peak stays under this fraction less than each GPU's capacity: room for
-# the allocator's fragmentation, kernels' workspaces and the CUDA context, which no plan counts.
-DEFAULT_HEADROOM = 0.05
 
 
 @dataclass(frozen=True)
