@@ -47,7 +47,7 @@ from pathlib import Path
 
 import octopipe as op
 from octopipe.baselines import make_baseline
-from octopipe.plan import Plan
+from octopipe.plan import JobShape, Plan
 from octopipe.profile import Profile
 from octopipe.runtime.job.result import RunResult
 from octopipe.runtime.job.run_config import Job, RunConfig
@@ -134,8 +134,8 @@ def job(row: Row, steps: int, overlap: bool) -> Job:
         c.model,
         steps=steps,
         seq_len=c.seq_len,
-        micro_batch_size=c.micro_batch_size,
         overlap_steps=overlap,
+        shape=JobShape(tp=1, pp=1, dp=1, microbatch_size=c.micro_batch_size),
     )
     return Job(row.plan, config)
 

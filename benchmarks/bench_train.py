@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 import octopipe as op
+from octopipe.plan import JobShape
 from octopipe.profile import DataParallel
 from octopipe.runtime.data.batches import TokenFile
 from octopipe.runtime.job.run_config import Job, RunConfig
@@ -179,10 +180,9 @@ def timing_jobs(plan, model: str, data: TokenFile, steps: int, repeats: int) -> 
                 steps=steps,
                 optimizer=OptimizerConfig(optimizer_name(), LR),
                 seq_len=SEQ_LEN,
-                micro_batch_size=MICRO_BATCH,
-                dp=dp,
                 data=data,
                 reduce_at_end=at_end,
+                shape=JobShape(tp=1, pp=1, dp=dp, microbatch_size=MICRO_BATCH),
             )
             jobs.append(Job(plan, config))
     return jobs
@@ -192,7 +192,7 @@ def variant_of(job: Job) -> str:
     return next(
         label
         for label, dp, at_end in VARIANTS
-        if (dp, at_end) == (job.config.dp, job.config.reduce_at_end)
+        if (dp, at_end) == (job.config.shape.dp, job.config.reduce_at_end)
     )
 
 

@@ -15,7 +15,7 @@ from executor_trace import in_run_durations
 
 from octopipe.baselines import make_baseline
 from octopipe.calibrate import RunFit, fit_run, scaled
-from octopipe.plan import Plan, load_plan
+from octopipe.plan import JobShape, Plan, load_plan
 from octopipe.profile import Profile, load_profile, save_profile
 from octopipe.runtime.job.result import RunResult
 from octopipe.runtime.job.run_config import Job, RunConfig
@@ -44,7 +44,12 @@ def our_job(plan: Plan, model: str, steps: int) -> Job:
     size = MODELS[model]
     return Job(
         plan,
-        RunConfig(model, steps=steps, seq_len=size.seq_len, micro_batch_size=size.micro_batch_size),
+        RunConfig(
+            model,
+            steps=steps,
+            seq_len=size.seq_len,
+            shape=JobShape(tp=1, pp=1, dp=1, microbatch_size=size.micro_batch_size),
+        ),
     )
 
 

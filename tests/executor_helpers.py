@@ -18,7 +18,7 @@ from torch import nn
 
 from octopipe.actions import Action, B, F, I, W
 from octopipe.models.base import PipelineModel
-from octopipe.plan import Plan, dependencies, make_plan
+from octopipe.plan import JobShape, Plan, dependencies, make_plan
 from octopipe.runtime.data.batches import SyntheticData, replica_batch
 from octopipe.runtime.model.load import load_recipe
 
@@ -32,6 +32,15 @@ TOY = "executor_helpers:toy_model"
 TOY_LAYERS = 8
 WIDTH = 6
 MB_ROWS = 3
+DEGREES = ("tp", "dp", "cp", "ep", "zero")
+
+
+def shape_of(options: dict, microbatch_size: int) -> JobShape:
+    """A run's shape from a test's degree keywords (popped from `options`: tp, dp, cp, ep,
+    zero), microbatches of `microbatch_size`; its PP and microbatch count are the plan's (the
+    runtime `Job` sets them)."""
+    degrees = {k: options.pop(k, 0 if k == "zero" else 1) for k in DEGREES}
+    return JobShape(pp=1, microbatch_size=microbatch_size, **degrees)
 
 
 class _Embed(nn.Module):
@@ -226,7 +235,7 @@ def recomputing_job(
         optimizer=OptimizerConfig("sgd", lr=0.05, momentum=0.9),
         collect_state=True,
         seq_len=8,
-        micro_batch_size=2,
+        shape=shape_of(options, microbatch_size=2),
         **options,
     )
     return Job(replace(plan, recompute=tuple(kinds)), config)
@@ -305,7 +314,7 @@ def parallel_job(model: str, plan, **options):
         optimizer=OptimizerConfig("sgd", lr=0.05, momentum=0.9, clip_norm=0.5),
         collect_state=True,
         seq_len=PARALLEL_SEQ,
-        micro_batch_size=PARALLEL_MBS,
+        shape=shape_of(options, microbatch_size=PARALLEL_MBS),
         **options,
     )
     return Job(plan, config)

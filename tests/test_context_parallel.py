@@ -107,8 +107,8 @@ def test_ranks_hold_the_cost_models_param_bytes_under_cp(runs):
         settings = Settings(
             seq_len=SEQ,
             micro_batch_size=MBS,
-            tensor_parallel=cfg.tp,
-            context_parallel=cfg.cp,
+            tensor_parallel=cfg.shape.tp,
+            context_parallel=cfg.shape.cp,
             weight_bytes=4,
             grad_bytes=4,
             optimizer_bytes=4,
@@ -117,8 +117,12 @@ def test_ranks_hold_the_cost_models_param_bytes_under_cp(runs):
         per_device = [0] * plan.num_devices
         for st in plan.stages:
             per_device[st.device] += sum(x.param_bytes for x in profile.layers[st.start : st.end])
-        expected = [per_device[d] for d in range(plan.num_devices) for _ in range(cfg.cp * cfg.tp)]
-        assert list(result.state_bytes[: cfg.layout(plan).world_size]) == expected, name
+        expected = [
+            per_device[d]
+            for d in range(plan.num_devices)
+            for _ in range(cfg.shape.cp * cfg.shape.tp)
+        ]
+        assert list(result.state_bytes[: cfg.shape.world_size]) == expected, name
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 from executor_helpers import TOY, greedy, layer_count, one_f_one_b
 
 from octopipe.cli import main
-from octopipe.plan import save_plan
+from octopipe.plan import JobShape, save_plan
 
 pytestmark = pytest.mark.slow  # real process groups: the full suite, not `-m "not slow"`
 
@@ -184,7 +184,8 @@ def test_run_at_the_sizes_the_profile_was_measured_at(tmp_path, capsys):
     def first_loss(**sizes):
         return train_reference(RunConfig("tiny-llama", **sizes), M).losses[0]
 
-    assert measured == pytest.approx(first_loss(seq_len=16, micro_batch_size=1), rel=1e-5)
+    one = JobShape(tp=1, pp=1, dp=1, microbatch_size=1)
+    assert measured == pytest.approx(first_loss(seq_len=16, shape=one), rel=1e-5)
     assert measured != pytest.approx(first_loss(), rel=1e-5)
 
 

@@ -113,8 +113,8 @@ def test_ranks_hold_the_cost_models_share_of_the_experts(runs):
     ):
         ran, result = runs[name]
         cfg = ran.config
-        expected = analytic_state_bytes(MOE, ran.plan, cfg.tp, cfg.dp, cfg.ep)
-        assert list(result.state_bytes[: cfg.layout(ran.plan).world_size]) == expected, name
+        expected = analytic_state_bytes(MOE, ran.plan, cfg.shape.tp, cfg.shape.dp, cfg.shape.ep)
+        assert list(result.state_bytes[: cfg.shape.world_size]) == expected, name
 
 
 def test_an_expert_parallel_checkpoint_resumes_at_ep1_and_back(runs, checkpoints):

@@ -126,7 +126,8 @@ def test_gradients_non_finite_again_after_a_rerun_stop_the_run_naming_the_step()
 @pytest.mark.parametrize("clip_norm", [1e6, 0.05], ids=["clipping never acts", "clipping acts"])
 def test_overlapped_steps_with_data_parallel_replicas_give_the_synchronous_results(clip_norm):
     """Each stage is averaged over the replicas, then updated."""
-    config = dataclasses.replace(overlapped(dataclasses.replace(ADAM, clip_norm=clip_norm)), dp=2)
+    config = overlapped(dataclasses.replace(ADAM, clip_norm=clip_norm))
+    config = dataclasses.replace(config, shape=dataclasses.replace(config.shape, dp=2))
     plan = greedy([0, 1, 0, 1], 2, 2, backward=lambda s, m: I if (s + m) % 2 else B)
     (result,) = launch([Job(plan, config)], 4, "gloo", timeout_s=60)
     assert (result.redone_steps > 0) == (clip_norm < 1)

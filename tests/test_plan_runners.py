@@ -104,7 +104,8 @@ def test_octopipes_answers_pass_the_executors_checks(job):
         lay, plan = row.layout, written_plan(row)
         assert lay.zero in (0, 1, 3) and not lay.shard_group
         config = runtime_config_of(JobConfig(), plan, model)  # the plan's degrees and ZeRO
-        assert (config.tp, config.cp, config.dp, config.ep, config.zero) == (
+        ran = config.shape
+        assert (ran.tp, ran.cp, ran.dp, ran.ep, ran.zero) == (
             lay.tp,
             lay.cp,
             lay.dp,
@@ -112,7 +113,8 @@ def test_octopipes_answers_pass_the_executors_checks(job):
             lay.zero,
         )
         if lay.zero:  # --zero given overrides the plan's
-            assert runtime_config_of(from_keywords(JobConfig(), zero=0), plan, model).zero == 0
+            zero0 = from_keywords(JobConfig(), zero=0)
+            assert runtime_config_of(zero0, plan, model).shape.zero == 0
 
 
 def runtime_config_of(settings, plan, model):

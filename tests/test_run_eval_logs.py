@@ -18,7 +18,7 @@ import pytest
 from executor_helpers import TOY, greedy, layer_count, one_f_one_b
 
 from octopipe.cli import main
-from octopipe.plan import save_plan
+from octopipe.plan import JobShape, save_plan
 from octopipe.runtime.data.batches import GivenBatches, SyntheticData, TokenFile
 from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
@@ -64,12 +64,11 @@ def test_evaluation_and_gradient_norms_match_single_process_training(token_files
                 optimizer=OptimizerConfig("adamw", lr=3e-3, clip_norm=0.5),
                 collect_state=True,
                 seq_len=16,
-                dp=2,
-                zero=3,
                 data=TokenFile(token_files / "train.bin", 16, 3),
                 val_data=TokenFile(token_files / "val.bin", 16, 3, flag="--val-data"),
                 eval_every=2,
                 eval_batches=2,
+                shape=JobShape(tp=1, pp=1, dp=2, microbatch_size=2, zero=3),
             ),
         ),
         Job(  # an interleaved plan with every backward split in I and W

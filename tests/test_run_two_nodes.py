@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from executor_helpers import SGD_FLAGS, gpipe, layer_count
 
-from octopipe.plan import save_plan
+from octopipe.plan import JobShape, save_plan
 from octopipe.runtime.job.run_config import RunConfig
 from octopipe.runtime.reference import train_reference
 
@@ -93,5 +93,7 @@ def test_two_torchrun_nodes_train_a_tp_pp_dp_plan_as_one_process(tmp_path):
     held = summary["state_bytes"]
     assert held[:PER_NODE] == held[PER_NODE:] and all(b > 0 for b in held)
 
-    config = RunConfig(MODEL, steps=STEPS, seq_len=SEQ, micro_batch_size=MBS, dp=DP)
+    config = RunConfig(
+        MODEL, steps=STEPS, seq_len=SEQ, shape=JobShape(tp=1, pp=1, dp=DP, microbatch_size=MBS)
+    )
     assert summary["losses"] == pytest.approx(train_reference(config, 2).losses, rel=1e-5)

@@ -13,7 +13,7 @@ One process group runs every plan.
 from __future__ import annotations
 
 import pytest
-from executor_helpers import greedy, layer_count, one_f_one_b
+from executor_helpers import DEGREES, greedy, layer_count, one_f_one_b, shape_of
 from model_zoo import tp_titan_style, write_hf_config
 
 from octopipe.actions import B, I
@@ -44,16 +44,15 @@ def split(_stage: int, _mb: int) -> str:
 
 
 def job(model: str, plan, tp: int, dp: int = 1, optimizer=SGD, zero: int = 0, **options) -> Job:
+    shape = shape_of({**options, "tp": tp, "dp": dp, "zero": zero}, microbatch_size=MBS)
+    options = {k: v for k, v in options.items() if k not in DEGREES}
     config = RunConfig(
         model,
         steps=options.pop("steps", STEPS),
         optimizer=optimizer,
         collect_state=True,
         seq_len=SEQ,
-        micro_batch_size=MBS,
-        dp=dp,
-        tp=tp,
-        zero=zero,
+        shape=shape,
         **options,
     )
     return Job(plan, config)
@@ -150,8 +149,8 @@ def test_ranks_hold_the_cost_models_share_of_weights_gradients_and_state(runs):
     ):
         ran, result = runs[name]
         cfg, plan = ran.config, ran.plan
-        expected = analytic_state_bytes(model, plan, cfg.tp, cfg.dp, cfg.zero)
-        assert list(result.state_bytes[: cfg.layout(plan).world_size]) == expected, name
+        expected = analytic_state_bytes(model, plan, cfg.shape.tp, cfg.shape.dp, cfg.shape.zero)
+        assert list(result.state_bytes[: cfg.shape.world_size]) == expected, name
 
 
 def test_a_tensor_parallel_checkpoint_resumes_at_tp1_under_another_plan_and_back(runs, checkpoints):

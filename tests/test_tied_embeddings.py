@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from executor_helpers import greedy, layer_count
+from executor_helpers import DEGREES, greedy, layer_count, shape_of
 from model_zoo import write_hf_config
 
 from octopipe.actions import B, I
@@ -41,15 +41,10 @@ def mixed(stage: int, mb: int) -> str:
 def job(model: str, placement, steps: int = 2, tp: int = 1, **options) -> Job:
     devices = max(placement) + 1
     plan = greedy(list(placement), 2, devices, backward=mixed, num_layers=layer_count(model))
+    shape = shape_of({**options, "tp": tp}, microbatch_size=2)
+    options = {k: v for k, v in options.items() if k not in DEGREES}
     config = RunConfig(
-        model,
-        steps=steps,
-        optimizer=SGD,
-        collect_state=True,
-        seq_len=8,
-        micro_batch_size=2,
-        tp=tp,
-        **options,
+        model, steps=steps, optimizer=SGD, collect_state=True, seq_len=8, shape=shape, **options
     )
     return Job(plan, config)
 

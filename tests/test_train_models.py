@@ -12,13 +12,13 @@ import json
 import numpy as np
 import pytest
 import torch
-from executor_helpers import SGD_FLAGS, SGD_KEYWORDS, one_f_one_b
+from executor_helpers import DEGREES, SGD_FLAGS, SGD_KEYWORDS, one_f_one_b, shape_of
 from model_zoo import label_smoothed_loss, titan_style, token_batches, write_hf_config
 
 import octopipe as op
 from octopipe.cli import main
 from octopipe.errors import InputError
-from octopipe.plan import save_plan
+from octopipe.plan import JobShape, save_plan
 from octopipe.runtime.data.batches import GivenBatches, TokenFile, replica_batch
 from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
@@ -46,15 +46,10 @@ def tuned_plan(config_path, devices: int, microbatches: int):
 
 
 def config(model, dp: int, **options) -> RunConfig:
+    shape = shape_of({**options, "dp": dp}, microbatch_size=MBS)
+    options = {k: v for k, v in options.items() if k not in DEGREES}
     return RunConfig(
-        model,
-        steps=STEPS,
-        optimizer=SGD,
-        collect_state=True,
-        seq_len=SEQ,
-        micro_batch_size=MBS,
-        dp=dp,
-        **options,
+        model, steps=STEPS, optimizer=SGD, collect_state=True, seq_len=SEQ, shape=shape, **options
     )
 
 
@@ -83,7 +78,7 @@ def test_hf_models_train_through_tuned_plans_with_data_parallelism_as_in_one_pro
         reference = train_reference(job.config, job.plan.num_microbatches)
         assert len(result.losses) == STEPS
         assert result.params.keys() == reference.params.keys()
-        assert mismatches(result, reference) == [], (job.config.model, job.config.dp)
+        assert mismatches(result, reference) == [], (job.config.model, job.config.shape.dp)
     # One global batch, any D: 2 replicas of 2 microbatches see what 1 of 4 does.
     assert (
         train_reference(jobs[0].config, 4).losses == train_reference(config(llama, dp=2), 2).losses
@@ -137,10 +132,9 @@ def test_the_python_api_takes_a_factory_a_loss_and_global_batches():
             titan_style,
             steps=STEPS,
             optimizer=OptimizerConfig("sgd", lr=0.05),
-            micro_batch_size=MBS,
-            dp=2,
             data=GivenBatches(batches),
             loss=label_smoothed_loss,
+            shape=JobShape(tp=1, pp=1, dp=2, microbatch_size=MBS),
         ),
         2,
     )
@@ -193,9 +187,8 @@ def test_run_command_trains_an_hf_model_on_a_token_file_with_two_replicas(
             hf_models["llama"],
             steps=STEPS,
             seq_len=SEQ,
-            micro_batch_size=MBS,
-            dp=2,
             data=TokenFile(tokens, SEQ, 0),
+            shape=JobShape(tp=1, pp=1, dp=2, microbatch_size=MBS),
         ),
         2,
     )
@@ -216,14 +209,10 @@ ADAMW = OptimizerConfig(
 
 
 def adamw_config(model, dp, **options) -> RunConfig:
+    shape = shape_of({**options, "dp": dp}, microbatch_size=MBS)
+    options = {k: v for k, v in options.items() if k not in DEGREES}
     return RunConfig(
-        model,
-        optimizer=ADAMW,
-        seq_len=SEQ,
-        micro_batch_size=MBS,
-        dp=dp,
-        collect_state=True,
-        **options,
+        model, optimizer=ADAMW, seq_len=SEQ, collect_state=True, shape=shape, **options
     )
 
 

@@ -81,7 +81,7 @@ def run(
     run_config = runtime_config(config, plan, model_spec, loss=loss, **objects)
     results = execute(
         [Job(plan, run_config, where)],
-        config.launch.nproc or run_config.layout(plan).world_size,
+        config.launch.nproc or run_config.shape.world_size,
         config.launch.backend,
         config.launch.timeout,
         config.launch.init_method,
@@ -130,12 +130,7 @@ def runtime_config(
         ),
         config.launch.lookahead,
         seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        dp=shape.dp,
-        zero=shape.zero,
-        tp=shape.tp,
-        ep=shape.ep,
-        cp=shape.cp,
+        shape=shape,
         data=_data_source(
             data if data is not None else config.data.path, seq_len, seed, dtype, t.steps
         ),
@@ -159,7 +154,6 @@ def runtime_config(
         keep_last=config.checkpoint.keep_last,
         peak_flops=None if (tflops := config.logging.peak_tflops) is None else tflops * 1e12,
         accumulation=_accumulation(config, plan, shape),
-        settings=config,
     )
 
 

@@ -32,7 +32,8 @@ class ReferenceResult:
 
 def train_reference(config: RunConfig, num_microbatches: int) -> ReferenceResult:
     """Train `config`'s model as a plan of `num_microbatches` microbatches would, in this
-    process: every global batch of `config.dp` x M microbatches at once, the loss their mean."""
+    process: every global batch of the shape's DP x M microbatches at once, the loss their
+    mean."""
     # Spawned ranks compute single-threaded; doing the same here keeps float reductions in the
     # same order, so differences left are the pipeline's own (Adam turns reduction noise in
     # near-zero gradients into visible parameter differences).
@@ -51,10 +52,10 @@ def _train(config: RunConfig, num_microbatches: int) -> ReferenceResult:
     data = config.data_source(recipe)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = config.optimizer.build(params)
-    count = config.dp * num_microbatches * config.accumulation  # of one global batch
+    count = config.shape.dp * num_microbatches * config.accumulation  # of one global batch
     losses, norms, evaluations = [], [], []
     for step in range(config.steps):
-        batch = _microbatches(data, step, count, config.micro_batch_size)
+        batch = _microbatches(data, step, count, config.shape.microbatch_size)
         for p in params:
             p.grad = None
         step_losses = []
@@ -99,7 +100,7 @@ def _held_out_loss(config: RunConfig, recipe, model, count: int, loss_fn) -> flo
     losses = []
     with torch.no_grad():
         for i in range(config.eval_batches):
-            batch = _microbatches(val, i, count, config.micro_batch_size)
+            batch = _microbatches(val, i, count, config.shape.microbatch_size)
             for inputs, target in zip(batch.inputs, batch.targets, strict=True):
                 with torch.autocast(
                     "cpu", config.autocast_dtype, enabled=config.autocast is not None

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from octopipe.engines.answer import microbatch_size, planned_shape
+from octopipe.engines.answer import planned_shape
 from octopipe.engines.torchtitan.plan import splits_backward
 from octopipe.errors import InputError
 from octopipe.plan import RECOMPUTE_KINDS, JobShape, Plan
@@ -39,27 +39,47 @@ RUNNER_HINT = "`octopipe plan --gpus N --runner torchtitan` plans only what torc
 
 @dataclass(frozen=True)
 class TitanLayout:
-    """The degrees and memory technique torchtitan 0.3 runs a plan with."""
+    """How torchtitan 0.3 runs a plan of `shape`: its data parallelism as `dp_replicate` x
+    `dp_shard`, its activation checkpointing, and where it departs from the plan's costs."""
 
-    tp: int
-    cp: int
-    pp: int
+    shape: JobShape  # the plan's (microbatches of 1 sample where nothing records their size)
     dp_replicate: int
     dp_shard: int
-    ep: int
-    microbatch_size: int  # samples per pipeline microbatch (1 where nothing records it)
-    num_microbatches: int
     activation_checkpoint: str  # none, selective or full: torchtitan's setting
     notes: tuple[str, ...] = field(default=())  # where torchtitan departs from the plan's costs
+
+    @property
+    def tp(self) -> int:
+        return self.shape.tp
+
+    @property
+    def cp(self) -> int:
+        return self.shape.cp
+
+    @property
+    def pp(self) -> int:
+        return self.shape.pp
+
+    @property
+    def ep(self) -> int:
+        return self.shape.ep
 
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def microbatch_size(self) -> int:
+        return self.shape.microbatch_size
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.shape.num_microbatches
+
+    @property
     def world(self) -> int:
-        """GPUs (processes) one run takes: TP x CP x PP x DP."""
-        return self.tp * self.cp * self.pp * self.dp
+        """GPUs (processes) one run takes."""
+        return self.shape.world_size
 
     @property
     def local_batch_size(self) -> int:
@@ -117,14 +137,9 @@ def titan_layout(plan: Plan, profile: Profile, gpus_per_node: int | None = None)
         moved = node_groups_note(shape, gpus_per_node)
         notes += [moved] if moved else []
     return TitanLayout(
-        tp=tp,
-        cp=cp,
-        pp=plan.num_devices,
+        shape,
         dp_replicate=replicate,
         dp_shard=shard,
-        ep=ep,
-        microbatch_size=microbatch_size(plan, profile) or 1,
-        num_microbatches=plan.num_microbatches,
         activation_checkpoint=_checkpointing(plan, shape.recompute, notes),
         notes=tuple(notes),
     )

@@ -133,7 +133,7 @@ class StepProgress:
         on_report: OnReport | None,
         rates: StepRates = StepRates(),
     ) -> None:
-        last, layout = plan.stages[-1].device, cfg.layout(plan)
+        last, layout = plan.stages[-1].device, cfg.shape
         # Replica order; of a tensor-parallel group, TP rank 0 (all hold the same loss).
         self._loss_ranks = [
             layout.rank(r, last, 0, c) for r in range(layout.dp) for c in range(layout.cp)

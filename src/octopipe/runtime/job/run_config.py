@@ -1,20 +1,18 @@
 """What a rank is told of its job: the plan, the model, and every setting resolved against the
 plan (`RunConfig`), built by `octopipe.training.runtime_config` from the job config.
 
-The user's settings are spelled once, in `octopipe.config`; `RunConfig.settings` carries them
-whole to every rank. Its other fields are what the ranks use, resolved: degrees and sizes from
-the plan where not given, data as sources, the optimizer built, and test-only switches.
+The user's settings are spelled once, in `octopipe.config`; `training.py` resolves them into
+what the ranks use: the job's shape (degrees and sizes from the plan where not given), data as
+sources, the optimizer built, and test-only switches.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from octopipe.config import JobConfig
 from octopipe.plan import JobShape, Plan
-from octopipe.plan.shape import DEFAULT_RANK_ORDER
 from octopipe.runtime.data.batches import DataSource, SyntheticData
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.model.recipe import (
@@ -42,12 +40,10 @@ class RunConfig:
         False  # gloo: match transfers by order on a group per channel, as NCCL must
     )
     seq_len: int = DEFAULT_SEQ_LEN  # tokens per sequence of the synthetic data or --data
-    micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE  # sequences per microbatch
-    dp: int = 1  # data-parallel replicas of the plan
-    zero: int = 0  # 1: optimizer state sharded across the replicas (ZeRO-1); 3: FSDP2
-    tp: int = 1  # tensor-parallel ranks per pipeline device
-    cp: int = 1  # context parallelism: each sequence divided over this many ranks per device
-    ep: int = 1  # expert parallelism: each MoE layer's experts over this many of a device's ranks
+    # The job's shape: TP, CP, DP, EP, the ZeRO stage (1: ZeRO-1, 3: FSDP2), the sequences per
+    # microbatch and the rank order; its PP and microbatch count are the plan's (`Job` sets
+    # them from it).
+    shape: JobShape = field(default_factory=lambda: JobShape(1, 1, 1, DEFAULT_MICRO_BATCH_SIZE))
     data: DataSource | None = None  # None: the model's synthetic sequences
     loss: Loss | None = None  # None: the model's loss (next-token cross-entropy by default)
     reduce_at_end: bool = False  # all-reduces after the last action, not each stage's last B/W
@@ -65,9 +61,6 @@ class RunConfig:
     keep_last: int = 0  # checkpoints kept in checkpoint_dir after each save (0: all)
     peak_flops: float | None = None  # one rank's dense peak FLOP/s for MFU (None: its GPU's)
     accumulation: int = 1  # pipeline passes (of D x M x b sequences) per optimizer step
-    # The user's settings as given (`octopipe.config`), whole; the fields above are those the
-    # ranks use, resolved against the plan. Read a new setting from here.
-    settings: JobConfig = field(default_factory=JobConfig)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -92,26 +85,21 @@ class RunConfig:
 
     def pass_sequences(self, plan: Plan) -> int:
         """Sequences of one pass of the plan over all replicas: D x M x b."""
-        return self.dp * plan.num_microbatches * self.micro_batch_size
-
-    def layout(self, plan: Plan) -> JobShape:
-        """The job's shape: which global rank runs what (docs/FORMATS.md, plan `parallelism`),
-        in the plan's rank order."""
-        return JobShape(
-            self.tp,
-            plan.num_devices,
-            self.dp,
-            self.micro_batch_size,
-            plan.num_microbatches,
-            cp=self.cp,
-            ep=self.ep,
-            zero=self.zero,
-            rank_order=plan.shape.rank_order if plan.shape is not None else DEFAULT_RANK_ORDER,
-        )
+        return self.shape.dp * plan.num_microbatches * self.shape.microbatch_size
 
 
 @dataclass(frozen=True)
 class Job:
+    """A plan and how to train it; the config's shape takes the plan's PP and microbatch
+    count, so that on the ranks `config.shape` says which global rank runs what
+    (docs/FORMATS.md, plan `parallelism`)."""
+
     plan: Plan
     config: RunConfig
     source: str = "<plan>"  # where the plan came from, for error messages
+
+    def __post_init__(self) -> None:
+        shape, plan = self.config.shape, self.plan
+        if (shape.pp, shape.num_microbatches) != (plan.num_devices, plan.num_microbatches):
+            shape = replace(shape, pp=plan.num_devices, num_microbatches=plan.num_microbatches)
+            object.__setattr__(self, "config", replace(self.config, shape=shape))

@@ -100,13 +100,15 @@ def _build(
     """The rank's groups, stages (tied, recomputing as planned, shapes between them learned
     from one microbatch) and worker."""
     plan, cfg = job.plan, job.config
-    layout = cfg.layout(plan)
-    groups = build_job_mesh(layout, rank, device.type, with_mesh=cfg.tp > 1 or cfg.zero == 3)
-    place = groups.place or Place(cfg.dp, -1, 0)  # past the job: no device
+    layout = cfg.shape
+    groups = build_job_mesh(
+        layout, rank, device.type, with_mesh=cfg.shape.tp > 1 or cfg.shape.zero == 3
+    )
+    place = groups.place or Place(cfg.shape.dp, -1, 0)  # past the job: no device
     part = _context_part(groups)
     recipe = cfg.recipe()
     data = cfg.data_source(recipe)
-    shard = parallelizer(groups, _tp_plan(recipe, cfg), cfg.zero)
+    shard = parallelizer(groups, _tp_plan(recipe, cfg), cfg.shape.zero)
     modules = {
         s: recipe.stage(
             recipe.layers[plan.stages[s].start : plan.stages[s].end], device, cfg.seed, shard
@@ -119,15 +121,15 @@ def _build(
     for s, module in modules.items():  # what the plan has each stage recompute
         apply_recompute(module, *stage_layers(plan, recipe, s), plan.recompute_of(s))
     first = data.global_batch(0, cfg.global_sequences(plan))
-    sample = part(replica_batch(first, 0, 1, cfg.micro_batch_size)).inputs[0]
+    sample = part(replica_batch(first, 0, 1, cfg.shape.microbatch_size)).inputs[0]
     owners = [layout.rank(0, st.device) for st in plan.stages]  # replica 0's TP rank 0
     # FSDP2 gathers over the replicas inside the forward, EP sends tokens between them: then
     # every replica runs its stages.
-    runs = modules if place.replica == 0 or cfg.zero == 3 or cfg.ep > 1 else {}
+    runs = modules if place.replica == 0 or cfg.shape.zero == 3 or cfg.shape.ep > 1 else {}
     say(on_report, "stages built; running one microbatch to learn the shapes between stages")
-    specs = exchange_boundary_specs(owners, runs, sample, device, cfg.tp, place.tp_rank)
+    specs = exchange_boundary_specs(owners, runs, sample, device, cfg.shape.tp, place.tp_rank)
     sharded = None
-    if cfg.zero == 3:
+    if cfg.shape.zero == 3:
         sharded = ShardedStages(fsdp_units(modules), plan.schedule.get(place.device, ()))
         sharded.reshard_all()  # the stages were gathered by shape discovery
     where = RankPlace(
@@ -166,7 +168,7 @@ def _train(
         if not needs_data:
             return [Batch([], [])] * cfg.accumulation
         sequences = built.data.global_batch(k, cfg.global_sequences(plan))
-        b, replica = cfg.micro_batch_size, built.place.replica
+        b, replica = cfg.shape.microbatch_size, built.place.replica
         return [
             built.part(replica_batch(piece, replica, plan.num_microbatches, b))
             for piece in split_sequences(sequences, cfg.pass_sequences(plan))
@@ -198,9 +200,9 @@ def _rank_report(built: _Built, rank: int, steps: list[StepRecord], redone: int)
     them. Under EP the experts are divided over replicas (and TP ranks): every rank reports
     its own."""
     cfg, worker, place = built.job.config, built.worker, built.place
-    gathers = place.replica == 0 or cfg.zero == 3 or cfg.ep > 1
+    gathers = place.replica == 0 or cfg.shape.zero == 3 or cfg.shape.ep > 1
     state = gathered_state(worker) if cfg.collect_state and gathers else ({}, {})
-    reports_state = (place.replica == 0 and place.tp_rank == 0) or cfg.ep > 1
+    reports_state = (place.replica == 0 and place.tp_rank == 0) or cfg.shape.ep > 1
     return RankReport(
         rank,
         tuple(steps),
@@ -215,20 +217,22 @@ def _rank_report(built: _Built, rank: int, steps: list[StepRecord], redone: int)
 
 def _tp_plan(recipe: ModelRecipe, cfg: RunConfig):
     """The TP plan the stages apply (under EP: MoE blocks on each rank's own tokens)."""
-    if cfg.ep > 1 and recipe.expert_tp_plan is None:
+    if cfg.shape.ep > 1 and recipe.expert_tp_plan is None:
         raise InputError("--ep", f"{recipe.name} has no experts OctoPipe can divide")
-    if cfg.tp == 1:
+    if cfg.shape.tp == 1:
         return None
-    return recipe.expert_tp_plan(cfg.tp) if cfg.ep > 1 else recipe.tp_plan(cfg.tp)
+    return recipe.expert_tp_plan(cfg.shape.tp) if cfg.shape.ep > 1 else recipe.tp_plan(cfg.shape.tp)
 
 
 def _expert_grads(groups: JobMesh, modules: dict, cfg: RunConfig) -> ExpertGrads | None:
     """What EP leaves the step to settle: expert gradients and TP-replicated routers."""
     if groups.experts is None:
         return None
-    tp_group = groups.tp_mesh.get_group() if cfg.tp > 1 and groups.tp_mesh is not None else None
+    tp_group = (
+        groups.tp_mesh.get_group() if cfg.shape.tp > 1 and groups.tp_mesh is not None else None
+    )
     return ExpertGrads(
-        cfg.ep,
+        cfg.shape.ep,
         [p for m in modules.values() for p in expert_parameters(m)],
         groups.expert_dp_group,
         {s: tp_summed_parameters(m) for s, m in modules.items()},
@@ -250,7 +254,7 @@ def _check_ties(recipe: ModelRecipe, plan: Plan, modules: dict, cfg: RunConfig) 
             "the model's tied weights sit on several stages, whose gradients are summed before "
             "one update; run without --overlap-steps (or keep them on one stage)",
         )
-    if cfg.zero == 3 and spans_stages(modules, recipe.ties):
+    if cfg.shape.zero == 3 and spans_stages(modules, recipe.ties):
         raise InputError(
             "--zero",
             "--zero 3 with tied weights on two stages of one device (each stage is its own "
@@ -285,7 +289,7 @@ def _evaluation(
         last_step=cfg.steps,
         replica=replica,
         sequences=cfg.pass_sequences(plan),
-        micro_batch_size=cfg.micro_batch_size,
+        micro_batch_size=cfg.shape.microbatch_size,
         needs_data=needs_data,
         part=part,
     )
@@ -293,8 +297,8 @@ def _evaluation(
 
 def _rates(cfg: RunConfig, plan: Plan, device: torch.device) -> StepRates:
     """The model FLOPs of a step and a rank's peak, for MFU (`flops.py`)."""
-    microbatches = cfg.dp * plan.num_microbatches * cfg.accumulation
-    flops = step_model_flops(cfg.model, cfg.seq_len, cfg.micro_batch_size, microbatches)
+    microbatches = cfg.shape.dp * plan.num_microbatches * cfg.accumulation
+    flops = step_model_flops(cfg.model, cfg.seq_len, cfg.shape.microbatch_size, microbatches)
     return StepRates(flops, peak_flops(device, cfg.peak_flops))
 
 

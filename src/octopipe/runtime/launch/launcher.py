@@ -80,7 +80,7 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
     for job in jobs:
         recipe = job.config.recipe()
         layers = recipe.layers
-        dp, tp = job.config.dp, job.config.tp
+        dp, tp = job.config.shape.dp, job.config.shape.tp
         if dp < 1 or world_size % dp:
             raise InputError("--dp", f"{dp} replicas do not divide the {world_size} processes")
         if tp < 1 or world_size % (dp * tp):

@@ -43,10 +43,10 @@ def check_parallelism(config: RunConfig, recipe: ModelRecipe, plan: Plan) -> Non
     model and a sequence it splits."""
     from octopipe.engines.octopipe import shape_refusal
 
-    refusal = shape_refusal(config.layout(plan), config.overlap_steps)
+    refusal = shape_refusal(config.shape, config.overlap_steps)
     if refusal is not None:
         raise InputError(refusal.flag, refusal.why)
-    if config.tp == 1:
+    if config.shape.tp == 1:
         return
     if recipe.tp_plan is None:
         raise InputError(
@@ -54,15 +54,15 @@ def check_parallelism(config: RunConfig, recipe: ModelRecipe, plan: Plan) -> Non
             f"{recipe.name} has no tensor-parallel plan: give the model a tp_plan "
             "(docs/FORMATS.md, tensor parallelism) or run it with --tp 1",
         )
-    if config.seq_len % config.tp:
+    if config.seq_len % config.shape.tp:
         raise InputError(
             "--seq-len",
-            f"{config.seq_len} tokens do not split into {config.tp} equal shares "
+            f"{config.seq_len} tokens do not split into {config.shape.tp} equal shares "
             "(tensor parallelism splits the sequence between layers)",
         )
     from octopipe.runtime.parallel.tensor_parallel import check_plan
 
-    check_plan(recipe.tp_plan(config.tp), recipe.meta_model)
+    check_plan(recipe.tp_plan(config.shape.tp), recipe.meta_model)
 
 
 def check_resumable(config: RunConfig, recipe: ModelRecipe) -> RunConfig:
@@ -129,7 +129,7 @@ def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
 def check_sizes(config: RunConfig) -> None:
     """What every rank allocates per microbatch, bounded before any starts (docs/FORMATS.md,
     Limits)."""
-    check_microbatch_tokens(config.seq_len, config.micro_batch_size, MAX_MICROBATCH_TOKENS)
+    check_microbatch_tokens(config.seq_len, config.shape.microbatch_size, MAX_MICROBATCH_TOKENS)
 
 
 def check_local_processes(nproc: int) -> None:
