@@ -50,7 +50,7 @@ from octopipe.baselines import make_baseline
 from octopipe.plan import JobShape, Plan
 from octopipe.profile import Profile
 from octopipe.runtime.job.result import RunResult
-from octopipe.runtime.job.run_config import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig, Stepping
 from octopipe.runtime.launch.launcher import launch
 from octopipe.sim import Simulator
 
@@ -134,8 +134,8 @@ def job(row: Row, steps: int, overlap: bool) -> Job:
         c.model,
         steps=steps,
         seq_len=c.seq_len,
-        overlap_steps=overlap,
         shape=JobShape(tp=1, pp=1, dp=1, microbatch_size=c.micro_batch_size),
+        stepping=Stepping(overlap_steps=overlap),
     )
     return Job(row.plan, config)
 

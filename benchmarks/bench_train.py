@@ -46,7 +46,7 @@ import octopipe as op
 from octopipe.plan import JobShape
 from octopipe.profile import DataParallel
 from octopipe.runtime.data.batches import TokenFile
-from octopipe.runtime.job.run_config import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig, Stepping
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.step.worker import OptimizerConfig
 
@@ -181,8 +181,8 @@ def timing_jobs(plan, model: str, data: TokenFile, steps: int, repeats: int) -> 
                 optimizer=OptimizerConfig(optimizer_name(), LR),
                 seq_len=SEQ_LEN,
                 data=data,
-                reduce_at_end=at_end,
                 shape=JobShape(tp=1, pp=1, dp=dp, microbatch_size=MICRO_BATCH),
+                stepping=Stepping(reduce_at_end=at_end),
             )
             jobs.append(Job(plan, config))
     return jobs
@@ -192,7 +192,7 @@ def variant_of(job: Job) -> str:
     return next(
         label
         for label, dp, at_end in VARIANTS
-        if (dp, at_end) == (job.config.shape.dp, job.config.reduce_at_end)
+        if (dp, at_end) == (job.config.shape.dp, job.config.stepping.reduce_at_end)
     )
 
 

@@ -33,6 +33,24 @@ TOY_LAYERS = 8
 WIDTH = 6
 MB_ROWS = 3
 DEGREES = ("tp", "dp", "cp", "ep", "zero")
+# The flat keywords tests write, by the RunConfig group that holds each (and its name there).
+GROUPED = {
+    "checkpoint": {
+        "checkpoint_dir": "dir",
+        "checkpoint_every": "every",
+        "keep_last": "keep_last",
+        "resume": "resume",
+        "resume_required": "required",
+    },
+    "evaluation": {"val_data": "data", "eval_every": "every", "eval_batches": "batches"},
+    "stepping": {
+        "lookahead": "lookahead",
+        "reduce_at_end": "reduce_at_end",
+        "autocast": "autocast",
+        "overlap_steps": "overlap_steps",
+        "accumulation": "accumulation",
+    },
+}
 
 
 def shape_of(options: dict, microbatch_size: int) -> JobShape:
@@ -41,6 +59,27 @@ def shape_of(options: dict, microbatch_size: int) -> JobShape:
     runtime `Job` sets them)."""
     degrees = {k: options.pop(k, 0 if k == "zero" else 1) for k in DEGREES}
     return JobShape(pp=1, microbatch_size=microbatch_size, **degrees)
+
+
+def run_config(model, microbatch_size: int = 2, **options):
+    """A RunConfig from the flat keywords tests write: the degrees into its shape (microbatches
+    of `microbatch_size`), the checkpoint's, the evaluation's and the steps' settings into
+    their groups, the rest as they are."""
+    from octopipe.runtime.job.run_config import Checkpointing, Evaluating, RunConfig, Stepping
+
+    shape = shape_of(options, microbatch_size)
+    groups = {}
+    for group, cls in (
+        ("checkpoint", Checkpointing),
+        ("evaluation", Evaluating),
+        ("stepping", Stepping),
+    ):
+        given = {
+            name: options.pop(flat) for flat, name in GROUPED[group].items() if flat in options
+        }
+        if given:
+            groups[group] = cls(**given)
+    return RunConfig(model, shape=shape, **groups, **options)
 
 
 class _Embed(nn.Module):
@@ -223,19 +262,19 @@ def recomputing_job(
     collected, to compare with `train_reference`."""
     from dataclasses import replace
 
-    from octopipe.runtime.job.run_config import Job, RunConfig
+    from octopipe.runtime.job.run_config import Job
     from octopipe.runtime.step.optim import OptimizerConfig
 
     plan = greedy(
         list(placement), microbatches, 2, backward=backward, num_layers=layer_count(model)
     )
-    config = RunConfig(
+    config = run_config(
         model,
+        2,
         steps=steps,
         optimizer=OptimizerConfig("sgd", lr=0.05, momentum=0.9),
         collect_state=True,
         seq_len=8,
-        shape=shape_of(options, microbatch_size=2),
         **options,
     )
     return Job(replace(plan, recompute=tuple(kinds)), config)
@@ -305,16 +344,16 @@ def parallel_job(model: str, plan, **options):
     """A job of `plan` that collects every weight and gradient, with clipped SGD momentum (the
     clipping acts on these steps), 8-token sequences in microbatches of 2; `options`: the
     degrees (tp, dp, cp, ep) and any other `RunConfig` field."""
-    from octopipe.runtime.job.run_config import Job, RunConfig
+    from octopipe.runtime.job.run_config import Job
     from octopipe.runtime.step.optim import OptimizerConfig
 
-    config = RunConfig(
+    config = run_config(
         model,
+        PARALLEL_MBS,
         steps=options.pop("steps", PARALLEL_STEPS),
         optimizer=OptimizerConfig("sgd", lr=0.05, momentum=0.9, clip_norm=0.5),
         collect_state=True,
         seq_len=PARALLEL_SEQ,
-        shape=shape_of(options, microbatch_size=PARALLEL_MBS),
         **options,
     )
     return Job(plan, config)

@@ -38,7 +38,7 @@ def _job(placement, passes, dp=1, tp=1, backward=lambda s, m: B, **keywords):
         **keywords,
     )
     config = runtime_config(settings, plan, MODEL)
-    assert config.accumulation == passes
+    assert config.stepping.accumulation == passes
     return Job(plan, replace(config, collect_state=True))
 
 
@@ -48,8 +48,8 @@ def test_the_global_batch_is_a_multiple_of_one_pass():
     with pytest.raises(InputError, match="6 sequences are not a multiple of one pass"):
         runtime_config(settings, plan, MODEL)
     one_pass = from_keywords(JobConfig(), micro_batch_size=2, global_batch=4)
-    assert runtime_config(one_pass, plan, MODEL).accumulation == 1
-    assert runtime_config(JobConfig(), plan, MODEL).accumulation == 1
+    assert runtime_config(one_pass, plan, MODEL).stepping.accumulation == 1
+    assert runtime_config(JobConfig(), plan, MODEL).stepping.accumulation == 1
     fsdp = from_keywords(JobConfig(), micro_batch_size=2, global_batch=8, dp=1, zero=3)
     with pytest.raises(InputError, match="not supported with --zero 3"):
         runtime_config(fsdp, plan, MODEL)
@@ -77,5 +77,5 @@ def test_accumulated_passes_train_as_one_process(name, results):
     assert len(result.losses) == 3
     assert mismatches(result, reference, tol=1e-5) == []
     # The reference saw the whole global batch: a run of one pass would differ from it.
-    one_pass = train_reference(replace(job.config, accumulation=1), job.plan.num_microbatches)
+    one_pass = train_reference(replace(job.config, stepping=replace(job.config.stepping, accumulation=1)), job.plan.num_microbatches)
     assert mismatches(result, one_pass, tol=1e-5) != []

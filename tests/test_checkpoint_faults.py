@@ -444,7 +444,7 @@ def test_a_run_that_fills_its_disk_stops_in_one_line_keeping_its_complete_checkp
 def test_resume_without_a_checkpoint_says_it_starts_from_step_0_or_refuses_if_required(
     tmp_path, toy, folder
 ):
-    from octopipe.runtime.job.run_config import RunConfig
+    from octopipe.runtime.job.run_config import Checkpointing, RunConfig
     from octopipe.runtime.launch.preflight import check_resumable
 
     root = tmp_path / "ckpt"
@@ -452,14 +452,14 @@ def test_resume_without_a_checkpoint_says_it_starts_from_step_0_or_refuses_if_re
         root.mkdir()
     if folder == "step-4 a file":
         (root / "step-4").write_text("not a checkpoint")
-    config = RunConfig(TOY, checkpoint_dir=str(root), resume=True)
+    config = RunConfig(TOY, checkpoint=Checkpointing(dir=str(root), resume=True))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert check_resumable(config, toy).resume_checkpoint is None
+        assert check_resumable(config, toy).checkpoint.chosen is None
     (warning,) = [w for w in caught if issubclass(w.category, OctoPipeWarning)]
     assert str(warning.message) == (
         f"--resume: no checkpoint in {root} (no step-K folder); starting from step 0"
     )
-    required = RunConfig(TOY, checkpoint_dir=str(root), resume=True, resume_required=True)
+    required = RunConfig(TOY, checkpoint=Checkpointing(dir=str(root), resume=True, required=True))
     with pytest.raises(InputError, match=r"--resume: require: no checkpoint in .* \(no step-K"):
         check_resumable(required, toy)

@@ -13,7 +13,7 @@ from executor_helpers import one_f_one_b
 from model_zoo import write_hf_config
 
 from octopipe.cli import main
-from octopipe.runtime.job.run_config import Job, RunConfig
+from octopipe.runtime.job.run_config import Checkpointing, Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.step.optim import OptimizerConfig
@@ -43,8 +43,7 @@ def test_an_exported_checkpoint_loads_with_the_trained_weights(tmp_path, capsys)
             optimizer=OptimizerConfig("adamw", lr=1e-2),
             collect_state=True,
             seq_len=8,
-            checkpoint_dir=str(tmp_path / f"ckpt-{kind}"),
-            checkpoint_every=3,
+            checkpoint=Checkpointing(dir=str(tmp_path / f"ckpt-{kind}"), every=3),
         )
         jobs.append(Job(plan.with_layer_names(load_recipe(spec).layers), config))
     results = launch(jobs, 2, "gloo", timeout_s=120)

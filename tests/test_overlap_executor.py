@@ -13,7 +13,7 @@ from executor_helpers import TOY, TOY_LAYERS, ToyModel, _Swap, greedy, one_f_one
 
 from octopipe.actions import B, I
 from octopipe.random_plans import random_plan
-from octopipe.runtime.job.run_config import Job, RunConfig
+from octopipe.runtime.job.run_config import Job, RunConfig, Stepping
 from octopipe.runtime.launch.launcher import RankFailure, launch
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.step.optim import OptimizerConfig
@@ -31,7 +31,11 @@ def plans():
 
 def overlapped(optimizer=ADAM, model=TOY) -> RunConfig:
     return RunConfig(
-        model, steps=STEPS, optimizer=optimizer, collect_state=True, overlap_steps=True
+        model,
+        steps=STEPS,
+        optimizer=optimizer,
+        collect_state=True,
+        stepping=Stepping(overlap_steps=True),
     )
 
 
@@ -40,7 +44,7 @@ def overlapped(optimizer=ADAM, model=TOY) -> RunConfig:
 def test_overlapped_steps_give_the_synchronous_results(clip_norm):
     optimizer = dataclasses.replace(ADAM, clip_norm=clip_norm)
     config = overlapped(optimizer)
-    synchronous = dataclasses.replace(config, overlap_steps=False)
+    synchronous = dataclasses.replace(config, stepping=Stepping())
     jobs = [Job(p, c) for p in plans() for c in (config, synchronous)]
     results = launch(jobs, 3, "gloo", timeout_s=60)
     for (job, result), (_, sync) in zip(
@@ -78,7 +82,7 @@ def poisoned_toy() -> ToyModel:
 def test_a_non_finite_gradient_is_caught_and_its_step_run_again():
     plan = one_f_one_b(3, 4)
     poisoned = overlapped(model="test_overlap_executor:poisoned_toy")
-    synchronous = dataclasses.replace(poisoned, overlap_steps=False)
+    synchronous = dataclasses.replace(poisoned, stepping=Stepping())
     (result,) = launch([Job(plan, poisoned)], 3)
     assert result.redone_steps == 1
     assert mismatches(result, train_reference(overlapped(), 4)) == []  # as if no fault

@@ -8,12 +8,12 @@ flag before any rank starts.
 from __future__ import annotations
 
 import pytest
-from executor_helpers import layer_count, one_f_one_b, shape_of
+from executor_helpers import layer_count, one_f_one_b, run_config
 from model_zoo import titan_style, tp_titan_style, write_hf_config
 
 from octopipe.errors import InputError
 from octopipe.plan import JobShape, Place
-from octopipe.runtime.job.run_config import Job, RunConfig
+from octopipe.runtime.job.run_config import Job
 from octopipe.runtime.launch.launcher import validate_jobs
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.parallel.tensor_parallel import check_plan, matches, resolve
@@ -82,7 +82,6 @@ def test_plans_that_cannot_apply_are_refused_in_one_line():
 def test_settings_not_built_are_refused_before_any_rank_starts(model, options, world, message):
     seq_len = options.pop("seq_len", 8)
     plan = one_f_one_b(2, 2, layer_count(model))
-    shape = shape_of(options, microbatch_size=2)
-    config = RunConfig(model, seq_len=seq_len, shape=shape, **options)
+    config = run_config(model, 2, seq_len=seq_len, **options)
     with pytest.raises(InputError, match=message):
         validate_jobs([Job(plan, config)], world)

@@ -20,7 +20,7 @@ from executor_helpers import TOY, greedy, layer_count, one_f_one_b
 from octopipe.cli import main
 from octopipe.plan import JobShape, save_plan
 from octopipe.runtime.data.batches import GivenBatches, SyntheticData, TokenFile
-from octopipe.runtime.job.run_config import Job, RunConfig
+from octopipe.runtime.job.run_config import Evaluating, Job, RunConfig
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.model.load import load_recipe
 from octopipe.runtime.reference import mismatches, train_reference
@@ -65,10 +65,12 @@ def test_evaluation_and_gradient_norms_match_single_process_training(token_files
                 collect_state=True,
                 seq_len=16,
                 data=TokenFile(token_files / "train.bin", 16, 3),
-                val_data=TokenFile(token_files / "val.bin", 16, 3, flag="--val-data"),
-                eval_every=2,
-                eval_batches=2,
                 shape=JobShape(tp=1, pp=1, dp=2, microbatch_size=2, zero=3),
+                evaluation=Evaluating(
+                    data=TokenFile(token_files / "val.bin", 16, 3, flag="--val-data"),
+                    every=2,
+                    batches=2,
+                ),
             ),
         ),
         Job(  # an interleaved plan with every backward split in I and W
@@ -79,9 +81,7 @@ def test_evaluation_and_gradient_norms_match_single_process_training(token_files
                 steps=steps,
                 optimizer=OptimizerConfig("sgd", lr=0.05, momentum=0.9),
                 collect_state=True,
-                val_data=_toy_val(split, 1, 2, 3),
-                eval_every=3,
-                eval_batches=3,
+                evaluation=Evaluating(data=_toy_val(split, 1, 2, 3), every=3, batches=3),
             ),
         ),
     ]

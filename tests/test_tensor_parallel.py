@@ -13,7 +13,7 @@ One process group runs every plan.
 from __future__ import annotations
 
 import pytest
-from executor_helpers import DEGREES, greedy, layer_count, one_f_one_b, shape_of
+from executor_helpers import greedy, layer_count, one_f_one_b, run_config
 from model_zoo import tp_titan_style, write_hf_config
 
 from octopipe.actions import B, I
@@ -21,7 +21,7 @@ from octopipe.costmodel import load_architecture
 from octopipe.costmodel.build import build_profile
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.settings import Settings
-from octopipe.runtime.job.run_config import Job, RunConfig
+from octopipe.runtime.job.run_config import Job
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.step.optim import OptimizerConfig
@@ -44,15 +44,16 @@ def split(_stage: int, _mb: int) -> str:
 
 
 def job(model: str, plan, tp: int, dp: int = 1, optimizer=SGD, zero: int = 0, **options) -> Job:
-    shape = shape_of({**options, "tp": tp, "dp": dp, "zero": zero}, microbatch_size=MBS)
-    options = {k: v for k, v in options.items() if k not in DEGREES}
-    config = RunConfig(
+    config = run_config(
         model,
+        MBS,
         steps=options.pop("steps", STEPS),
         optimizer=optimizer,
         collect_state=True,
         seq_len=SEQ,
-        shape=shape,
+        tp=tp,
+        dp=dp,
+        zero=zero,
         **options,
     )
     return Job(plan, config)

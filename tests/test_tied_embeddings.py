@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from executor_helpers import DEGREES, greedy, layer_count, shape_of
+from executor_helpers import greedy, layer_count, run_config
 from model_zoo import write_hf_config
 
 from octopipe.actions import B, I
@@ -23,7 +23,7 @@ from octopipe.costmodel.build import build_profile
 from octopipe.costmodel.hardware import hardware_preset
 from octopipe.costmodel.settings import Settings
 from octopipe.runtime.checkpoint.metadata import read_metadata
-from octopipe.runtime.job.run_config import Job, RunConfig
+from octopipe.runtime.job.run_config import Job
 from octopipe.runtime.launch.launcher import launch
 from octopipe.runtime.reference import mismatches, train_reference
 from octopipe.runtime.step.optim import OptimizerConfig
@@ -41,10 +41,8 @@ def mixed(stage: int, mb: int) -> str:
 def job(model: str, placement, steps: int = 2, tp: int = 1, **options) -> Job:
     devices = max(placement) + 1
     plan = greedy(list(placement), 2, devices, backward=mixed, num_layers=layer_count(model))
-    shape = shape_of({**options, "tp": tp}, microbatch_size=2)
-    options = {k: v for k, v in options.items() if k not in DEGREES}
-    config = RunConfig(
-        model, steps=steps, optimizer=SGD, collect_state=True, seq_len=8, shape=shape, **options
+    config = run_config(
+        model, 2, steps=steps, optimizer=SGD, collect_state=True, seq_len=8, tp=tp, **options
     )
     return Job(plan, config)
 

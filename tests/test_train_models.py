@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from executor_helpers import DEGREES, SGD_FLAGS, SGD_KEYWORDS, one_f_one_b, shape_of
+from executor_helpers import SGD_FLAGS, SGD_KEYWORDS, one_f_one_b, run_config
 from model_zoo import label_smoothed_loss, titan_style, token_batches, write_hf_config
 
 import octopipe as op
@@ -46,10 +46,8 @@ def tuned_plan(config_path, devices: int, microbatches: int):
 
 
 def config(model, dp: int, **options) -> RunConfig:
-    shape = shape_of({**options, "dp": dp}, microbatch_size=MBS)
-    options = {k: v for k, v in options.items() if k not in DEGREES}
-    return RunConfig(
-        model, steps=STEPS, optimizer=SGD, collect_state=True, seq_len=SEQ, shape=shape, **options
+    return run_config(
+        model, MBS, steps=STEPS, optimizer=SGD, collect_state=True, seq_len=SEQ, dp=dp, **options
     )
 
 
@@ -209,10 +207,8 @@ ADAMW = OptimizerConfig(
 
 
 def adamw_config(model, dp, **options) -> RunConfig:
-    shape = shape_of({**options, "dp": dp}, microbatch_size=MBS)
-    options = {k: v for k, v in options.items() if k not in DEGREES}
-    return RunConfig(
-        model, optimizer=ADAMW, seq_len=SEQ, collect_state=True, shape=shape, **options
+    return run_config(
+        model, MBS, optimizer=ADAMW, seq_len=SEQ, collect_state=True, dp=dp, **options
     )
 
 

@@ -97,7 +97,7 @@ def runtime_config(
     length and microbatch size it was made for), the data as sources, the optimizer built.
     Refuses here, before any rank starts, what cannot run."""
     from octopipe.errors import InputError
-    from octopipe.runtime.job.run_config import RunConfig
+    from octopipe.runtime.job.run_config import Checkpointing, Evaluating, RunConfig, Stepping
     from octopipe.runtime.step.optim import OptimizerConfig
 
     if model is None:
@@ -128,32 +128,38 @@ def runtime_config(
             t.steps,
             opt.clip_norm,
         ),
-        config.launch.lookahead,
         seq_len=seq_len,
         shape=shape,
         data=_data_source(
             data if data is not None else config.data.path, seq_len, seed, dtype, t.steps
         ),
         loss=loss,
-        autocast="bf16" if t.bf16 else None,
-        checkpoint_dir=config.checkpoint.dir,
-        checkpoint_every=config.checkpoint.every,
-        resume=config.checkpoint.resume != "no",
-        resume_required=config.checkpoint.resume == "require",
-        overlap_steps=t.overlap_steps,
-        val_data=_data_source(
-            val_data if val_data is not None else config.evaluation.data,
-            seq_len,
-            seed,
-            dtype,
-            config.evaluation.batches,
-            "--val-data",
+        stepping=Stepping(
+            config.launch.lookahead,
+            autocast="bf16" if t.bf16 else None,
+            overlap_steps=t.overlap_steps,
+            accumulation=_accumulation(config, plan, shape),
         ),
-        eval_every=config.evaluation.every,
-        eval_batches=config.evaluation.batches,
-        keep_last=config.checkpoint.keep_last,
+        checkpoint=Checkpointing(
+            config.checkpoint.dir,
+            config.checkpoint.every,
+            config.checkpoint.keep_last,
+            resume=config.checkpoint.resume != "no",
+            required=config.checkpoint.resume == "require",
+        ),
+        evaluation=Evaluating(
+            _data_source(
+                val_data if val_data is not None else config.evaluation.data,
+                seq_len,
+                seed,
+                dtype,
+                config.evaluation.batches,
+                "--val-data",
+            ),
+            config.evaluation.every,
+            config.evaluation.batches,
+        ),
         peak_flops=None if (tflops := config.logging.peak_tflops) is None else tflops * 1e12,
-        accumulation=_accumulation(config, plan, shape),
     )
 
 

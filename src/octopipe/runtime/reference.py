@@ -52,7 +52,7 @@ def _train(config: RunConfig, num_microbatches: int) -> ReferenceResult:
     data = config.data_source(recipe)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = config.optimizer.build(params)
-    count = config.shape.dp * num_microbatches * config.accumulation  # of one global batch
+    count = config.shape.dp * num_microbatches * config.stepping.accumulation  # of one global batch
     losses, norms, evaluations = [], [], []
     for step in range(config.steps):
         batch = _microbatches(data, step, count, config.shape.microbatch_size)
@@ -60,7 +60,9 @@ def _train(config: RunConfig, num_microbatches: int) -> ReferenceResult:
             p.grad = None
         step_losses = []
         for inputs, target in zip(batch.inputs, batch.targets, strict=True):
-            with torch.autocast("cpu", config.autocast_dtype, enabled=config.autocast is not None):
+            with torch.autocast(
+                "cpu", config.stepping.autocast_dtype, enabled=config.stepping.autocast is not None
+            ):
                 loss = loss_fn(model(*inputs), target)
             (loss / count).backward()
             step_losses.append(float(loss.detach()))
@@ -71,7 +73,7 @@ def _train(config: RunConfig, num_microbatches: int) -> ReferenceResult:
         opt.step()
         losses.append(statistics.fmean(step_losses))
         norms.append(norm)
-        if config.val_data is not None and _evaluates(config, step):
+        if config.evaluation.data is not None and _evaluates(config, step):
             evaluations.append((step, _held_out_loss(config, recipe, model, count, loss_fn)))
     named = dict(model.part.named_parameters())
     return ReferenceResult(
@@ -91,7 +93,9 @@ def _microbatches(data, index: int, count: int, micro_batch_size: int):
 
 def _evaluates(config: RunConfig, step: int) -> bool:
     done = step + 1
-    return done == config.steps or (config.eval_every > 0 and done % config.eval_every == 0)
+    return done == config.steps or (
+        config.evaluation.every > 0 and done % config.evaluation.every == 0
+    )
 
 
 def _held_out_loss(config: RunConfig, recipe, model, count: int, loss_fn) -> float:
@@ -99,11 +103,13 @@ def _held_out_loss(config: RunConfig, recipe, model, count: int, loss_fn) -> flo
     val = config.val_source(recipe)
     losses = []
     with torch.no_grad():
-        for i in range(config.eval_batches):
+        for i in range(config.evaluation.batches):
             batch = _microbatches(val, i, count, config.shape.microbatch_size)
             for inputs, target in zip(batch.inputs, batch.targets, strict=True):
                 with torch.autocast(
-                    "cpu", config.autocast_dtype, enabled=config.autocast is not None
+                    "cpu",
+                    config.stepping.autocast_dtype,
+                    enabled=config.stepping.autocast is not None,
                 ):
                     losses.append(float(loss_fn(model(*inputs), target)))
     return statistics.fmean(losses)

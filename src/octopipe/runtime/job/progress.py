@@ -138,8 +138,8 @@ class StepProgress:
         self._loss_ranks = [
             layout.rank(r, last, 0, c) for r in range(layout.dp) for c in range(layout.cp)
         ]
-        self._num_mb = plan.num_microbatches * cfg.accumulation  # losses of a step
-        self._held_out_mb = plan.num_microbatches * cfg.eval_batches  # of an evaluation
+        self._num_mb = plan.num_microbatches * cfg.stepping.accumulation  # losses of a step
+        self._held_out_mb = plan.num_microbatches * cfg.evaluation.batches  # of an evaluation
         self._world, self._device = world_size, device
         self._tokens = cfg.global_sequences(plan) * cfg.seq_len
         self._cfg, self._stage_ranks, self._ranks = cfg, layout.stage_ranks, layout.world_size

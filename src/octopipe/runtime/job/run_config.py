@@ -27,6 +27,43 @@ from octopipe.runtime.step.optim import OptimizerConfig
 
 
 @dataclass(frozen=True)
+class Stepping:
+    """How each step runs."""
+
+    lookahead: int = 8  # how many actions ahead receives are posted
+    reduce_at_end: bool = False  # all-reduces after the last action, not each stage's last B/W
+    autocast: str | None = None  # "bf16": forwards under torch.autocast to bfloat16
+    overlap_steps: bool = False  # no barrier between steps; post-validated per-stage updates
+    accumulation: int = 1  # pipeline passes (of D x M x b sequences) per optimizer step
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return {None: None, "bf16": torch.bfloat16}[self.autocast]
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Where checkpoints go, how often, and which to resume."""
+
+    dir: str | None = None  # where DIR/step-N checkpoints go
+    every: int = 0  # save after every this many steps (0: never)
+    keep_last: int = 0  # checkpoints kept in `dir` after each save (0: all)
+    resume: bool = False  # start from the latest checkpoint in `dir`, if any
+    required: bool = False  # `--resume=require`: no checkpoint to resume is refused
+    chosen: str | None = None  # the one to resume, chosen before the ranks start (preflight)
+    at_start: bool = False  # an earlier job of the launch writes it: choose at the start
+
+
+@dataclass(frozen=True)
+class Evaluating:
+    """Held-out evaluation (`evaluate.py`)."""
+
+    data: DataSource | None = None  # held-out sequences; None: no evaluation
+    every: int = 0  # evaluate after every this many steps (0: after the last only)
+    batches: int = 4  # global batches of held-out data per evaluation
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """How to train a plan; identical on every rank."""
 
@@ -34,11 +71,6 @@ class RunConfig:
     seed: int = 0  # weights and data
     steps: int = 1
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    lookahead: int = 8  # how many actions ahead receives are posted
-    collect_state: bool = False  # return every parameter and its last gradient (tests, fuzzing)
-    order_matched: bool = (
-        False  # gloo: match transfers by order on a group per channel, as NCCL must
-    )
     seq_len: int = DEFAULT_SEQ_LEN  # tokens per sequence of the synthetic data or --data
     # The job's shape: TP, CP, DP, EP, the ZeRO stage (1: ZeRO-1, 3: FSDP2), the sequences per
     # microbatch and the rank order; its PP and microbatch count are the plan's (`Job` sets
@@ -46,25 +78,12 @@ class RunConfig:
     shape: JobShape = field(default_factory=lambda: JobShape(1, 1, 1, DEFAULT_MICRO_BATCH_SIZE))
     data: DataSource | None = None  # None: the model's synthetic sequences
     loss: Loss | None = None  # None: the model's loss (next-token cross-entropy by default)
-    reduce_at_end: bool = False  # all-reduces after the last action, not each stage's last B/W
-    autocast: str | None = None  # "bf16": forwards under torch.autocast to bfloat16
-    checkpoint_dir: str | None = None  # where DIR/step-N checkpoints go
-    checkpoint_every: int = 0  # save after every this many steps (0: never)
-    resume: bool = False  # start from the latest checkpoint in checkpoint_dir, if any
-    resume_required: bool = False  # `--resume=require`: no checkpoint to resume is refused
-    resume_checkpoint: str | None = None  # the one chosen before the ranks start (preflight)
-    resume_at_start: bool = False  # an earlier job of the launch writes it: choose at the start
-    overlap_steps: bool = False  # no barrier between steps; post-validated per-stage updates
-    val_data: DataSource | None = None  # held-out sequences to evaluate on (`evaluate.py`)
-    eval_every: int = 0  # evaluate after every this many steps (0: after the last only)
-    eval_batches: int = 4  # global batches of held-out data per evaluation
-    keep_last: int = 0  # checkpoints kept in checkpoint_dir after each save (0: all)
+    stepping: Stepping = field(default_factory=Stepping)
+    checkpoint: Checkpointing = field(default_factory=Checkpointing)
+    evaluation: Evaluating = field(default_factory=Evaluating)
     peak_flops: float | None = None  # one rank's dense peak FLOP/s for MFU (None: its GPU's)
-    accumulation: int = 1  # pipeline passes (of D x M x b sequences) per optimizer step
-
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        return {None: None, "bf16": torch.bfloat16}[self.autocast]
+    collect_state: bool = False  # return every parameter and its last gradient (tests, fuzzing)
+    order_matched: bool = False  # gloo: match transfers by order, a group per channel (NCCL's)
 
     def recipe(self) -> ModelRecipe:
         return load_recipe(self.model)
@@ -75,13 +94,12 @@ class RunConfig:
         return SyntheticData(recipe.synthetic_sequence, self.seq_len, self.seed)
 
     def val_source(self, recipe: ModelRecipe) -> DataSource | None:
-        return (
-            None if self.val_data is None else self.val_data.for_vocabulary(vocabulary_size(recipe))
-        )
+        held_out = self.evaluation.data
+        return None if held_out is None else held_out.for_vocabulary(vocabulary_size(recipe))
 
     def global_sequences(self, plan: Plan) -> int:
         """Sequences per step, over all replicas: D x M x b, times the passes accumulated."""
-        return self.pass_sequences(plan) * self.accumulation
+        return self.pass_sequences(plan) * self.stepping.accumulation
 
     def pass_sequences(self, plan: Plan) -> int:
         """Sequences of one pass of the plan over all replicas: D x M x b."""

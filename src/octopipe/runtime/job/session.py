@@ -59,7 +59,7 @@ def run_job_on_rank(
     built = _build(job, rank, device, nccl, on_report)
     first_step = _resume(job.config, built.modules, built.worker)
     if first_step:
-        say(on_report, f"resumed from {job.config.resume_checkpoint} ({first_step} steps done)")
+        say(on_report, f"resumed from {job.config.checkpoint.chosen} ({first_step} steps done)")
     progress = StepProgress(
         job.plan,
         job.config,
@@ -138,10 +138,10 @@ def _build(
     settings = StepSettings(
         cfg.optimizer,
         nccl or cfg.order_matched,
-        cfg.lookahead,
-        cfg.reduce_at_end,
-        cfg.autocast_dtype,
-        cfg.accumulation,
+        cfg.stepping.lookahead,
+        cfg.stepping.reduce_at_end,
+        cfg.stepping.autocast_dtype,
+        cfg.stepping.accumulation,
     )
     loss = explained(cfg.loss or recipe.loss)
     boundaries = {s: specs[s] for s in range(1, plan.num_stages)}
@@ -166,7 +166,7 @@ def _train(
         """Step k's global batch as the plan's passes (gradients accumulated over them): pass
         a takes sequences [a D M b, (a+1) D M b), then this replica's (and CP rank's) share."""
         if not needs_data:
-            return [Batch([], [])] * cfg.accumulation
+            return [Batch([], [])] * cfg.stepping.accumulation
         sequences = built.data.global_batch(k, cfg.global_sequences(plan))
         b, replica = cfg.shape.microbatch_size, built.place.replica
         return [
@@ -176,7 +176,7 @@ def _train(
 
     dist.barrier()
     origin = time.perf_counter()
-    if cfg.overlap_steps:  # one pass a step: overlapped steps accumulate none
+    if cfg.stepping.overlap_steps:  # one pass a step: overlapped steps accumulate none
         overlapped = OverlappedSteps(worker)
         steps = overlapped.run(lambda k: passes_of(k)[0], first_step, cfg.steps, origin)
         # Reported once the run is done: a collective after every step would be a barrier.
@@ -189,7 +189,7 @@ def _train(
         held_out = evaluation.after_step(k) if evaluation is not None else None
         # A non-finite loss stops every rank here.
         progress.after_step(k, steps[-1], worker.peak_memory()[0], held_out)
-        if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
+        if cfg.checkpoint.every and (k + 1) % cfg.checkpoint.every == 0:
             _save(cfg, built.recipe, k + 1, built.modules, worker, on_report)
     return steps, 0
 
@@ -248,7 +248,7 @@ def _check_ties(recipe: ModelRecipe, plan: Plan, modules: dict, cfg: RunConfig) 
         layer: i for i, st in enumerate(plan.stages) for layer in recipe.layers[st.start : st.end]
     }
     one_stage = all(len({stage_of[layer] for layer in tie.layers}) == 1 for tie in recipe.ties)
-    if cfg.overlap_steps and not one_stage:
+    if cfg.stepping.overlap_steps and not one_stage:
         raise InputError(
             "--overlap-steps",
             "the model's tied weights sit on several stages, whose gradients are summed before "
@@ -284,8 +284,8 @@ def _evaluation(
         worker,
         val,
         plan,
-        every=cfg.eval_every,
-        batches=cfg.eval_batches,
+        every=cfg.evaluation.every,
+        batches=cfg.evaluation.batches,
         last_step=cfg.steps,
         replica=replica,
         sequences=cfg.pass_sequences(plan),
@@ -297,7 +297,7 @@ def _evaluation(
 
 def _rates(cfg: RunConfig, plan: Plan, device: torch.device) -> StepRates:
     """The model FLOPs of a step and a rank's peak, for MFU (`flops.py`)."""
-    microbatches = cfg.shape.dp * plan.num_microbatches * cfg.accumulation
+    microbatches = cfg.shape.dp * plan.num_microbatches * cfg.stepping.accumulation
     flops = step_model_flops(cfg.model, cfg.seq_len, cfg.shape.microbatch_size, microbatches)
     return StepRates(flops, peak_flops(device, cfg.peak_flops))
 
@@ -307,11 +307,11 @@ def _resume(cfg: RunConfig, modules: dict, worker: Worker) -> int:
     0's choice is everyone's (under torchrun each rank chose on its own). A job resuming what an
     earlier job of the same launch writes chooses when it starts (the launcher checked the
     folder's model and settings before any rank started)."""
-    chosen = [cfg.resume_checkpoint if dist.get_rank() == 0 else None]
-    if cfg.resume_at_start and dist.get_rank() == 0:
+    chosen = [cfg.checkpoint.chosen if dist.get_rank() == 0 else None]
+    if cfg.checkpoint.at_start and dist.get_rank() == 0:
         from octopipe.runtime.checkpoint.folder import choose
 
-        found = choose(cfg.checkpoint_dir)
+        found = choose(cfg.checkpoint.dir)
         chosen = [None if found is None else str(found.path)]
     dist.broadcast_object_list(chosen, src=0)
     if chosen[0] is None:
@@ -342,8 +342,8 @@ def _save(
         "optimizer": cfg.optimizer.name,
     }
     nbytes = checkpoint_bytes(recipe.meta_model, cfg.optimizer.name, cfg.optimizer.momentum)
-    path = save(cfg.checkpoint_dir, step, modules, worker.optimizer, about, nbytes)
+    path = save(cfg.checkpoint.dir, step, modules, worker.optimizer, about, nbytes)
     say(on_report, f"saved {path} ({step} steps done)")
-    if cfg.keep_last and dist.get_rank() == 0:  # the folder is rank 0's, as in `save`
-        for old in keep_newest(cfg.checkpoint_dir, cfg.keep_last, step):
-            say(on_report, f"removed {old} (--keep-last {cfg.keep_last})")
+    if cfg.checkpoint.keep_last and dist.get_rank() == 0:  # the folder is rank 0's, as in `save`
+        for old in keep_newest(cfg.checkpoint.dir, cfg.checkpoint.keep_last, step):
+            say(on_report, f"removed {old} (--keep-last {cfg.checkpoint.keep_last})")

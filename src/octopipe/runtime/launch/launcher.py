@@ -96,10 +96,13 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
         check_recomputable(job.plan, recipe, job.source)
         check_overlap(job.config)
         config = check_resumable(job.config, recipe)
-        if config.resume and config.checkpoint_dir in written:  # not there yet: at its start
-            config = replace(config, resume_checkpoint=None, resume_at_start=True)
-        if config.checkpoint_every and config.checkpoint_dir:
-            written.add(config.checkpoint_dir)
+        if (
+            config.checkpoint.resume and config.checkpoint.dir in written
+        ):  # not there yet: at its start
+            waits = replace(config.checkpoint, chosen=None, at_start=True)
+            config = replace(config, checkpoint=waits)
+        if config.checkpoint.every and config.checkpoint.dir:
+            written.add(config.checkpoint.dir)
         check_checkpoint_room(config, recipe)
         check_first_batch(config, recipe, job.plan)
         checked.append(replace(job, config=config))
@@ -109,9 +112,10 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
 def checkpoint_folders(jobs: Sequence[Job]) -> list[str]:
     """The folders the jobs write checkpoints to or resume from: each held for the run."""
     return [
-        job.config.checkpoint_dir
+        job.config.checkpoint.dir
         for job in jobs
-        if job.config.checkpoint_dir and (job.config.checkpoint_every or job.config.resume)
+        if job.config.checkpoint.dir
+        and (job.config.checkpoint.every or job.config.checkpoint.resume)
     ]
 
 

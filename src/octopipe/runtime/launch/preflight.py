@@ -26,12 +26,12 @@ if TYPE_CHECKING:
 
 def check_overlap(config: RunConfig) -> None:
     """What overlapped steps do not combine with yet, refused in one line."""
-    if not config.overlap_steps:
+    if not config.stepping.overlap_steps:
         return
     for flag, used in (  # --zero's is the shape's rule (`engines.octopipe.shape_refusal`)
-        ("--checkpoint-every", config.checkpoint_every),
-        ("--resume", config.resume),
-        ("--val-data", config.val_data is not None),
+        ("--checkpoint-every", config.checkpoint.every),
+        ("--resume", config.checkpoint.resume),
+        ("--val-data", config.evaluation.data is not None),
     ):
         if used:
             raise InputError(flag, "not supported with --overlap-steps yet")
@@ -43,7 +43,7 @@ def check_parallelism(config: RunConfig, recipe: ModelRecipe, plan: Plan) -> Non
     model and a sequence it splits."""
     from octopipe.engines.octopipe import shape_refusal
 
-    refusal = shape_refusal(config.shape, config.overlap_steps)
+    refusal = shape_refusal(config.shape, config.stepping.overlap_steps)
     if refusal is not None:
         raise InputError(refusal.flag, refusal.why)
     if config.shape.tp == 1:
@@ -69,15 +69,15 @@ def check_resumable(config: RunConfig, recipe: ModelRecipe) -> RunConfig:
     """The config with the checkpoint to resume chosen (the newest complete one; damaged newer
     ones are skipped with a warning), which must be of this model, seed and optimizer, and
     before the run's last step."""
-    if not (config.resume and config.checkpoint_dir):
+    if not (config.checkpoint.resume and config.checkpoint.dir):
         return config
     from octopipe.runtime.checkpoint.folder import choose, model_identity
     from octopipe.runtime.checkpoint.store import check_compatible
 
-    found = choose(config.checkpoint_dir)
+    found = choose(config.checkpoint.dir)
     if found is None:
-        where = f"no checkpoint in {config.checkpoint_dir} (no step-K folder)"
-        if config.resume_required:
+        where = f"no checkpoint in {config.checkpoint.dir} (no step-K folder)"
+        if config.checkpoint.required:
             raise InputError("--resume", f"require: {where}")
         warnings.warn(f"--resume: {where}; starting from step 0", OctoPipeWarning, stacklevel=2)
         return config
@@ -93,18 +93,18 @@ def check_resumable(config: RunConfig, recipe: ModelRecipe) -> RunConfig:
         raise InputError(
             "--steps", f"{found.path} is at step {found.step}; --steps {config.steps} is done"
         )
-    return replace(config, resume_checkpoint=str(found.path))
+    return replace(config, checkpoint=replace(config.checkpoint, chosen=str(found.path)))
 
 
 def check_checkpoint_room(config: RunConfig, recipe: ModelRecipe) -> None:
     """A run that will write checkpoints has room for one before it starts."""
-    if not (config.checkpoint_every and config.checkpoint_dir):
+    if not (config.checkpoint.every and config.checkpoint.dir):
         return
     from octopipe.runtime.checkpoint.folder import check_room, checkpoint_bytes
 
     optimizer = config.optimizer
     nbytes = checkpoint_bytes(recipe.meta_model, optimizer.name, optimizer.momentum)
-    check_room(config.checkpoint_dir, nbytes)
+    check_room(config.checkpoint.dir, nbytes)
 
 
 def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
@@ -116,13 +116,17 @@ def check_first_batch(config: RunConfig, recipe: ModelRecipe, plan) -> None:
 
     for data, needed, what in (
         (config.data, config.steps, f"a run of {config.steps} steps"),
-        (config.val_data, config.eval_batches, f"--eval-batches {config.eval_batches}"),
+        (
+            config.evaluation.data,
+            config.evaluation.batches,
+            f"--eval-batches {config.evaluation.batches}",
+        ),
     ):
         if isinstance(data, GivenBatches):
             data.check_length(needed, what)
     if config.data is not None:  # a token file, or batches from Python
         config.data_source(recipe).global_batch(0, config.global_sequences(plan))
-    if config.val_data is not None:  # any source: its vocabulary check is in val_source
+    if config.evaluation.data is not None:  # any source: its vocabulary check is in val_source
         config.val_source(recipe).global_batch(0, config.pass_sequences(plan))
 
 
