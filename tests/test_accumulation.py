@@ -77,5 +77,8 @@ def test_accumulated_passes_train_as_one_process(name, results):
     assert len(result.losses) == 3
     assert mismatches(result, reference, tol=1e-5) == []
     # The reference saw the whole global batch: a run of one pass would differ from it.
-    one_pass = train_reference(replace(job.config, stepping=replace(job.config.stepping, accumulation=1)), job.plan.num_microbatches)
+    one_pass = train_reference(
+        replace(job.config, stepping=replace(job.config.stepping, accumulation=1)),
+        job.plan.num_microbatches,
+    )
     assert mismatches(result, one_pass, tol=1e-5) != []

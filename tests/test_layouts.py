@@ -175,6 +175,22 @@ def test_no_layout_left_out_by_its_bound_beats_the_answer():
     assert report.best.step_time <= min(steps) * (1 + 1e-9)
 
 
+def test_the_search_counts_every_layout_once_and_bounds_what_a_cap_missed():
+    """unfit + screened + skipped + pruned = the space, with and without a cap on the
+    screening; a capped screening says by how much at most a layout it left out could beat
+    the answer, and none it left out beats that (each screened here)."""
+    job = Job("tiny-llama", Cluster(parse_gpus("8"), 4), global_batch=16, seq_len=256)
+    reports = {cap: plan_cluster(job, max_screened=cap) for cap in (300, 3)}
+    for cap, report in reports.items():
+        parts = report.unfit + report.screened_in_space + report.skipped + report.pruned
+        assert parts == report.candidates, cap
+    capped, whole = reports[3], reports[300]
+    assert capped.screened < whole.screened
+    (note,) = [n for n in capped.notes if "left out" in n]
+    share = float(note.split("more than ")[1].split("%")[0]) / 100 + 0.001  # printed rounded
+    assert whole.best.step_time >= capped.best.step_time * (1 - share)
+
+
 def test_the_answer_is_never_slower_than_the_reference_or_the_given_layout():
     job = Job("tiny-llama", Cluster(parse_gpus("16"), 8), global_batch=64, seq_len=256)
     report = plan_cluster(job, from_layout=parse_layout("tp2,pp2,b2,v2,selective"))

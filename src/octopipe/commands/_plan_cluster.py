@@ -169,9 +169,8 @@ def _print_answer(result: LayoutReport, args: argparse.Namespace) -> None:
     for note in written.notes:
         Console(stderr=True).print(f"note: {note}", highlight=False)
     console.print(
-        f"{job.cluster.describe()}: {result.candidates} layouts, {result.unfit} set aside for "
-        f"memory, {result.screened} screened, {result.pruned} left out by their bounds, "
-        f"{result.tuned} tuned ({result.evaluations:,} evaluations) in {result.seconds:.1f} s; "
+        f"{job.cluster.describe()}: {_search_counts(result)}, {result.tuned} tuned "
+        f"({result.evaluations:,} evaluations) in {result.seconds:.1f} s; "
         "wrote " + ", ".join(written.files),
         highlight=False,
     )
@@ -180,6 +179,20 @@ def _print_answer(result: LayoutReport, args: argparse.Namespace) -> None:
     within = within_error_line(result)
     if within:
         console.print(within, markup=False, highlight=False, soft_wrap=True)
+
+
+def _search_counts(result: LayoutReport) -> str:
+    """What became of every layout of the space, in parts that add up to the whole."""
+    parts = [
+        f"{result.unfit} set aside for memory",
+        f"{result.screened_in_space} screened",
+    ]
+    if result.skipped:
+        parts.append(f"{result.skipped} left as a heavier recomputation of one that fits")
+    parts.append(f"{result.pruned} left out by their bounds")
+    extra = result.screened - result.screened_in_space
+    besides = f"; {extra} reference layout{'s' * (extra > 1)} besides" if extra > 0 else ""
+    return f"{result.candidates} layouts ({', '.join(parts)}{besides})"
 
 
 def json_summary(result: LayoutReport) -> dict:
@@ -210,6 +223,11 @@ def json_summary(result: LayoutReport) -> dict:
         "search": {
             "candidates": result.candidates,
             "screened": result.screened,
+            # what became of every layout: these four add up to "candidates"
+            "set_aside_for_memory": result.unfit,
+            "screened_in_space": result.screened_in_space,
+            "heavier_recomputation": result.skipped,
+            "left_out_by_bounds": result.pruned,
             "tuned": result.tuned,
             "evaluations": result.evaluations,
             "seconds": result.seconds,

@@ -75,7 +75,7 @@ class ClusterSearch:
         self.best_standard: Row | None = None
         self.screened: set[JobShape] = set()
         self.screen_rows: dict[JobShape, Row] = {}  # each layout's screening plan
-        self.unfit = self.pruned = 0
+        self.unfit = self.pruned = self.skipped = self.screened_in_space = 0
         self.tune_cpu: tuple[float, ...] = ()
         self.workers = 1
 
@@ -128,24 +128,24 @@ class ClusterSearch:
                 work.say("screening", ref.layout.describe(), self.rows.best_step())
                 self._screen_one(ref.layout)
         fits_with: dict[JobShape, str] = {}  # a family's lightest recomputation that fits
+        stopped = len(fitting)
         for i, (bound, layout) in enumerate(fitting):
+            if layout in self.screened:
+                continue  # a reference's, screened first
             family = replace(layout, recompute="none")
             lighter = fits_with.get(family)
-            if (
-                layout in self.screened
-                or lighter is not None
-                and _heavier(layout.recompute, lighter)
-            ):
-                continue  # screened, or the same plans with more recomputation: slower
+            if lighter is not None and _heavier(layout.recompute, lighter):
+                self.skipped += 1  # the same plans with more recomputation: slower
+                continue
             top = self.rows.top()
             if top is not None and bound >= top.step_time:
-                self.pruned = len(fitting) - i
+                stopped = i
                 break
             over = work.screened >= max_screened
             over = over or work.actions + _screen_actions(layout) > screen_actions
             if over or work.out_of_time():
-                self.pruned = len(fitting) - i
-                work.capped(work.screened, over)
+                stopped = i
+                work.capped(work.screened, over, _at_most_faster(bound, top))
                 break
             work.to_screen = _still_under(bounds, i, top)
             work.say("screening", layout.describe(), self.rows.best_step())
@@ -153,6 +153,9 @@ class ClusterSearch:
             if fits and family not in fits_with:
                 fits_with[family] = layout.recompute
         work.to_screen = 0
+        # Every layout of the space is counted once: unfit, screened, skipped or pruned.
+        self.pruned = sum(1 for _, lay in fitting[stopped:] if lay not in self.screened)
+        self.screened_in_space = sum(1 for _, lay in fitting if lay in self.screened)
 
     def _bound_order(self, space: list[JobShape]) -> list[tuple[float, JobShape]]:
         """The layouts that may fit, best step bound first (ties broken alike on every run);
@@ -263,6 +266,8 @@ class ClusterSearch:
             given=refs["given"],
             unfit=self.unfit,
             pruned=self.pruned,
+            skipped=self.skipped,
+            screened_in_space=self.screened_in_space,
             evaluations=work.evaluations,
             cut_by_time=work.cut_by_time,
             notes=tuple(work.notes),
@@ -298,6 +303,15 @@ def _still_under(bounds: list[float], i: int, top: Row | None) -> int:
 
 def _heavier(recompute: str, than: str) -> bool:
     return RECOMPUTE_KINDS.index(recompute) > RECOMPUTE_KINDS.index(than)
+
+
+def _at_most_faster(bound: float, top: Row | None) -> float | None:
+    """How much faster than the best found a layout left unscreened could be at most: every
+    one left is bounded below by `bound`, the lowest of their bounds (None: nothing fits yet,
+    so no bound on what was missed)."""
+    if top is None:
+        return None
+    return max(0.0, 1.0 - bound / top.step_time)
 
 
 def _screen_actions(layout: JobShape) -> int:

@@ -73,12 +73,21 @@ class Work:
             self.out_of_time()  # the tuner found the seconds gone: say so once
             self.cut_by_time = True
 
-    def capped(self, screened: int, by_count: bool) -> None:
-        if by_count:
-            self.notes.append(
-                f"screened the {screened} layouts of best bound (the screening's work bound); "
-                "the rest were left out"
-            )
+    def capped(self, screened: int, by_count: bool, at_most: float | None = None) -> None:
+        """The screening stopped at its work bound (`by_count`) or the time budget. `at_most`:
+        how much faster than the answer a layout left out could be (its step bound's share)."""
+        if not by_count:
+            return
+        missed = (
+            "a layout left out could be faster than the answer, by an unknown share (none fit)"
+            if at_most is None
+            else f"none left out is more than {at_most:.1%} faster than the answer (their "
+            "step bounds)"
+        )
+        self.notes.append(
+            f"screened the {screened} layouts of best bound (the screening's work bound); "
+            f"the rest were left out: {missed}"
+        )
 
     def estimate_left(self) -> float | None:
         """Seconds left at the pace so far: the layouts still to screen at the screening's

@@ -25,6 +25,10 @@ class LayoutReport:
     given: Row | None = None  # the user's --from-layout, planned as `estimate` plans it
     unfit: int = 0  # layouts set aside: their memory bound exceeds the GPUs'
     pruned: int = 0  # layouts never screened: their step bound could not beat the answer
+    skipped: int = 0  # layouts left as a heavier recomputation of one that fits (slower)
+    # Layouts of the space screened (`screened` counts the references' outside it too): unfit
+    # + screened_in_space + skipped + pruned = candidates.
+    screened_in_space: int = 0
     evaluations: int = 0  # layouts screened x their baselines, plus the tuner's evaluations
     cut_by_time: bool = False  # the time budget cut the search: the answer is machine-bound
     notes: tuple[str, ...] = field(default=())
