@@ -47,11 +47,21 @@ def test_degrees_batches_optimizer_and_recomputation(prof):
         "--global-batch-size": "12",  # DP 3 x M 4 x b 1
         "--seq-length": "64",
         "--use-distributed-optimizer": True,
+        "--use-tp-pp-dp-mapping": True,  # the plan's numbering, DP outermost
         "--recompute-granularity": "full",
         "--recompute-method": "uniform",
         "--recompute-num-layers": "1",
     }
     assert megatron_notes(plan) == []  # OctoPipe's i1f1b is Megatron-LM's order
+
+
+def test_the_rank_order_reaches_megatron_lm(prof):
+    """Megatron-LM's own order (PP outermost) is its default; a plan priced in OctoPipe's (DP
+    outermost) asks for `tp-cp-ep-pp-dp` by `--use-tp-pp-dp-mapping`."""
+    plan = baseline(prof, "1f1b", "uniform", 4, 2)
+    for order, mapped in (("megatron", False), ("octopipe", True)):
+        shaped = plan.with_shape(tp=1, dp=2, microbatch_size=1, rank_order=order)
+        assert ("--use-tp-pp-dp-mapping" in megatron_arguments(shaped, prof)) == mapped
 
 
 def test_uneven_stages_go_through_the_pipeline_layout(prof):

@@ -23,6 +23,7 @@ from octopipe.layouts import (
     plan_cluster,
 )
 from octopipe.layouts.cluster import Cluster, parse_gpus
+from octopipe.layouts.planner import TUNE_EVALUATIONS
 from octopipe.layouts.search import runner_space
 from octopipe.layouts.spec import parse_layout
 from octopipe.layouts.stack import Stack
@@ -151,25 +152,21 @@ def test_a_replica_on_slower_gpus_sets_the_step_time():
 
 
 def test_no_layout_left_out_by_its_bound_beats_the_answer():
-    # Every layout of the space screened (no bound, no cap) and the tuner run on each of the
-    # twelve best: the search, which screens best bound first and stops where no bound can
-    # beat its answer, is at least as fast as all of them.
+    # Every layout of the space screened (no bound, no cap) and the search's tuner (its own
+    # evaluations, from each layout's screening row) run on each of the twelve best: the
+    # search, which screens best bound first, stops where no bound can beat its answer and
+    # tunes the best few, is at least as fast as all of them.
     job = Job("tiny-llama", Cluster(parse_gpus("8"), 4), global_batch=16, seq_len=256)
     report = plan_cluster(job)
     assert report.pruned > 0 and report.screened < report.candidates  # the bound did work
     assert not report.cut_by_time
     search = LayoutSearch(job)
-    costs = search.costs
     space = runner_space(search)  # what octopipe run runs
     assert len(space) == report.candidates
     screened = [r for r in (search.screen(lay) for lay in space) if r is not None and r.sim.fits]
     best = sorted(screened, key=lambda r: r.score)[:12]
-    tuned = [api.tune(r.profile, r.layout.num_microbatches, r.layout.pp).best for r in best]
-    steps = [
-        t.sim.iteration_time + costs.tail(r.layout, t.plan, r.profile).total
-        for r, t in zip(best, tuned)
-        if t.sim.fits
-    ]
+    tuned = [search.tune(r, TUNE_EVALUATIONS, math.inf, 0, 4)[0] for r in best]
+    steps = [t.step_time for t in tuned if t.sim.fits]
     assert report.best.sim.fits
     assert report.best.step_time <= min(r.step_time for r in screened) + 1e-12
     assert report.best.step_time <= min(steps) * (1 + 1e-9)

@@ -28,7 +28,7 @@ def qwen3_moe(tmp_path) -> str:
 
 def _costs(config: str, gpus: int = 16) -> LayoutCosts:
     cluster = Cluster(parse_gpus(str(gpus), "h100"), 8)
-    return LayoutCosts(Job(config, cluster, 64, 2048, Stack(), rank_order="megatron"))
+    return LayoutCosts(Job(config, cluster, 64, 2048, Stack(), rank_orders=("megatron",)))
 
 
 def test_expert_gradients_reduce_over_the_ranks_holding_the_same_experts(qwen3_moe):

@@ -93,4 +93,4 @@ def test_megatrons_rank_order_keeps_a_stages_ep_group_inside_a_node(qwen3_moe):
     megatron = replace(layout, rank_order="megatron")
     assert costs.ep_across_nodes(layout) and not costs.ep_across_nodes(megatron)
     with pytest.raises(InputError, match="--rank-order"):
-        replace(_job(qwen3_moe, 16), rank_order="pp-first")
+        replace(_job(qwen3_moe, 16), rank_orders=("pp-first",))

@@ -203,7 +203,8 @@ def plan_layout(
     `gpus` a count of `hardware` GPUs or a spec such as "4xh100,4xa100"; `stack` the
     training framework's settings (`octopipe.layouts.stack.Stack`, default OctoPipe's);
     `memory_headroom` the fraction of each GPU's memory a plan leaves free (default 5%);
-    `rank_order` how ranks are numbered ("octopipe" or "megatron"; default the runner's).
+    `rank_order` how ranks are numbered ("octopipe" or "megatron"; default: every order the
+    runner runs, each priced).
     With `output`, a folder, the answer is written there as `plan --gpus` writes it (the
     profile, plan.json, schedule.csv, the engine's exports as `exports` asks, and with
     `pictures` the timelines): `.written` holds the files and the lines that launch them
@@ -228,8 +229,8 @@ def plan_layout(
         check_output_folder("--output", output, OUTPUT_FILES)
     cluster = Cluster(parse_gpus(str(gpus), hardware), gpus_per_node)
     headroom = DEFAULT_HEADROOM if memory_headroom is None else memory_headroom
-    order = rank_order or engine.rank_order
-    job = Job(str(config), cluster, global_batch, seq_len, stack or Stack(), headroom, order)
+    orders = (rank_order,) if rank_order else engine.rank_orders  # each priced
+    job = Job(str(config), cluster, global_batch, seq_len, stack or Stack(), headroom, orders)
     report = plan_cluster(job, **options)
     if output is None or not report.best.sim.fits:
         return report

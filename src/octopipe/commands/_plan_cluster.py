@@ -248,7 +248,9 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
     )
     references = _references(result)
     shown = [*result.rows[:SHOWN_ROWS], *(row for _, row in references)]
-    degrees = ["TP", "CP", "PP", "DP", "EP", "b x M", "R"]
+    degrees = ["TP", "CP", "PP", "DP", "EP", "b x M", "R", "ranks"]
+    if len({r.layout.rank_order for r in shown}) == 1:
+        degrees.remove("ranks")
     if all(r.layout.cp == 1 for r in shown):
         degrees.remove("CP")
     if all(r.layout.ep == 1 for r in shown):
@@ -271,6 +273,7 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
             "EP": str(lay.ep),
             "b x M": f"{lay.microbatch_size} x {lay.num_microbatches}",
             "R": {"none": "-", "selective": "s", "full": "f"}[lay.recompute],
+            "ranks": {"octopipe": "o", "megatron": "m"}[lay.rank_order],
         }
         cells = [
             *(values[d] for d in degrees),
@@ -312,6 +315,8 @@ def _caption(result: LayoutReport) -> str:
         "(FSDP); Z3/S: in shard groups of S, replicated across them (HSDP)",
         "b x M: samples per microbatch x microbatches per step",
         "R: recomputation (s: selective, f: full)",
+        "ranks: how GPUs are numbered (o: OctoPipe's, DP outermost; m: Megatron-Core's, PP "
+        "outermost; docs/FORMATS.md)",
         "plan: schedule/partition (tuned: OctoPipe's tuner; docs/LAYOUTS.md)",
         "best_standard: the fastest standard schedule over the uniform partition, of every "
         "layout screened",

@@ -111,8 +111,8 @@ class ShapeSection:
     rank_order: str | None = setting(
         None,
         "how ranks are numbered: octopipe (TP, CP, PP, DP) or megatron (Megatron-Core's "
-        "tp-cp-ep-dp-pp, PP outermost); default octopipe, or with plan --gpus the --runner's "
-        "(torchtitan and megatron number PP outermost)",
+        "tp-cp-ep-dp-pp, PP outermost); default octopipe, or with plan --gpus every order the "
+        "--runner runs, each priced (torchtitan numbers PP outermost only)",
         flag="--rank-order",
         choices=RANK_ORDERS,
     )

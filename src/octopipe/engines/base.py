@@ -60,13 +60,19 @@ class Engine:
     """EP over TP x CP x DP (torchtitan, Megatron-Core), not only over DP x CP."""
     overlaps_steps: bool = False
     """Whether it runs steps back to back (`--overlap-steps`)."""
-    rank_order: str = "octopipe"
-    """How it numbers ranks (`JobShape.rank_order`)."""
+    rank_orders: tuple[str, ...] = ("octopipe",)
+    """The rank orders it runs (`JobShape.rank_order`), its default first: the search prices
+    each."""
     accepts: tuple[str, ...] = ()
     """The engines whose exports an answer for it may carry besides its own (`--megatron`,
     the torchtitan flags)."""
     companions: tuple[str, ...] = ()
     """The engines whose exports its answers carry by default."""
+
+    @property
+    def rank_order(self) -> str:
+        """Its default rank order."""
+        return self.rank_orders[0]
 
     # --- what it refuses ---------------------------------------------------------------------
 
@@ -133,13 +139,16 @@ class SynchronousEngine(Engine):
     recomputation for every stage."""
 
     fold_experts: bool = True
-    rank_order: str = "megatron"
+    rank_orders: tuple[str, ...] = ("megatron",)
 
     def refuse(
         self, shape: JobShape, arch: Architecture | None, overlap_steps: bool = False
     ) -> str | None:
         if overlap_steps:
             return f"{self.title} runs synchronous steps, not overlapped ones"
+        if shape.rank_order not in self.rank_orders:
+            order = shape.rank_order
+            return f"{self.title} numbers ranks in the {self.rank_order} order, not the {order}"
         return self._refuse_shape(shape)
 
     def _refuse_shape(self, shape: JobShape) -> str | None:

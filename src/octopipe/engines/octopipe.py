@@ -85,6 +85,7 @@ class OctoPipeEngine(Engine):
     name: str = "octopipe"
     title: str = "octopipe run"
     overlaps_steps: bool = True
+    rank_orders: tuple[str, ...] = ("octopipe", "megatron")  # its mesh is built in either
     accepts: tuple[str, ...] = ("torchtitan", "megatron")
     companions: tuple[str, ...] = ("torchtitan",)
 

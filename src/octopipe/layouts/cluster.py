@@ -13,7 +13,7 @@ Nothing here estimates a model's costs (`costmodel/`) or searches (`layouts.py`)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from octopipe.costmodel.hardware import Hardware, hardware_preset
 from octopipe.errors import InputError
@@ -116,11 +116,11 @@ class Cluster:
         cp: int = 1,
         rank_order: str = DEFAULT_RANK_ORDER,
     ) -> Topology:
-        """The topology of replica 0 under TP x CP x PP x DP = the cluster's size; `speed`
-        gives each preset's speed relative to the reference (1.0 where not given). The
-        data-parallel ring follows `rank_order`; the pipeline devices' nodes are OctoPipe's
-        numbering's in either order (pipeline hops are priced where `octopipe run` puts them)."""
-        shape = JobShape(tp, pp, dp, cp=cp)  # OctoPipe's numbering
+        """The topology of replica 0 under TP x CP x PP x DP = the cluster's size, its GPUs
+        numbered in `rank_order`: which node each pipeline device sits on, so which pipeline
+        hops cross nodes, and the data-parallel ring; `speed` gives each preset's speed
+        relative to the reference (1.0 where not given)."""
+        shape = JobShape(tp, pp, dp, cp=cp, rank_order=rank_order)
         if tp * cp * pp * dp != self.size:
             raise ValueError(f"{tp} x {cp} x {pp} x {dp} != {self.size} GPUs")
         if min(self.gpus_per_node, self.size) % tp:
@@ -159,8 +159,7 @@ class Cluster:
             intra_node=Link(bandwidth=self._slowest("tp_bandwidth"), latency=self._latency),
             inter_node=Link(bandwidth=self._slowest("link_bandwidth"), latency=self._latency),
         )
-        ring = self.data_parallel_ring(replace(shape, rank_order=rank_order))
-        return Topology(replicas[0], links, ring, replicas)
+        return Topology(replicas[0], links, self.data_parallel_ring(shape), replicas)
 
     def _slowest(self, field: str) -> float:
         return min(getattr(g.hardware, field) for g in self.groups)

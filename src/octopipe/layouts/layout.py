@@ -12,6 +12,7 @@ Nothing here costs or searches a layout.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -36,11 +37,20 @@ class Job:
     seq_len: int = 4096
     stack: Stack = field(default_factory=Stack)  # how the training framework runs it
     memory_headroom: float = DEFAULT_HEADROOM  # of each GPU's memory, left for what plans miss
-    rank_order: str = DEFAULT_RANK_ORDER  # how the job's shapes number their ranks
+    # The rank orders the job's shapes are searched in, the first the default (the references'
+    # and a given layout's where they have none of their own); empty: every order the engine
+    # the search is for runs (`LayoutSearch` fills them in).
+    rank_orders: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.rank_order not in RANK_ORDERS:
+        if isinstance(self.rank_orders, str):  # one order given as a name
+            object.__setattr__(self, "rank_orders", (self.rank_orders,))
+        if not set(self.rank_orders) <= set(RANK_ORDERS):
             raise InputError("--rank-order", f"expected one of {', '.join(RANK_ORDERS)}")
+
+    @property
+    def rank_order(self) -> str:
+        return self.rank_orders[0] if self.rank_orders else DEFAULT_RANK_ORDER
 
     @property
     def tokens(self) -> int:
@@ -108,7 +118,10 @@ def search_space(
             for ep in eps:
                 if ep > 1 and not fits(base.tp, cp, ep):
                     continue
-                for recompute in RECOMPUTE_KINDS:
+                # Both numberings are one where PP or DP is 1: that shape once, in the first.
+                every = job.rank_orders or (DEFAULT_RANK_ORDER,)
+                orders = every if base.pp > 1 and base.dp > 1 else every[:1]
+                for order, recompute in itertools.product(orders, RECOMPUTE_KINDS):
                     for zero in zero_stages if ranks > 1 else (0,):
                         out.append(
                             replace(
@@ -117,7 +130,7 @@ def search_space(
                                 recompute=recompute,
                                 ep=ep,
                                 zero=zero,
-                                rank_order=job.rank_order,
+                                rank_order=order,
                             )
                         )
     return out

@@ -92,6 +92,8 @@ class ClusterSearch:
         arch, engine = search.costs.arch, search.runner
         for name, ref in self.refs.items():
             why = None if ref is None else _refusal(engine, ref, arch, self.overlap_steps)
+            if ref is not None and why is None and ref.layout.rank_order not in job.rank_orders:
+                why = f"ranks in the {ref.layout.rank_order} order, not --rank-order's"
             if why is not None:
                 self.refused[name] = why
         if "given" in self.refused:

@@ -106,6 +106,8 @@ class LayoutSearch:
         runner: Engine | None = None,
     ):
         self.runner = runner or get_engine(DEFAULT_ENGINE)  # the engine its plans are for
+        if not job.rank_orders:  # none asked for: every order the engine runs
+            job = replace(job, rank_orders=self.runner.rank_orders)
         self.job = job = self.runner.price(job)
         self.overlap_steps = overlap_steps  # rank plans by their steady step time
         self.torchtitan = torchtitan  # only placements torchtitan builds itself

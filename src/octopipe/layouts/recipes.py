@@ -32,6 +32,9 @@ class Recipe:
     chunks: int = 1  # virtual pipeline stages per device (interleaved 1F1B when more than 1)
     microbatch_size: int = 1
     schedule: str = ""  # "" : interleaved 1F1B with chunks, else 1F1B
+    # How its framework numbers ranks: NeMo's Megatron-Core PP outermost; None: unstated (the
+    # job's default order).
+    rank_order: str | None = "megatron"
 
     @property
     def plan_schedule(self) -> tuple[str, int | None]:
@@ -48,14 +51,37 @@ RECIPES = (
     Recipe("llama3-70b", "NeMo llama3_70b", 32, 8192, tp=4, pp=4, cp=2, chunks=5),
     Recipe("llama3-405b", "NeMo llama31_405b", 576, 8192, tp=8, pp=9, cp=4, chunks=2),
     # Llama 3's Table 4 (Dubey et al. 2024); the schedule's depth is not stated: 2 chunks.
-    Recipe("llama3-405b", "Llama 3 paper", 8192, 8192, tp=8, pp=16, chunks=2),
-    Recipe("llama3-405b", "Llama 3 paper", 16384, 8192, tp=8, pp=16, chunks=2),
-    Recipe("llama3-405b", "Llama 3 paper", 16384, 131072, tp=8, pp=16, cp=16, chunks=2),
+    # Its ranks ordered [TP, CP, PP, DP] (section 3.3.2, "network-aware parallelism"): OctoPipe's.
+    Recipe(
+        "llama3-405b", "Llama 3 paper", 8192, 8192, tp=8, pp=16, chunks=2, rank_order="octopipe"
+    ),
+    Recipe(
+        "llama3-405b", "Llama 3 paper", 16384, 8192, tp=8, pp=16, chunks=2, rank_order="octopipe"
+    ),
+    Recipe(
+        "llama3-405b",
+        "Llama 3 paper",
+        16384,
+        131072,
+        tp=8,
+        pp=16,
+        cp=16,
+        chunks=2,
+        rank_order="octopipe",
+    ),  # fmt: skip
     Recipe("mixtral-8x7b", "NeMo mixtral_8x7b", 64, 4096, tp=1, pp=4, ep=8, chunks=8),
     # DeepSeek-V3's report (DeepSeek-AI 2024, section 3.2): PP 16, EP 64, ZeRO-1, DualPipe
     # (DualPipeV is its V-shaped form here), no TP.
     Recipe(
-        "deepseek-v3", "DeepSeek-V3 report", 2048, 4096, tp=1, pp=16, ep=64, schedule="dualpipev"
+        "deepseek-v3",
+        "DeepSeek-V3 report",
+        2048,
+        4096,
+        tp=1,
+        pp=16,
+        ep=64,
+        schedule="dualpipev",
+        rank_order=None,
     ),  # fmt: skip
 )
 
@@ -94,5 +120,5 @@ def recipe_layout(job: Job, recipe: Recipe) -> JobShape | None:
         zero=int(dp * recipe.cp > 1),
         cp=recipe.cp,
         ep=recipe.ep,
-        rank_order=job.rank_order,
+        rank_order=recipe.rank_order or job.rank_order,
     )

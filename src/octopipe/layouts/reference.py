@@ -72,7 +72,7 @@ def reference_row(search: LayoutSearch, job: Job, num_layers: int) -> Row | None
     leanest = None
     dense = search.dense_params()
     for layout in megatron_layout(job.cluster, job.global_batch, num_layers, search.tp_fits, dense):
-        layout = replace(layout, rank_order=job.rank_order)
+        layout = replace(layout, rank_order="megatron")  # as Megatron-LM numbers its ranks
         rows = search.baselines(layout, [megatron_schedule(layout)]) or search.baselines(
             layout, [("1f1b", "uniform", None)]
         )

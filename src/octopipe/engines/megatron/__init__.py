@@ -5,8 +5,9 @@
   TP x CP x DP;
 - **prices**: 1F1B and interleaved 1F1B in its own order over the looped placement, any
   partition (its `--pipeline-model-parallel-layout`), the distributed optimizer (ZeRO-1) or
-  none, EP folded over TP x CP x DP, ranks PP outermost (`tp-cp-ep-dp-pp`), every gradient
-  reduced after the step's last backward (its export writes no `--overlap-grad-reduce`);
+  none, EP folded over TP x CP x DP, ranks PP outermost (`tp-cp-ep-dp-pp`) or, with
+  `--use-tp-pp-dp-mapping`, DP outermost (`tp-cp-ep-pp-dp`), every gradient reduced after the
+  step's last backward (its export writes no `--overlap-grad-reduce`);
 - **writes**: `megatron_args.sh` (`args.py`);
 - **launches**: says how to pass the arguments to `pretrain_gpt.py`, with a note wherever it
   runs the plan otherwise.
@@ -41,6 +42,8 @@ MEGATRON_STANDARD: Schedules = (("1f1b", "uniform", None), ("i1f1b", "uniform", 
 class MegatronEngine(SynchronousEngine):
     name: str = "megatron"
     title: str = "Megatron-LM"
+    # Its default `tp-cp-ep-dp-pp`, and `tp-cp-ep-pp-dp` (`--use-tp-pp-dp-mapping`).
+    rank_orders: tuple[str, ...] = ("megatron", "octopipe")
     accepts: tuple[str, ...] = ("megatron",)
 
     def tunes(self, shape: JobShape) -> bool:

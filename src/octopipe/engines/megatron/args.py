@@ -78,6 +78,8 @@ def megatron_arguments(plan: Plan, profile: Profile) -> list[str]:
         args += ["--seq-length", str(profile.seq_len)]
     if zero == 1 and dp * cp > 1:
         args.append("--use-distributed-optimizer")
+    if shape.rank_order == "octopipe" and shape.pp > 1 and dp > 1:
+        args.append("--use-tp-pp-dp-mapping")  # tp-cp-ep-pp-dp: the plan's numbering
     args += _recomputation(plan, shape.recompute)
     return args
 

@@ -209,11 +209,10 @@ def node_groups_note(shape: JobShape, gpus_per_node: int) -> str | None:
     """Where torchtitan's rank order (mesh pp, dp_replicate, dp_shard, cp, tp: PP outermost,
     the "megatron" order) puts other ranks together in a node than the plan's, one line saying
     which links change: the pipeline's hops between nodes and the nodes each data-parallel
-    group spans; None where both put the same groups in a node. The plan's pipeline hops are
-    priced where OctoPipe's numbering puts them, whatever its rank order (`layouts/cluster.py`),
-    so that numbering is the one compared."""
+    group spans; None where both put the same groups in a node (the plan priced in
+    torchtitan's own order, as `plan --gpus --runner torchtitan` prices)."""
     tp, cp, pp, dp = shape.tp, shape.cp, shape.pp, shape.dp
-    priced, titan = (replace(shape, rank_order=o) for o in ("octopipe", "megatron"))
+    priced, titan = shape, replace(shape, rank_order="megatron")
 
     def links(numbering: JobShape) -> tuple[int, int]:
         def node(t: int, c: int, p: int, r: int) -> int:
