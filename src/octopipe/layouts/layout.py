@@ -12,7 +12,6 @@ Nothing here costs or searches a layout.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -118,10 +117,7 @@ def search_space(
             for ep in eps:
                 if ep > 1 and not fits(base.tp, cp, ep):
                     continue
-                # Both numberings are one where PP or DP is 1: that shape once, in the first.
-                every = job.rank_orders or (DEFAULT_RANK_ORDER,)
-                orders = every if base.pp > 1 and base.dp > 1 else every[:1]
-                for order, recompute in itertools.product(orders, RECOMPUTE_KINDS):
+                for recompute in RECOMPUTE_KINDS:
                     for zero in zero_stages if ranks > 1 else (0,):
                         out.append(
                             replace(
@@ -130,7 +126,7 @@ def search_space(
                                 recompute=recompute,
                                 ep=ep,
                                 zero=zero,
-                                rank_order=order,
+                                rank_order=job.rank_order,
                             )
                         )
     return out

@@ -164,12 +164,24 @@ class ClusterSearch:
         the rest counted as unfit."""
         fitting = []
         for layout in space:
-            if self.search.may_fit(layout):
-                fitting.append((self.search.step_bound(layout), _order(layout), layout))
+            variants = self._in_every_order(layout)
+            if any(self.search.may_fit(v) for v in variants):
+                # The bound of the layout in any order: its layers' costs (an EP group's
+                # all-to-all inside a node or across) depend on the order.
+                bound = min(self.search.step_bound(v) for v in variants)
+                fitting.append((bound, _order(layout), layout))
             else:
                 self.unfit += 1
         fitting.sort(key=lambda x: (x[0], x[1]))
         return [(bound, layout) for bound, _, layout in fitting]
+
+    def _in_every_order(self, layout: JobShape) -> list[JobShape]:
+        """The layout in each rank order the job searches (one where PP or DP is 1: the
+        numberings are then one)."""
+        if layout.pp == 1 or layout.dp == 1:
+            return [layout]
+        others = [o for o in self.job.rank_orders if o != layout.rank_order]
+        return [layout, *(replace(layout, rank_order=o) for o in others)]
 
     def _screen_one(self, layout: JobShape) -> list[Row]:
         """The layout's screening rows and standard rows, kept; best_standard updated. A
@@ -188,9 +200,28 @@ class ClusterSearch:
             if self.best_standard is None or r.score < self.best_standard.score:
                 self.best_standard = r
         rows = [r for r in [row, *standard] if r is not None]
+        rows += self._other_orders(layout, row, standard)
         for r in rows:
             self.rows.keep(r)
         return rows
+
+    def _other_orders(self, layout: JobShape, row: Row | None, standard: list[Row]) -> list[Row]:
+        """The layout's screening plan and its best standard plan in each other rank order the
+        job searches, evaluated on that order's links (which pipeline hops and which rings
+        cross nodes): a simulation each, no screening of its own, so the screening's work
+        bound counts layouts, not orders. The two numberings are one where PP or DP is 1."""
+        best_standard = min(standard, key=lambda r: r.score, default=None)
+        out = []
+        for other in self._in_every_order(layout)[1:]:
+            if row is not None:
+                out.append(self.search.evaluate(other, row.label, row.plan))
+                self.screen_rows.setdefault(other, out[-1])
+            if best_standard is not None:
+                moved = self.search.evaluate(other, best_standard.label, best_standard.plan)
+                out.append(moved)
+                if self.best_standard is None or moved.score < self.best_standard.score:
+                    self.best_standard = moved
+        return out
 
     # --- 3. the finalists tuned; 4. the best tuned layout polished ------------------------------
 
@@ -204,8 +235,19 @@ class ClusterSearch:
             (r for r in rows.best.values() if r.layout not in self.tuned_layouts),
             key=lambda r: r.score,
         )
-        work.to_tune = work.tuned + min(finalists, len(candidates)) + 1  # and the polish
-        chosen = [] if work.out_of_time() else candidates[:finalists]
+        # The best few of each rank order: another order's screened plans take no finalist
+        # of the first's (a screening row ranks layouts, not what tuning makes of them).
+        per_order = (
+            [
+                [r for r in candidates if r.layout.rank_order == order][:finalists]
+                for order in self.job.rank_orders or (candidates[0].layout.rank_order,)
+            ]
+            if candidates
+            else []
+        )
+        chosen = sorted((r for rows_of in per_order for r in rows_of), key=lambda r: r.score)
+        work.to_tune = work.tuned + len(chosen) + 1  # and the polish
+        chosen = [] if work.out_of_time() else chosen
         jobs = [self.tuning.job(r, work.left()) for r in chosen]
         if jobs:
             at_once = min(workers, len(jobs))
