@@ -51,6 +51,7 @@ def test_degrees_batches_optimizer_and_recomputation(prof):
         "--recompute-granularity": "full",
         "--recompute-method": "uniform",
         "--recompute-num-layers": "1",
+        "--bf16": True,  # the profile's precision
     }
     assert megatron_notes(plan) == []  # OctoPipe's i1f1b is Megatron-LM's order
 

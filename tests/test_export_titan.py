@@ -36,6 +36,7 @@ from octopipe.engines.torchtitan import (
     write_torchtitan_config,
 )
 from octopipe.engines.torchtitan.config import python_literal
+from octopipe.engines.torchtitan.toml import to_toml, torchtitan_settings
 from octopipe.engines.torchtitan.layout import titan_layout
 from octopipe.errors import InputError
 from octopipe.plan import make_plan, save_schedule_csv
@@ -678,3 +679,21 @@ def test_the_analytic_profile_records_its_sequence_length(tmp_path):
         .get("seq_len")
         is None
     )
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8", "mxfp8"])
+def test_the_precision_priced_is_the_precision_written(precision, tmp_path):
+    """torchtitan 0.3's module converts the blocks' linears (not the head) as priced; 0.2's
+    TOML names its converters and their recipes."""
+    prof = profile(microbatch_size=2, seq_len=128).model_copy(update={"precision": precision})
+    plan = plans(prof)["loop"]
+    written = export(plan, prof, tmp_path / "out")
+    assert written.PRECISION == precision
+    toml = torchtitan_settings(plan, prof, "s.csv")
+    if precision == "bf16":
+        assert "model" not in toml and written.quantization("bf16") == []
+    else:
+        kind = {"fp8": "float8", "mxfp8": "mx"}[precision]
+        assert toml["model"]["converters"] == [f"quantize.linear.{kind}"]  # dense: no experts
+        assert toml[f"quantize.linear.{kind}"]["filter_fqns"] == ["output"]
+        assert re.search(r"(?m)^\[model\]\nconverters = \[", to_toml(toml))

@@ -242,6 +242,7 @@ def plan_layout(
         gpus_per_node=gpus_per_node,
         overlap_steps=options.get("overlap_steps", False),
         exports=exports,
+        stack=report.job.stack,
     )
     left = options.get("time_budget", DEFAULT_TIME_BUDGET) - report.seconds
     written = write_answer(engine, answer, Path(output), pictures, left, with_profile=True)

@@ -9,7 +9,7 @@ This module only describes a model's costs; it does not compute them (see `costm
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -169,6 +169,12 @@ class Profile(_Frozen):
         default=False,
         description="a stage's transfer to its neighbour occupies the sender until it is done",
     )
+    precision: Literal["bf16", "fp8", "mxfp8"] = Field(
+        default="bf16", description="what the blocks' GEMMs run in (docs/COSTMODEL.md)"
+    )
+    fp8_scaling: Literal["delayed", "current"] = Field(
+        default="delayed", description="FP8's per-tensor scaling, where precision is fp8"
+    )
 
     @field_validator("layers")
     @classmethod
@@ -248,6 +254,10 @@ class Profile(_Frozen):
             data["tensor_parallel"] = self.tensor_parallel
         if self.blocking_transfers:
             data["blocking_transfers"] = True
+        if self.precision != "bf16":
+            data["precision"] = self.precision
+            if self.precision == "fp8":
+                data["fp8_scaling"] = self.fp8_scaling
         return data
 
 

@@ -219,6 +219,8 @@ def build_profile(
         microbatch_size=settings.micro_batch_size,
         seq_len=settings.seq_len,
         tensor_parallel=settings.tensor_parallel,
+        precision=settings.precision,
+        fp8_scaling=settings.fp8_scaling,
     )
 
 

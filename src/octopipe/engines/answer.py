@@ -11,9 +11,13 @@ single-pipeline plan is one replica of its profile's TP. Nothing here writes a f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from octopipe.plan import JobShape, Plan
 from octopipe.profile import Profile
+
+if TYPE_CHECKING:
+    from octopipe.layouts.stack import Stack
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class Answer:
     gpus_per_node: int | None = None  # None: one node holds the job
     overlap_steps: bool = False  # ranked with steps back to back
     exports: Exports = field(default_factory=Exports)
+    # The framework's settings it was priced with (its overlaps; the precision is the
+    # profile's): every export writes those its engine runs. None: the defaults.
+    stack: Stack | None = None
 
     @property
     def shape(self) -> JobShape:

@@ -2,6 +2,7 @@
 search, the commands, the API and `octopipe run`'s own checks ask one object.
 
     engine = get_engine("torchtitan")            # engines/__init__.py: the one lookup by name
+    engine.refuse_model(arch)                    # why it cannot train a model at all, or None
     engine.refuse(shape, arch)                   # why it cannot run a shape, or None
     engine.refuse_plan(plan, shape)              # why it cannot run a plan of it, or None
     engine.price(job)                            # the job's stack as it runs it
@@ -75,6 +76,10 @@ class Engine:
         return self.rank_orders[0]
 
     # --- what it refuses ---------------------------------------------------------------------
+
+    def refuse_model(self, arch: Architecture) -> str | None:
+        """Why it cannot train `arch` in any shape, or None where it can."""
+        return None
 
     def refuse(
         self, shape: JobShape, arch: Architecture | None, overlap_steps: bool = False

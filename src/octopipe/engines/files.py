@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from octopipe.engines import Answer, Engine, write_exports
-from octopipe.engines.megatron import ARGS_FILE
+from octopipe.engines.megatron import ARGS_FILE, LAUNCH_FILE
 from octopipe.engines.torchtitan import TOML_FILE
 from octopipe.engines.torchtitan.config import CONFIG_MODULE, STAGES_MODULE
 from octopipe.plan import Plan, save_plan, save_schedule_csv
@@ -30,6 +30,7 @@ OUTPUT_FILES = (
     "timeline.html",
     "profile.json",
     ARGS_FILE,
+    LAUNCH_FILE,
 )
 PICTURE_SECONDS = (0.5, 30e-6)  # timeline.png + .html: fixed, per action (benchmarks/bench_viz)
 

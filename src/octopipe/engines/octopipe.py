@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from octopipe.engines.base import Engine, Refusal
+from octopipe.errors import InputError
 from octopipe.plan import JobShape
 
 if TYPE_CHECKING:
@@ -97,8 +98,16 @@ class OctoPipeEngine(Engine):
 
     def price(self, job: Job) -> Job:
         """Its FSDP2 holds a stage's gathered weights across the step's microbatches even
-        without PP (`runtime/parallel/fsdp.py`)."""
-        return self._with_stack(job, zero3_held=True)
+        without PP (`runtime/parallel/fsdp.py`); its FP8 is torchao's float8 with per-tensor
+        scales computed at each cast (current scaling), and it has no MXFP8."""
+        if job.stack.precision == "mxfp8":
+            raise InputError(
+                "--precision",
+                "octopipe run trains FP8 through torchao's float8 (--precision fp8), not MXFP8; "
+                "MXFP8 is priced for --runner torchtitan or megatron",
+            )
+        scaling = "current" if job.stack.precision == "fp8" else job.stack.fp8_scaling
+        return self._with_stack(job, zero3_held=True, fp8_scaling=scaling)
 
     def launch(self, answer: Answer, out: Path) -> list[str]:
         """`torchrun` on every node, for `octopipe run` of the written plan: each rank takes its

@@ -111,6 +111,8 @@ def plan_cluster(
     if overlap_steps and not engine.overlaps_steps:
         raise InputError("--overlap-steps", f"{engine.title} runs synchronous steps only")
     search = LayoutSearch(job, overlap_steps, torchtitan=torchtitan, runner=engine)
+    if (why := engine.refuse_model(search.costs.arch)) is not None:
+        raise InputError("--runner", f"{engine.title} cannot train {search.costs.arch.name}: {why}")
     # Only layouts the runner carries out (`octopipe.engines`): an answer is one it can run.
     space = runner_space(search, overlap_steps)
     if not space:

@@ -171,9 +171,9 @@ _MAX_NAME = 4096  # characters of a name in the profile key, as limits.Text
 
 
 def _made_for(raw: Any, num_devices: int, where: str) -> dict[str, Any] | None:
-    """The optional `profile` object: `name` and `device` strings and positive
-    `microbatch_size`, `seq_len` and `devices` (the plan's device count), each optional;
-    other keys ignored."""
+    """The optional `profile` object: `name` and `device` strings, positive
+    `microbatch_size`, `seq_len` and `devices` (the plan's device count) and the `precision`,
+    each optional; other keys ignored."""
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -188,6 +188,17 @@ def _made_for(raw: Any, num_devices: int, where: str) -> dict[str, Any] | None:
     for key, maximum in _MADE_FOR:
         if key in raw:
             out[key] = _positive_int(raw, key, where, "profile.", maximum)
+    precision = raw.get("precision")
+    if precision is not None:
+        from octopipe.costmodel.precision import PRECISIONS
+
+        if precision not in PRECISIONS:
+            raise InputError(
+                where,
+                f"expected one of {', '.join(PRECISIONS)}, got {precision!r}",
+                "profile.precision",
+            )
+        out["precision"] = precision
     if out.get("devices", num_devices) != num_devices:
         raise InputError(
             where,

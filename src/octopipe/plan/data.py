@@ -139,6 +139,8 @@ class Plan:
             "devices": len(devices) if devices and len(devices) == self.num_devices else None,
             # the one kind of device the costs are for (h100, cpu, ...), where the profile says
             "device": kinds.pop() if len(kinds) == 1 and None not in kinds else None,
+            # what the blocks' GEMMs were priced in, where not BF16: a run must train so
+            "precision": profile.precision if profile.precision != "bf16" else None,
         }
         return replace(self, profile={k: v for k, v in known.items() if v is not None})
 

@@ -22,16 +22,20 @@ from typing import TYPE_CHECKING
 from octopipe.engines.base import Schedules, SynchronousEngine
 from octopipe.engines.megatron.args import (
     ARGS_FILE,
+    LAUNCH_FILE,
     MEGATRON_TARGET,
     megatron_arguments,
     megatron_notes,
     megatron_world,
     write_megatron_args,
+    write_megatron_launch,
 )
+from octopipe.engines.megatron.model import model_arguments, model_refusal
 from octopipe.errors import InputError
 from octopipe.plan import JobShape, Plan
 
 if TYPE_CHECKING:
+    from octopipe.costmodel.arch import Architecture
     from octopipe.engines.answer import Answer
     from octopipe.layouts.layout import Job
 
@@ -53,6 +57,15 @@ class MegatronEngine(SynchronousEngine):
         # As its export writes it (no `--overlap-grad-reduce`): every gradient reduced after
         # the step's last backward.
         return self._with_stack(job, zero3_held=False, reduce_at_end=True)
+
+    def refuse_model(self, arch: Architecture) -> str | None:
+        return model_refusal(arch)
+
+    def refuse(
+        self, shape: JobShape, arch: Architecture | None, overlap_steps: bool = False
+    ) -> str | None:
+        why = model_refusal(arch) if arch is not None else None
+        return why or super().refuse(shape, arch, overlap_steps)
 
     def _refuse_shape(self, shape: JobShape) -> str | None:
         if shape.zero >= 2:
@@ -79,31 +92,71 @@ class MegatronEngine(SynchronousEngine):
     # --- what it writes, and how it launches ---------------------------------------------------
 
     def write(self, answer: Answer, out: Path) -> list[str]:
-        """megatron_args.sh; nothing for a plan Megatron-LM cannot run (`launch` says why)."""
+        """megatron_args.sh and, where the model is known, megatron_launch.sh; nothing for a
+        plan Megatron-LM cannot run (`launch` says why)."""
+        arch = _architecture(answer)
         try:
-            write_megatron_args(answer.plan, answer.profile, out / ARGS_FILE)
+            write_megatron_args(
+                answer.plan, answer.profile, out / ARGS_FILE, arch, _tp_comm_overlap(answer)
+            )
         except InputError:
             return []
-        return [ARGS_FILE]
+        if arch is None:
+            return [ARGS_FILE]
+        gpn = answer.gpus_per_node or megatron_world(answer.plan, answer.profile)
+        write_megatron_launch(answer.plan, answer.profile, arch, gpn, out / LAUNCH_FILE)
+        return [ARGS_FILE, LAUNCH_FILE]
 
     def launch(self, answer: Answer, out: Path) -> list[str]:
-        """How to pass the written arguments on, with a line wherever Megatron-LM runs the plan
-        otherwise; or the one line why Megatron-LM cannot run it."""
+        """How to start each node, with a line wherever Megatron-LM runs the plan otherwise;
+        or the one line why Megatron-LM cannot run it."""
         plan, profile = answer.plan, answer.profile
+        arch = _architecture(answer)
         try:
+            if arch is not None:
+                model_arguments(arch)
             megatron_arguments(plan, profile)
         except InputError as exc:
             return [f"Megatron-LM: no {ARGS_FILE}: {exc}"]
+        world = megatron_world(plan, profile)
+        if arch is None:
+            return [
+                f"Megatron-LM ({MEGATRON_TARGET}), {world} GPUs: wrote {ARGS_FILE}; source it "
+                "and pass \"${MEGATRON_ARGS[@]}\" to pretrain_gpt.py with the model's, data's "
+                "and optimizer's arguments (a profile names no model)",
+                *(f"note: {n}" for n in megatron_notes(plan)),
+            ]
+        per_node = min(answer.gpus_per_node or world, world)
+        nodes = -(-world // per_node)
+        where = f"r (0 to {nodes - 1})" if nodes > 1 else "0"
         return [
-            f"Megatron-LM ({MEGATRON_TARGET}), {megatron_world(plan, profile)} GPUs: wrote "
-            f'{ARGS_FILE}; source it and pass "${{MEGATRON_ARGS[@]}}" to pretrain_gpt.py with '
-            "the model's, data's and optimizer's arguments",
+            f"Megatron-LM ({MEGATRON_TARGET}), {world} GPUs: on node {where}, "
+            f"MASTER_ADDR=<node 0> MEGATRON_LM=<Megatron-LM> TOKENIZER_MODEL=<tokenizer> "
+            f"DATA_PATH=<prefix> TRAIN_ITERS=<steps> LR=<peak> bash {out / LAUNCH_FILE} "
+            f"{'r' if nodes > 1 else '0'}",
             *(f"note: {n}" for n in megatron_notes(plan)),
         ]
 
 
+def _architecture(answer: Answer) -> Architecture | None:
+    """The answer's model, where it names one (a profile names none)."""
+    if answer.from_profile:
+        return None
+    from octopipe.costmodel import load_architecture
+
+    try:
+        return load_architecture(answer.model)
+    except InputError:
+        return None
+
+
+def _tp_comm_overlap(answer: Answer) -> bool:
+    return answer.stack is not None and answer.stack.tp_comm_overlap
+
+
 __all__ = [
     "ARGS_FILE",
+    "LAUNCH_FILE",
     "MEGATRON_STANDARD",
     "MEGATRON_TARGET",
     "MegatronEngine",

@@ -25,7 +25,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from octopipe.costmodel.arch import Architecture
 from octopipe.engines.answer import microbatch_size, planned_shape
+from octopipe.engines.megatron.model import model_arguments, model_script
 from octopipe.errors import InputError
 from octopipe.outfiles import write_text
 from octopipe.plan import Plan, split_backwards
@@ -35,11 +37,13 @@ MEGATRON_COMMIT = "d98e8a64dd"  # NVIDIA/Megatron-LM main, 2026-08-22
 MEGATRON_CORE_VERSION = "0.20.0"
 MEGATRON_TARGET = f"Megatron-LM {MEGATRON_COMMIT} (Megatron-Core {MEGATRON_CORE_VERSION})"
 ARGS_FILE = "megatron_args.sh"
+LAUNCH_FILE = "megatron_launch.sh"
 RUNNER_HINT = "`octopipe plan --gpus N --runner megatron` plans only what Megatron-LM runs"
 
 
-def megatron_arguments(plan: Plan, profile: Profile) -> list[str]:
-    """Megatron-LM's pretraining arguments for `plan` (flags and values, in order); an
+def megatron_arguments(plan: Plan, profile: Profile, tp_comm_overlap: bool = False) -> list[str]:
+    """Megatron-LM's pretraining arguments for `plan` (flags and values, in order), with the
+    precision its profile was priced in and, where priced, TP communication overlap; an
     InputError, one line naming the nearest plan Megatron-LM runs, where it cannot."""
     shape = planned_shape(plan, profile)
     tp, dp, cp, ep, zero = shape.tp, shape.dp, shape.cp, shape.ep, shape.zero
@@ -81,7 +85,26 @@ def megatron_arguments(plan: Plan, profile: Profile) -> list[str]:
     if shape.rank_order == "octopipe" and shape.pp > 1 and dp > 1:
         args.append("--use-tp-pp-dp-mapping")  # tp-cp-ep-pp-dp: the plan's numbering
     args += _recomputation(plan, shape.recompute)
+    args += precision_arguments(profile.precision, profile.fp8_scaling)
+    if tp_comm_overlap and tp > 1:
+        args.append("--tp-comm-overlap")
     return args
+
+
+# Transformer Engine's recipes as Megatron-Core names them (TransformerConfig.fp8_recipe):
+# OctoPipe's delayed scaling is its `delayed`, current (per-tensor, just in time) `tensorwise`.
+_FP8_RECIPES = {"delayed": "delayed", "current": "tensorwise"}
+
+
+def precision_arguments(precision: str, fp8_scaling: str = "delayed") -> list[str]:
+    """BF16 weights and activations, and the blocks' linears in FP8 as priced
+    (docs/COSTMODEL.md, "Precision"): Hopper's hybrid format (E4M3 forward, E5M2 gradients)
+    with the profile's scaling; MXFP8 E4M3 with its block scales (Blackwell)."""
+    if precision == "fp8":
+        return ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", _FP8_RECIPES[fp8_scaling]]
+    if precision == "mxfp8":
+        return ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"]
+    return ["--bf16"]
 
 
 def megatron_world(plan: Plan, profile: Profile) -> int:
@@ -89,22 +112,65 @@ def megatron_world(plan: Plan, profile: Profile) -> int:
     return planned_shape(plan, profile).world_size
 
 
-def write_megatron_args(plan: Plan, profile: Profile, path: str | Path) -> None:
-    """`megatron_args.sh`: a bash array MEGATRON_ARGS of the plan's arguments, to source and
-    pass to Megatron-LM's `pretrain_gpt.py` beside the model's, data's and optimizer's."""
-    args = megatron_arguments(plan, profile)
+def write_megatron_args(
+    plan: Plan,
+    profile: Profile,
+    path: str | Path,
+    arch: Architecture | None = None,
+    tp_comm_overlap: bool = False,
+) -> None:
+    """`megatron_args.sh`: a bash array MEGATRON_ARGS of the plan's arguments and, with the
+    model's `arch`, its shape (`model.py`), to source and pass to Megatron-LM's pretraining
+    script beside the data's and optimizer's (`write_megatron_launch`)."""
+    args = megatron_arguments(plan, profile, tp_comm_overlap)
+    if arch is not None:
+        args += model_arguments(arch)
     lines, i = [], 0
     while i < len(args):  # a flag and its value on one line
         take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
         lines.append("    " + " ".join(shlex.quote(w) for w in args[i : i + take]))
         i += take
+    rest = (
+        "the data's and optimizer's" if arch is not None else "the model's, data's and optimizer's"
+    )
     text = (
-        "# Megatron-LM arguments for an OctoPipe plan (written by `octopipe plan --megatron`)\n"
+        "# Megatron-LM arguments for an OctoPipe plan (written by `octopipe plan`)\n"
         f"# for {MEGATRON_TARGET}: {megatron_world(plan, profile)} GPUs (TP x CP x PP x DP).\n"
-        '# source megatron_args.sh; torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" \\\n'
-        "#     <the model's, tokenizer's, data's and optimizer's arguments>\n"
+        f'# source megatron_args.sh; torchrun ... pretrain_gpt.py "${{MEGATRON_ARGS[@]}}" \\\n'
+        f"#     <{rest} arguments>\n"
         "MEGATRON_ARGS=(\n" + "\n".join(lines) + "\n)\n"
     )
+    write_text(path, text)
+
+
+def write_megatron_launch(
+    plan: Plan, profile: Profile, arch: Architecture, gpus_per_node: int, path: str | Path
+) -> None:
+    """`megatron_launch.sh NODE_RANK`: each node's `torchrun` of the model's pretraining script
+    with `megatron_args.sh`, the tokenizer, data and optimizer settings left as the variables
+    it names (a run needs them; OctoPipe does not know them)."""
+    world = megatron_world(plan, profile)
+    per_node = min(gpus_per_node, world)
+    nodes = -(-world // per_node)
+    script = model_script(arch)
+    text = f"""#!/usr/bin/env bash
+# Megatron-LM launch for an OctoPipe plan (written by `octopipe plan`), {MEGATRON_TARGET}:
+# {world} GPUs as {nodes} node(s) of {per_node}. On node r (0 to {nodes - 1}):
+#     MASTER_ADDR=<node 0> MEGATRON_LM=<Megatron-LM> TOKENIZER_MODEL=<tokenizer> \\
+#     DATA_PATH=<prefix> TRAIN_ITERS=<steps> LR=<peak> bash megatron_launch.sh r
+set -euo pipefail
+NODE_RANK=${{1:?usage: megatron_launch.sh NODE_RANK, 0 to {nodes - 1}}}
+: "${{MASTER_ADDR:?the address of node 0}}" "${{MEGATRON_LM:?the folder of Megatron-LM}}"
+: "${{TOKENIZER_MODEL:?the Hugging Face tokenizer}}" "${{DATA_PATH:?the data prefix}}"
+: "${{TRAIN_ITERS:?optimizer steps}}" "${{LR:?the peak learning rate}}"
+source "$(dirname "$0")/{ARGS_FILE}"
+DATA_ARGS=(--tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL"
+    --data-path "$DATA_PATH" --split 99,1,0)
+TRAIN_ARGS=(--train-iters "$TRAIN_ITERS" --lr "$LR" --lr-decay-style cosine)
+exec torchrun --nnodes {nodes} --nproc-per-node {per_node} --node-rank "$NODE_RANK" \\
+    --master-addr "$MASTER_ADDR" --master-port "${{MASTER_PORT:-6000}}" \\
+    "$MEGATRON_LM/{script}" "${{MEGATRON_ARGS[@]}}" "${{DATA_ARGS[@]}}" "${{TRAIN_ARGS[@]}}"
+"""
     write_text(path, text)
 
 

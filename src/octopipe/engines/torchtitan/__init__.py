@@ -70,7 +70,10 @@ class TorchtitanEngine(SynchronousEngine):
         return shape.pp > 1  # without PP one stage: no schedule to order
 
     def price(self, job: Job) -> Job:
-        return self._with_stack(job, zero3_held=False)  # it reshards after each without PP
+        # It reshards after each forward without PP; its FP8 recipes (tensorwise up to 0.2,
+        # rowwise in 0.3) compute each scale at the cast: current scaling.
+        scaling = "current" if job.stack.precision == "fp8" else job.stack.fp8_scaling
+        return self._with_stack(job, zero3_held=False, fp8_scaling=scaling)
 
     def variants(self, shape: JobShape, gpus_per_node: int) -> list[JobShape]:
         """The shape and its HSDP variant: FSDP within a node's GPUs (shard groups of a node's

@@ -167,6 +167,7 @@ def torchtitan_config_settings(
         },
         "TRAINING": training,
         "ACTIVATION_CHECKPOINTING": lay.activation_checkpoint,
+        "PRECISION": profile.precision,
     }
 
 

@@ -51,7 +51,28 @@ def torchtitan_settings(plan: Plan, profile: Profile, csv_path: str) -> dict[str
             "data_parallel_shard_degree": 1,
         },
         "training": {"local_batch_size": local_batch, "global_batch_size": global_batch},
+        **_quantization(profile),
     }
+
+
+def _quantization(profile: Profile) -> dict[str, dict[str, Any]]:
+    """torchtitan 0.2's converters for the precision priced: the blocks' linears (and any
+    experts' grouped GEMMs) in FP8 with per-tensor scaling computed at each cast (the cost
+    model's current scaling), or MXFP8; the output head in BF16, as priced."""
+    if profile.precision == "bf16":
+        return {}
+    moe = any(layer.kind in ("moe", "moe_mlp") for layer in profile.layers)
+    kind = "float8" if profile.precision == "fp8" else "mx"
+    converters = [f"quantize.linear.{kind}", *([f"quantize.grouped_mm.{kind}"] if moe else [])]
+    linear: dict[str, Any] = (
+        {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+        if kind == "float8"
+        else {"recipe_name": "mxfp8_cublas", "filter_fqns": ["output"]}
+    )
+    out = {"model": {"converters": converters}, f"quantize.linear.{kind}": linear}
+    if moe:
+        out[f"quantize.grouped_mm.{kind}"] = {"fqns": ["experts"]}
+    return out
 
 
 def to_toml(sections: dict[str, dict[str, Any]]) -> str:

@@ -11,7 +11,8 @@ here, `octopipe_plan`, starts from the torchtitan config BASE_MODULE.BASE_CONFIG
 the plan decided: the pipeline degree, each stage's module FQNs, the schedule CSV (an absolute
 path), the microbatch size and count, the tensor-, context-, expert- and data-parallel degrees
 (dp_replicate x dp_shard), the sequence length, the activation checkpointing (none, selective or
-full, for every block) and what a pipeline needs in 0.3: no CUDA graphs. It then checks the
+full, for every block), the precision (FP8 or MXFP8 converters, as priced) and what a pipeline
+needs in 0.3: no CUDA graphs. It then checks the
 stages' module names against the model torchtitan builds from that config (on the meta
 device): a name the model lacks, or a module with weights in no stage, stops the launch instead
 of training another model; so does a sequence length that torchtitan's context parallelism
@@ -37,6 +38,7 @@ PLACEMENT = "loop"
 PARALLELISM: dict = {}
 TRAINING: dict = {}
 ACTIVATION_CHECKPOINTING = "none"
+PRECISION = "bf16"
 # --- end of the plan's settings ---
 
 
@@ -66,6 +68,24 @@ def apply_plan(config) -> None:
                 )
             setattr(target, key, value)
     config.activation_checkpoint = checkpointing(ACTIVATION_CHECKPOINTING)
+    for converter in quantization(PRECISION):
+        config.model_spec.model = converter.build().convert(config.model_spec.model)
+
+
+def quantization(precision: str) -> list:
+    """torchtitan 0.3's converters for the precision the plan was priced in: its blocks' linears
+    and expert GEMMs in FP8 (rowwise scaling, computed at each cast: the cost model's current
+    scaling) or MXFP8 (Blackwell); the output head stays BF16, as priced."""
+    if precision == "bf16":
+        return []
+    from torchtitan.components import quantization as q
+
+    if precision == "fp8":
+        return [
+            q.Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["output"]),
+            q.Float8GroupedExpertsConverter.Config(),
+        ]
+    return [q.MXFP8LinearConverter.Config(fqns=["layers"]), q.MXFP8GroupedExpertsConverter.Config()]
 
 
 def checkpointing(kind: str):
