@@ -16,9 +16,12 @@ CP 1, PP 16, DP 64 at 8,192 tokens, interleaved, first and last stages with fewe
 Llama 3 70B as NeMo's recipe (TP 4, PP 4, CP 2, virtual stages 5, 8,192 tokens); Mixtral 8x7B
 as NeMo's recipe (TP 1, PP 4, EP 8, virtual stages 8, 4,096 tokens).
 
-Then the answers of `plan --gpus --runner megatron` for a few jobs (`ANSWERS`: a dense model
-whose answer pipelines, one with EP), exported and parsed the same way: what the search
-prints for Megatron-LM must be what Megatron-LM takes.
+Then the answers of `plan --gpus --runner megatron --precision fp8` for a model of every family
+the export writes (`ANSWERS`: dense, MoE with and without shared experts, MLA, Nemotron-H's
+hybrid, GPT), exported and parsed the same way: what the search prints for Megatron-LM must be
+what Megatron-LM takes. Every case carries the model's shape (`engines/megatron/model.py`),
+and the parameters those parsed arguments build (`megatron_parameters` on the parser's own
+namespace) must equal OctoPipe's count of the config.
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ ANSWERS = [
     ("llama3-8b", 16, 8, 128, 4096),  # issue 31's example job
     ("llama3-70b", 64, 8, 512, 4096),
     ("mixtral-8x7b", 64, 8, 256, 4096),
+    # a model of every family the export writes: MoE with shared experts, MLA, Mamba, GPT
+    ("qwen1.5-moe-a2.7b", 16, 8, 128, 4096),
+    ("deepseek-v2-lite", 16, 8, 128, 4096),
+    ("nemotron-h-8b", 16, 8, 128, 4096),
+    ("benchmarks/data/configs/gpt3-5b.json", 16, 8, 128, 2048),
+    ("benchmarks/data/configs/qwen3-30b-a3b.json", 32, 8, 256, 4096),
 ]
 
 PARSE = r"""
@@ -53,13 +62,9 @@ args = json.loads(sys.argv[1])
 sys.argv = ["pretrain_gpt.py", *args]
 from megatron.training.arguments import parse_args
 parsed = parse_args()
-keys = ["tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-        "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
-        "num_layers", "micro_batch_size", "global_batch_size", "seq_length",
-        "use_distributed_optimizer", "recompute_granularity", "recompute_method",
-        "recompute_num_layers", "num_virtual_stages_per_pipeline_rank",
-        "pipeline_model_parallel_layout"]
-out = {k: getattr(parsed, k) for k in keys}
+def plain(v):
+    return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+out = {k: plain(v) for k, v in vars(parsed).items()}
 if parsed.pipeline_model_parallel_layout:
     from megatron.core.transformer.pipeline_parallel_layer_layout import (
         PipelineParallelLayerLayout as Layout)
@@ -85,15 +90,20 @@ def plan_of(model, tp, cp, pp, dp, ep, v, partition, seq, m, recompute):
 
 
 def answer_of(model, gpus, per_node, batch, seq):
-    """`plan --gpus --runner megatron`'s answer for the job, as the command writes it."""
+    """`plan --gpus --runner megatron`'s answer for the job (in FP8), as the command writes it."""
     from octopipe.layouts import Cluster, Job, parse_gpus
     from octopipe.layouts.search import plan_cluster, written_plan
+    from octopipe.layouts.stack import Stack
 
-    job = Job(model, Cluster(parse_gpus(str(gpus)), per_node), batch, seq)
-    best = plan_cluster(job, runner="megatron").best
-    name = f"{model} on {gpus} GPUs: {best.layout.describe()}"
-    source = f"plan --gpus {gpus} --runner megatron --global-batch {batch} --seq-len {seq}"
-    return name, source, written_plan(best), best.profile
+    stack = Stack(precision="fp8")
+    job = Job(model, Cluster(parse_gpus(str(gpus)), per_node), batch, seq, stack)
+    best = plan_cluster(job, runner="megatron", time_budget=20).best
+    name = f"{Path(model).name.removesuffix('.json')} on {gpus} GPUs: {best.layout.describe()}"
+    source = (
+        f"plan --gpus {gpus} --runner megatron --global-batch {batch} --seq-len {seq} "
+        "--precision fp8"
+    )
+    return name, source, written_plan(best), best.profile, model
 
 
 def main() -> int:
@@ -101,20 +111,29 @@ def main() -> int:
     p.add_argument("--megatron-venv", type=Path, required=True)
     p.add_argument("--megatron-src", type=Path, required=True)
     a = p.parse_args()
+    from octopipe.costmodel import load_architecture
+    from octopipe.costmodel.build import parameter_count
     from octopipe.engines.megatron import MEGATRON_TARGET, megatron_arguments
+    from octopipe.engines.megatron.model import (
+        megatron_parameters,
+        megatron_values,
+        model_arguments,
+    )
 
     python = a.megatron_venv.resolve() / "bin" / "python"
     print(f"{MEGATRON_TARGET}, parsed by its megatron.training.arguments.parse_args\n")
     print("| layout | source | arguments (OctoPipe's export) | parsed | same |")
     print("|---|---|---|---|---|")
     cases = [
-        (name, source, *plan_of(model, tp, cp, pp, dp, ep, v, part, seq, m, rec))
+        (name, source, *plan_of(model, tp, cp, pp, dp, ep, v, part, seq, m, rec), model)
         for name, model, tp, cp, pp, dp, ep, v, part, seq, m, rec, source in LAYOUTS
     ]
     cases += [answer_of(*job) for job in ANSWERS]
     good = True
-    for name, source, plan, profile in cases:
-        args = megatron_arguments(plan, profile)
+    counts = []
+    for name, source, plan, profile, model in cases:
+        arch = load_architecture(model)
+        args = megatron_arguments(plan, profile) + model_arguments(arch)
         done = subprocess.run(
             [str(python), "-c", PARSE, json.dumps(args)],
             capture_output=True,
@@ -129,24 +148,33 @@ def main() -> int:
             continue
         parsed = json.loads(line.split(" ", 1)[1])
         same = _agrees(args, parsed)
-        good &= same
-        shown = ", ".join(f"{k}={v}" for k, v in parsed.items() if v not in (None, False))
+        built, counted = megatron_parameters(parsed), parameter_count(arch)
+        counts.append((name, built, counted))
+        good &= same and built == counted
+        written = megatron_values(args)
+        shown = ", ".join(f"{k}={parsed[k]}" for k in written if k in parsed)
         print(f"| {name} | {source} | `{' '.join(args)}` | {shown} | {'yes' if same else 'NO'} |")
+    print(
+        "\n| layout | parameters Megatron-LM builds (from its parsed arguments) "
+        "| OctoPipe's count of the config | equal |"
+    )
+    print("|---|---|---|---|")
+    for name, built, counted in counts:
+        print(f"| {name} | {built:,} | {counted:,} | {'yes' if built == counted else 'NO'} |")
     return 0 if good else 1
 
 
 def _agrees(args: list[str], parsed: dict) -> bool:
-    """Every flag's value reads back as written (a bare flag as True)."""
-    for i, word in enumerate(args):
-        if not word.startswith("--"):
-            continue
-        key = word[2:].replace("-", "_")
-        value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else True
+    """Every flag's value reads back as written (a switch as its attribute's True or False; a
+    list or tuple as its text without spaces)."""
+    from octopipe.engines.megatron.model import megatron_values
+
+    for key, value in megatron_values(args).items():
         got = parsed.get(key)
-        if value is True:
-            if got is not True:
+        if isinstance(value, bool):
+            if got is not value:
                 return False
-        elif str(got) != value:
+        elif str(got).replace(" ", "") != value.replace(" ", ""):
             return False
     return True
 

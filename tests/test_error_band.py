@@ -20,9 +20,25 @@ def test_the_band_takes_rows_of_the_same_gpu_precision_and_kind():
     assert band.worst <= max(abs(r["ratio"] - 1) for r in like)
 
 
-def test_a_gpu_without_held_out_rows_says_so():
+def test_a_gpu_without_held_out_rows_takes_its_kinds_rows_on_every_gpu_and_says_so():
     band = error_band("h800", "fp8", frozenset(), moe=False)
-    assert band.rows == 0 and band.describe() == "no held-out published runs on h800"
+    assert band.rows >= MIN_ROWS and "dense on any GPU (0 on h800)" in band.describe()
+
+
+def test_an_moe_prediction_carries_the_moe_error_and_names_its_worst_run():
+    """MoE's held-out errors are several times dense's: an MoE band is made of MoE rows only,
+    however few share its precision (the H100 record has 2 FP8 MoE rows, 22 dense ones)."""
+    rows = [r for r in _rows() if not r["variant"]]
+    moe = error_band("h100", "fp8", layout_kinds(1, 1, 4, 8, 1), moe=True)
+    dense = error_band("h100", "fp8", layout_kinds(1, 1, 4, 1, 1), moe=False)
+    assert moe.like.startswith("MoE on h100") and dense.like.startswith("dense on h100")
+    h100_moe = [abs(r["ratio"] - 1) for r in rows if r["moe"] and r["hardware"] == "h100"]
+    assert moe.rows >= MIN_ROWS and moe.worst == max(h100_moe)
+    assert moe.mean > 3 * dense.mean  # the dense band would promise a third of the error
+    worst = max((r for r in rows if r["moe"] and r["hardware"] == "h100"),
+                key=lambda r: abs(r["ratio"] - 1))  # fmt: skip
+    assert f"{worst['run']} ({worst['source']}), predicted {worst['ratio']:.2f}x" in moe.describe()
+    assert f"on {moe.rows} held-out published runs" in moe.describe()
 
 
 def test_estimate_prints_the_band_and_puts_it_in_the_json(capsys):

@@ -36,8 +36,8 @@ from octopipe.engines.torchtitan import (
     write_torchtitan_config,
 )
 from octopipe.engines.torchtitan.config import python_literal
-from octopipe.engines.torchtitan.toml import to_toml, torchtitan_settings
 from octopipe.engines.torchtitan.layout import titan_layout
+from octopipe.engines.torchtitan.toml import to_toml, torchtitan_settings
 from octopipe.errors import InputError
 from octopipe.plan import make_plan, save_schedule_csv
 from octopipe.profile import Device, LayerCost, Profile, save_profile

@@ -28,7 +28,9 @@ def test_profile_and_plan_keep_the_precision(precision, scaling, tmp_path):
     save_plan(plan, tmp_path / "plan.json")
     made_for = json.loads((tmp_path / "plan.json").read_text())["profile"]
     assert made_for.get("precision") == (precision if precision != "bf16" else None)
-    assert load_plan(tmp_path / "plan.json").made_for_value("precision") == made_for.get("precision")
+    assert load_plan(tmp_path / "plan.json").made_for_value("precision") == made_for.get(
+        "precision"
+    )
 
 
 def test_an_unknown_precision_in_a_plan_is_one_line(tmp_path):

@@ -137,6 +137,7 @@ def runtime_config(
         stepping=Stepping(
             config.launch.lookahead,
             autocast="bf16" if t.bf16 else None,
+            fp8=plan.made_for_value("precision") == "fp8",
             overlap_steps=t.overlap_steps,
             accumulation=_accumulation(config, plan, shape),
         ),
@@ -314,7 +315,8 @@ def run_job_shape(config: JobConfig, plan: Plan, seq_len: int, micro_batch_size:
         recompute=planned.recompute if planned is not None else "none",
         rank_order=planned.rank_order if planned is not None else "octopipe",
     )
-    refusal = shape_refusal(shape, config.training.overlap_steps)
+    precision = plan.made_for_value("precision") or "bf16"
+    refusal = shape_refusal(shape, config.training.overlap_steps, precision)
     if refusal is not None:
         raise InputError(refusal.flag, refusal.why)
     cp, tp = shape.cp, shape.tp

@@ -260,7 +260,8 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
     for col in degrees:
         table.add_column(col, justify="right", overflow="fold")
     table.add_column("plan", min_width=8, overflow="fold")
-    for col in ("step s", "tok/s/GPU", "GiB", "fits", "error"):
+    capacity = min(g.hardware.memory_bytes for g in job.cluster.groups) / GIB
+    for col in ("step s", "tok/s/GPU", f"GiB of {capacity:.0f}", "fits", "error"):
         table.add_column(col, justify="right", overflow="fold")
 
     def add(row: Row, bold: bool = False, label: str | None = None) -> None:
@@ -331,9 +332,15 @@ def _caption(result: LayoutReport) -> str:
     if result.not_runnable:
         engine = get_engine(result.runner).title
         parts.append(f"a reference {engine} cannot run is shown beside, not chosen")
+    job = result.job
     parts.append(
-        "error: mean held-out error of published runs like the row (same GPU, precision, "
-        "model kind, parallelism kinds; BENCHMARKS.md)"
+        f"GiB of N: the fullest GPU's peak, of its N GiB; a plan fits with "
+        f"{job.memory_headroom:.0%} of it free (--memory-headroom: the allocator's reserve and "
+        "the memory model's measured error)"
+    )
+    parts.append(
+        "error: mean held-out error of published runs like the row (model kind, GPU, "
+        "precision, parallelism kinds; BENCHMARKS.md)"
     )
     return "; ".join(parts)
 

@@ -199,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
     if args.memory_limit is not None:
         limit = parse_size(args.memory_limit, "--memory-limit")
         devices = tuple(d.model_copy(update={"memory_bytes": limit}) for d in devices)
+    # The same margin as a cluster plan's: what the memory model may miss is kept free.
+    usable = 1.0 - args.memory_headroom
+    devices = tuple(d.model_copy(update={"memory_bytes": d.memory_bytes * usable}) for d in devices)
     profile = profile.with_devices(devices)
     P = len(devices)
     M = args.microbatches if args.microbatches is not None else 4 * P

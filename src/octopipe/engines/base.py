@@ -82,9 +82,14 @@ class Engine:
         return None
 
     def refuse(
-        self, shape: JobShape, arch: Architecture | None, overlap_steps: bool = False
+        self,
+        shape: JobShape,
+        arch: Architecture | None,
+        overlap_steps: bool = False,
+        precision: str = "bf16",
     ) -> str | None:
-        """Why it cannot run `shape` of `arch`, or None where it can."""
+        """Why it cannot run `shape` of `arch` (with overlapped steps, its GEMMs in
+        `precision`), or None where it can."""
         return None
 
     def refuse_plan(self, plan: Plan, shape: JobShape) -> str | None:
@@ -147,7 +152,11 @@ class SynchronousEngine(Engine):
     rank_orders: tuple[str, ...] = ("megatron",)
 
     def refuse(
-        self, shape: JobShape, arch: Architecture | None, overlap_steps: bool = False
+        self,
+        shape: JobShape,
+        arch: Architecture | None,
+        overlap_steps: bool = False,
+        precision: str = "bf16",
     ) -> str | None:
         if overlap_steps:
             return f"{self.title} runs synchronous steps, not overlapped ones"

@@ -42,10 +42,18 @@ def context_parallel_refusal(arch: Architecture) -> str | None:
     return None
 
 
-def shape_refusal(shape: JobShape, overlap_steps: bool = False) -> Refusal | None:
-    """Why `octopipe run` cannot run `shape` (with overlapped steps), whatever the model, or
-    None where it can: the one statement of each rule."""
+def shape_refusal(
+    shape: JobShape, overlap_steps: bool = False, precision: str = "bf16"
+) -> Refusal | None:
+    """Why `octopipe run` cannot run `shape` (with overlapped steps, in `precision`), whatever
+    the model, or None where it can: the one statement of each rule."""
     tp, cp, ep, zero = shape.tp, shape.cp, shape.ep, shape.zero
+    if precision == "mxfp8":
+        return Refusal("--precision", "octopipe run trains FP8 (torchao's float8), not MXFP8")
+    if precision == "fp8" and tp > 1:
+        return Refusal("--tp", f"{tp} with FP8 is not built yet (FP8 runs at --tp 1)")
+    if precision == "fp8" and zero == 3:
+        return Refusal("--zero", "3 with FP8 is not built yet (FP8 runs at ZeRO-0 and ZeRO-1)")
     if zero not in RUN_ZERO_STAGES:
         return Refusal("--zero", f"{zero} is not run: --zero takes 0, 1 or 3")
     if shape.shard_group:
@@ -73,12 +81,12 @@ def shape_refusal(shape: JobShape, overlap_steps: bool = False) -> Refusal | Non
 
 
 def run_refusal(
-    shape: JobShape, arch: Architecture | None, overlap_steps: bool = False
+    shape: JobShape, arch: Architecture | None, overlap_steps: bool = False, precision: str = "bf16"
 ) -> Refusal | None:
     """Why `octopipe run` cannot run `shape` of `arch`, or None where it can."""
     if shape.cp > 1 and arch is not None and (why := context_parallel_refusal(arch)) is not None:
         return Refusal("--cp", f"context parallelism does not run {why} yet")
-    return shape_refusal(shape, overlap_steps)
+    return shape_refusal(shape, overlap_steps, precision)
 
 
 @dataclass(frozen=True)
@@ -91,9 +99,13 @@ class OctoPipeEngine(Engine):
     companions: tuple[str, ...] = ("torchtitan",)
 
     def refuse(
-        self, shape: JobShape, arch: Architecture | None, overlap_steps: bool = False
+        self,
+        shape: JobShape,
+        arch: Architecture | None,
+        overlap_steps: bool = False,
+        precision: str = "bf16",
     ) -> str | None:
-        refusal = run_refusal(shape, arch, overlap_steps)
+        refusal = run_refusal(shape, arch, overlap_steps, precision)
         return None if refusal is None else str(refusal)
 
     def price(self, job: Job) -> Job:

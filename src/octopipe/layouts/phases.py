@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from octopipe.engines import Engine
 from octopipe.errors import InputError
+from octopipe.layouts.estimate import band_of
 from octopipe.layouts.fanout import Finalists, Tuned, TuneJob, tune_one
 from octopipe.layouts.layout import Job
 from octopipe.layouts.planner import POLISH_ACTIONS, SCREEN_BASELINES, LayoutSearch, Row
@@ -299,9 +300,14 @@ class ClusterSearch:
     def report(self, candidates: int, seconds: float) -> LayoutReport:
         work, refs = self.work, self.refs
         recipe = refs["recipe"]
+        rows = sorted(self.rows.best.values(), key=lambda r: r.score)
+        moe = self.search.costs.arch.moe is not None
+        rows, why = leaner_within_error(rows, self.best_standard, self.job, moe)
+        if why:
+            work.notes.append(why)
         return LayoutReport(
             job=self.job,
-            rows=tuple(sorted(self.rows.best.values(), key=lambda r: r.score)),
+            rows=tuple(rows),
             reference=refs["reference"],
             screened=work.screened,
             candidates=candidates,
@@ -325,9 +331,34 @@ class ClusterSearch:
         )
 
 
+def leaner_within_error(
+    rows: list[Row], standard: Row | None, job: Job, moe: bool
+) -> tuple[list[Row], str | None]:
+    """The rows with the answer first: the fastest, unless best_standard (a standard schedule)
+    is slower by less than the model's held-out error on runs like the answer and keeps more
+    memory free; then best_standard, and why (docs/LAYOUTS.md, "The margin")."""
+    if not rows or standard is None or not standard.sim.fits or not rows[0].sim.fits:
+        return rows, None
+    fastest = rows[0]
+    if standard is fastest or standard.peak_memory_bytes >= fastest.peak_memory_bytes:
+        return rows, None
+    band = band_of(job, fastest.layout, moe)
+    gain = standard.step_time / fastest.step_time - 1
+    if not band.rows or gain > band.mean:
+        return rows, None
+    freed = (fastest.peak_memory_bytes - standard.peak_memory_bytes) / 2**30
+    why = (
+        f"chose best_standard ({standard.layout.describe()}, {standard.label}): the fastest, "
+        f"{fastest.layout.describe()} {fastest.label}, is {gain:.1%} faster, within the "
+        f"model's error on runs like it ({band.mean:.1%}), and needs {freed:.1f} GiB more a GPU"
+    )
+    return [standard, *(r for r in rows if r is not standard)], why
+
+
 def _refusal(engine: Engine, row: Row, arch, overlap_steps: bool) -> str | None:
     """Why the runner cannot run a reference row (its layout, or its plan), or None."""
-    return engine.refuse(row.layout, arch, overlap_steps) or engine.refuse_plan(
+    precision = row.profile.precision
+    return engine.refuse(row.layout, arch, overlap_steps, precision) or engine.refuse_plan(
         row.plan, row.layout
     )
 

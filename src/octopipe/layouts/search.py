@@ -141,7 +141,8 @@ def runner_space(search: LayoutSearch, overlap_steps: bool = False) -> list[JobS
     )
     gpn = job.cluster.gpus_per_node
     space = [v for lay in space for v in engine.variants(lay, gpn)]
-    return [lay for lay in space if engine.refuse(lay, arch, overlap_steps) is None]
+    precision = job.stack.precision
+    return [lay for lay in space if engine.refuse(lay, arch, overlap_steps, precision) is None]
 
 
 def written_plan(row: Row) -> Plan:

@@ -106,5 +106,6 @@ class MoE(nn.Module):
             token_idx, slot = (chosen == e).nonzero(as_tuple=True)
             if token_idx.numel():
                 contribution = expert(tokens[token_idx]) * weights[token_idx, slot, None]
-                out = out.index_add(0, token_idx, contribution)
+                # under autocast the experts answer in BF16 to FP32 tokens: summed in the tokens'
+                out = out.index_add(0, token_idx, contribution.to(out.dtype))
         return out

@@ -48,6 +48,10 @@ def train_reference(config: RunConfig, num_microbatches: int) -> ReferenceResult
 def _train(config: RunConfig, num_microbatches: int) -> ReferenceResult:
     recipe = config.recipe()
     model = recipe.whole(torch.device("cpu"), config.seed)
+    if config.stepping.fp8:  # the blocks' linears in FP8, as each rank converts its stages
+        from octopipe.runtime.model.fp8 import convert_to_fp8
+
+        convert_to_fp8(model)
     loss_fn = config.loss or recipe.loss
     data = config.data_source(recipe)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -33,6 +33,7 @@ class Stepping:
     lookahead: int = 8  # how many actions ahead receives are posted
     reduce_at_end: bool = False  # all-reduces after the last action, not each stage's last B/W
     autocast: str | None = None  # "bf16": forwards under torch.autocast to bfloat16
+    fp8: bool = False  # the blocks' linears in FP8 (torchao's float8), as the plan was priced
     overlap_steps: bool = False  # no barrier between steps; post-validated per-stage updates
     accumulation: int = 1  # pipeline passes (of D x M x b sequences) per optimizer step
 

@@ -25,6 +25,7 @@ from octopipe.runtime.job.flops import peak_flops, step_model_flops
 from octopipe.runtime.job.progress import OnReport, StepProgress, StepRates, say
 from octopipe.runtime.job.result import RankReport, RunResult, assemble, gathered_state, state_bytes
 from octopipe.runtime.job.run_config import Job, RunConfig
+from octopipe.runtime.model.fp8 import convert_to_fp8
 from octopipe.runtime.model.recipe import ModelRecipe, StageModule, explained
 from octopipe.runtime.model.recompute import apply_recompute, stage_layers
 from octopipe.runtime.model.split import parameter_bytes
@@ -115,6 +116,9 @@ def _build(
         )
         for s in plan.stages_on(place.device)
     }
+    if cfg.stepping.fp8:  # before recomputation wraps the blocks
+        for module in modules.values():
+            convert_to_fp8(module)
     _check_ties(recipe, plan, modules, cfg)
     share_across_stages(modules, recipe.ties)  # a tied weight is one parameter on one rank
     tied = tied_gradients(plan, recipe.layers, recipe.ties, layout, rank, modules)

@@ -32,6 +32,7 @@ from octopipe.runtime.launch.made_for import check_made_for_model
 from octopipe.runtime.launch.preflight import (
     check_checkpoint_room,
     check_first_batch,
+    check_fp8,
     check_local_processes,
     check_overlap,
     check_parallelism,
@@ -95,6 +96,7 @@ def validate_jobs(jobs: Sequence[Job], world_size: int) -> list[Job]:
         check_parallelism(job.config, recipe, job.plan)
         check_recomputable(job.plan, recipe, job.source)
         check_overlap(job.config)
+        check_fp8(job.config)
         config = check_resumable(job.config, recipe)
         if (
             config.checkpoint.resume and config.checkpoint.dir in written

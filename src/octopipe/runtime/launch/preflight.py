@@ -11,6 +11,8 @@ import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import torch
+
 from octopipe.errors import InputError, OctoPipeWarning
 from octopipe.limits import (
     MAX_MICROBATCH_TOKENS,
@@ -37,13 +39,37 @@ def check_overlap(config: RunConfig) -> None:
             raise InputError(flag, "not supported with --overlap-steps yet")
 
 
+def check_fp8(config: RunConfig) -> None:
+    """A plan priced in FP8 trains so (`runtime/model/fp8.py`): refused in one line without
+    torchao or on a GPU without FP8 GEMMs; on a CPU it runs emulated, said in one line."""
+    if not config.stepping.fp8:
+        return
+    from importlib.util import find_spec
+
+    from octopipe.runtime.model.fp8 import fp8_support
+
+    if find_spec("torchao") is None:
+        raise InputError(
+            "plan.json",
+            "profile.precision: the plan was priced in FP8, which octopipe run trains through "
+            "torchao: pip install 'octopipe[fp8]'",
+        )
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    why = fp8_support(device)
+    if why is not None and device.type == "cuda":
+        raise InputError("plan.json", f"profile.precision: the plan was priced in FP8; {why}")
+    if why is not None:
+        warnings.warn(f"plan.json was priced in FP8; {why}", OctoPipeWarning, stacklevel=2)
+
+
 def check_parallelism(config: RunConfig, recipe: ModelRecipe, plan: Plan) -> None:
     """What `octopipe run` does not run of the job's shape (`engines.octopipe.shape_refusal`,
     the rules the layout search keeps to); tensor parallelism needs a plan that applies to the
     model and a sequence it splits."""
     from octopipe.engines.octopipe import shape_refusal
 
-    refusal = shape_refusal(config.shape, config.stepping.overlap_steps)
+    precision = "fp8" if config.stepping.fp8 else "bf16"
+    refusal = shape_refusal(config.shape, config.stepping.overlap_steps, precision)
     if refusal is not None:
         raise InputError(refusal.flag, refusal.why)
     if config.shape.tp == 1:

@@ -141,7 +141,9 @@ class TokenDispatcher:
     @staticmethod
     def unpermute(tokens, returned, token_of, weights) -> torch.Tensor:
         """Each result times its router weight, added to its token."""
-        return torch.zeros_like(tokens).index_add(0, token_of, returned * weights[:, None])
+        # under autocast the experts answer in BF16 to FP32 tokens: summed in the tokens' dtype
+        back = (returned * weights[:, None]).to(tokens.dtype)
+        return torch.zeros_like(tokens).index_add(0, token_of, back)
 
 
 def apply_ep(part: nn.Module, experts: ExpertGroup) -> None:
