@@ -15,6 +15,7 @@ from octopipe.layouts.planner import STANDARD_SCHEDULES
 from octopipe.layouts.progress import SearchProgress
 from octopipe.layouts.recipes import nearest_recipe, recipe_layout
 from octopipe.layouts.reference import recipe_row, tp_by_size
+from octopipe.layouts.spec import parse_layout
 
 TINY = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
 TINY += ["--global-batch", "16", "--seq-len", "256", "--no-png"]
@@ -143,3 +144,13 @@ def test_workers_refused_where_they_mean_nothing(argv, message, tmp_path, capsys
     assert main([*argv, "-o", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("order", ["octopipe", "megatron"])
+def test_a_given_layout_is_priced_in_the_rank_order_it_names(order):
+    """`--from-layout ...,megatron`: a team's layout numbered as its framework numbers it."""
+    spec = parse_layout(f"tp1,pp2,dp4,b1,{order}")
+    assert spec.rank_order == order
+    given = plan_cluster(tiny_job(), from_layout=spec).given
+    assert given is not None and given.layout.rank_order == order
+    assert parse_layout("tp1,pp2").rank_order is None  # the job's own order then

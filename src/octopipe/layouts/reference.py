@@ -89,7 +89,7 @@ def from_layout_row(search: LayoutSearch, job: Job, spec: LayoutSpec) -> Row:
     """The user's layout, planned as `octopipe estimate` plans it: its schedule over the
     uniform partition."""
     layout = spec.for_gpus(job.cluster.size, job.global_batch, "--from-layout")
-    layout = replace(layout, rank_order=job.rank_order)
+    layout = replace(layout, rank_order=spec.rank_order or job.rank_order)
     chunks = spec.chunks if spec.chunks > 1 else None
     try:
         row = search.baseline(layout, spec.schedule, "uniform", chunks)

@@ -5,9 +5,10 @@
 Parts, in any order, comma-separated: `tp`, `cp`, `pp`, `dp`, `ep` followed by the degree;
 `b` the microbatch size; `v` the stages per device (1: 1F1B, more: interleaved 1F1B); `z0`/`z1`
 the distributed optimizer (ZeRO-1), `z3` FSDP (ZeRO-3, `plan --gpus --runner torchtitan`'s);
-`none`, `selective` or `full` the recomputation. Degrees
-left out are 1 (`dp`: the GPUs left), `b` 1, `v` 1, `z` 0, recomputation none. A fault is one
-line naming the flag and the part.
+`none`, `selective` or `full` the recomputation; `octopipe` or `megatron` the rank order
+(docs/FORMATS.md, `rank_order`). Degrees left out are 1 (`dp`: the GPUs left), `b` 1, `v` 1,
+`z` 0, recomputation none, the order the job's first (its runner's own). A fault is one line
+naming the flag and the part.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from octopipe.costmodel.settings import RECOMPUTE_KINDS
 from octopipe.errors import InputError
-from octopipe.plan.shape import JobShape
+from octopipe.plan.shape import RANK_ORDERS, JobShape
 
 _PART = re.compile(r"(tp|cp|pp|dp|ep|b|v|z)(\d+)")
 
@@ -29,6 +30,7 @@ class LayoutSpec:
     layout: JobShape
     chunks: int = 1
     dp_given: bool = True
+    rank_order: str | None = None  # None: the job's first
 
     @property
     def schedule(self) -> str:
@@ -53,18 +55,22 @@ class LayoutSpec:
 
 def parse_layout(text: str, flag: str = "--from-layout") -> LayoutSpec:
     values: dict[str, int] = {}
-    recompute = "none"
+    recompute, order = "none", None
     for raw in text.split(","):
         part = raw.strip().lower()
         if part in RECOMPUTE_KINDS:
             recompute = part
+            continue
+        if part in RANK_ORDERS:
+            order = part
             continue
         match = _PART.fullmatch(part)
         if match is None:
             raise InputError(
                 flag,
                 f"cannot read {raw.strip()!r}: expected tpN, cpN, ppN, dpN, epN, bN, vN, "
-                f"z0/z1/z3 or {'/'.join(RECOMPUTE_KINDS)} (e.g. tp8,pp16,dp24,b1,v2)",
+                f"z0/z1/z3, {'/'.join(RECOMPUTE_KINDS)} or {'/'.join(RANK_ORDERS)} "
+                "(e.g. tp8,pp16,dp24,b1,v2)",
             )
         key, value = match.group(1), int(match.group(2))
         if key in values:
@@ -83,4 +89,4 @@ def parse_layout(text: str, flag: str = "--from-layout") -> LayoutSpec:
         ep=values.get("ep", 1),
         zero=values.get("z", 0),
     )
-    return LayoutSpec(layout, values.get("v", 1), "dp" in values)
+    return LayoutSpec(layout, values.get("v", 1), "dp" in values, order)
