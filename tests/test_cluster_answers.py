@@ -16,6 +16,7 @@ from octopipe.layouts.progress import SearchProgress
 from octopipe.layouts.recipes import nearest_recipe, recipe_layout
 from octopipe.layouts.reference import recipe_row, tp_by_size
 from octopipe.layouts.spec import parse_layout
+from octopipe.plan import JobShape
 
 TINY = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
 TINY += ["--global-batch", "16", "--seq-len", "256", "--no-png"]
@@ -154,3 +155,34 @@ def test_a_given_layout_is_priced_in_the_rank_order_it_names(order):
     given = plan_cluster(tiny_job(), from_layout=spec).given
     assert given is not None and given.layout.rank_order == order
     assert parse_layout("tp1,pp2").rank_order is None  # the job's own order then
+
+
+def _row(step: float, peak_gib: float, label: str, fits: bool = True):
+    from types import SimpleNamespace
+
+    layout = JobShape(1, 2, 4, 1, 4)
+    sim = SimpleNamespace(fits=fits)
+    return SimpleNamespace(
+        step_time=step, peak_memory_bytes=peak_gib * 2**30, label=label, layout=layout, sim=sim
+    )
+
+
+@pytest.mark.parametrize(
+    ("standard_step", "standard_peak", "chosen"),
+    [
+        (1.01, 60.0, "1f1b/uniform"),  # 1% slower, 15 GiB leaner: inside the dense band (3.8%)
+        (1.20, 60.0, "tuned"),  # 20% slower: outside it
+        (1.01, 76.0, "tuned"),  # no leaner
+    ],
+)
+def test_a_leaner_standard_schedule_within_the_error_is_the_answer(
+    standard_step, standard_peak, chosen
+):
+    from octopipe.layouts.phases import leaner_within_error
+
+    fastest, standard = _row(1.0, 75.0, "tuned"), _row(standard_step, standard_peak, "1f1b/uniform")
+    rows, why = leaner_within_error([fastest], standard, tiny_job(), moe=False)
+    assert rows[0].label == chosen
+    assert (why is not None) == (chosen != "tuned")
+    if why:
+        assert "1.0% faster, within the model's error" in why and "15.0 GiB more" in why
