@@ -186,3 +186,14 @@ def test_a_leaner_standard_schedule_within_the_error_is_the_answer(
     assert (why is not None) == (chosen != "tuned")
     if why:
         assert "1.0% faster, within the model's error" in why and "15.0 GiB more" in why
+
+
+def test_the_answer_is_never_slower_than_best_standard():
+    """Where another layout's best standard schedule is faster than the fastest plan's own and
+    as lean, it is the answer: the margin's choice never loses to best_standard."""
+    from octopipe.layouts.phases import leaner_within_error
+
+    fastest, own = _row(1.0, 75.0, "tuned"), _row(1.02, 60.0, "zbh1/uniform")
+    other = _row(1.01, 70.0, "zbv/uniform")
+    rows, _ = leaner_within_error([fastest], own, tiny_job(), False, best_standard=other)
+    assert rows[0] is other

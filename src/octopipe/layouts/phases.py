@@ -310,7 +310,7 @@ class ClusterSearch:
         rows = sorted(self.rows.best.values(), key=lambda r: r.score)
         moe = self.search.costs.arch.moe is not None
         standard = self.standard_of.get(rows[0].layout) if rows else None
-        rows, why = leaner_within_error(rows, standard, self.job, moe)
+        rows, why = leaner_within_error(rows, standard, self.job, moe, self.best_standard)
         if why:
             work.notes.append(why)
         return LayoutReport(
@@ -340,29 +340,36 @@ class ClusterSearch:
 
 
 def leaner_within_error(
-    rows: list[Row], standard: Row | None, job: Job, moe: bool
+    rows: list[Row], standard: Row | None, job: Job, moe: bool, best_standard: Row | None = None
 ) -> tuple[list[Row], str | None]:
     """The rows with the answer first: the fastest, unless `standard`, the best standard
     schedule of the same layout, is slower by less than the model's held-out error on runs like
-    it and keeps more memory free; then `standard`, and why (docs/LAYOUTS.md, "The margin").
-    The same layout: the band measures the model's error on a run, much of it shared by plans
-    of one layout, and the layout (degrees, order) is what the search is for."""
-    if not rows or standard is None or not standard.sim.fits or not rows[0].sim.fits:
+    it and keeps more memory free; then `standard` (or `best_standard`, where that is faster
+    still and as lean: the answer is never slower than it), and why (docs/LAYOUTS.md, "The
+    margin"). The same layout: the band measures the model's error on a run, much of it shared
+    by plans of one layout, and the layout (degrees, order) is what the search is for."""
+    if not rows or standard is None or not rows[0].sim.fits:
         return rows, None
     fastest = rows[0]
-    if standard is fastest or standard.peak_memory_bytes >= fastest.peak_memory_bytes:
-        return rows, None
     band = band_of(job, fastest.layout, moe)
-    gain = standard.step_time / fastest.step_time - 1
-    if not band.rows or gain > band.mean:
-        return rows, None
-    freed = (fastest.peak_memory_bytes - standard.peak_memory_bytes) / 2**30
-    why = (
-        f"chose {standard.label} over the {fastest.label} plan of the same layout "
-        f"({fastest.layout.describe()}): that is {gain:.1%} faster, within the model's error "
-        f"on runs like it ({band.mean:.1%}), and needs {freed:.1f} GiB more a GPU"
-    )
-    return [standard, *(r for r in rows if r is not standard)], why
+    candidates = [standard]
+    if best_standard is not None and best_standard.step_time < standard.step_time:
+        candidates.insert(0, best_standard)
+    for chosen in candidates:
+        gain = chosen.step_time / fastest.step_time - 1
+        leaner = chosen.peak_memory_bytes < fastest.peak_memory_bytes
+        if chosen is fastest or not chosen.sim.fits or not leaner:
+            continue
+        if not band.rows or gain > band.mean:
+            continue
+        freed = (fastest.peak_memory_bytes - chosen.peak_memory_bytes) / 2**30
+        why = (
+            f"chose {chosen.label} ({chosen.layout.describe()}) over the {fastest.label} plan "
+            f"of {fastest.layout.describe()}: that is {gain:.1%} faster, within the model's "
+            f"error on runs like it ({band.mean:.1%}), and needs {freed:.1f} GiB more a GPU"
+        )
+        return [chosen, *(r for r in rows if r is not chosen)], why
+    return rows, None
 
 
 def _refusal(engine: Engine, row: Row, arch, overlap_steps: bool) -> str | None:
