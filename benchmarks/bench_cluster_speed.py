@@ -137,8 +137,10 @@ def short(result: dict) -> str:
         ]
     )
     fits = "" if c["fits"] else " (does not fit)"
+    # the rank order where it is Megatron-Core's (PP outermost); OctoPipe's otherwise
+    order = ", m" if "ranks megatron" in result.get("describe", "") else ""
     return (
-        f"{degrees}{extra}, {c['microbatch_size']}x{c['microbatches']} {c['plan']}: "
+        f"{degrees}{extra}{order}, {c['microbatch_size']}x{c['microbatches']} {c['plan']}: "
         f"{c['step_time']:.3f} s{fits}"
     )
 

@@ -197,3 +197,15 @@ def test_the_answer_is_never_slower_than_best_standard():
     other = _row(1.01, 70.0, "zbv/uniform")
     rows, _ = leaner_within_error([fastest], own, tiny_job(), False, best_standard=other)
     assert rows[0] is other
+
+
+def test_another_layout_is_never_chosen_for_memory_alone():
+    """Where the fastest plan's own standard schedule is outside the error, a faster standard
+    plan of another layout is no reason to leave the fastest, however lean (MoE's 35% band
+    would otherwise pick layouts a fifth slower)."""
+    from octopipe.layouts.phases import leaner_within_error
+
+    fastest, own = _row(1.0, 75.0, "tuned"), _row(1.20, 60.0, "zbh1/uniform")
+    other = _row(1.02, 50.0, "zbv/uniform")
+    rows, why = leaner_within_error([fastest], own, tiny_job(), False, best_standard=other)
+    assert rows[0] is fastest and why is None

@@ -207,18 +207,18 @@ class ClusterSearch:
         return rows
 
     def _other_orders(self, layout: JobShape, row: Row | None, standard: list[Row]) -> list[Row]:
-        """The layout's screening plan and its best standard plan in each other rank order the
-        job searches, evaluated on that order's links (which pipeline hops and which rings
-        cross nodes): a simulation each, no screening of its own, so the screening's work
-        bound counts layouts, not orders. The two numberings are one where PP or DP is 1."""
-        best_standard = min(standard, key=lambda r: r.score, default=None)
+        """The layout's screening plan and its standard plans in each other rank order the job
+        searches, evaluated on that order's links (which pipeline hops and which rings cross
+        nodes; the best standard schedule of one order need not be the other's): a simulation
+        each, no screening of its own, so the screening's work bound counts layouts, not
+        orders. The two numberings are one where PP or DP is 1."""
         out = []
         for other in self._in_every_order(layout)[1:]:
             if row is not None:
                 out.append(self.search.evaluate(other, row.label, row.plan))
                 self.screen_rows.setdefault(other, out[-1])
-            if best_standard is not None:
-                moved = self.search.evaluate(other, best_standard.label, best_standard.plan)
+            for mine in standard:
+                moved = self.search.evaluate(other, mine.label, mine.plan)
                 out.append(moved)
                 self._note_standard(moved)
         return out
@@ -344,32 +344,35 @@ def leaner_within_error(
 ) -> tuple[list[Row], str | None]:
     """The rows with the answer first: the fastest, unless `standard`, the best standard
     schedule of the same layout, is slower by less than the model's held-out error on runs like
-    it and keeps more memory free; then `standard` (or `best_standard`, where that is faster
-    still and as lean: the answer is never slower than it), and why (docs/LAYOUTS.md, "The
-    margin"). The same layout: the band measures the model's error on a run, much of it shared
-    by plans of one layout, and the layout (degrees, order) is what the search is for."""
-    if not rows or standard is None or not rows[0].sim.fits:
+    it and keeps more memory free; then `standard`, or `best_standard` where that is faster
+    still and also leaner than the fastest (the answer is then never slower than it), and why
+    (docs/LAYOUTS.md, "The margin"). The same layout: the band measures the model's error on a
+    run, much of it shared by plans of one layout, and the layout (degrees, order) is what the
+    search is for."""
+    if not rows or standard is None or not rows[0].sim.fits or not standard.sim.fits:
         return rows, None
     fastest = rows[0]
+    if standard is fastest or standard.peak_memory_bytes >= fastest.peak_memory_bytes:
+        return rows, None
     band = band_of(job, fastest.layout, moe)
-    candidates = [standard]
-    if best_standard is not None and best_standard.step_time < standard.step_time:
-        candidates.insert(0, best_standard)
-    for chosen in candidates:
-        gain = chosen.step_time / fastest.step_time - 1
-        leaner = chosen.peak_memory_bytes < fastest.peak_memory_bytes
-        if chosen is fastest or not chosen.sim.fits or not leaner:
-            continue
-        if not band.rows or gain > band.mean:
-            continue
-        freed = (fastest.peak_memory_bytes - chosen.peak_memory_bytes) / 2**30
-        why = (
-            f"chose {chosen.label} ({chosen.layout.describe()}) over the {fastest.label} plan "
-            f"of {fastest.layout.describe()}: that is {gain:.1%} faster, within the model's "
-            f"error on runs like it ({band.mean:.1%}), and needs {freed:.1f} GiB more a GPU"
-        )
-        return [chosen, *(r for r in rows if r is not chosen)], why
-    return rows, None
+    if not band.rows or standard.step_time / fastest.step_time - 1 > band.mean:
+        return rows, None
+    chosen = standard
+    if (
+        best_standard is not None
+        and best_standard.sim.fits
+        and best_standard.step_time < standard.step_time
+        and best_standard.peak_memory_bytes < fastest.peak_memory_bytes
+    ):
+        chosen = best_standard
+    gain = chosen.step_time / fastest.step_time - 1
+    freed = (fastest.peak_memory_bytes - chosen.peak_memory_bytes) / 2**30
+    why = (
+        f"chose {chosen.label} ({chosen.layout.describe()}) over the {fastest.label} plan of "
+        f"{fastest.layout.describe()}: that is {gain:.1%} faster, within the model's error on "
+        f"runs like it ({band.mean:.1%}), and needs {freed:.1f} GiB more a GPU"
+    )
+    return [chosen, *(r for r in rows if r is not chosen)], why
 
 
 def _refusal(engine: Engine, row: Row, arch, overlap_steps: bool) -> str | None:
