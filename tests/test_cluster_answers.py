@@ -178,7 +178,7 @@ def _row(step: float, peak_gib: float, label: str, fits: bool = True):
 def test_a_leaner_standard_schedule_within_the_error_is_the_answer(
     standard_step, standard_peak, chosen
 ):
-    from octopipe.layouts.phases import leaner_within_error
+    from octopipe.layouts.margin import leaner_within_error
 
     fastest, standard = _row(1.0, 75.0, "tuned"), _row(standard_step, standard_peak, "1f1b/uniform")
     rows, why = leaner_within_error([fastest], standard, tiny_job(), moe=False)
@@ -191,7 +191,7 @@ def test_a_leaner_standard_schedule_within_the_error_is_the_answer(
 def test_the_answer_is_never_slower_than_best_standard():
     """Where another layout's best standard schedule is faster than the fastest plan's own and
     as lean, it is the answer: the margin's choice never loses to best_standard."""
-    from octopipe.layouts.phases import leaner_within_error
+    from octopipe.layouts.margin import leaner_within_error
 
     fastest, own = _row(1.0, 75.0, "tuned"), _row(1.02, 60.0, "zbh1/uniform")
     other = _row(1.01, 70.0, "zbv/uniform")
@@ -203,7 +203,7 @@ def test_another_layout_is_never_chosen_for_memory_alone():
     """Where the fastest plan's own standard schedule is outside the error, a faster standard
     plan of another layout is no reason to leave the fastest, however lean (MoE's 35% band
     would otherwise pick layouts a fifth slower)."""
-    from octopipe.layouts.phases import leaner_within_error
+    from octopipe.layouts.margin import leaner_within_error
 
     fastest, own = _row(1.0, 75.0, "tuned"), _row(1.20, 60.0, "zbh1/uniform")
     other = _row(1.02, 50.0, "zbv/uniform")

@@ -61,16 +61,6 @@ class MegatronEngine(SynchronousEngine):
     def refuse_model(self, arch: Architecture) -> str | None:
         return model_refusal(arch)
 
-    def refuse(
-        self,
-        shape: JobShape,
-        arch: Architecture | None,
-        overlap_steps: bool = False,
-        precision: str = "bf16",
-    ) -> str | None:
-        why = model_refusal(arch) if arch is not None else None
-        return why or super().refuse(shape, arch, overlap_steps, precision)
-
     def _refuse_shape(self, shape: JobShape) -> str | None:
         if shape.zero >= 2:
             return (

@@ -44,16 +44,9 @@ def check_fp8(config: RunConfig) -> None:
     torchao or on a GPU without FP8 GEMMs; on a CPU it runs emulated, said in one line."""
     if not config.stepping.fp8:
         return
-    from importlib.util import find_spec
+    from octopipe.runtime.model.fp8 import fp8_support, require_torchao
 
-    from octopipe.runtime.model.fp8 import fp8_support
-
-    if find_spec("torchao") is None:
-        raise InputError(
-            "plan.json",
-            "profile.precision: the plan was priced in FP8, which octopipe run trains through "
-            "torchao: pip install 'octopipe[fp8]'",
-        )
+    require_torchao()
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     why = fp8_support(device)
     if why is not None and device.type == "cuda":

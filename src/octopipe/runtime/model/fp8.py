@@ -27,6 +27,18 @@ _KEPT = frozenset(("router", "gate", "shared_gate", "shared_expert_gate"))
 _ALIGN = 16  # FP8 GEMMs need both dimensions a multiple of 16
 
 
+def require_torchao() -> None:
+    """An FP8 plan needs torchao: one line saying how to install it, where it is missing."""
+    from importlib.util import find_spec
+
+    if find_spec("torchao") is None:
+        raise InputError(
+            "plan.json",
+            "profile.precision: the plan was priced in FP8, which octopipe run trains through "
+            "torchao: pip install 'octopipe[fp8]'",
+        )
+
+
 def fp8_support(device: torch.device) -> str | None:
     """Why `device` has no FP8 tensor cores (Ada and Hopper and later: compute capability
     8.9), or None where it has them."""
@@ -50,15 +62,9 @@ def _converted(fqn: str, module: nn.Module) -> bool:
 def convert_to_fp8(stage: nn.Module) -> int:
     """Swap the blocks' linears of `stage` for torchao's float8 training linears (tensorwise
     scales computed at each cast), in place; the number swapped."""
-    try:
-        with _quiet("torchao", "torch.utils._pytree"):  # its CUDA kernels and enums, on import
-            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError:
-        raise InputError(
-            "plan.json",
-            "profile.precision: the plan was priced in FP8, which octopipe run trains through "
-            "torchao: pip install 'octopipe[fp8]'",
-        ) from None
+    require_torchao()
+    with _quiet("torchao", "torch.utils._pytree"):  # its CUDA kernels and enums, on import
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     swapped = sum(_converted(fqn, m) for fqn, m in stage.named_modules())
     convert_to_float8_training(
         stage,
