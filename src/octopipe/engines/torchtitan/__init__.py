@@ -9,9 +9,11 @@
   without PP its export accumulates M passes of one microbatch, reducing gradients after each:
   priced under FSDP (per microbatch), so replicas without PP take one microbatch. It reshards
   FSDP's weights after each microbatch without PP. Ranks PP outermost (its mesh).
-- **writes**: `torchtitan.toml` (0.2) and, where a torchtitan base config is known,
+- **writes**: `torchtitan.toml` (0.2) and, where a torchtitan base config is known
+  (`--torchtitan-config`, else torchtitan's own of the model's shape: `registry.py`),
   `octopipe_torchtitan.py` (+ `octopipe_torchtitan_stages.py` for a free placement): `config.py`,
-  `toml.py`, `layout.py`, `names.py`, `plan.py`.
+  `toml.py`, `layout.py`, `names.py`, `plan.py`. As `--runner torchtitan`, a model without one
+  is an error (one line); beside `octopipe run`'s answer, a hint.
 - **launches**: the torchrun command of `config.py`, with a note wherever it runs the plan
   otherwise than planned.
 
@@ -35,6 +37,7 @@ from octopipe.engines.torchtitan.config import (
 from octopipe.engines.torchtitan.layout import TitanLayout, titan_layout
 from octopipe.engines.torchtitan.names import torchtitan_names
 from octopipe.engines.torchtitan.plan import module_fqns_per_model_part, placement_style
+from octopipe.engines.torchtitan.registry import model_base, no_base_reason
 from octopipe.engines.torchtitan.toml import (
     to_toml,
     toml_string,
@@ -45,6 +48,7 @@ from octopipe.errors import InputError
 from octopipe.plan import JobShape, Plan
 
 if TYPE_CHECKING:
+    from octopipe.costmodel.arch import Architecture
     from octopipe.engines.answer import Answer, Exports
     from octopipe.layouts.layout import Job
 
@@ -110,9 +114,11 @@ class TorchtitanEngine(SynchronousEngine):
         torchtitan 0.3 runs the plan (`launch` says why not otherwise)."""
         # Absolute: torchtitan reads the CSV from wherever it is started.
         csv_path = str((out / "schedule.csv").resolve())
+        base = base_config(answer.exports, answer.model, answer.from_profile)
+        if base is None and _planned_for_torchtitan(answer):
+            raise missing_base(answer.model)
         write_torchtitan_toml(answer.plan, answer.profile, out / TOML_FILE, csv_path)
         written = [TOML_FILE]
-        base = base_config(answer.exports, answer.model, answer.from_profile)
         if base is not None and not isinstance(_runs(answer), str):
             written += write_torchtitan_config(
                 answer.plan,
@@ -151,10 +157,48 @@ class TorchtitanEngine(SynchronousEngine):
 
 def base_config(exports: Exports, model: str, from_profile: bool = False) -> TorchtitanBase | None:
     """The torchtitan config the 0.3 export starts from: `--torchtitan-config`, else
-    torchtitan's own config of the shipped `model` planned; none for a profile."""
+    torchtitan's own config of a model of `model`'s shape (a shipped name or a config.json;
+    `registry.py`); none for a profile, or a model of no torchtitan config's shape."""
     if exports.torchtitan_config is not None:
         return TorchtitanBase.parse(exports.torchtitan_config)
-    return None if from_profile else SHIPPED_BASES.get(model)
+    if from_profile:
+        return None
+    if model in SHIPPED_BASES:
+        return SHIPPED_BASES[model]
+    arch = _architecture(model)
+    return None if arch is None else model_base(arch)
+
+
+def missing_base(model: str) -> InputError:
+    """The one-line error of `--runner torchtitan` for a model torchtitan 0.3 has no config
+    of: what it lacks, and the flag that gives one."""
+    arch = _architecture(model)
+    why = f" ({no_base_reason(arch)})" if arch is not None else ""
+    name = arch.name if arch is not None else model
+    return InputError(
+        "--runner torchtitan",
+        f"torchtitan 0.3 has no config of {name}'s shape{why}; give --torchtitan-config "
+        "MODULE:CONFIG, the torchtitan config octopipe_torchtitan.py starts from (e.g. "
+        "llama3:llama3_8b)",
+    )
+
+
+def _architecture(model: str) -> Architecture | None:
+    from octopipe.costmodel import load_architecture
+
+    try:
+        return load_architecture(model)
+    except InputError:
+        return None
+
+
+def _planned_for_torchtitan(answer: Answer) -> bool:
+    """Whether `answer` is `plan --gpus --runner torchtitan`'s, not `octopipe run`'s (whose
+    answers carry torchtitan's export beside, with a hint where it has no config). An answer
+    names no runner; its stack does: priced as torchtitan runs FSDP (`price`: weights gathered
+    per microbatch), where `octopipe run`'s holds them across the step, and a single pipeline's
+    answer carries none."""
+    return answer.stack is not None and not answer.stack.zero3_held
 
 
 def _runs(answer: Answer) -> TitanLayout | str:
@@ -198,6 +242,8 @@ __all__ = [
     "TorchtitanBase",
     "TorchtitanEngine",
     "base_config",
+    "missing_base",
+    "model_base",
     "module_fqns_per_model_part",
     "titan_layout",
     "to_toml",

@@ -82,10 +82,15 @@ class TorchtitanBase:
         return cls(_REGISTRY.format(name), config)
 
 
-# torchtitan 0.3.0's config for a shipped architecture with the same layers, where one exists.
+# torchtitan 0.3.0's config of each shipped model's shape, where one exists (`registry.py`
+# finds them by shape, for any config.json; tests/test_torchtitan_registry.py holds the two
+# together). Written out so that a shipped name needs no config read.
 SHIPPED_BASES = {
-    "llama3-8b": TorchtitanBase("torchtitan.models.llama3.config_registry", "llama3_8b"),
-    "llama3-70b": TorchtitanBase("torchtitan.models.llama3.config_registry", "llama3_70b"),
+    "llama3-8b": TorchtitanBase(_REGISTRY.format("llama3"), "llama3_8b"),
+    "llama3-70b": TorchtitanBase(_REGISTRY.format("llama3"), "llama3_70b"),
+    "llama3-405b": TorchtitanBase(_REGISTRY.format("llama3"), "llama3_405b"),
+    "deepseek-v2-lite": TorchtitanBase(_REGISTRY.format("deepseek_v3"), "deepseek_v3_16b"),
+    "deepseek-v3": TorchtitanBase(_REGISTRY.format("deepseek_v3"), "deepseek_v3_671b"),
 }
 
 
