@@ -1,7 +1,10 @@
 """Published layouts of the shipped models: the `recipe` row every cluster answer is set beside.
 
 A recipe is the layout a framework or a paper publishes for a model at one GPU count
-(docs/LAYOUTS.md cites each). For a job on another count, the recipe at the nearest count (then
+(docs/LAYOUTS.md cites each). It is the recipe of any model of that architecture, named or not:
+a config.json of Llama 3 8B takes llama3-8b's (`recipe_model`: the family, layers, hidden size,
+attention and KV heads, feed-forward width, experts and vocabulary alike; the model's name does
+not count). For a job on another count, the recipe at the nearest count (then
 the nearest sequence length) is taken as a team would scale it: its TP, CP, PP, EP, chunks and
 microbatch size kept, DP the GPUs left, the microbatches the job's global batch. It is planned
 as its framework runs it: its schedule over the uniform partition, the distributed optimizer
@@ -10,9 +13,12 @@ as its framework runs it: its schedule over the uniform partition, the distribut
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
+from octopipe.costmodel.arch import Architecture
+from octopipe.errors import InputError
 from octopipe.layouts.layout import Job
 from octopipe.plan.shape import JobShape
 
@@ -86,10 +92,51 @@ RECIPES = (
 )
 
 
+def architecture_key(arch: Architecture) -> tuple:
+    """What makes two configs the same model for its recipes: the family and the shapes that
+    set its costs (not its name, positions or rotary settings)."""
+    moe = arch.moe
+    return (
+        arch.family,
+        arch.num_layers,
+        arch.hidden_size,
+        arch.attention.num_heads,
+        arch.attention.num_kv_heads,
+        arch.intermediate_size,
+        None if moe is None else (moe.num_experts, moe.top_k, moe.expert_intermediate_size),
+        arch.vocab_size,
+    )
+
+
+@functools.cache
+def _shipped_key(name: str) -> tuple:
+    from octopipe.costmodel import load_architecture
+
+    return architecture_key(load_architecture(name))
+
+
+def recipe_model(config: str) -> str | None:
+    """The shipped model whose recipes a job's model (`Job.config`: a shipped name or a
+    config.json) takes: itself where it has recipes, else the one of its architecture
+    (`architecture_key`); None where no recipe's model has it, or the config does not load."""
+    models = dict.fromkeys(r.model for r in RECIPES)
+    if config in models:
+        return config
+    from octopipe.costmodel import load_architecture
+
+    try:
+        key = architecture_key(load_architecture(config))
+    except InputError:
+        return None
+    return next((m for m in models if _shipped_key(m) == key), None)
+
+
 def nearest_recipe(job: Job) -> Recipe | None:
-    """The shipped model's recipe at the GPU count nearest the job's (by ratio), then the
-    sequence length nearest its; None for models without one."""
-    mine = [r for r in RECIPES if r.model == job.config]
+    """The recipe of the job's model (by name, else by architecture: `recipe_model`) at the
+    GPU count nearest the job's (by ratio), then the sequence length nearest its; None for
+    models without one."""
+    model = recipe_model(job.config)
+    mine = [r for r in RECIPES if r.model == model]
     if not mine:
         return None
     n = job.cluster.size
