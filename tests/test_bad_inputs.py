@@ -35,6 +35,7 @@ from bad_inputs_second import (
     second_pass_files,
     specials_changed,
 )
+from bad_inputs_third import THIRD_CASES, third_pass_files
 from executor_helpers import SGD_FLAGS, TOY, gpipe, layer_count, one_f_one_b
 from model_zoo import HF_CONFIGS
 
@@ -129,6 +130,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     put("a-file", "not a folder")
     paths.update(second_pass_files(root))
     paths.update(config_files(root, arch))
+    paths.update(third_pass_files(root))
     put("profile~all zero", all_times_zero(json.loads((root / "profile.json").read_text())))
     return paths
 
@@ -1156,7 +1158,7 @@ HAND_WRITTEN = [
     Case(
         "prepare-data input nowhere",
         lambda f: BASE["prepare-data"](f)[:4] + ["/no/such/text"] + BASE["prepare-data"](f)[5:],
-        "--input: no such file or folder: /no/such/text",
+        "--input: /no/such/text does not exist",
     ),
     Case(
         "prepare-data a folder without text",
@@ -1263,6 +1265,7 @@ def all_cases() -> list[Case]:
     cases = flag_cases() + file_cases() + HAND_WRITTEN
     cases += [Case(*case) for case in OUTPUT_CASES + checkpoint_cases() + MISMATCH_CASES]
     cases += [Case(*case) for case in config_cases()]
+    cases += [Case(*case) for case in THIRD_CASES]
     for name, expect in CHECKPOINT_EXPECT.items():
         cases.append(
             Case(

@@ -128,7 +128,7 @@ def test_run_with_a_bad_job_file_exits_2_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "training.warmup: unknown key" in err[0]
     assert main(["run", "--config", str(tmp_path / "none.toml")]) == 2
-    assert "no such job file" in capsys.readouterr().err
+    assert "none.toml does not exist: expected a TOML job file" in capsys.readouterr().err
 
 
 def test_run_needs_a_plan_and_a_model_from_flags_or_file(tmp_path, capsys):

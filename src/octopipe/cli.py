@@ -49,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {shortened(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,14 +84,32 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _one_line_warnings(args.command, warnings.showwarning)
             return int(args._run(args) or 0)
     except OctoPipeError as exc:
-        print(f"octopipe {args.command}: error: {exc}", file=sys.stderr)
+        print(f"octopipe {args.command}: error: {shortened(str(exc))}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file the command reads or writes: name it, no traceback
-        where = exc.filename or "file"
+        where = shortened(str(exc.filename or "file"))
         print(f"octopipe {args.command}: error: {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+_LONGEST_WORD = 200  # characters of one name or path an error line repeats whole
+
+
+def shortened(message: str) -> str:
+    """`message` with every word (a name, a path) longer than `_LONGEST_WORD` cut to its start
+    and its length: a pasted megabyte is named, not echoed."""
+    if len(message) <= _LONGEST_WORD:
+        return message
+
+    def cut(word: str) -> str:
+        if len(word) <= _LONGEST_WORD:
+            return word
+        end = word[-1] if word[-1] in ":,;" else ""  # "NAME:" keeps its colon
+        return f"{word[:60]}... ({len(word) - len(end):,} characters){end}"
+
+    return " ".join(cut(w) for w in message.split(" "))
 
 
 def entry() -> None:

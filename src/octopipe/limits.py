@@ -52,6 +52,7 @@ MAX_BYTES = 2**60  # any byte figure: memory, activations, parameters, messages
 MIN_BANDWIDTH, MAX_BANDWIDTH = 1.0, 1e18  # bytes per second (a divisor: never near 0)
 MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # a device's speed relative to 1.0 (a divisor too)
 MAX_INPUT_FILE_BYTES = 2**30  # a JSON file read whole (a profile of a million layers: ~250 MB)
+MAX_TEXT_SETTING_CHARS = 4096  # a name or path given as a setting or flag (Linux's PATH_MAX)
 
 
 def check_microbatch_tokens(seq_len: int, micro_batch_size: int, limit: int) -> None:

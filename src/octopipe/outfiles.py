@@ -48,6 +48,19 @@ def not_regular(path: str | Path) -> str | None:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+def unreadable_input(path: str | Path) -> str | None:
+    """Why `path` cannot be read as an input file, in words that follow its name ("does not
+    exist", "is a folder", "is a FIFO (named pipe), not a file"); None for a regular file."""
+    if not os.path.lexists(path):
+        return "does not exist"
+    kind = not_regular(path)
+    if kind is None:
+        return None
+    if kind == "a folder":
+        return "is a folder, not a file"
+    return f"is {kind}, not a file"
+
+
 def refuse_not_regular(path: str | Path, where: str | None = None) -> None:
     """InputError (one line naming `where`, default the path) unless `path` is absent or a
     regular file: it is never written over."""

@@ -31,23 +31,28 @@ def band_cell(band: ErrorBand) -> str:
 def within_error_line(result: LayoutReport) -> str | None:
     """One line when the answer's predicted gain over best_standard or the recipe is within
     the model's mean held-out error on runs like the answer: the prediction cannot tell them
-    apart, so both are worth a run."""
+    apart, so both are worth a run; or when `--layout`'s answer is slower than them beyond it."""
     best, job = result.best, result.job
     band = row_band(best, job)
     if not band.rows or not best.sim.fits:
         return None
-    close = []
+    close, faster = [], []
     for name, row in (("best_standard", result.best_standard), ("recipe", result.recipe)):
         if row is None or row is best or not row.sim.fits:
             continue
-        if row.layout == best.layout and row.label == best.label:
-            continue  # the answer itself
+        if row.layout == best.layout and row.plan == best.plan and row.tail == best.tail:
+            continue  # the answer itself, under another name
         gain = row.step_time / best.step_time - 1
-        if gain <= band.mean:
-            close.append(f"{name} by {gain:.1%}")
+        if gain < -band.mean:  # only `--layout`'s answer can be slower than a reference
+            faster.append(f"{name} by {-gain:.1%}")
+        elif gain < 0:
+            close.append(f"is beaten by {name} by {-gain:.1%}")
+        elif gain <= band.mean:
+            close.append(f"beats {name} by {gain:.1%}")
+    if faster:
+        return f"beyond the model's error: the given layout is slower than {' and '.join(faster)}"
     if not close:
         return None
     return (
-        f"within the model's error: try both (the answer beats {' and '.join(close)}; "
-        f"{band.describe()})"
+        f"within the model's error: try both (the answer {' and '.join(close)}; {band.describe()})"
     )

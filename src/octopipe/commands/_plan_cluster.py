@@ -51,11 +51,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # The job's settings, each its one definition (`octopipe.config`); --gpus plans the layout
     # instead of one pipeline.
     add_job_flags(g, ("cluster.gpus", "cluster.gpus_per_node", "data.global_batch"))
-    g.add_argument(
+    chosen = g.add_mutually_exclusive_group()
+    chosen.add_argument(
         "--from-layout",
         metavar="LAYOUT",
         help="your own layout to beat, e.g. tp8,pp16,dp24,b1,v2 (cpN, epN, z1, z3, selective or "
         "full also): planned as `octopipe estimate` plans it, tuned, shown beside the answer",
+    )
+    chosen.add_argument(
+        "--layout",
+        metavar="LAYOUT",
+        help="exactly this layout (as --from-layout writes it): tuned, written and launched as "
+        "the answer, with every note; the search's other layouts are not tried",
     )
     add_job_flags(g, ("cluster.memory_headroom",))
     g.add_argument(
@@ -91,7 +98,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopipe.api import plan_layout
-    from octopipe.layouts.spec import parse_layout
 
     given = [f"--{k.replace('_', '-')}" for k in DECIDED if getattr(args, k, None) is not None]
     if given:
@@ -126,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
             max_chunks=args.max_chunks,
             progress=report,
             overlap_steps=args.overlap_steps,
-            from_layout=parse_layout(args.from_layout) if args.from_layout else None,
+            from_layout=_given_layout(args),
+            exact=args.layout is not None,
             torchtitan=args.torchtitan,
             runner=args.runner,
             workers=args.workers,
@@ -135,6 +142,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(json_summary(result)))
     return 0
+
+
+def _given_layout(args: argparse.Namespace):
+    from octopipe.layouts.spec import parse_layout
+
+    if args.layout is not None:
+        return parse_layout(args.layout, "--layout")
+    return parse_layout(args.from_layout) if args.from_layout else None
 
 
 def exports_of(args: argparse.Namespace) -> Exports:
@@ -164,6 +179,14 @@ def _print_answer(result: LayoutReport, args: argparse.Namespace) -> None:
     console.print("which layers each device holds (the chosen plan):")
     for line in device_layers(best.plan, best.profile.layer_names):
         console.print(f"  {line}", highlight=False, soft_wrap=True)
+    if best.plan.num_devices == 1 and len(best.plan.stages) > 1:
+        console.print(
+            f"  (PP 1: these {len(best.plan.stages)} chunks are no pipeline stages; each "
+            "chunk's gradient reduction starts once its backward is done, under the backward "
+            "work left on the others, as gradient buckets would)",
+            highlight=False,
+            soft_wrap=True,
+        )
     written = result.written
     assert written is not None  # written wherever the answer fits
     for note in written.notes:
@@ -192,7 +215,8 @@ def _search_counts(result: LayoutReport) -> str:
     parts.append(f"{result.pruned} left out by their bounds")
     extra = result.screened - result.screened_in_space
     besides = f"; {extra} reference layout{'s' * (extra > 1)} besides" if extra > 0 else ""
-    return f"{result.candidates} layouts ({', '.join(parts)}{besides})"
+    layouts = f"{result.candidates} layout{'s' * (result.candidates != 1)}"
+    return f"{layouts} ({', '.join(parts)}{besides})"
 
 
 def json_summary(result: LayoutReport) -> dict:
@@ -315,6 +339,7 @@ def _caption(result: LayoutReport) -> str:
         "DP Z1: optimizer state sharded across DP (ZeRO-1); Z3: weights and gradients too "
         "(FSDP); Z3/S: in shard groups of S, replicated across them (HSDP)",
         "b x M: samples per microbatch x microbatches per step",
+        "step s: the pipeline (timeline.png's iteration) and the optimizer step after it",
         "R: recomputation (s: selective, f: full)",
         "ranks: how GPUs are numbered (o: OctoPipe's, DP outermost; m: Megatron-Core's, PP "
         "outermost; docs/FORMATS.md)",
@@ -328,7 +353,8 @@ def _caption(result: LayoutReport) -> str:
         "Megatron-LM: its rule (TP by model size, interleaved 1F1B over a uniform partition)"
     )
     if result.given is not None:
-        parts.append("given: --from-layout")
+        given = "--layout, the answer's own" if result.exact else "--from-layout"
+        parts.append(f"given: {given}")
     if result.not_runnable:
         engine = get_engine(result.runner).title
         parts.append(f"a reference {engine} cannot run is shown beside, not chosen")

@@ -141,9 +141,13 @@ def _print(result) -> None:
         f"{result.tflops_per_gpu():.1f} / {result.tflops_per_gpu(hardware=True):.1f}",
     )
     summary.add_row("MFU / HFU", f"{result.mfu:.1%} / {result.hfu:.1%}")
-    capacity = min(result.sim.capacity_bytes)
+    usable = min(result.sim.capacity_bytes)  # the GPU's memory less the headroom kept free
+    gpu = min(g.hardware.memory_bytes for g in job.cluster.groups)
     fits = "fits" if result.sim.fits else "[red]does not fit[/red]"
-    memory = f"{fmt_bytes(result.peak_memory_bytes)} of {fmt_bytes(capacity)}: {fits}"
+    memory = (
+        f"{fmt_bytes(result.peak_memory_bytes)} of {fmt_bytes(gpu)} ({fmt_bytes(usable)} "
+        f"usable, {job.memory_headroom:.0%} kept free): {fits}"
+    )
     summary.add_row("peak memory per GPU", memory)
     parts = Table(title="where the step goes (the busiest device)")
     parts.add_column("part")

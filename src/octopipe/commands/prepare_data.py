@@ -74,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_folder("--output", args.output, (TRAIN, VAL, META, TOKENIZER_FILE))
     trained = args.tokenizer == TRAIN_BPE
+    if args.tokenizer.startswith("train:") and not trained:  # before --vocab-size is judged
+        raise InputError(
+            "--tokenizer", f"cannot train {args.tokenizer[6:46]!r}: the one to train is {TRAIN_BPE}"
+        )
     if trained and args.vocab_size is None:
         raise InputError("--vocab-size", "--tokenizer train:bpe needs it: the most ids to learn")
     if not trained and args.vocab_size is not None:

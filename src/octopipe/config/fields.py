@@ -119,6 +119,13 @@ class Setting:
             raise InputError(where, f"expected {_KIND[kind]}, got {value!r}")
         if kind is float and not math.isfinite(value):
             raise InputError(where, f"expected a finite number, got {value}")
+        if kind is str and not value.strip():  # "" would read as the folder "."
+            raise InputError(where, "is empty")
+        if kind is str:
+            from octopipe.limits import MAX_TEXT_SETTING_CHARS as most
+
+            if len(value) > most:  # a name or path this long is a paste gone wrong
+                raise InputError(where, f"is {len(value):,} characters; at most {most:,}")
         return value
 
 

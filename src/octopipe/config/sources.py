@@ -45,10 +45,12 @@ def from_file(path: str | Path, base: JobConfig | None = None) -> JobConfig:
     import tomllib
 
     from octopipe.limits import MAX_INPUT_FILE_BYTES
+    from octopipe.outfiles import unreadable_input
 
     where = str(path)
-    if not Path(path).is_file():
-        raise InputError(CONFIG_FLAG, f"no such job file: {where}")
+    fault = unreadable_input(path)
+    if fault is not None:
+        raise InputError(CONFIG_FLAG, f"{where} {fault}: expected a TOML job file")
     if Path(path).stat().st_size > MAX_INPUT_FILE_BYTES:
         raise InputError(where, f"larger than {MAX_INPUT_FILE_BYTES:,} bytes: not a job file")
     try:
@@ -57,6 +59,8 @@ def from_file(path: str | Path, base: JobConfig | None = None) -> JobConfig:
         raise InputError(where, "not UTF-8 text: not a TOML job file") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(where, f"not a TOML job file: {exc}") from None
+    except RecursionError:  # arrays or inline tables nested thousands deep
+        raise InputError(where, "nested too deeply: not a job file") from None
     by_key = {s.key: s for s in all_settings()}
     values = {}
     for section, table in document.items():

@@ -192,15 +192,13 @@ def _gpt_stack(f: _Fields, model_type: str, name: str) -> Architecture:
 
 def _layer_windows(f: _Fields, model_type: str, num_layers: int) -> tuple[int | None, ...]:
     """Per layer: the sliding window, or None for global attention."""
+    types = _layer_types(f, num_layers) if f.has("layer_types") else None
     window = f.int("sliding_window", None)
     if window is None or (
         model_type.startswith("qwen") and not f.bool("use_sliding_window", False)
     ):
         return (None,) * num_layers
-    if f.has("layer_types"):
-        types = f.data["layer_types"]
-        if not isinstance(types, list) or len(types) != num_layers:
-            raise f.fault("layer_types", f"expected a list of {num_layers} layer types")
+    if types is not None:
         return tuple(window if t == "sliding_attention" else None for t in types)
     if model_type == "gemma2":  # even layers slide, odd layers are global
         return tuple(window if i % 2 == 0 else None for i in range(num_layers))
@@ -208,6 +206,25 @@ def _layer_windows(f: _Fields, model_type: str, num_layers: int) -> tuple[int | 
         pattern = f.int("sliding_window_pattern", 6)
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(num_layers))
     return (window,) * num_layers  # Mistral v0.1: every layer slides
+
+
+# The per-layer attention kinds the model prices; transformers refuses names outside its own
+# list, and a name priced as full attention by mistake would misprice every sliding layer.
+PRICED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _layer_types(f: _Fields, num_layers: int) -> list[str]:
+    types = f.data["layer_types"]
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise f.fault("layer_types", f"expected a list of {num_layers} layer types")
+    unknown = next((t for t in types if t not in PRICED_LAYER_TYPES), None)
+    if unknown is not None:
+        raise f.fault(
+            "layer_types",
+            f"{str(unknown)[:40]!r} is not a layer type: expected "
+            f"{' or '.join(PRICED_LAYER_TYPES)}",
+        )
+    return types
 
 
 def _latent_attention(f: _Fields, heads: int) -> LatentAttentionShape:
@@ -348,10 +365,21 @@ def shipped_models() -> list[str]:
 
 def config_path(name_or_path: str | Path) -> Path:
     """A shipped config's path by name, or the given path itself."""
+    from octopipe.limits import MAX_TEXT_SETTING_CHARS as most
+
+    if len(str(name_or_path)) > most:  # beyond any path: not a name to look up
+        raise InputError("--model", f"is {len(str(name_or_path)):,} characters; at most {most:,}")
     candidate = _configs_dir() / f"{name_or_path}.json"
-    if isinstance(name_or_path, str) and "/" not in name_or_path and candidate.is_file():
+    if isinstance(name_or_path, str) and "/" not in name_or_path and _is_file(candidate):
         return candidate
     return Path(name_or_path)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name longer than the file system's 255 bytes: no such file
+        return False
 
 
 def load_architecture(name_or_path: str | Path) -> Architecture:
@@ -363,7 +391,7 @@ def load_architecture(name_or_path: str | Path) -> Architecture:
     from octopipe.jsonfile import read_json
 
     path = config_path(name_or_path)
-    if not path.is_file() and isinstance(name_or_path, str) and not path.suffix:
+    if not _is_file(path) and isinstance(name_or_path, str) and not path.suffix:
         known = ", ".join(shipped_models())
         raise InputError(
             str(name_or_path), f"no such config file or shipped model (known: {known})"

@@ -131,8 +131,10 @@ class OctoPipeEngine(Engine):
         world = shape.world_size
         per_node = min(world, answer.gpus_per_node or world)
         nodes = max(1, world // per_node)
+        # Both paths absolute, so the line runs from any folder; on several nodes each needs
+        # them at the same place (the note below says so).
         run = ["-m", "octopipe", "run", "--plan", str((out / "plan.json").resolve())]
-        run += ["--model", answer.model]
+        run += ["--model", _absolute_if_file(answer.model)]
         if answer.seq_len is not None:
             run += ["--seq-len", str(answer.seq_len)]
         if shape.zero:
@@ -147,7 +149,15 @@ class OctoPipeEngine(Engine):
             head += ["--node-rank", "$NODE_RANK", "--rdzv-backend", "c10d"]
             head += ["--rdzv-endpoint", "$MASTER_ADDR:29500"]
             notes = [
-                f"(on each of the {nodes} nodes, NODE_RANK 0..{nodes - 1}, MASTER_ADDR node 0's)"
+                f"(on each of the {nodes} nodes, NODE_RANK 0..{nodes - 1}, MASTER_ADDR node 0's; "
+                "each node needs the plan's folder, and the model's config if a file, at the "
+                "paths above)"
             ]
         words = [w if w.startswith("$") else shlex.quote(w) for w in [*head, *run]]
         return ["to run it:", f"  {' '.join(words)}", *(f"  {n}" for n in notes)]
+
+
+def _absolute_if_file(model: str) -> str:
+    """A model given as a config file's path, made absolute; a shipped model's name as it is."""
+    path = Path(model)
+    return str(path.resolve()) if path.exists() else model

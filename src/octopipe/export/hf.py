@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,14 +77,17 @@ def export_hf(
         optimizer=marker.optimizer or "",
         model_id=model_identity(model),
     )
-    weights = load_weights(found.path, recipe.meta_model)
+    with warnings.catch_warnings():  # torch warns on every single-process load, asked or not
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        weights = load_weights(found.path, recipe.meta_model)
     hf_model = _with_weights(load_config(model[len(HF_PREFIX) :]), weights, DTYPES[dtype])
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
         if found_tokenizer is not None:
             save_tokenizer(found_tokenizer, hf_model, partial)
-        hf_model.save_pretrained(partial, safe_serialization=True)
+        with _no_progress_bars():  # one line says what was written
+            hf_model.save_pretrained(partial, safe_serialization=True)
         if out.exists():
             out.rmdir()  # empty: `_check_output`
         os.rename(partial, out)
@@ -91,6 +96,19 @@ def export_hf(
     parameters = sum(w.numel() for w in weights.values())
     saved = None if found_tokenizer is None else found_tokenizer.path
     return Exported(out, found.path, found.step, parameters, saved)
+
+
+@contextmanager
+def _no_progress_bars():
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
 
 
 def _with_weights(config, weights: dict[str, torch.Tensor], dtype: torch.dtype):
@@ -132,15 +150,16 @@ def _checkpoint(path: Path):
         marker = read_marker(path)
         check_complete(path, marker)  # its bytes too: a changed shard is refused
         return Resumable(path, marker.step, marker)
-    import warnings
-
     from octopipe.runtime.checkpoint.folder import CheckpointSkipped
 
     # A damaged newest checkpoint is refused, not exported around: the model a user asks for
     # by the folder is its latest; the intact one is named, to be exported by its own path.
     with warnings.catch_warnings(record=True) as skipped:
         warnings.simplefilter("always", CheckpointSkipped)
-        found = choose(path)
+        try:
+            found = choose(path)
+        except InputError as exc:  # choose() speaks for `run --resume`; here the flag differs
+            raise InputError("--checkpoint", exc.message, exc.place) from None
     damaged = [w for w in skipped if issubclass(w.category, CheckpointSkipped)]
     if damaged:
         fault = str(damaged[0].message).rsplit("; skipped for ", 1)[0]

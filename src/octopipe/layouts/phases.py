@@ -64,8 +64,18 @@ class ClusterSearch:
     the given layout, tuned), 2. the screening best bound first with the standard schedules
     beside, 3. the finalists tuned, 4. the best tuned layout polished; then the report."""
 
-    def __init__(self, search: LayoutSearch, work: Work, tuning: Tuning, overlap_steps: bool):
+    def __init__(
+        self,
+        search: LayoutSearch,
+        work: Work,
+        tuning: Tuning,
+        overlap_steps: bool,
+        exact: bool = False,
+    ):
         self.search, self.work, self.tuning = search, work, tuning
+        # `exact`: only the given layout is a candidate (`plan --layout`); the references are
+        # planned for the table, not chosen, and no other rank order is tried.
+        self.exact = exact
         self.job = search.job  # with FSDP priced as the runner runs it
         self.overlap_steps = overlap_steps
         self.rows = Incumbents()
@@ -100,8 +110,9 @@ class ClusterSearch:
                 self.refused[name] = why
         if "given" in self.refused:
             why = self.refused["given"]
-            raise InputError("--from-layout", f"{engine.title} cannot run it: {why}")
-        for ref in self.runnable():  # ranked as the search ranks its own plans
+            flag = from_layout.flag if from_layout else "--from-layout"
+            raise InputError(flag, f"{engine.title} cannot run it: {why}")
+        for ref in self.candidates():  # ranked as the search ranks its own plans
             if self.overlap_steps:
                 ref = search.evaluate(ref.layout, ref.label, ref.plan)
             self.rows.keep(ref)
@@ -114,8 +125,13 @@ class ClusterSearch:
             self.tuned_layouts.add(given.layout)
 
     def runnable(self) -> list[Row]:
-        """The references the runner runs: candidates like any row."""
+        """The references the runner runs."""
         return [r for n, r in self.refs.items() if r is not None and n not in self.refused]
+
+    def candidates(self) -> list[Row]:
+        """The references that are candidates like any row: those the runner runs; only the
+        given one where the layout is exact."""
+        return [self.refs["given"]] if self.exact else self.runnable()
 
     # --- 2. the screening, best bound first, with the standard schedules beside ----------------
 
@@ -127,7 +143,7 @@ class ClusterSearch:
         work = self.work
         fitting = self._bound_order(space)
         bounds = [b for b, _ in fitting]
-        for ref in self.runnable():
+        for ref in self.candidates():
             if ref.layout not in self.screened:
                 work.say("screening", ref.layout.describe(), self.rows.best_step())
                 self._screen_one(ref.layout)
@@ -179,8 +195,8 @@ class ClusterSearch:
 
     def _in_every_order(self, layout: JobShape) -> list[JobShape]:
         """The layout in each rank order the job searches (one where PP or DP is 1: the
-        numberings are then one)."""
-        if layout.pp == 1 or layout.dp == 1:
+        numberings are then one; only its own where the layout is exact)."""
+        if layout.pp == 1 or layout.dp == 1 or self.exact:
             return [layout]
         others = [o for o in self.job.rank_orders if o != layout.rank_order]
         return [layout, *(replace(layout, rank_order=o) for o in others)]
@@ -336,6 +352,7 @@ class ClusterSearch:
             not_runnable=tuple(self.refused.items()),
             tune_cpu=self.tune_cpu,
             workers=self.workers,
+            exact=self.exact,
         )
 
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from octopipe.errors import InputError
 from octopipe.layouts.cluster import Cluster
+from octopipe.layouts.estimate import Given, check_given
 from octopipe.layouts.layout import Job, divisors
 from octopipe.layouts.planner import LayoutSearch, Row
 from octopipe.layouts.recipes import RECIPE_LABEL, nearest_recipe, recipe_layout
@@ -88,13 +89,18 @@ def reference_row(search: LayoutSearch, job: Job, num_layers: int) -> Row | None
 def from_layout_row(search: LayoutSearch, job: Job, spec: LayoutSpec) -> Row:
     """The user's layout, planned as `octopipe estimate` plans it: its schedule over the
     uniform partition."""
-    layout = spec.for_gpus(job.cluster.size, job.global_batch, "--from-layout")
+    layout = spec.for_gpus(job.cluster.size, job.global_batch, spec.flag)
     layout = replace(layout, rank_order=spec.rank_order or job.rank_order)
+    try:
+        check_given(job, Given(layout))  # `estimate`'s checks: TP within a node, CP, EP
+    except InputError as exc:  # "--tp: 16 does not divide ..." -> "TP 16 does not divide ..."
+        degree = exc.where.lstrip("-").upper() + " " if exc.message[:1].isdigit() else ""
+        raise InputError(spec.flag, f"{layout.describe()}: {degree}{exc.message}") from None
     chunks = spec.chunks if spec.chunks > 1 else None
     try:
         row = search.baseline(layout, spec.schedule, "uniform", chunks)
     except InputError as exc:  # the schedule or the model does not take these degrees
-        raise InputError("--from-layout", f"{layout.describe()}: {exc}") from None
+        raise InputError(spec.flag, f"{layout.describe()}: {exc}") from None
     return replace(row, label="given")
 
 

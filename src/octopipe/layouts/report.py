@@ -42,6 +42,7 @@ class LayoutReport:
     # and, where its guess was taken, the polish (`fanout.Finalists`)
     tune_cpu: tuple[float, ...] = ()
     workers: int = 1  # processes the finalists were tuned on
+    exact: bool = False  # `given` is the answer's layout (`plan --layout`), the only candidate
     written: Written | None = None  # the answer's files and launch lines, where written
 
     @property

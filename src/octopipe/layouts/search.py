@@ -93,6 +93,7 @@ def plan_cluster(
     progress: Progress | None = None,
     overlap_steps: bool = False,
     from_layout: LayoutSpec | None = None,
+    exact: bool = False,
     torchtitan: bool = False,
     runner: str = DEFAULT_ENGINE,
     workers: int | None = None,
@@ -105,7 +106,8 @@ def plan_cluster(
     for (`octopipe.engines`); every candidate is a layout and plan it runs, priced as it runs
     them (the references it cannot run are shown beside, not candidates). `workers`:
     processes the finalists are tuned on (None: the cores this process may use); the answer is
-    the same for any."""
+    the same for any. `exact`: `from_layout` is the answer's layout (`plan --layout`): it alone
+    is screened and tuned, in its own rank order; the references are planned beside."""
     started = time.perf_counter()
     engine = get_engine(runner)
     if overlap_steps and not engine.overlaps_steps:
@@ -121,10 +123,14 @@ def plan_cluster(
             f"no TP x CP x PP x DP layout of {job.cluster.size} GPUs divides the global batch "
             f"{search.job.global_batch} with at most one stage per layer",
         )
+    if exact and from_layout is None:
+        raise ValueError("an exact search needs from_layout, the layout to plan")
     tuning = Tuning(tune_evaluations, seed, max_chunks)
     work = Work(time_budget, progress, finalists)
-    phases = ClusterSearch(search, work, tuning, overlap_steps)
+    phases = ClusterSearch(search, work, tuning, overlap_steps, exact)
     phases.references(from_layout)
+    if exact:
+        space = [phases.refs["given"].layout]
     phases.screen(space, max_screened, screen_actions)
     phases.tune_finalists(finalists, default_workers() if workers is None else workers)
     return phases.report(len(space), time.perf_counter() - started)

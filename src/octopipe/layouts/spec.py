@@ -31,6 +31,7 @@ class LayoutSpec:
     chunks: int = 1
     dp_given: bool = True
     rank_order: str | None = None  # None: the job's first
+    flag: str = "--from-layout"  # where it was given, named in its faults
 
     @property
     def schedule(self) -> str:
@@ -89,4 +90,4 @@ def parse_layout(text: str, flag: str = "--from-layout") -> LayoutSpec:
         ep=values.get("ep", 1),
         zero=values.get("z", 0),
     )
-    return LayoutSpec(layout, values.get("v", 1), "dp" in values, order)
+    return LayoutSpec(layout, values.get("v", 1), "dp" in values, order, flag)

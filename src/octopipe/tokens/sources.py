@@ -51,8 +51,10 @@ def input_files(paths: Iterable[str | Path]) -> list[Path]:
             files += found
         elif path.is_file():
             files.append(path)
-        else:
-            raise InputError("--input", f"no such file or folder: {path}")
+        else:  # absent, or a FIFO or device that cannot be read twice (sizes, then text)
+            from octopipe.outfiles import unreadable_input
+
+            raise InputError("--input", f"{path} {unreadable_input(path) or 'is not a file'}")
     if not files:
         raise InputError("--input", "no input files")
     return files

@@ -128,7 +128,8 @@ def save_overview(
     zoom.set_xlabel(f"time ({unit})", fontsize=8)
     zoom.tick_params(labelsize=7)
     heat.tick_params(axis="x", labelsize=7)
-    note = f"{len(events):,} actions on {P} devices: an overview (every action: the HTML timeline)"
+    devices = f"{P} device{'s' * (P != 1)}"
+    note = f"{len(events):,} actions on {devices}: an overview (every action: the HTML timeline)"
     heading = f"{title}\n" if title else ""
     fig.suptitle(f"{heading}{headline(stats)}\n{note}", fontsize=10, x=0.06, ha="left", y=0.995)
     fig.subplots_adjust(left=0.1, right=0.97, top=1.0 - 1.1 / height, bottom=0.6 / height)

@@ -146,7 +146,7 @@ def headline(stats: TimelineSummary) -> str:
     ]
     if stats.efficiency is not None:
         parts.append(f"efficiency {100 * stats.efficiency:.1f}%")
-    parts.append(f"{stats.num_devices} devices")
+    parts.append(f"{stats.num_devices} device{'s' * (stats.num_devices != 1)}")
     return "   ".join(parts)
 
 

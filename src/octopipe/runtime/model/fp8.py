@@ -63,7 +63,7 @@ def convert_to_fp8(stage: nn.Module) -> int:
     """Swap the blocks' linears of `stage` for torchao's float8 training linears (tensorwise
     scales computed at each cast), in place; the number swapped."""
     require_torchao()
-    with _quiet("torchao", "torch.utils._pytree"):  # its CUDA kernels and enums, on import
+    with torchao_quietly():
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     swapped = sum(_converted(fqn, m) for fqn, m in stage.named_modules())
     convert_to_float8_training(
@@ -75,9 +75,11 @@ def convert_to_fp8(stage: nn.Module) -> int:
 
 
 @contextmanager
-def _quiet(*loggers: str) -> Iterator[None]:
-    """The loggers' warnings held back (torchao says at import which CUDA kernels it did not
-    load, and torch that an enum it registers needs no registering)."""
+def torchao_quietly() -> Iterator[None]:
+    """Importing torchao (here, or transformers' quantizers where it is installed) without its
+    warnings, which concern no run: which CUDA kernels it did not load (all, on a CPU-only
+    machine), and torch's that the enums it registers need no registering."""
+    loggers = ("torchao", "torch.utils._pytree")
     levels = {name: logging.getLogger(name).level for name in loggers}
     for name in loggers:
         logging.getLogger(name).setLevel(logging.ERROR)

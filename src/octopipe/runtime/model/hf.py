@@ -61,6 +61,11 @@ def load_config(path: str):
     check_config(raw, str(file))
     from transformers import CONFIG_MAPPING
 
+    from octopipe.runtime.model.fp8 import torchao_quietly
+
+    with torchao_quietly():  # the models' module imports its quantizers, and they torchao
+        import transformers.modeling_utils  # noqa: F401
+
     if raw["model_type"] not in CONFIG_MAPPING:
         message = f"unknown model_type {raw['model_type']!r} (transformers has no such model)"
         raise InputError(str(file), message, "model_type")
