@@ -219,6 +219,7 @@ def test_a_reference_the_runner_cannot_run_is_shown_not_chosen(tmp_path, capsys)
     argv = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
     argv += ["--global-batch", "16", "--seq-len", "256", "--no-png", "--quiet", "--json"]
     argv += ["--runner", "torchtitan", "--tune-evaluations", "50", "-o", str(tmp_path)]
+    argv += ["--torchtitan-config", "llama3:llama3_debugmodel"]  # tiny-llama's shape has none
     assert main(argv) == 0
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
@@ -241,7 +242,11 @@ def test_a_reference_the_runner_cannot_run_is_shown_not_chosen(tmp_path, capsys)
             ["--runner", "torchtitan", "--megatron"],
             "--megatron: is for Megatron-LM, but --runner torchtitan",
         ),
-        (["--runner", "torchtitan", "--overlap-steps"], "torchtitan runs synchronous steps"),
+        (
+            ["--runner", "torchtitan", "--overlap-steps"]
+            + ["--torchtitan-config", "llama3:llama3_debugmodel"],
+            "torchtitan runs synchronous steps",
+        ),
         (["--runner", "megatron", "--moe-a2a-overlap"], "--moe-a2a-overlap: prices a published"),
     ],
 )
@@ -285,6 +290,7 @@ def test_a_given_layout_is_kept_to_the_runner(tmp_path, capsys):
     argv = ["plan", "--model", "tiny-llama", "--gpus", "8", "--gpus-per-node", "4"]
     argv += ["--global-batch", "16", "--seq-len", "256", "--no-png", "--quiet", "--json"]
     argv += ["--runner", "torchtitan", "--tune-evaluations", "50"]
+    argv += ["--torchtitan-config", "llama3:llama3_debugmodel"]  # tiny-llama's shape has none
     assert main([*argv, "--from-layout", "tp1,pp2,z3", "-o", str(tmp_path / "a")]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["given"]["zero"] == 3 and summary["given"]["pp"] == 2

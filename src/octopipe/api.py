@@ -225,6 +225,11 @@ def plan_layout(
     engine = get_engine(options.get("runner"))
     exports = exports or Exports()
     check_exports(engine, _export_flags(exports, options.get("torchtitan", False)))
+    if engine.name == "torchtitan":  # its export is the answer: refused before the search
+        from octopipe.engines.torchtitan import base_config, missing_base
+
+        if base_config(exports, str(config)) is None:
+            raise missing_base(str(config))
     if output is not None:  # before the search: fails at once
         check_output_folder("--output", output, OUTPUT_FILES)
     cluster = Cluster(parse_gpus(str(gpus), hardware), gpus_per_node)

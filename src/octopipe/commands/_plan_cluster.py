@@ -168,6 +168,10 @@ def _print_answer(result: LayoutReport, args: argparse.Namespace) -> None:
     job, best = result.job, result.best
     console = Console()
     print_wide(console, layout_table(result, job, args.overlap_steps))
+    engine = get_engine(result.runner).title
+    for name, why in result.not_runnable:
+        shown = {"reference": "Megatron-LM", "given": "given"}.get(name, name)
+        console.print(f"note: {shown} not run by {engine}: {why}", highlight=False)
     for note in result.notes:
         console.print(f"[yellow]note: {note}[/yellow]")
     if not best.sim.fits:  # the table (stdout) shows the leanest first; the refusal is one line
@@ -283,9 +287,11 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
         degrees.remove("R")
     for col in degrees:
         table.add_column(col, justify="right", overflow="fold")
-    table.add_column("plan", min_width=8, overflow="fold")
+    # Long labels ("best_standard: dualpipev/uniform") wrap between their words: the table
+    # keeps to 100 columns.
+    table.add_column("plan", min_width=8, max_width=18, overflow="fold")
     capacity = min(g.hardware.memory_bytes for g in job.cluster.groups) / GIB
-    for col in ("step s", "tok/s/GPU", f"GiB of {capacity:.0f}", "fits", "error"):
+    for col in ("step s", "tok/s", f"GiB of {capacity:.0f}", "fits", "error"):
         table.add_column(col, justify="right", overflow="fold")
 
     def add(row: Row, bold: bool = False, label: str | None = None) -> None:
@@ -319,8 +325,8 @@ def layout_table(result: LayoutReport, job: Job, overlap_steps: bool = False) ->
         for name, row in references:
             shown_as = {"reference": "Megatron-LM", "given": "given"}.get(name)
             label = shown_as or (row.label if ":" in row.label else f"{name}: {row.label}")
-            if name in refused:  # shown for comparison; not a candidate
-                label += f" (not run by {engine}: {refused[name]})"
+            if name in refused:  # shown for comparison; why not: a note under the table
+                label += " (not run)"
             add(row, label=label)
     return table
 
@@ -340,6 +346,7 @@ def _caption(result: LayoutReport) -> str:
         "(FSDP); Z3/S: in shard groups of S, replicated across them (HSDP)",
         "b x M: samples per microbatch x microbatches per step",
         "step s: the pipeline (timeline.png's iteration) and the optimizer step after it",
+        "tok/s: tokens per second per GPU",
         "R: recomputation (s: selective, f: full)",
         "ranks: how GPUs are numbered (o: OctoPipe's, DP outermost; m: Megatron-Core's, PP "
         "outermost; docs/FORMATS.md)",
