@@ -116,6 +116,20 @@ THIRD_CASES: list[tuple[str, Argv, str]] = [
         "not allowed with argument --layout",
     ),
     (
+        "plan --runner torchtitan --from-layout cp2 at ZeRO-0",
+        lambda f: (
+            ["plan", "--gpus", "8", "--model", "llama3-8b", "--runner", "torchtitan"]
+            + ["--from-layout", "cp2,pp2", "-o", _out(f, "x")]
+        ),
+        "--from-layout: torchtitan cannot run it: torchtitan shards weights over the CP ranks "
+        "(FSDP) wherever CP > 1: give z3",
+    ),
+    (
+        "plan --runner torchtitan with a model of no torchtitan config",
+        lambda f: ["plan", "--gpus", "8", "--model", "tiny-llama", "--runner", "torchtitan"],
+        "--runner torchtitan: torchtitan 0.3 has no config of tiny-llama's shape",
+    ),
+    (
         "profile-arch a gpt_oss config of unknown layer types",
         lambda f: ["profile-arch", f["gpt-oss-unknown-layer-types.json"], "-o", _out(f, "p.json")],
         "layer_types: 'sliding' is not a layer type: expected full_attention or sliding_attention",

@@ -45,7 +45,9 @@ from octopipe.units import GIB, byte_unit, fmt_column, fmt_time, parse_size, tim
 NAME = "plan"
 HELP = (
     "Tune partition, placement and schedule together; write plan.json, schedule.csv, "
-    "torchtitan.toml, octopipe_torchtitan.py (torchtitan 0.3), timeline.png and timeline.html."
+    "torchtitan.toml, octopipe_torchtitan.py (torchtitan 0.3; with "
+    "octopipe_torchtitan_stages.py for a placement torchtitan cannot build), megatron_args.sh "
+    "(--megatron), timeline.png and timeline.html."
 )
 
 DEFAULT_MODEL = "gemma2-9b"  # large vocabulary: what an uneven pipeline costs, at a glance
@@ -140,8 +142,9 @@ def _add_export_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MODULE:CONFIG",
         help="the torchtitan 0.3 config the exported octopipe_torchtitan.py starts from, as "
         "torchtitan's --module/--config take them (e.g. llama3:llama3_8b); default: "
-        "torchtitan's own config of --model where it has one (llama3-8b, llama3-70b), else "
-        "no 0.3 export",
+        "torchtitan's own config of a model of --model's shape where it has one (Llama 3, "
+        "Qwen3, DeepSeek-V3, gpt-oss; docs/LAYOUTS.md), else no 0.3 export (an error with "
+        "--runner torchtitan)",
     )
     p.add_argument(
         "--megatron",

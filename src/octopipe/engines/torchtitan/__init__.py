@@ -212,9 +212,9 @@ def _runs(answer: Answer) -> TitanLayout | str:
 def _titan_refusal(shape: JobShape) -> str | None:
     ranks = shape.copies
     if shape.zero in (1, 2):
-        return f"torchtitan has no ZeRO-{shape.zero} (only FSDP, HSDP or DDP)"
+        return f"torchtitan has no ZeRO-{shape.zero} (only FSDP, HSDP or DDP: z3 or z0)"
     if shape.zero == 0 and shape.cp > 1:
-        return "torchtitan shards weights over the CP ranks (FSDP) wherever CP > 1"
+        return "torchtitan shards weights over the CP ranks (FSDP) wherever CP > 1: give z3"
     if shape.pp == 1 and shape.num_microbatches > 1 and shape.zero != 3:
         # Its export accumulates M passes of one microbatch without PP, and torchtitan reduces
         # the gradients after each: FSDP's reduce-scatter per microbatch is priced so,
