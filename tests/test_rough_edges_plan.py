@@ -62,6 +62,9 @@ def test_the_error_band_line_never_sets_the_answer_beside_itself():
     # best_standard the very plan of the answer, under another label: nothing to try.
     same = replace(best, label=f"best_standard: {best.label}")
     assert within_error_line(replace(report, best_standard=same, recipe=None)) is None
+    # Another plan of the same step (to a rounding): no "beats best_standard by 0.0%".
+    tied = replace(best, label="1f1b/uniform", tail=best.tail + best.step_time * 1e-5)
+    assert within_error_line(replace(report, best_standard=tied, recipe=None)) is None
     # A reference faster than the answer (only `--layout` can give that) is named as such.
     faster = replace(best, tail=best.tail - best.step_time * 0.5)
     line = within_error_line(replace(report, best_standard=faster, recipe=None))

@@ -43,6 +43,8 @@ def within_error_line(result: LayoutReport) -> str | None:
         if row.layout == best.layout and row.plan == best.plan and row.tail == best.tail:
             continue  # the answer itself, under another name
         gain = row.step_time / best.step_time - 1
+        if abs(gain) < 0.0005:  # "by 0.0%": the same step, whatever the plans' names
+            continue
         if gain < -band.mean:  # only `--layout`'s answer can be slower than a reference
             faster.append(f"{name} by {-gain:.1%}")
         elif gain < 0:

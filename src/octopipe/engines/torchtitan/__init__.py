@@ -148,9 +148,17 @@ class TorchtitanEngine(SynchronousEngine):
         command = torchtitan_launch_command(out, lay.world, answer.gpus_per_node, *paths)
         free = placement_style(answer.plan) == "free"
         placed = " (stages placed by octopipe_torchtitan_stages.py)" if free else ""
+        nodes = lay.world // (answer.gpus_per_node or lay.world)
+        # The module names its schedule.csv by absolute path, as torchtitan's flags do.
+        shared = (
+            [f"  (on each of the {nodes} nodes, with {out.resolve()} at that same path)"]
+            if nodes > 1
+            else []
+        )
         return [
             f"torchtitan 0.3{placed}, from {base.module}.{base.config}, {lay.describe()}:",
             f"  {command}",
+            *shared,
             *(f"note: {n}" for n in lay.notes),
         ]
 
