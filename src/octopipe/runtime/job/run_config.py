@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import torch
+from torch import nn
 
+from octopipe.errors import InputError
 from octopipe.plan import JobShape, Plan
 from octopipe.runtime.data.batches import DataSource, SyntheticData
 from octopipe.runtime.model.load import load_recipe
@@ -87,7 +89,12 @@ class RunConfig:
     order_matched: bool = False  # gloo: match transfers by order, a group per channel (NCCL's)
 
     def recipe(self) -> ModelRecipe:
-        return load_recipe(self.model)
+        """The model's recipe. An expert-parallel degree the model's experts cannot take is
+        refused here (`check_experts`), so before any rank starts: the launcher's checks
+        begin by loading the recipe."""
+        recipe = load_recipe(self.model)
+        check_experts(recipe, self.shape.ep)
+        return recipe
 
     def data_source(self, recipe: ModelRecipe) -> DataSource:
         if self.data is not None:
@@ -105,6 +112,41 @@ class RunConfig:
     def pass_sequences(self, plan: Plan) -> int:
         """Sequences of one pass of the plan over all replicas: D x M x b."""
         return self.shape.dp * plan.num_microbatches * self.shape.microbatch_size
+
+
+def check_experts(recipe: ModelRecipe, ep: int) -> None:
+    """`--ep` above 1 needs routed experts to divide, and an expert count it divides in every
+    MoE layer: the rule each rank applies when it divides them (`parallel.experts.apply_ep`),
+    asked of the meta model, in the words `octopipe estimate` refuses a model without
+    experts with. A dense model (or a MoE family's config whose every layer is dense) would
+    otherwise run EP as plain data parallelism and report the EP asked for."""
+    if ep <= 1:
+        return
+    if recipe.expert_tp_plan is None:
+        raise InputError("--ep", f"{recipe.name} has no experts OctoPipe can divide")
+    from octopipe.runtime.parallel.experts import _check_count
+
+    counts = expert_counts(recipe.meta_model)
+    if not counts:
+        raise InputError("--ep", f"{recipe.name} has no MoE experts to spread over {ep} ranks")
+    for fqn, count in counts.items():
+        _check_count(fqn, count, ep)
+
+
+def expert_counts(model: nn.Module) -> dict[str, int]:
+    """The routed experts of each MoE layer `apply_ep` divides, by the layer's FQN: OctoPipe's
+    bundled `MoE` blocks and transformers' fused 3-D expert weights."""
+    from octopipe.models.feedforward import MoE
+    from octopipe.runtime.parallel.experts import _is_fused
+
+    counts = {}
+    for fqn, block in model.named_modules():
+        inner = getattr(block, "experts", None)
+        if isinstance(block, MoE):
+            counts[fqn] = len(block.experts)
+        elif isinstance(inner, nn.Module) and _is_fused(inner):
+            counts[f"{fqn}.experts"] = inner.gate_up_proj.shape[0]
+    return counts
 
 
 @dataclass(frozen=True)
