@@ -6,7 +6,9 @@ keeps a second run out, and whether there is room for the next one.
   (`metadata`), every shard the index names is there, long enough, and, where the marker
   records checksums (`checksums`), every file has the bytes that were saved. A newer
   folder that fails is skipped with a one-line warning (`CheckpointSkipped`); if every one
-  fails, the run is refused. An index that would run code is refused, never skipped.
+  fails, the run is refused. An index that would run code is refused, never skipped. The one
+  chosen without checksums (written before them, or its marker lost the key) is resumed with a
+  one-line warning that its bytes were not verified (`CheckpointUnverified`).
 - `hold(root)`: an exclusive lock (`DIR/.octopipe.lock`, `flock`) for the run's whole life. The
   kernel drops it when the holder dies however it dies, so a dead run never blocks the next;
   the file records the holder's pid, host and start, for the message a second run gets.
@@ -56,6 +58,10 @@ class CheckpointSkipped(OctoPipeWarning):
     """A damaged or unfinished checkpoint passed over for an earlier complete one."""
 
 
+class CheckpointUnverified(OctoPipeWarning):
+    """The checkpoint chosen carries no checksums: a changed byte would go unnoticed."""
+
+
 class NoSpace(OctoPipeError):
     """Too little free space for a checkpoint; the message names the folder and the bytes."""
 
@@ -75,6 +81,8 @@ class Marker(BaseModel):
     # file name -> "sha256:<hex>" of every file the save wrote but this one (`checksums`);
     # absent in checkpoints written before checksums existed
     checksums: dict[str, str] | None = None
+    # the learning-rate schedule it was trained on; absent in checkpoints written before it
+    schedule: Schedule | None = None
 
     @field_validator("checksums")
     @classmethod
@@ -85,6 +93,25 @@ class Marker(BaseModel):
             if not DIGEST.fullmatch(digest):
                 raise ValueError(f"{name}: expected sha256:<64 hex digits>, got {digest!r}")
         return value
+
+
+class Schedule(BaseModel):
+    """The learning-rate schedule a checkpoint was trained on (`schedule.py`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    lr: float = Field(strict=True, ge=0, allow_inf_nan=False)
+    warmup_steps: int = Field(strict=True, ge=0)
+    decay: Literal["constant", "cosine"]
+    min_lr: float = Field(strict=True, ge=0, allow_inf_nan=False)
+    total_steps: int = Field(strict=True, ge=1)
+
+    @field_validator("lr", "min_lr", mode="before")
+    @classmethod
+    def _a_number(cls, value: object) -> object:
+        # JSON writes 0.0 as 0.0, but a hand-edited 0 is a number too (strict floats refuse
+        # ints); a bool is no number
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 @dataclass(frozen=True)
@@ -138,10 +165,20 @@ def choose(root: str | Path) -> Resumable | None:
             continue
         for fault in faults:
             warnings.warn(f"{fault}; skipped for {folder.name}", CheckpointSkipped, stacklevel=2)
+        if marker.checksums is None:
+            warnings.warn(unverified(folder), CheckpointUnverified, stacklevel=2)
         return Resumable(folder, step, marker)
     if faults:
         raise InputError("--resume", f"no complete checkpoint in {root}: {'; '.join(faults[:3])}")
     return None
+
+
+def unverified(folder: Path) -> str:
+    return (
+        f"{folder}: its {MARKER} carries no checksums, so its bytes were not verified (a "
+        "checkpoint written before checksums, or a marker that lost them): a changed byte "
+        "would load as wrong weights"
+    )
 
 
 def check_complete(folder: Path, marker: Marker) -> None:

@@ -11,7 +11,9 @@ full FQN, and any later layout reads the pieces it needs), and
 written into `DIR/.step-N.partial` and renamed to `step-N` once complete, so a `step-N`
 folder is whole or damaged, never half-written; a crash leaves at most a `.partial` folder,
 which the next save clears. The learning rate and the data are functions of the step, so the
-step is all the rest a run needs to continue as if it had not stopped. Which checkpoint a run
+step is all the rest a run needs to continue as if it had not stopped, under the same
+settings; the marker's `schedule` records the learning-rate settings, so that a resume under
+others says what it reshapes (`schedule.py`). Which checkpoint a run
 resumes, the folder's lock and its free space: `folder.py`.
 
 Every read of a checkpoint's index goes through `metadata.read_metadata`, which runs

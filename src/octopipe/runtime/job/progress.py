@@ -6,7 +6,8 @@ every rank all of it (with the held-out losses, after a step that evaluated), so
 can report the step while the run goes on, and so that a loss that turned non-finite stops
 every rank at the same step with the same message (no rank is left waiting on a peer that gave
 up). Besides steps, rank 0 and the launcher say what the run is doing (`RunNote`): start-up
-stages, checkpoints saved and resumed.
+stages, checkpoints saved and resumed, and warnings (a resume that reshapes the learning-rate
+schedule).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class RunNote:
     text: str
     job: int = 0
     passing: bool = False
+    warning: bool = False  # something valid but likely not what the user meant
 
 
 Report = StepReport | RunNote
@@ -102,6 +104,12 @@ def say(on_report: OnReport | None, text: str, passing: bool = False) -> None:
     """Hand a note to whoever reports the run (nobody, on ranks but 0)."""
     if on_report is not None:
         on_report(RunNote(text, passing=passing))
+
+
+def warn(on_report: OnReport | None, text: str | None) -> None:
+    """Hand a warning (`text`, when there is one) to whoever reports the run."""
+    if on_report is not None and text is not None:
+        on_report(RunNote(text, warning=True))
 
 
 class NonFiniteLoss(RankFailure):

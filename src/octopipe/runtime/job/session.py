@@ -19,10 +19,11 @@ import torch.distributed as dist
 
 from octopipe.errors import InputError
 from octopipe.plan import JobShape, Place, Plan
+from octopipe.runtime.checkpoint.schedule import resumed_schedule, schedule_record
 from octopipe.runtime.data.batches import Batch, DataSource, replica_batch, split_sequences
 from octopipe.runtime.job.evaluate import Evaluation
 from octopipe.runtime.job.flops import peak_flops, step_model_flops
-from octopipe.runtime.job.progress import OnReport, StepProgress, StepRates, say
+from octopipe.runtime.job.progress import OnReport, StepProgress, StepRates, say, warn
 from octopipe.runtime.job.result import RankReport, RunResult, assemble, gathered_state, state_bytes
 from octopipe.runtime.job.run_config import Job, RunConfig
 from octopipe.runtime.model.fp8 import convert_to_fp8
@@ -61,6 +62,9 @@ def run_job_on_rank(
     first_step = _resume(job.config, built.modules, built.worker)
     if first_step:
         say(on_report, f"resumed from {job.config.checkpoint.chosen} ({first_step} steps done)")
+        warn(
+            on_report, resumed_schedule(job.config.checkpoint.dir, job.config.optimizer, first_step)
+        )
     progress = StepProgress(
         job.plan,
         job.config,
@@ -344,6 +348,7 @@ def _save(
         "layers": list(recipe.layers),
         "seed": cfg.seed,
         "optimizer": cfg.optimizer.name,
+        "schedule": schedule_record(cfg.optimizer),
     }
     nbytes = checkpoint_bytes(recipe.meta_model, cfg.optimizer.name, cfg.optimizer.momentum)
     path = save(cfg.checkpoint.dir, step, modules, worker.optimizer, about, nbytes)
