@@ -183,6 +183,13 @@ def _print_answer(result: LayoutReport, args: argparse.Namespace) -> None:
     console.print("which layers each device holds (the chosen plan):")
     for line in device_layers(best.plan, best.profile.layer_names):
         console.print(f"  {line}", highlight=False, soft_wrap=True)
+    if best.sim.steady is None:  # one synchronous step: the bounds apply
+        bounds = pipeline_bounds(best)
+        console.print(
+            f"its pipeline: {bounds.describe(best.sim.iteration_time)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if best.plan.num_devices == 1 and len(best.plan.stages) > 1:
         console.print(
             f"  (PP 1: these {len(best.plan.stages)} chunks are no pipeline stages; each "
@@ -223,6 +230,14 @@ def _search_counts(result: LayoutReport) -> str:
     return f"{layouts} ({', '.join(parts)}{besides})"
 
 
+def pipeline_bounds(row: Row):
+    """The bounds of the row's pipeline (its step less the optimizer update after it), on its
+    first replica's devices: `sim/bounds.py`."""
+    from octopipe.sim import Simulator
+
+    return Simulator(row.profile).bounds(row.plan)
+
+
 def json_summary(result: LayoutReport) -> dict:
     def summary(row: Row | None) -> dict | None:
         if row is None:
@@ -240,7 +255,14 @@ def json_summary(result: LayoutReport) -> dict:
 
     return {
         "runner": result.runner,
-        "chosen": summary(result.best),
+        "chosen": {
+            **summary(result.best),
+            **(
+                {"bounds": pipeline_bounds(result.best).to_json()}
+                if result.best.sim.fits and result.best.sim.steady is None
+                else {}
+            ),
+        },
         "within_model_error": within_error_line(result),
         "best_standard": summary(result.best_standard),
         "recipe": {**reference("recipe", result.recipe), "source": result.recipe_source}

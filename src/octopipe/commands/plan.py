@@ -244,6 +244,13 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  {line}", highlight=False, soft_wrap=True)
     if result.best.plan.recompute:
         console.print(f"the tuned plan: {recompute_summary(result.best.plan)}")
+    if not args.overlap_steps:  # the bounds of one synchronous step (sim/bounds.py)
+        from octopipe.sim import Simulator
+
+        bounds = Simulator(profile, args.action_overhead).bounds(result.best.plan)
+        console.print(
+            f"the tuned plan: {bounds.describe(result.best.sim.iteration_time)}", highlight=False
+        )
     console.print(
         f"searched {result.evaluations} candidates in {result.seconds:.1f} s"
         f"{'' if result.converged else ' (time budget reached)'}; "

@@ -65,9 +65,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.overlap_steps and (args.trace or args.png or args.html or args.memory_png):
         raise InputError("--overlap-steps", "draws no timeline or trace yet; drop those options")
-    result = Simulator(profile, args.action_overhead).run(
-        plan, check=False, where=args.plan, overlap_steps=args.overlap_steps
-    )
+    simulator = Simulator(profile, args.action_overhead)
+    result = simulator.run(plan, check=False, where=args.plan, overlap_steps=args.overlap_steps)
+    # Bounds of one synchronous step: steps overlapped pay the pipeline's fill once.
+    bounds = None if args.overlap_steps else simulator.bounds(plan, args.plan)
     if args.trace:
         from octopipe.trace import write_trace
 
@@ -82,9 +83,13 @@ def run(args: argparse.Namespace) -> int:
         summary = result.summary()
         if args.action_overhead:
             summary["action_overhead"] = args.action_overhead
+        if bounds is not None:
+            summary["bounds"] = bounds.to_json()
         print(dumps(summary))
     else:
         print_simulation(result, title=title)
+        if bounds is not None:
+            print(bounds.describe(result.iteration_time))
         print("which layers each device holds:")
         for line in device_layers(plan, profile.layer_names):
             print(f"  {line}")

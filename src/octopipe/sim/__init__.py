@@ -17,12 +17,13 @@ from octopipe.costs import CostTable
 from octopipe.errors import DeadlockError
 from octopipe.plan import Plan, check_structure
 from octopipe.profile import Device, Profile
+from octopipe.sim.bounds import Bounds, joint_bound, plan_bound
 from octopipe.sim.evaluate import SimResult, evaluate
 from octopipe.sim.graph import build_graph, check_recompute, devices_for
 from octopipe.sim.quick import quick_evaluate
 from octopipe.sim.steps import FIRST_STEPS, MAX_STEPS, steady_state
 
-__all__ = ["SimResult", "Simulator", "lower_bound", "simulate"]
+__all__ = ["Bounds", "SimResult", "Simulator", "lower_bound", "simulate"]
 
 
 def lower_bound(profile: Profile, devices: tuple[Device, ...], num_microbatches: int) -> float:
@@ -70,6 +71,14 @@ class Simulator:
             return evaluate(graph, bound, detail)
         except DeadlockError as exc:
             raise DeadlockError(f"{where}: {exc}") from None
+
+    def bounds(self, plan: Plan, where: str = "<plan>") -> Bounds:
+        """The least step any order of `plan`'s partition and placement, and any plan at all,
+        can reach (`sim/bounds.py`): bounds of the synchronous step, never beaten."""
+        devices = devices_for(self.profile, plan, where)
+        joint = joint_bound(self.profile, devices, plan.num_microbatches)
+        graph = build_graph(self.costs, plan, devices, check=False, where=where)
+        return Bounds(plan=plan_bound(graph, joint), joint=joint)
 
 
 def simulate(

@@ -1,0 +1,147 @@
+"""The bounds of `sim/bounds.py` are never beaten: on generated heterogeneous profiles (layers of
+any cost, devices of any speed, slow links), every plan, random or generated, simulates at or
+above its partition's bound, which is at or above the joint bound; and they are tight where the
+answer is known."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import octopipe as op
+from octopipe.profile import Device, LayerCost, Link, Profile
+from octopipe.random_plans import random_plan
+from octopipe.sim import Simulator
+from octopipe.sim.bounds import _one_machine, joint_bound
+
+EPS = 1e-9
+
+
+def _profile(rng: random.Random, layers: int, devices: int) -> Profile:
+    costs = []
+    for i in range(layers):
+        heavy = rng.random() < 0.2  # a vocabulary head, a vision tower, a Mamba block
+        scale = rng.uniform(3, 8) if heavy else 1.0
+        costs.append(
+            LayerCost(
+                name=f"layers.{i}",
+                f=scale * rng.uniform(0.2, 1.0),
+                b=scale * rng.uniform(0.2, 2.0),
+                w=scale * rng.uniform(0.0, 1.0),
+                act_bytes=10,
+                wact_bytes=4,
+                param_bytes=100,
+                out_bytes=rng.randint(1, 10**6),
+            )
+        )
+    speeds = [rng.choice((0.5, 1.0, 1.0, 2.0)) for _ in range(devices)]
+    link = Link(latency=rng.uniform(0, 0.05), bandwidth=rng.choice((1e6, 1e7, 1e9)))
+    return Profile(
+        name="random",
+        layers=tuple(costs),
+        devices=tuple(Device(speed=s) for s in speeds),
+        link=link,
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    layers=st.integers(1, 9),
+    devices=st.integers(1, 4),
+    microbatches=st.integers(1, 6),
+)
+def test_no_random_plan_beats_its_bounds(seed, layers, devices, microbatches):
+    rng = random.Random(seed)
+    profile = _profile(rng, layers, devices)
+    sim = Simulator(profile)
+    for _ in range(5):
+        plan = random_plan(rng, layers, devices, microbatches)
+        bounds = sim.bounds(plan)
+        time = sim.run(plan, detail=False).iteration_time
+        assert bounds.joint <= bounds.plan + EPS
+        assert bounds.plan <= time + EPS, (bounds, time)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "i1f1b", "zbh1", "zbv", "dualpipev"])
+def test_no_generated_schedule_beats_its_bounds(schedule):
+    rng = random.Random(7)
+    for _ in range(5):
+        profile = _profile(rng, 16, 4)
+        sim = Simulator(profile)
+        for partition in ("uniform", "balanced"):
+            plan = op.baseline(profile, schedule, partition, 8)
+            bounds = sim.bounds(plan)
+            assert bounds.joint <= bounds.plan <= sim.run(plan).iteration_time + EPS
+
+
+def test_the_tuned_plan_never_beats_the_joint_bound():
+    profile = op.profile_from_config("gemma2-9b", devices=4)
+    tuned = op.tune(profile, num_microbatches=16)
+    sim = Simulator(profile)
+    bounds = sim.bounds(tuned.best.plan)
+    time = sim.run(tuned.best.plan).iteration_time
+    assert bounds.joint <= bounds.plan <= time + EPS
+    assert bounds.gap(time) < 0.05  # the tuner reaches near the bound on its default case
+
+
+def _layer(name: str, f: float, b: float, w: float) -> LayerCost:
+    # Nothing sent between stages: the chain is compute alone.
+    return LayerCost(
+        name=name, f=f, b=b, w=w, act_bytes=1, wact_bytes=1, param_bytes=1, out_bytes=0
+    )
+
+
+def test_the_bounds_are_tight_where_the_optimum_is_known():
+    # One device: every order runs the work back to back.
+    layers = tuple(_layer(f"l{i}", 1.0, 2.0, 0.5) for i in range(3))
+    one = Profile(name="one", layers=layers, devices=(Device(),))
+    sim = Simulator(one)
+    plan = op.baseline(one, "1f1b", "uniform", 4)
+    assert sim.bounds(plan).joint == pytest.approx(4 * 3 * 3.5)
+    assert sim.bounds(plan).plan == pytest.approx(sim.run(plan).iteration_time)
+    # GPipe of one microbatch over a chain: the chain is the step.
+    chain = Profile(name="chain", layers=layers, devices=(Device(),) * 3)
+    plan = op.baseline(chain, "gpipe", "uniform", 1)
+    assert Simulator(chain).bounds(plan).plan == pytest.approx(
+        Simulator(chain).run(plan).iteration_time
+    )
+
+
+def test_one_machine_relaxation_is_jacksons_preemptive_schedule():
+    # A job released late with a long tail preempts a job with a short one.
+    jobs = [(0.0, 10.0, 0.0), (2.0, 1.0, 20.0)]
+    assert _one_machine(jobs) == pytest.approx(23.0)  # 2 + 1 + 20
+    assert _one_machine([(0.0, 3.0, 1.0), (0.0, 2.0, 5.0)]) == pytest.approx(7.0)
+    assert _one_machine([]) == 0.0
+
+
+def test_the_joint_bound_counts_the_fill_of_a_pipeline():
+    # Eight equal layers on eight devices, one microbatch each way: no plan hides the chain.
+    layers = tuple(_layer(f"l{i}", 1.0, 1.0, 0.0) for i in range(8))
+    profile = Profile(name="even", layers=layers, devices=(Device(),) * 8)
+    assert joint_bound(profile, profile.devices, 1) == pytest.approx(16.0)
+    # Against the work alone (16 of 8 devices' capacity: 2 s) the fill is 8x.
+    assert joint_bound(profile, profile.devices, 1) > 8 * 16 / 8 - EPS
+
+
+def test_simulate_and_plan_print_both_bounds(tmp_path, capsys):
+    import json
+
+    from octopipe.cli import main
+
+    profile = tmp_path / "p.json"
+    assert main(["profile-arch", "tiny-llama", "-o", str(profile)]) == 0
+    out = tmp_path / "out"
+    argv = ["plan", "--profile", str(profile), "--devices", "2", "--no-png", "-o", str(out)]
+    assert main([*argv, "--time-budget", "20"]) == 0
+    assert "the tuned plan: within " in capsys.readouterr().out
+    plan = str(out / "plan.json")
+    assert main(["simulate", "--profile", str(profile), "--plan", plan, "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert 0 < found["bounds"]["joint"] <= found["bounds"]["plan"] <= found["iteration_time"]
+    assert main(["simulate", "--profile", str(profile), "--plan", plan, "--overlap-steps"]) == 0
+    assert "best any plan can do" not in capsys.readouterr().out  # no bound of a steady step
