@@ -6,7 +6,17 @@ A step's line, its JSON line (`--json`, on stdout) and its log number it alike, 
 of M: N steps done after it, so the checkpoint saved after it is `step-N`); the bar counts
 the steps done. Notes (start-up stages, checkpoints saved and resumed) carry the seconds since
 the run began; a passing one (what is under way before the processes start) shows in the bar
-only, so that a run refused meanwhile prints its one error line and nothing else.
+only, so that a run refused meanwhile prints its one error line and nothing else. A warning
+from the ranks is a line of its own, `octopipe run: warning: ...`.
+
+`notes`, what the command knows of the run before it starts (what a step is, the device the
+plan was priced for), and the warnings of its checks that are about what it will do (`warn_later`:
+a checkpoint resumed unverified) wait for the first line the run prints (the processes
+starting, or the first step), so that they come before every step but never before a refusal.
+
+The time left (the line's `ETA`, the bar's last column) is paced by the steps this process has
+seen since the first one it reported, never by the steps a resumed checkpoint had done: it
+says "estimating" until two steps were reported.
 """
 
 from __future__ import annotations
@@ -22,13 +32,18 @@ from octopipe.units import fmt_bytes, fmt_eta
 class RunProgress:
     """A context around the run; called with each `StepReport` and `RunNote`."""
 
-    def __init__(self, total_steps: int, json_lines: bool, also=None) -> None:
-        """`also`: called with every report too (the run's logs)."""
+    def __init__(
+        self, total_steps: int, json_lines: bool, also=None, notes: tuple[str, ...] = ()
+    ) -> None:
+        """`also`: called with every report too (the run's logs). `notes`: lines printed
+        before the run's first (module docstring)."""
         self.total, self.json_lines, self.also = total_steps, json_lines, also
+        self._held = [f"octopipe run: note: {note}" for note in notes]
         self._started = time.perf_counter()
         self._bar: Any = None  # rich's Progress, on a terminal only, from the first report
         self._task: Any = None
         self._first: tuple[int, float] | None = None  # the first step reported, and when
+        self._step_time_sum = 0.0  # the measured times of the steps reported after it
 
     def __enter__(self) -> RunProgress:
         return self
@@ -40,17 +55,24 @@ class RunProgress:
     def __call__(self, report) -> None:
         from octopipe.runtime.job.progress import RunNote
 
+        # A step's arrival, before the logs take it (opening them at the first step can take
+        # seconds, while the next steps' reports queue up behind it).
+        arrived = None if isinstance(report, RunNote) else time.perf_counter()
         if self.also is not None:
             self.also(report)
         if isinstance(report, RunNote):
             if report.passing:
                 self._under_way(report.text)
+            elif report.warning:
+                self._line(f"octopipe run: warning: {report.text}")
             else:
                 self._line(f"[{time.perf_counter() - self._started:.1f} s] {report.text}")
             return
         if self.json_lines:
+            self._flush_notes()  # before the step's JSON line, as before its console line
             print(dumps(report.as_json()), flush=True)
-        self._line(step_line(report, self.total, self._time_left(report.step)))
+        time_left = self._time_left(report, arrived)
+        self._line(step_line(report, self.total, time_left))
         if report.val_loss is not None:
             self._line(evaluation_line(report))
         if self._bar is not None:
@@ -59,18 +81,35 @@ class RunProgress:
                 self._task,
                 completed=report.step,
                 doing=f"loss {report.loss:.4g}, {speed} tokens/s",
+                left=_bar_eta(time_left, report.step >= self.total),
             )
 
-    def _time_left(self, step: int) -> float | None:
-        """Seconds to the last step at the wall-clock pace of the steps since the first one
-        reported (which carries the start-up's warm-up); None before a pace is known."""
-        now = time.perf_counter()
+    def warn_later(self, text: str) -> None:
+        """A warning of the checks before the start, said with the notes: only if the run
+        passes them (a refused run's error stays its one line)."""
+        self._held.append(f"octopipe run: warning: {text}")
+
+    def _flush_notes(self) -> None:
+        held, self._held = self._held, []
+        for line in held:
+            self._line(line)
+
+    def _time_left(self, report, now: float) -> float | None:
+        """Seconds to the last step at the pace of the steps this process has seen after the
+        first one it reported (which carries the start-up's warm-up, and follows a resumed
+        checkpoint's steps): their wall-clock pace, or their measured step time where that is
+        slower (reports that arrive together say nothing of the pace); None before a pace is
+        known, or after the last step. `now`: when the report arrived."""
+        step = report.step
         if self._first is None:
             self._first = (step, now)
+            return None
         first_step, first_time = self._first
         if step <= first_step or step >= self.total:
             return None
-        return (now - first_time) / (step - first_step) * (self.total - step)
+        self._step_time_sum += report.step_time
+        pace = max((now - first_time), self._step_time_sum) / (step - first_step)
+        return pace * (self.total - step)
 
     def _under_way(self, text: str) -> None:
         if sys.stderr.isatty():
@@ -79,6 +118,7 @@ class RunProgress:
             self._bar.update(self._task, doing=text)
 
     def _line(self, text: str) -> None:
+        self._flush_notes()
         if not sys.stderr.isatty():
             print(text, file=sys.stderr, flush=True)
             return
@@ -93,7 +133,6 @@ class RunProgress:
             MofNCompleteColumn,
             Progress,
             TextColumn,
-            TimeRemainingColumn,
         )
 
         self._bar = Progress(
@@ -101,14 +140,22 @@ class RunProgress:
             MofNCompleteColumn(),
             BarColumn(),
             TextColumn("{task.fields[doing]}"),
-            TimeRemainingColumn(),
+            # the step line's estimate: rich's own paces by the reports' arrival alone, and two
+            # that arrive together read as an instant step ("0:00:00" with most of the run to go)
+            TextColumn("[cyan]{task.fields[left]}"),
             console=Console(stderr=True),
             transient=True,
             # JSON lines on a terminal go above the bar; piped, stdout is left alone.
             redirect_stdout=sys.stdout.isatty(),
         )
         self._bar.start()
-        self._task = self._bar.add_task("", total=self.total, doing="")
+        self._task = self._bar.add_task("", total=self.total, doing="", left="")
+
+
+def _bar_eta(time_left: float | None, done: bool) -> str:
+    if done:
+        return ""
+    return "ETA estimating" if time_left is None else f"ETA {fmt_eta(time_left)}"
 
 
 def step_line(report, total_steps: int, time_left: float | None = None) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 from octopipe.jsonfile import dumps
-from octopipe.units import fmt_bytes, fmt_time
+from octopipe.units import fmt_bytes, fmt_eta, fmt_time
 
 NAME = "run"
 HELP = "Run a plan on torch.distributed (spawned processes or inside torchrun) and measure it."
@@ -49,8 +49,14 @@ def run(args: argparse.Namespace) -> int:
     profile = _prediction_profile(config, plan)
     logs = _logs(out.dir)
     steps = config.training.steps
+    ran_on = _device_kind(config, plan)
+    notes = _before_the_first_step(config, plan, plan_file, ran_on)
     try:
-        with logs or nullcontext(), RunProgress(steps, out.json, logs) as progress:
+        with (
+            logs or nullcontext(),
+            RunProgress(steps, out.json, logs, notes) as progress,
+            _warnings_held(progress),
+        ):
             result = train(plan, config, where=plan_file, on_step=progress, on_note=progress)
     except RankFailure as exc:  # a non-finite loss too; under torchrun every rank raises it
         if under_torchrun():
@@ -79,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         _draw_last_step(result, out.png, plan, profile, layout)
     comparable = _note_other_shape(config, plan)
     summary = result.summary()
-    comparable = not _note_other_device(plan, plan_file, summary) and comparable
+    comparable = not _other_device(plan, plan_file, summary, ran_on) and comparable
     summary["seq_len"], summary["micro_batch_size"] = run_shape(
         plan, config.data.seq_len, config.data.micro_batch_size
     )
@@ -220,10 +226,114 @@ def _note_other_shape(config, plan) -> bool:
     return comparable
 
 
-def _note_other_device(plan, plan_file: str, summary: dict) -> bool:
-    """Say where the plan was priced for another kind of device; whether it was."""
+@contextmanager
+def _warnings_held(progress):
+    """A checkpoint resumed without checksums is said as the run starts (`warn_later`), not
+    while it is checked: a run refused after the choice keeps its one error line."""
+    import warnings
+
+    from octopipe.runtime.checkpoint.folder import CheckpointUnverified
+
+    shown = warnings.showwarning
+
+    def show(message, category, *args, **kwargs):
+        if issubclass(category, CheckpointUnverified):
+            progress.warn_later(str(message))
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
+def _device_kind(config, plan) -> str | None:
+    """The kind of device the ranks will compute on ("cpu", "h100", ...; `device_kinds`), as
+    the launcher will choose it; None where that is not known before the run (a setting the
+    run refuses, in its own order, or a rank of a torchrun job that does not report)."""
+    from octopipe.device_kinds import local_kind
+    from octopipe.errors import InputError
+    from octopipe.runtime.launch.launcher import choose_backend, under_torchrun
+    from octopipe.training import run_job_shape, run_shape
+
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    try:
+        if under_torchrun():
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+        else:
+            sizes = run_shape(plan, config.data.seq_len, config.data.micro_batch_size)
+            local = config.launch.nproc or run_job_shape(config, plan, *sizes).world_size
+        backend = choose_backend(config.launch.backend, local)
+    except (InputError, ValueError):
+        return None
+    return local_kind("cuda" if backend == "nccl" else "cpu")
+
+
+def _before_the_first_step(config, plan, plan_file: str, ran_on: str | None) -> tuple[str, ...]:
+    """What the run's settings mean that is worth knowing before its first step, said once
+    the run has passed its checks (`RunProgress`): the device the plan was priced for, where
+    it is not this one, and what a step of an accumulated global batch is."""
+    from octopipe.device_kinds import other_device_note
+
+    notes = []
+    other = None if ran_on is None else other_device_note(plan, plan_file, ran_on)
+    if other is not None:
+        notes.append(other)
+    priced = (plan.profile or {}).get("device")
+    passes = _passes_note(config, plan, ran_on if priced == ran_on else None)
+    if passes is not None:
+        notes.append(passes)
+    return tuple(notes)
+
+
+def _passes_note(config, plan, priced_here: str | None) -> str | None:
+    """`--global-batch` above one pass of the plan makes a step many passes, and no step line
+    comes until all are done: how many, and, where the plan's predicted pass is for this
+    device (`priced_here`), about when the first step ends."""
+    from octopipe.errors import InputError
+    from octopipe.training import run_job_shape, run_shape
+
+    wanted = config.data.global_batch
+    if wanted is None:
+        return None
+    try:
+        sizes = run_shape(plan, config.data.seq_len, config.data.micro_batch_size)
+        shape = run_job_shape(config, plan, *sizes)
+    except InputError:
+        return None  # refused by the run itself, in its order
+    one_pass = shape.sequences_per_step
+    if wanted % one_pass or wanted == one_pass:
+        return None  # one pass, or refused by the run
+    passes = wanted // one_pass
+    line = (
+        f"a step is {passes:,} passes of the plan (--global-batch {wanted:,} sequences, "
+        f"{one_pass:,} a pass: {_count(shape.dp, 'replica')} x "
+        f"{_count(shape.num_microbatches, 'microbatch')} x {shape.microbatch_size}); each step's "
+        "line comes once its passes are done"
+    )
+    predicted = (plan.predicted or {}).get("iteration_time")
+    if predicted and priced_here is not None:
+        line += (
+            f"; the first expected about {fmt_eta(passes * predicted)} after the start-up (the "
+            f"plan's predicted {fmt_time(predicted)} a pass on {priced_here})"
+        )
+    return line
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}" if n == 1 else f"{n:,} {what}{'es' if what.endswith('h') else 's'}"
+
+
+def _other_device(plan, plan_file: str, summary: dict, ran_on: str | None) -> bool:
+    """Whether the plan was priced for another kind of device than the run's: said before the
+    first step where the device was known then (`_before_the_first_step`), else here."""
     from octopipe.device_kinds import local_kind, other_device_note
 
+    if ran_on is not None:
+        return other_device_note(plan, plan_file, ran_on) is not None
     ran_on = local_kind("cuda" if summary["peak_memory_source"].startswith("cuda") else "cpu")
     note = other_device_note(plan, plan_file, ran_on)
     if note is not None:
