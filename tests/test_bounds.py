@@ -146,3 +146,15 @@ def test_simulate_and_plan_print_both_bounds(tmp_path, capsys):
     assert 0 < bounds["joint"] <= bounds["plan"] <= found["iteration_time"] * (1 + EPS)
     assert main(["simulate", "--profile", str(profile), "--plan", plan, "--overlap-steps"]) == 0
     assert "best any plan can do" not in capsys.readouterr().out  # no bound of a steady step
+
+
+def test_the_search_gives_a_heavy_head_a_device_of_its_own_by_itself():
+    # gemma2-9b's vocabulary head is about a device's share of the work at PP 8: the tuner's
+    # seeds deal the blocks over seven devices and the head to the eighth alone.
+    profile = op.profile_from_config("gemma2-9b", devices=8)
+    plan = op.tune(profile, num_microbatches=32).best.plan
+    last = plan.stages[-1]
+    alone = [i for i, st in enumerate(plan.stages) if st.device == last.device]
+    assert alone == [len(plan.stages) - 1] and last.end == profile.num_layers
+    others = {st.device for st in plan.stages[:-1]}
+    assert len(others) == 7 and len(plan.stages) - 1 > 7  # dealt: several stages a device

@@ -57,10 +57,15 @@ def device_orders(devices: Sequence[Device]) -> list[tuple[int, ...]]:
 
 
 def seed_placements(
-    devices: Sequence[Device], max_chunks: int, num_layers: int, min_chunks: int = 1
+    devices: Sequence[Device],
+    max_chunks: int,
+    num_layers: int,
+    min_chunks: int = 1,
+    heavy_last: bool = False,
 ) -> list[tuple[str, Placement]]:
     """Labelled placements for every chunk count min_chunks..max_chunks that the layer count
-    allows."""
+    allows; with `heavy_last` (a last layer of about a device's share of the work), those that
+    give it a device of its own too."""
     P = len(devices)
     out: list[tuple[str, Placement]] = []
     for k, order in enumerate(device_orders(devices)):
@@ -74,4 +79,16 @@ def seed_placements(
             out.append((f"interleaved{chunks}{tag}", interleaved(order, chunks)))
             if P > 1:
                 out.append((f"v{chunks}{tag}", v_shape(order, chunks)))
+        if heavy_last and P > 2:
+            for chunks in range(max(min_chunks, 1), max_chunks + 1):
+                if (P - 1) * chunks + 1 > num_layers:
+                    break
+                out.append((f"dealt{chunks}{tag}", dealt_with_last_alone(order, chunks)))
     return out
+
+
+def dealt_with_last_alone(order: Sequence[int], chunks: int) -> Placement:
+    """Stages dealt round-robin over all devices but the last of `order`, `chunks` each, then
+    one last stage on that device alone: a heavy last layer (a large vocabulary's head) gets a
+    device of its own while the blocks fill the others."""
+    return (*interleaved(order[:-1], chunks), order[-1])

@@ -36,7 +36,7 @@ def seed_candidates(
     early = evaluator.data_parallel
     seeds = []
     for label, placement in seed_placements(
-        evaluator.devices, max_chunks, costs.num_layers, min_chunks
+        evaluator.devices, max_chunks, costs.num_layers, min_chunks, _heavy_last(evaluator)
     ):
         try:
             options = balanced_ranges(costs, placement, speeds, deadline, recompute)
@@ -48,6 +48,17 @@ def seed_candidates(
             for warmup in SEED_WARMUPS
         ]
     return seeds
+
+
+# A last layer with at least this share of a device's work (all the work over the devices'
+# speeds) is worth a device of its own (a large vocabulary's head: gemma2-9b's is 0.96 at PP 8).
+HEAVY_LAST_SHARE = 0.75
+
+
+def _heavy_last(evaluator: Evaluator) -> bool:
+    layers = evaluator.profile.layers
+    share = sum(layer.work for layer in layers) / sum(evaluator.speeds)
+    return layers[-1].work / max(evaluator.speeds) >= HEAVY_LAST_SHARE * share
 
 
 def startable(
