@@ -46,6 +46,11 @@ def third_pass_files(root: Path) -> dict[str, str]:
         "vocab_size": 1000,
     }
     put("gpt-oss-unknown-layer-types.json", json.dumps(gpt_oss))
+    from octopipe.costmodel.hf_config import config_path
+
+    dense = json.loads(config_path("tiny-moe").read_text())
+    dense["mlp_only_layers"] = list(range(dense["num_hidden_layers"]))  # no layer routes
+    put("dense-qwen-moe.json", json.dumps(dense))
     (root / "a-folder").mkdir()
     made["a-folder"] = str(root / "a-folder")
     (root / "ckpt~empty step").mkdir()
@@ -128,6 +133,11 @@ THIRD_CASES: list[tuple[str, Argv, str]] = [
         "plan --runner torchtitan with a model of no torchtitan config",
         lambda f: ["plan", "--gpus", "8", "--model", "tiny-llama", "--runner", "torchtitan"],
         "--runner torchtitan: torchtitan 0.3 has no config of tiny-llama's shape",
+    ),
+    (
+        "estimate --ep 8 of a MoE family's config with every layer dense",
+        lambda f: ["estimate", "--model", f["dense-qwen-moe.json"], "--gpus", "8", "--ep", "8"],
+        "dense-qwen-moe.json has no MoE experts to spread over 8 ranks",
     ),
     (
         "profile-arch a gpt_oss config of unknown layer types",

@@ -199,6 +199,15 @@ class Architecture:
     """Rows of a learned position-embedding table added to the token embeddings (GPT-2:
     n_positions); 0: rotary positions, applied to q and k in every attention layer."""
 
+    @property
+    def has_experts(self) -> bool:
+        """Whether any layer routes tokens to experts (a MoE family's config may have none)."""
+        if self.moe is None:
+            return False
+        if self.hybrid_pattern is not None:
+            return "E" in self.hybrid_pattern
+        return any(self.moe_layers)
+
     def text_layer_kind(self, index: int) -> str:
         if self.hybrid_pattern is not None:
             return HYBRID_CHARS[self.hybrid_pattern[index]]

@@ -183,9 +183,9 @@ def estimate(job: Job, given: Given, costs: LayoutCosts | None = None) -> Estima
     lay = replace(lay, num_microbatches=job.global_batch // (lay.dp * lay.microbatch_size))
     given = replace(given, layout=lay)
     costs = costs or LayoutCosts(job)
-    if lay.ep > 1 and costs.arch.moe is None:
+    if lay.ep > 1 and not costs.arch.has_experts:
         raise InputError("--ep", f"{job.config} has no MoE experts to spread over {lay.ep} ranks")
-    if lay.etp and costs.arch.moe is None:
+    if lay.etp and not costs.arch.has_experts:
         raise InputError("--etp", f"{job.config} has no MoE experts to split")
     try:
         profile, replicas = costs.profile(lay)
