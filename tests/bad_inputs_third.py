@@ -135,6 +135,22 @@ THIRD_CASES: list[tuple[str, Argv, str]] = [
         "--runner torchtitan: torchtitan 0.3 has no config of tiny-llama's shape",
     ),
     (
+        "run --ep 2 of a dense model",
+        lambda f: (
+            ["run", "--plan", f["tiny-plan.json"], "--model", "tiny-llama"]
+            + ["--ep", "2", "--dp", "2"]
+        ),
+        "--ep: tiny-llama has no MoE experts to spread over 2 ranks",
+    ),
+    (
+        "run --ep 3 of 8 experts, before any rank starts",
+        lambda f: (
+            ["run", "--plan", f["tiny-plan.json"], "--model", "tiny-moe"]
+            + ["--ep", "3", "--dp", "3"]
+        ),
+        "layers.1.ffn has 8 experts; 3 must divide them",
+    ),
+    (
         "estimate --ep 8 of a MoE family's config with every layer dense",
         lambda f: ["estimate", "--model", f["dense-qwen-moe.json"], "--gpus", "8", "--ep", "8"],
         "dense-qwen-moe.json has no MoE experts to spread over 8 ranks",

@@ -55,7 +55,7 @@ class ClusterSection:
     gpus: str | None = setting(
         None,
         "GPUs of the job: a count of --hardware GPUs (16), or counts of presets "
-        "(4xh100,4xa100: whole nodes of each)",
+        f"(4xh100,4xa100: whole nodes of each; presets: {', '.join(PRESETS)})",
         flag="--gpus",
     )
     gpus_per_node: int | None = setting(
