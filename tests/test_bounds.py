@@ -158,3 +158,10 @@ def test_the_search_gives_a_heavy_head_a_device_of_its_own_by_itself():
     assert alone == [len(plan.stages) - 1] and last.end == profile.num_layers
     others = {st.device for st in plan.stages[:-1]}
     assert len(others) == 7 and len(plan.stages) - 1 > 7  # dealt: several stages a device
+
+
+def test_the_joint_bound_knows_layers_are_indivisible():
+    # Nine equal layers on four devices: some device holds three of them each microbatch.
+    layers = tuple(_layer(f"l{i}", 1.0, 1.0, 1.0) for i in range(9))
+    profile = Profile(name="nine", layers=layers, devices=(Device(),) * 4)
+    assert joint_bound(profile, profile.devices, 10) >= 10 * 3 * 3.0 - EPS

@@ -14,7 +14,9 @@
   paired fastest first: T is at least where that reaches the step's F and B work (and
   likewise for all the work, whose window ends at T);
 - **the heaviest layer's chain**: the device holding layer `l` does all its microbatches' work
-  of it after `F(<l)` and, for F and B, before the last `B(<l)`.
+  of it after `F(<l)` and, for F and B, before the last `B(<l)`;
+- **atomic layers**: of the `k P + 1` heaviest layers some device holds `k + 1`, so it works
+  at least their lightest `k + 1`'s time each microbatch.
 
 `plan_bound` fixes the stages and their devices: each action's head (the longest chain of
 dependencies and transfers before it) and tail (after it) are what any order must respect, and
@@ -82,7 +84,19 @@ def joint_bound(profile: Profile, devices: tuple[Device, ...], num_microbatches:
     for i, layer in enumerate(layers):  # the device holding layer i
         chain = max(before_fb[i] + M * fb[i], before_f[i] + M * layer.work)
         bound = max(bound, chain / fastest)
-    return bound
+    return max(bound, M * _packed([layer.work for layer in layers], len(speeds)) / fastest)
+
+
+def _packed(works: list[float], devices: int) -> float:
+    """The least work per microbatch some device must hold, layers being indivisible: of the
+    k P + 1 heaviest layers, one device holds at least k + 1, so at least the k + 1 lightest of
+    them (for layers of equal work w: ceil(L / P) w)."""
+    heavy = sorted(works, reverse=True)
+    most = 0.0
+    for k in range(1, (len(heavy) - 1) // devices + 1):
+        n = k * devices + 1
+        most = max(most, sum(heavy[n - k - 1 : n]))
+    return most
 
 
 def _filled(speeds: list[float], lost: list[float], work: float) -> float:
