@@ -32,12 +32,12 @@ def test_layout_writes_and_launches_exactly_the_layout_given(tmp_path, capsys):
     shape = load_plan(out / "plan.json").shape
     assert (shape.cp, shape.pp, shape.dp, shape.zero) == (2, 2, 2, 1)
     # Without --layout, the search answers something else for this job: the flag decided it.
-    searched = _plan_json(capsys, [*JOB])["chosen"]
+    searched = _plan_json(capsys, [*JOB, "-o", str(tmp_path / "searched")])["chosen"]
     assert (searched["cp"], searched["pp"]) != (2, 2)
 
 
-def test_layout_keeps_the_rank_order_given(capsys):
-    found = _plan_json(capsys, [*JOB, "--layout", "pp2,dp4,megatron"])
+def test_layout_keeps_the_rank_order_given(tmp_path, capsys):
+    found = _plan_json(capsys, [*JOB, "--layout", "pp2,dp4,megatron", "-o", str(tmp_path)])
     assert found["chosen"]["rank_order"] == "megatron"
     assert found["search"]["candidates"] == 1
 
