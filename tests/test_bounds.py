@@ -164,4 +164,13 @@ def test_the_joint_bound_knows_layers_are_indivisible():
     # Nine equal layers on four devices: some device holds three of them each microbatch.
     layers = tuple(_layer(f"l{i}", 1.0, 1.0, 1.0) for i in range(9))
     profile = Profile(name="nine", layers=layers, devices=(Device(),) * 4)
-    assert joint_bound(profile, profile.devices, 10) >= 10 * 3 * 3.0 - EPS
+    assert joint_bound(profile, profile.devices, 10) == pytest.approx(10 * 3 * 3.0)
+
+
+def test_the_joint_bound_sends_layers_to_the_faster_devices_first():
+    # Four equal layers, one device twice as fast: it takes three, the slow one one; no
+    # better split exists (the fast one alone: 4 / 2 = 2; three and one: max(1.5, 1) = 1.5).
+    layers = tuple(_layer(f"l{i}", 0.5, 0.5, 0.0) for i in range(4))
+    devices = (Device(speed=2.0), Device(speed=1.0))
+    profile = Profile(name="mixed", layers=layers, devices=devices)
+    assert joint_bound(profile, devices, 1) >= 1.5 * (1 - 1e-8)

@@ -15,8 +15,9 @@
   likewise for all the work, whose window ends at T);
 - **the heaviest layer's chain**: the device holding layer `l` does all its microbatches' work
   of it after `F(<l)` and, for F and B, before the last `B(<l)`;
-- **atomic layers**: of the `k P + 1` heaviest layers some device holds `k + 1`, so it works
-  at least their lightest `k + 1`'s time each microbatch.
+- **atomic layers**: the devices hold the `n` heaviest layers between them, a device of speed
+  `s` at most as many as fit under `T s` lightest first (of `k P + 1` equal-speed devices one
+  holds `k + 1`): T is at least where they first hold all `n`.
 
 `plan_bound` fixes the stages and their devices: each action's head (the longest chain of
 dependencies and transfers before it) and tail (after it) are what any order must respect, and
@@ -32,6 +33,7 @@ synchronous step as simulated, never beaten (tests/test_bounds.py). With steps o
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
 from itertools import accumulate
@@ -84,19 +86,43 @@ def joint_bound(profile: Profile, devices: tuple[Device, ...], num_microbatches:
     for i, layer in enumerate(layers):  # the device holding layer i
         chain = max(before_fb[i] + M * fb[i], before_f[i] + M * layer.work)
         bound = max(bound, chain / fastest)
-    return max(bound, M * _packed([layer.work for layer in layers], len(speeds)) / fastest)
+    return max(bound, M * _packed([layer.work for layer in layers], speeds))
 
 
-def _packed(works: list[float], devices: int) -> float:
-    """The least work per microbatch some device must hold, layers being indivisible: of the
-    k P + 1 heaviest layers, one device holds at least k + 1, so at least the k + 1 lightest of
-    them (for layers of equal work w: ceil(L / P) w)."""
+def _packed(works: list[float], speeds: list[float]) -> float:
+    """The least time per microbatch of the device slowest to finish its layers, layers being
+    indivisible: of the `n` heaviest layers the devices hold counts `c_d` adding up to `n`,
+    and a device holding `c` of them works at least their `c` lightest for `c` of them; the
+    least T at which every device's count fits under `T s_d` must hold all `n` (each `n` a
+    bound: those of the pigeonhole, `k P + 1`, and a geometric few)."""
     heavy = sorted(works, reverse=True)
-    most = 0.0
-    for k in range(1, (len(heavy) - 1) // devices + 1):
-        n = k * devices + 1
-        most = max(most, sum(heavy[n - k - 1 : n]))
-    return most
+    P, L = len(speeds), len(heavy)
+    counts = {L, *range(1, min(L, 64) + 1)}
+    counts |= {k * P + 1 for k in range(1, 257) if k * P + 1 <= L}
+    n = 64.0
+    while n < L:
+        counts.add(int(n))
+        n *= 1.25
+    return max(_least_time(heavy[:n][::-1], speeds) for n in sorted(counts))
+
+
+def _least_time(lightest_first: list[float], speeds: list[float]) -> float:
+    """The largest T (to a part in 1e9) at which the devices, each taking the most of these
+    layers whose lightest-first sum fits under T times its speed, cannot take them all."""
+    sums = [0.0, *accumulate(lightest_first)]
+    n = len(lightest_first)
+
+    def holds_all(t: float) -> bool:
+        return sum(bisect.bisect_right(sums, t * s) - 1 for s in speeds) >= n
+
+    lo, hi = 0.0, sums[-1] / min(speeds)  # the slowest device alone takes them all
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        if holds_all(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
 
 
 def _filled(speeds: list[float], lost: list[float], work: float) -> float:
