@@ -10,7 +10,7 @@ business, not this module's.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,24 @@ from octopipe.runtime.step.overlap import OverlappedSteps
 from octopipe.runtime.step.shapes import exchange_boundary_specs
 from octopipe.runtime.step.tied import tied_gradients
 from octopipe.runtime.step.worker import RankPlace, StepRecord, StepSettings, Worker
+
+# Recipes built before the ranks were forked (`build_recipes`), by the config they are of.
+_BUILT: dict[int, tuple[RunConfig, ModelRecipe]] = {}
+
+
+def build_recipes(configs: Iterable[RunConfig]) -> None:
+    """Build the configs' recipes (the whole model on the meta device, its layers found) in the
+    process the ranks are forked from: each rank then takes its job's instead of repeating it."""
+    for cfg in configs:
+        recipe = cfg.recipe()
+        recipe.layers  # noqa: B018 - found and checked once, here
+        _BUILT[id(cfg)] = (cfg, recipe)
+
+
+def _recipe(cfg: RunConfig) -> ModelRecipe:
+    """The config's recipe: built before this rank was forked, else now."""
+    built = _BUILT.pop(id(cfg), None)
+    return built[1] if built is not None and built[0] is cfg else cfg.recipe()
 
 
 def run_job_on_rank(
@@ -111,7 +129,7 @@ def _build(
     )
     place = groups.place or Place(cfg.shape.dp, -1, 0)  # past the job: no device
     part = _context_part(groups)
-    recipe = cfg.recipe()
+    recipe = _recipe(cfg)
     data = cfg.data_source(recipe)
     shard = parallelizer(groups, _tp_plan(recipe, cfg), cfg.shape.zero)
     modules = {

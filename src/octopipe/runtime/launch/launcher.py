@@ -13,21 +13,18 @@ import getpass
 import os
 import tempfile
 from collections.abc import Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from octopipe.errors import InputError
 from octopipe.limits import DEFAULT_TIMEOUT_S
-from octopipe.runtime.checkpoint.folder import hold_all
 from octopipe.runtime.job.progress import OnReport, say
-from octopipe.runtime.job.result import RunResult
-from octopipe.runtime.job.run_config import Job
-from octopipe.runtime.job.session import run_job_on_rank
 from octopipe.runtime.launch.made_for import check_made_for_model
 from octopipe.runtime.launch.preflight import (
     check_checkpoint_room,
@@ -50,6 +47,16 @@ from octopipe.runtime.model.recompute import check_recomputable
 from octopipe.runtime.model.split import check_plan_layer_names
 from octopipe.runtime.parallel import groups
 from octopipe.runtime.step.deps import check_runnable
+
+if TYPE_CHECKING:
+    from octopipe.runtime.job.result import RunResult
+    from octopipe.runtime.job.run_config import Job
+
+# What every rank imports before it trains, imported once by the process the ranks are forked
+# from (`forks`), not by the launcher, which only checks and watches: the session (the whole
+# runtime) and torch._dynamo, which torch imports the first time a rank builds a model on the
+# meta device or steps an optimizer.
+RANK_MODULES = ("octopipe.runtime.job.session", "torch._dynamo")
 
 _CHECKING = "checking the plan against the model, the data and the checkpoints"
 
@@ -155,7 +162,7 @@ def run_under_torchrun(
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     # Rank 0 holds the checkpoint folders for the job; the others use its choice (session).
-    with hold_all(checkpoint_folders(jobs) if rank == 0 else ()):
+    with held(checkpoint_folders(jobs) if rank == 0 else ()):
         say(on_report if rank == 0 else None, _CHECKING, passing=True)
         jobs = validate_jobs(jobs, world)
         backend = choose_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
@@ -176,6 +183,8 @@ def train_as_rank(
 ) -> list[RunResult] | None:
     """Join the process group, train every job, leave; rank 0 returns the results and hands
     every step's report (and note) to `on_report`."""
+    from octopipe.runtime.job.session import run_job_on_rank
+
     device = join_process_group(backend, rank, world, local_rank, init_method, timeout_s)
     results = [
         run_job_on_rank(job, rank, world, device, backend == "nccl", _of_job(on_report, j, rank))
@@ -224,20 +233,43 @@ def launch(
 ) -> list[RunResult]:
     """Run the jobs on `nproc` spawned ranks; `on_report` gets every step's report (and the
     run's notes) here, as the steps finish. No deadline on the whole run: `timeout_s` bounds
-    each wait inside it."""
+    each wait inside it.
+
+    The ranks' start begins before the jobs are checked, so that the checks overlap the ranks'
+    imports; a refused job stops them before they run anything."""
     check_local_processes(nproc)
-    with no_empty_compile_cache(), hold_all(checkpoint_folders(jobs)):  # no writer meanwhile
+
+    def checked(args: tuple) -> tuple:
+        requested, jobs, timeout_s, report_steps = args
         say(on_report, _CHECKING, passing=True)
         jobs = validate_jobs(jobs, nproc)
-        backend = choose_backend(backend, nproc)
-        on_cpu = " on CPU" if backend == "gloo" else ""
-        say(on_report, f"starting {nproc} processes ({backend}{on_cpu})")
+        chosen = choose_backend(requested, nproc)
+        on_cpu = " on CPU" if chosen == "gloo" else ""
+        say(on_report, f"starting {nproc} processes ({chosen}{on_cpu})")
+        return (chosen, jobs, timeout_s, report_steps)
+
+    with no_empty_compile_cache(), held(checkpoint_folders(jobs)):  # no writer meanwhile
         return spawn_ranks(
             _train_jobs,
             (backend, list(jobs), timeout_s, on_report is not None),
             nproc,
             on_note=on_report,
+            check=checked,
+            preload=RANK_MODULES,
+            warm=_build_recipes,
         )
+
+
+@contextmanager
+def held(folders: Sequence[str]):
+    """`checkpoint.folder.hold_all` of the folders (imported only where there are any: it
+    imports torch.distributed.checkpoint)."""
+    with ExitStack() as stack:
+        if folders:
+            from octopipe.runtime.checkpoint.folder import hold_all
+
+            stack.enter_context(hold_all(folders))
+        yield
 
 
 @contextmanager
@@ -269,6 +301,15 @@ def _train_jobs(
 ) -> list[RunResult] | None:
     on_report = tell_parent if report_steps else None
     return train_as_rank(jobs, rank, world, rank, f"file://{store}", backend, timeout_s, on_report)
+
+
+def _build_recipes(args: tuple) -> None:
+    """Before the ranks are forked: each job's model recipe (its whole model on the meta device,
+    and what building it imports: transformers for `hf:`, the user's module), built once for
+    all ranks (`session.build_recipes`)."""
+    from octopipe.runtime.job.session import build_recipes
+
+    build_recipes(job.config for job in args[1])
 
 
 def _device_for(backend: str, local_rank: int) -> torch.device:

@@ -1,13 +1,18 @@
 """Run a function on fresh processes, one per rank, and bring back rank 0's result or the cause
 of the first failure; nothing is left running, whatever happens to the launching process.
 
+On Linux the ranks are forked from one spawned process, the starter (`forks`), which imports
+what every rank needs once, while the launcher checks the run: N ranks then pay for one import
+of torch and the runtime, not N at once on the host's cores. Elsewhere each rank is spawned.
+
 When the parent stops the ranks: only when one of them fails or dies, or when the parent is told
 to stop (SIGTERM, SIGINT, SIGHUP; it then raises `Stopped`). A healthy run of any length
 finishes: a wait stuck inside a rank (a transfer, a collective) is bounded by the process
 group's timeout, which turns it into that rank's error. If the parent is killed outright, every
-rank notices and exits by itself (`lifeline`), and nothing is left to clean up: each rank
+rank notices and exits by itself (`forks`: the starter, by the kernel's death signal, and its
+ranks with it; `lifeline`: each spawned rank), and nothing is left to clean up: each rank
 talks to the parent over a pipe of its own (no named semaphores, which a killed parent would
-leak, as multiprocessing's queues would), and starts its lifeline before it imports torch.
+leak, as multiprocessing's queues would), and holds on to the parent before it imports torch.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from functools import partial
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -32,7 +38,7 @@ import torch
 
 from octopipe.errors import OctoPipeError
 from octopipe.runtime.failures import RankFailure, Stopped
-from octopipe.runtime.launch import lifeline
+from octopipe.runtime.launch import forks, lifeline
 
 _GRACE_S = 2.0  # how long a failed run's other ranks get to report or exit before they are killed
 _POLL_S = 0.05
@@ -56,12 +62,23 @@ def spawn_ranks(
     nproc: int,
     name: str = "octopipe",
     on_note: Callable[[Any], None] | None = None,
+    *,
+    check: Callable[[tuple], tuple] | None = None,
+    preload: Sequence[str] = (),
+    warm: Callable[[tuple], None] | None = None,
 ):
     """Run `body(rank, world, store, *args)` on `nproc` fresh processes and return what rank 0's
     body returns. `store` is a file for `init_method="file://..."` (rendezvous without opening a
     port) in a temporary folder the body may use too. What a rank passes to `tell_parent` while
     it runs is handed to `on_note` here, in order. The first rank to fail stops all of them and
-    the cause is raised as RankFailure."""
+    the cause is raised as RankFailure.
+
+    On Linux the ranks are forked from one spawned process (`forks`) that imports `preload`
+    (modules every rank needs) once for all of them; elsewhere each rank is spawned on its own.
+    `check(args)`, if given, is called here once that process is starting, so that the two
+    overlap: it returns the args the ranks get, or raises, and then nothing is started.
+    `warm(args)`, if given, is called once in that process before the ranks are forked (work
+    every rank would repeat; elsewhere, not at all)."""
     if getattr(mp.current_process(), "_inheriting", False):
         raise OctoPipeError(
             "a spawned process ran your script again, to find a function or class of it the "
@@ -71,43 +88,180 @@ def spawn_ranks(
     ctx = mp.get_context("spawn")
     pipes = [ctx.Pipe(duplex=False) for _ in range(nproc)]  # (parent's end, the rank's)
     inbox = _Inbox([reader for reader, _ in pipes])
-    started: list[mp.process.BaseProcess] = []
+    ranks: _Forked | _Spawned | None = None
     with _stop_on_signals(), tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         store = str(Path(tmp) / "store")
         try:
-            # torch._dynamo, imported on the way by torch.optim, makes its compile cache folder
-            # at import (TMPDIR/torchinductor_USER); nothing here compiles, so the ranks' goes
-            # in this run's folder, which goes with the run.
-            cache = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor")}
-            with (
-                _environment({**CHILD_ENVIRONMENT, **cache}),
-                _children_ignore_sigint(),
-                _script_left_alone(body, args),
-            ):
-                for rank, (_, writer) in enumerate(pipes):
-                    work = lifeline.Deferred((_rank_main, (body, rank, nproc, store, args, writer)))
-                    p = ctx.Process(
-                        target=lifeline.rank_entry,
-                        args=(os.getpid(), Path(tmp), f"{name}-rank{rank}", work),
-                        name=f"{name}-rank{rank}",
-                        daemon=True,
-                    )
-                    p.start()
-                    started.append(p)
-                    writer.close()  # the rank's copy is its own: EOF here when it is gone
-            payload = _watch(started, inbox, on_note)
+            if forks.available():
+                with _starting(body, args, Path(tmp)):
+                    ranks = _Forked(ctx, name, Path(tmp), [w for _, w in pipes], preload)
+                _close_writers(pipes)
+            if check is not None:
+                args = check(args)
+            if isinstance(ranks, _Forked):
+                ranks.go(
+                    _forked_rank, (body, store, args), None if warm is None else partial(warm, args)
+                )
+            else:
+                with _starting(body, args, Path(tmp)):
+                    ranks = _Spawned(ctx, name, Path(tmp), pipes, body, store, args)
+                _close_writers(pipes)
+            payload = _watch(ranks.procs, inbox, on_note)
         except RankFailure as failure:
-            _stop(started)
-            failure.exit_codes = tuple(p.exitcode for p in started)
+            ranks.stop()
+            failure.exit_codes = tuple(p.exitcode for p in ranks.procs)
             raise
         finally:
-            _stop(started)
+            if ranks is not None:
+                ranks.stop()
             inbox.close()
-            for _, writer in pipes:
-                writer.close()
+            _close_writers(pipes)
     # Not a file: the bytes rank 0 (our own child) put in this run's queue a moment ago.
     # Results hold dataclasses, so they need the full unpickler; nothing from disk is read here.
     return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+@contextmanager
+def _starting(body, args: tuple, tmp: Path):
+    """What processes started meanwhile begin with: the shared environment, SIGINT ignored, the
+    main script hidden unless the ranks need it."""
+    # torch._dynamo, imported on the way by torch.optim, makes its compile cache folder at
+    # import (TMPDIR/torchinductor_USER); nothing here compiles, so the ranks' goes in this
+    # run's folder, which goes with the run.
+    cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")}
+    with (
+        _environment({**CHILD_ENVIRONMENT, **cache}),
+        _children_ignore_sigint(),
+        _script_left_alone(body, args),
+    ):
+        yield
+
+
+def _close_writers(pipes: list[tuple[Connection, Connection]]) -> None:
+    """The ranks' ends, once they have their own copies: EOF here when a rank is gone."""
+    for _, writer in pipes:
+        writer.close()
+
+
+class _Forked:
+    """The ranks forked by one starter process (`forks`): started before what they run is
+    known (`go`); their pids and exit codes come from the starter."""
+
+    def __init__(
+        self, ctx, name: str, tmp: Path, writers: list[Connection], preload: Sequence[str]
+    ) -> None:
+        go_reader, self._go = ctx.Pipe(duplex=False)
+        self._status, status_writer = ctx.Pipe(duplex=False)
+        self.starter = ctx.Process(
+            target=forks.starter_entry,
+            args=(os.getpid(), tmp, name, tuple(preload), writers, go_reader, status_writer),
+            name=f"{name}-fork",
+            daemon=True,
+        )
+        self.starter.start()
+        go_reader.close()
+        status_writer.close()
+        self._eof = False
+        self.forked = [False] * len(writers)
+        self.codes: list[int | None] = [None] * len(writers)
+        self.procs = [_ForkedRank(self, rank) for rank in range(len(writers))]
+
+    def go(self, run: Callable, args: tuple, warm: Callable[[], None] | None = None) -> None:
+        """Start the ranks: `warm()` once in the starter, then `run(rank, world, writer, *args)`
+        in each."""
+        from multiprocessing.reduction import ForkingPickler
+
+        try:
+            self._go.send_bytes(bytes(ForkingPickler.dumps((run, args, warm))))
+        except OSError:  # the starter is gone: its exit code tells (`poll`)
+            pass
+        self._go.close()
+
+    def poll(self) -> None:
+        """Take in what the starter reported; once it is gone, every rank it did not report
+        went with it (killed by the death signal), or never started."""
+        self._drain()
+        if self.starter.exitcode is None:
+            return
+        self._drain()  # all it wrote before it went is in the pipe by now
+        for rank, code in enumerate(self.codes):
+            if code is None:
+                gone = -signal.SIGKILL if self.forked[rank] else self.starter.exitcode
+                self.codes[rank] = gone or 1
+
+    def _drain(self) -> None:
+        while not self._eof and self._status.poll(0):
+            try:
+                what, rank, value = self._status.recv()
+            except (EOFError, OSError):
+                self._eof = True
+                return
+            if what == "pid":
+                self.forked[rank] = True
+            else:
+                self.codes[rank] = value
+
+    def stop(self) -> None:
+        """Leave nothing running: ask the starter (it kills its ranks and reports them), then
+        force."""
+        if self.stopped:
+            return
+        self._go.close()  # a starter still waiting leaves
+        if self.starter.is_alive():
+            self.starter.terminate()
+        self.starter.join(_GRACE_S)
+        if self.starter.is_alive():
+            self.starter.kill()
+            self.starter.join()
+        self.poll()
+        self._status.close()
+
+    @property
+    def stopped(self) -> bool:
+        return self._status.closed
+
+
+class _ForkedRank:
+    """One forked rank, as `_watch` and `_failure` look at a process."""
+
+    def __init__(self, group: _Forked, rank: int) -> None:
+        self._group, self._rank = group, rank
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._group.codes[self._rank] is None and not self._group.stopped:
+            self._group.poll()
+        return self._group.codes[self._rank]
+
+
+class _Spawned:
+    """One spawned process per rank (where ranks are not forked), each holding on to the
+    launcher with a thread of its own (`lifeline`)."""
+
+    def __init__(self, ctx, name: str, tmp: Path, pipes, body, store: str, args: tuple) -> None:
+        self.procs: list[mp.process.BaseProcess] = []
+        nproc = len(pipes)
+        for rank, (_, writer) in enumerate(pipes):
+            work = lifeline.Deferred((_rank_main, (body, rank, nproc, store, args, writer)))
+            p = ctx.Process(
+                target=lifeline.rank_entry,
+                args=(os.getpid(), tmp, f"{name}-rank{rank}", work),
+                name=f"{name}-rank{rank}",
+                daemon=True,
+            )
+            p.start()
+            self.procs.append(p)
+
+    def stop(self) -> None:
+        """Leave nothing running: ask, then force."""
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs:
+            p.join(_GRACE_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
 # --- inside a rank -----------------------------------------------------------------------------
@@ -122,6 +276,11 @@ def tell_parent(note: Any) -> None:
     assert _to_parent is not None, "tell_parent is for spawned ranks"
     pipe, rank = _to_parent
     pipe.send(("note", rank, note))
+
+
+def _forked_rank(rank: int, world: int, pipe: Connection, body, store: str, args: tuple) -> None:
+    """A rank forked by the starter (`forks`)."""
+    _rank_main(body, rank, world, store, args, pipe)
 
 
 def _rank_main(body, rank: int, world: int, store: str, args: tuple, pipe: Connection) -> None:
@@ -243,18 +402,6 @@ def _failure(
 
 def _next_message(messages: _Inbox, timeout: float) -> tuple | None:
     return messages.next(timeout)
-
-
-def _stop(procs: list[mp.process.BaseProcess]) -> None:
-    """Leave nothing running: ask, then force."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(_GRACE_S)
-        if p.is_alive():
-            p.kill()
-            p.join()
 
 
 @contextmanager
