@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -128,6 +129,15 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
         help="plan for steps run back to back with no barrier: rank plans by their steady "
         "time per step (docs/FORMATS.md); the timelines show one step",
     )
+    p.add_argument(
+        "--exact",
+        type=number(0, MAX_SECONDS, above=True),
+        metavar="SECONDS",
+        help="after tuning, solve the tuned plan's partition and placement for its fastest "
+        "order with an exact solver (OR-Tools' CP-SAT: pip install 'octopipe[exact]'; plans of "
+        "at most 512 actions) for up to SECONDS more than --time-budget; the exact order is "
+        "written where it is faster (docs/FORMATS.md, the exact scheduler)",
+    )
 
 
 def _add_export_arguments(p: argparse.ArgumentParser) -> None:
@@ -190,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--workers", "runs a cluster layout search: give --gpus N too")
     if args.time_budget is None:
         args.time_budget = DEFAULT_TIME_BUDGET
+    if args.exact is not None:  # before the search: a missing solver fails at once
+        check_exact(args.overlap_steps)
     started = time.perf_counter()
     out = Path(args.output)
     check_output_folder("--output", out, OUTPUT_FILES)  # before any work: fails at once
@@ -228,8 +240,11 @@ def run(args: argparse.Namespace) -> int:
     if not result.best.sim.fits:
         raise MemoryExceededError(shortfall_message(result.best))
     console = Console()
+    solved = time.perf_counter()
+    if args.exact is not None:  # its seconds come on top of the budget
+        result = exact_order(result, profile, args.exact, args.action_overhead, console)
     answer = Answer(result.best.plan, profile, source, args.profile is not None, exports=exports)
-    left = args.time_budget - since(started)
+    left = args.time_budget + since(solved) - since(started)
     written = write_answer(get_engine(), answer, out, args.png, left)
     for note in written.notes:
         Console(stderr=True).print(f"note: {note}", highlight=False)
@@ -259,6 +274,50 @@ def run(args: argparse.Namespace) -> int:
     for line in written.lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def check_exact(overlap_steps: bool) -> None:
+    """`--exact` is refused with --overlap-steps and without OR-Tools, before any search."""
+    from octopipe.tuner.exact import require_solver
+
+    if overlap_steps:
+        raise InputError("--exact", "solves one synchronous step, not --overlap-steps' steady one")
+    require_solver("--exact")
+
+
+def exact_order(
+    result: TuneResult, profile: Profile, seconds: float, action_overhead: float, console: Console
+) -> TuneResult:
+    """`--exact`: the fastest order of the tuned plan's partition and placement the exact
+    scheduler finds in `seconds` (`octopipe.tuner.exact`), in place of the tuner's where it is
+    faster; one line says how it compares and which was kept."""
+    from octopipe.sim import Simulator
+    from octopipe.tuner.exact import exact_schedule
+
+    best = result.best
+    try:
+        found = exact_schedule(
+            profile, best.plan, seconds, action_overhead=action_overhead, where="--exact"
+        )
+    except InputError as exc:  # a plan the solver does not take: the tuned one stands
+        console.print(f"{exc}; kept the tuner's order", highlight=False, soft_wrap=True)
+        return result
+    tuner = best.sim.iteration_time
+    faster = found.makespan < tuner
+    how = "optimal" if found.optimal else f"within {found.gap:.2%} of its proven bound"
+    if not found.optimal:
+        how += f" {found.bound:.6g} s"
+    kept = "wrote the exact order" if faster else "kept the tuner's order"
+    console.print(
+        f"exact order of the tuned plan's partition and placement: {found.makespan:.6g} s "
+        f"({how}); the tuner's: {tuner:.6g} s; {kept}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if not faster:
+        return result
+    sim = Simulator(profile, action_overhead).run(found.plan, detail=False)
+    return replace(result, best=Evaluated(f"{best.label}, exact order", found.plan, sim))
 
 
 def since(started: float) -> float:

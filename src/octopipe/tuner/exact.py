@@ -113,10 +113,7 @@ def exact_schedule(
             f"{actions} ({plan.num_stages} stages x {plan.num_microbatches} microbatches): "
             "use fewer microbatches or stages",
         )
-    try:
-        from ortools.sat.python import cp_model
-    except ImportError:
-        raise InputError(where, f"the exact scheduler needs OR-Tools: {INSTALL}") from None
+    cp_model = require_solver(where)
     graph = build_graph(sim.costs, plan, devices_for(profile, plan, where), check=False)
     bound = sim.bounds(plan, where).plan  # Jackson's: never above the optimum
     if given.iteration_time <= 0.0:
@@ -147,6 +144,15 @@ def exact_schedule(
     if result.iteration_time >= given.iteration_time:  # no faster: the given order stands
         return ExactResult(_predicted(profile, plan), given.iteration_time, bound, optimal, seconds)
     return ExactResult(_predicted(profile, found), result.iteration_time, bound, optimal, seconds)
+
+
+def require_solver(where: str = "<plan>"):
+    """OR-Tools' CP-SAT module; InputError (one line) where the extra is not installed."""
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError:
+        raise InputError(where, f"the exact scheduler needs OR-Tools: {INSTALL}") from None
+    return cp_model
 
 
 def _agrees(simulated: float, claimed: float, optimal: bool) -> None:
@@ -326,4 +332,4 @@ class _Model:
         return replace(plan, schedule=orders, predicted=None)
 
 
-__all__ = ["MAX_EXACT_ACTIONS", "ExactResult", "exact_schedule"]
+__all__ = ["MAX_EXACT_ACTIONS", "ExactResult", "exact_schedule", "require_solver"]
