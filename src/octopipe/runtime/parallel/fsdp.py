@@ -19,10 +19,15 @@ places them instead (`ShardedStages`):
   action; the rank's remaining actions run while it completes, and the step waits for it
   before the optimizer (FSDP2's final backward callback). FSDP2 has no public call for either,
   so this module reaches into its state, and only this module.
+
+FSDP2's warning that a unit "returned a view tensor" does not apply to these units and is
+silenced, exactly it (`_quiet_view_warning`).
 """
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -38,6 +43,25 @@ def apply_fsdp(stage: nn.Module, dp_mesh: DeviceMesh) -> None:
     is the module whose forward runs the stage (FSDP2's hooks sit on it)."""
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=False)
     _accumulate_without_sync(stage)  # type: ignore[arg-type]
+    _quiet_view_warning(type(stage).__name__)
+
+
+def _quiet_view_warning(unit: str) -> None:
+    """FSDP2 warns, once per rank, when a unit's forward returns a view: an in-place op on it
+    (`out += y`) would drop the pre-backward hook FSDP2 registers on it, and with it the
+    all-gather before the unit's backward. A stage returns one where its last layer's output is
+    a tensor-parallel module's local shard (`DTensor.to_local()` is a view): a final norm
+    (`tp_plans.sequence_norm`), a Hugging Face model's embedding. It does not apply here: a
+    stage's outputs go only to `step.stage.StageCompute`, which never changes them in place (it
+    keeps them as the roots of the backward, sends detached copies, hands the next stage on
+    this rank detached leaves), and each stage stays gathered from before its first action of a
+    step to after its last backward (`ShardedStages`), never resharded after a forward. So that
+    warning, of the units built here and no other, is not shown."""
+    warnings.filterwarnings(
+        "ignore",
+        message=rf"FSDP2-wrapped module \({re.escape(unit)}\) returned a view tensor",
+        category=UserWarning,
+    )
 
 
 class ShardedStages:
