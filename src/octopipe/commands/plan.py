@@ -192,6 +192,8 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.exact is not None and args.gpus is not None:
+        raise InputError("--exact", "orders the plan of one pipeline: not with --gpus")
     if args.gpus is not None:
         return plan_cluster.run(args)
     if args.runner is not None:
