@@ -35,9 +35,12 @@ Times are integer ticks of 2^-36 of the given order's iteration time, every dura
 rounded down (a duration of 0 ticks counts 1, a device runs one thing at a time): every order
 is thus no slower in the model than in the simulator, so the solver's objective bound, in
 seconds, is a lower bound of the real optimum (less one tick per rounded-up action); an
-"optimal" order is optimal to within a few parts in 10^8. Microbatches alike in their actions
-are interchangeable: their stage-0 forwards run in microbatch order (a symmetry cut that loses
-no optimum). The given order is the solver's first hint.
+"optimal" order is optimal to within a few parts in 10^8. The plan bound of `sim/bounds.py`,
+less what rounding can take off a path (`slack` ticks), floors the objective, and the solver
+stops once within `slack` of its own bound: where the tuned order meets the plan bound, the
+proof is at once. Microbatches alike in their actions are interchangeable: their stage-0
+forwards run in microbatch order (a symmetry cut that loses no optimum). The given order is
+the solver's first hint.
 
 The solver's order, each device's actions by their start, becomes a plan of the same stages and
 placement, which the simulator then times: its iteration time must be the solver's makespan to
@@ -63,8 +66,9 @@ from octopipe.profile import Profile
 from octopipe.sim import Simulator
 from octopipe.sim.graph import NO_DEP, action_of, build_graph, devices_for
 
-# Compute actions the model takes on: beyond this, proofs take more than minutes even for a
-# few devices, and one solve can hold a core for as long as it is given.
+# The most compute actions the model takes on. Proofs come in seconds up to about 72 and are
+# rare past a couple of hundred (docs/FORMATS.md); beyond 512 a solve would mostly be a long
+# wait for an order no better than the one given.
 MAX_EXACT_ACTIONS = 512
 TICKS = 2**36  # the given order's iteration time in integer ticks
 AGREE = 1e-6  # how closely the simulator must reproduce the solver's makespan
@@ -106,8 +110,6 @@ def exact_schedule(
     started = time.perf_counter()
     if not time_limit > 0:
         raise InputError(where, f"the exact scheduler needs a time limit above 0 s: {time_limit}")
-    sim = Simulator(profile, action_overhead)
-    given = sim.run(plan, detail=True, where=where)  # a structural fault or deadlock: here
     actions = sum(len(acts) for acts in plan.schedule.values())
     if actions > MAX_EXACT_ACTIONS:
         raise InputError(
@@ -117,6 +119,8 @@ def exact_schedule(
             "use fewer microbatches or stages",
         )
     cp_model = require_solver(where)
+    sim = Simulator(profile, action_overhead)
+    given = sim.run(plan, detail=True, where=where)  # a structural fault or deadlock: here
     graph = build_graph(sim.costs, plan, devices_for(profile, plan, where), check=False)
     bound = sim.bounds(plan, where).plan  # Jackson's: never above the optimum
     if given.iteration_time <= 0.0:
@@ -136,12 +140,7 @@ def exact_schedule(
     result = sim.run(found, detail=False, check=True, where=where)
     claimed = solver.objective_value * model.tick
     _agrees(result.iteration_time, claimed, optimal)
-    for d, (peak, cap) in enumerate(zip(result.peak_memory_bytes, model.peak_allowed)):
-        if peak > cap:
-            raise RuntimeError(
-                f"the exact scheduler's order needs {peak:.6g} bytes on device {d}, its model "
-                f"allowed {cap:.6g}: the model's memory rule is not the simulator's"
-            )
+    _holds_memory(result, given)
     if optimal:
         bound = min(bound, result.iteration_time)  # the rounding's few ticks, not a gap
     if result.iteration_time >= given.iteration_time:  # no faster: the given order stands
@@ -167,6 +166,19 @@ def _agrees(simulated: float, claimed: float, optimal: bool) -> None:
             f"the exact scheduler's order simulates to {simulated!r} s, its model said "
             f"{claimed!r} s: the model is not the simulator's semantics"
         )
+
+
+def _holds_memory(result, given) -> None:
+    """The solver's order keeps within each device's memory where the given order did, and
+    within the given order's peak where it did not (the model's rule)."""
+    for d, fits in enumerate(given.fits_per_device):
+        peak = result.peak_memory_bytes[d]
+        held = result.fits_per_device[d] if fits else peak <= given.peak_memory_bytes[d]
+        if not held:
+            raise RuntimeError(
+                f"the exact scheduler's order needs {peak:.6g} bytes on device {d}, more than "
+                "its model allowed: the model's memory rule is not the simulator's"
+            )
 
 
 def _predicted(profile: Profile, plan: Plan) -> Plan:
@@ -237,13 +249,11 @@ class _Model:
     def _memory(self, given, ends) -> None:
         """Per device, the activation level stays within what it may hold (the docstring)."""
         graph, m = self.graph, self.model
-        self.peak_allowed = []
         for d, row in enumerate(graph.rows):
             static = float(graph.static_bytes[d])
             capacity = float(graph.devices[d].memory_bytes)
             top = given.peak_memory_bytes[d] - static  # the given order's own highest level
             allowed = max(capacity - static, top)
-            self.peak_allowed.append(static + allowed)
             deltas = [(aid, round(graph.mem_delta[aid])) for aid, *_ in row]
             deltas = [(aid, x) for aid, x in deltas if x]
             if math.isinf(allowed) or sum(x for _, x in deltas if x > 0) <= allowed:
