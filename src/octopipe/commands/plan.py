@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -24,6 +23,7 @@ from rich.table import Table
 from octopipe.api import profile_from_config, tune
 from octopipe.commands import _plan_cluster as plan_cluster
 from octopipe.commands._device_layers import device_layers, print_wide
+from octopipe.commands._plan_exact import check_exact, exact_order
 from octopipe.config.flags import count, number
 from octopipe.config.planning import add_job_flags, resolved
 from octopipe.engines import Answer, get_engine
@@ -276,50 +276,6 @@ def run(args: argparse.Namespace) -> int:
     for line in written.lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
-
-
-def check_exact(overlap_steps: bool) -> None:
-    """`--exact` is refused with --overlap-steps and without OR-Tools, before any search."""
-    from octopipe.tuner.exact import require_solver
-
-    if overlap_steps:
-        raise InputError("--exact", "solves one synchronous step, not --overlap-steps' steady one")
-    require_solver("--exact")
-
-
-def exact_order(
-    result: TuneResult, profile: Profile, seconds: float, action_overhead: float, console: Console
-) -> TuneResult:
-    """`--exact`: the fastest order of the tuned plan's partition and placement the exact
-    scheduler finds in `seconds` (`octopipe.tuner.exact`), in place of the tuner's where it is
-    faster; one line says how it compares and which was kept."""
-    from octopipe.sim import Simulator
-    from octopipe.tuner.exact import exact_schedule
-
-    best = result.best
-    try:
-        found = exact_schedule(
-            profile, best.plan, seconds, action_overhead=action_overhead, where="--exact"
-        )
-    except InputError as exc:  # a plan the solver does not take: the tuned one stands
-        console.print(f"{exc}; kept the tuner's order", highlight=False, soft_wrap=True)
-        return result
-    tuner = best.sim.iteration_time
-    faster = found.makespan < tuner
-    how = "optimal" if found.optimal else f"within {found.gap:.2%} of its proven bound"
-    if not found.optimal:
-        how += f" {found.bound:.6g} s"
-    kept = "wrote the exact order" if faster else "kept the tuner's order"
-    console.print(
-        f"exact order of the tuned plan's partition and placement: {found.makespan:.6g} s "
-        f"({how}); the tuner's: {tuner:.6g} s; {kept}",
-        highlight=False,
-        soft_wrap=True,
-    )
-    if not faster:
-        return result
-    sim = Simulator(profile, action_overhead).run(found.plan, detail=False)
-    return replace(result, best=Evaluated(f"{best.label}, exact order", found.plan, sim))
 
 
 def since(started: float) -> float:
