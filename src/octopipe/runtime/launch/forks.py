@@ -31,12 +31,14 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from octopipe.runtime.launch.watch import TRACEBACK
+
 _PR_SET_PDEATHSIG = 1
 _DEATH_SIGNAL = signal.SIGUSR2  # what the starter gets when the launcher dies
 
 # The first message a failed start sends the launcher on rank 0's pipe: `spawn` reads it as
 # that rank's error (with its traceback).
-_ERROR, _TRACEBACK = "error", "traceback"
+_ERROR = "error"
 
 
 def available() -> bool:
@@ -176,7 +178,7 @@ def _report(status: Connection, rank: int, code: int) -> None:
 
 def _fail(writer: Connection, text: str) -> None:
     try:
-        writer.send((_ERROR, 0, text, _TRACEBACK))
+        writer.send((_ERROR, 0, text, TRACEBACK))
     except OSError:
         pass
     os._exit(1)

@@ -25,12 +25,11 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from functools import partial
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,7 @@ import torch
 from octopipe.errors import OctoPipeError
 from octopipe.runtime.failures import RankFailure, Stopped
 from octopipe.runtime.launch import forks, lifeline
-
-_GRACE_S = 2.0  # how long a failed run's other ranks get to report or exit before they are killed
-_POLL_S = 0.05
+from octopipe.runtime.launch.watch import BAD_INPUT, GRACE_S, TRACEBACK, WHOLE, Inbox, watch
 
 # Every process that times or trains (ranks, and the profiler's) starts with these unless the
 # user set them. glibc hands large freed blocks back to the OS at once, so a split backward's
@@ -87,7 +84,7 @@ def spawn_ranks(
         )
     ctx = mp.get_context("spawn")
     pipes = [ctx.Pipe(duplex=False) for _ in range(nproc)]  # (parent's end, the rank's)
-    inbox = _Inbox([reader for reader, _ in pipes])
+    inbox = Inbox([reader for reader, _ in pipes])
     ranks: _Forked | _Spawned | None = None
     with _stop_on_signals(), tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         store = str(Path(tmp) / "store")
@@ -106,7 +103,7 @@ def spawn_ranks(
                 with _starting(body, args, Path(tmp)):
                     ranks = _Spawned(ctx, name, Path(tmp), pipes, body, store, args)
                 _close_writers(pipes)
-            payload = _watch(ranks.procs, inbox, on_note)
+            payload = watch(ranks.procs, inbox, on_note)
         except RankFailure as failure:
             ranks.stop()
             failure.exit_codes = tuple(p.exitcode for p in ranks.procs)
@@ -209,7 +206,7 @@ class _Forked:
         self._go.close()  # a starter still waiting leaves
         if self.starter.is_alive():
             self.starter.terminate()
-        self.starter.join(_GRACE_S)
+        self.starter.join(GRACE_S)
         if self.starter.is_alive():
             self.starter.kill()
             self.starter.join()
@@ -258,7 +255,7 @@ class _Spawned:
             if p.is_alive():
                 p.terminate()
         for p in self.procs:
-            p.join(_GRACE_S)
+            p.join(GRACE_S)
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -268,7 +265,6 @@ class _Spawned:
 
 _to_parent: tuple[Connection, int] | None = None  # (the pipe to the parent, this rank), in a rank
 # What a rank's error message holds: a traceback, or a whole story (plain, or a bad input).
-_TRACEBACK, _WHOLE, _BAD_INPUT = "traceback", "whole", "bad input"
 
 
 def tell_parent(note: Any) -> None:
@@ -297,11 +293,11 @@ def _rank_main(body, rank: int, world: int, store: str, args: tuple, pipe: Conne
             torch.save(results, buf)
             message: tuple = ("ok", buf.getvalue())
     except RankFailure as exc:  # says it all: no traceback
-        message, code = ("error", rank, str(exc), _WHOLE), 1
+        message, code = ("error", rank, str(exc), WHOLE), 1
     except OctoPipeError as exc:  # one line, as from the launcher (e.g. a file changed since)
-        message, code = ("error", rank, f"rank {rank}: {exc}", _BAD_INPUT), 1
+        message, code = ("error", rank, f"rank {rank}: {exc}", BAD_INPUT), 1
     except BaseException:  # noqa: BLE001 - whatever it was, the parent must hear of it
-        message, code = ("error", rank, traceback.format_exc(), _TRACEBACK), 1
+        message, code = ("error", rank, traceback.format_exc(), TRACEBACK), 1
     if rank == 0 or code:
         try:
             pipe.send(message)
@@ -312,96 +308,6 @@ def _rank_main(body, rank: int, world: int, store: str, args: tuple, pipe: Conne
 
 
 # --- in the parent -----------------------------------------------------------------------------
-
-
-class _Inbox:
-    """The parent's ends of the ranks' pipes: the next message of any rank."""
-
-    def __init__(self, readers: list[Connection]) -> None:
-        self._open = list(readers)
-
-    def next(self, timeout: float) -> tuple | None:
-        if not self._open:
-            time.sleep(timeout)
-            return None
-        for reader in wait(self._open, timeout):
-            try:
-                return reader.recv()
-            except (EOFError, OSError):  # that rank is gone and said all it had
-                self._open.remove(reader)
-                reader.close()
-        return None
-
-    def close(self) -> None:
-        for reader in self._open:
-            reader.close()
-        self._open = []
-
-
-def _watch(procs: list[mp.process.BaseProcess], messages: _Inbox, on_note) -> bytes:
-    """Wait for rank 0's results and every rank's clean exit, passing notes on; raise the cause
-    of the first failure. No deadline: a healthy run may take as long as it takes."""
-    payload: bytes | None = None
-    while True:
-        msg = _next_message(messages, _POLL_S)
-        if msg is not None:
-            if msg[0] == "note":
-                if on_note is not None:
-                    on_note(msg[2])
-                continue
-            if msg[0] == "error":
-                raise _failure(procs, messages, [msg])
-            payload = msg[1]
-        codes = [p.exitcode for p in procs]
-        if any(c not in (None, 0) for c in codes):
-            raise _failure(procs, messages, [])
-        if all(c == 0 for c in codes):
-            return payload if payload is not None else _last_result(messages, on_note)
-
-
-def _last_result(messages: _Inbox, on_note) -> bytes:
-    """Every rank exited cleanly: rank 0's result is still in the queue, behind its notes."""
-    deadline = time.monotonic() + _GRACE_S
-    while time.monotonic() < deadline:
-        msg = _next_message(messages, _POLL_S)
-        if msg is not None and msg[0] == "note" and on_note is not None:
-            on_note(msg[2])
-        elif msg is not None and msg[0] == "ok":
-            return msg[1]
-    raise RankFailure("every rank exited but rank 0 sent no result")
-
-
-def _failure(
-    procs: list[mp.process.BaseProcess], messages: _Inbox, errors: list[tuple]
-) -> RankFailure:
-    """The cause of a failed run. The ranks get a moment to report or exit, since one failure
-    brings down its peers with errors of their own: a rank killed by a signal is the cause
-    (its peers then fail on broken connections), else the first error reported, else the first
-    rank that died."""
-    deadline = time.monotonic() + _GRACE_S
-    while time.monotonic() < deadline and any(p.exitcode is None for p in procs):
-        msg = _next_message(messages, _POLL_S)
-        if msg is not None and msg[0] == "error":
-            errors.append(msg)
-    while (msg := _next_message(messages, 0)) is not None:
-        if msg[0] == "error":
-            errors.append(msg)
-    reported = {msg[1] for msg in errors}
-    codes = [p.exitcode for p in procs]
-    for rank, code in enumerate(codes):
-        if code is not None and code < 0 and rank not in reported:
-            return RankFailure(f"rank {rank} was killed by {signal.Signals(-code).name}")
-    if errors:
-        _, rank, text, kind = errors[0]
-        failure = RankFailure(f"rank {rank} failed:\n{text}" if kind == _TRACEBACK else text)
-        failure.bad_input = kind == _BAD_INPUT
-        return failure
-    rank, code = next((r, c) for r, c in enumerate(codes) if c not in (None, 0))
-    return RankFailure(f"rank {rank} died with exit code {code}")
-
-
-def _next_message(messages: _Inbox, timeout: float) -> tuple | None:
-    return messages.next(timeout)
 
 
 @contextmanager
