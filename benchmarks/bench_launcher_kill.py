@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/bench_launcher_kill.py [--runs 3]
 
 Each run starts `octopipe run` of tiny-llama on 2 ranks (a 1F1B plan, many steps), kills the
-launcher with SIGKILL at a moment (`starting`: as soon as both ranks exist, while they import
-torch; `training`: after the first step line), and polls /proc every 10 ms for the ranks it had (its
-children then, but multiprocessing's resource tracker), until none is left alive (a zombie
+launcher with SIGKILL at a moment (`starting`: as soon as a process below it exists, importing
+torch (on Linux the starter the ranks are forked from); `training`: after the first step line),
+and polls /proc every 10 ms for the processes below it then (the starter and its ranks, but
+multiprocessing's resource tracker), until none is left alive (a zombie
 waiting for its reaper counts as gone). The table gives the seconds until the last rank was
 gone and whether anything warned of leaked semaphores (multiprocessing's resource tracker
 prints that when the launcher dies holding any).
@@ -27,7 +28,9 @@ HERE = Path(__file__).resolve().parents[1]
 
 
 def _children(pid: int) -> list[int]:
-    found = []
+    """Every process below `pid` (on Linux its ranks are forked from a starter it spawned: all
+    of them count), but multiprocessing's resource tracker."""
+    parent_of = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -35,9 +38,13 @@ def _children(pid: int) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == pid and b"resource_tracker" not in cmdline:
-                found.append(int(entry.name))
+            if b"resource_tracker" not in cmdline:
+                parent_of[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        below = [child for child, parent in parent_of.items() if parent in frontier]
+        found += below
+        frontier = below
     return found
 
 
@@ -59,8 +66,8 @@ def one_run(folder: Path, moment: str) -> tuple[float, bool, int]:
     )
     if moment == "training":
         proc.stdout.readline()  # the first step's JSON line
-    else:  # as soon as both ranks exist: they are importing torch
-        while len(_children(proc.pid)) < 2 and proc.poll() is None:
+    else:  # as soon as a process below the launcher exists: it is importing torch
+        while not _children(proc.pid) and proc.poll() is None:
             time.sleep(0.01)
     ranks = _children(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
