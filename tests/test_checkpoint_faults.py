@@ -28,6 +28,7 @@ from octopipe.runtime.checkpoint import store as checkpoint
 from octopipe.runtime.checkpoint.folder import (
     LOCK,
     CheckpointSkipped,
+    CheckpointUnverified,
     NoSpace,
     checkpoint_bytes,
     choose,
@@ -161,8 +162,9 @@ def test_a_checkpoint_without_checksums_still_resumes(tmp_path, toy):
     marker = json.loads(path.read_text())
     del marker["checksums"]
     path.write_text(json.dumps(marker))
-    flip_byte(_shard(root / "step-2"))  # unseen, as before checksums
-    found = choose(root)
+    flip_byte(_shard(root / "step-2"))  # unseen, as before checksums: but said so
+    with pytest.warns(CheckpointUnverified, match="carries no checksums, so its bytes were not"):
+        found = choose(root)
     assert (found.step, found.marker.checksums) == (2, None)
 
 

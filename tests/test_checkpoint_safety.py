@@ -129,6 +129,7 @@ def test_run_resume_refuses_a_crafted_checkpoint_in_one_line(tmp_path, toy, caps
     assert not witness.exists()
 
 
+@pytest.mark.filterwarnings("ignore::octopipe.runtime.checkpoint.folder.CheckpointUnverified")
 @pytest.mark.parametrize("craft", [crafted_index, crafted_bytes_entry])
 def test_the_python_api_refuses_a_crafted_checkpoint(tmp_path, toy, craft):
     witness = tmp_path / "ran"
@@ -222,6 +223,7 @@ def test_a_shard_outside_the_checkpoint_folder_is_refused(tmp_path, toy):
         read_metadata(folder)
 
 
+@pytest.mark.filterwarnings("ignore::octopipe.runtime.checkpoint.folder.CheckpointUnverified")
 def test_an_optimizer_state_larger_than_its_parameter_is_refused(tmp_path, toy):
     """An index may declare any size; a rank allocates state only of its parameters' shapes."""
     folder = tmp_path / "ckpt" / "step-2"
