@@ -151,3 +151,52 @@ def test_a_rank_takes_the_recipe_built_before_it_was_forked():
     built = session._BUILT[id(config)][1]
     assert session._recipe(config) is built  # taken, not built again
     assert session._recipe(config) is not built  # once: a second job builds its own
+
+
+@linux_only
+@pytest.mark.timeout(120)
+def test_a_starter_spawned_early_is_taken_over_or_stopped(tmp_path, monkeypatch):
+    """`octopipe run` spawns the starter before it imports torch (`start_early`): a run of the
+    same count takes it over; any other, or none, stops it and its folder goes."""
+    from octopipe.runtime.launch import spawn
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    before = set(_children())
+    spawn.start_early(2, "octopipe", ())
+    early = spawn._early
+    assert early is not None and set(_children()) - before == {early.ranks.starter.pid}
+    pids = spawn_ranks(parent_pid, (), 2)  # taken over: rank 0's parent is that starter
+    assert pids == early.ranks.starter.pid and spawn._early is None
+    spawn.start_early(3, "octopipe", ())  # another count: stopped, a starter of its own
+    stale = spawn._early.ranks.starter.pid
+    assert spawn_ranks(parent_pid, (), 2) not in (stale, os.getpid())
+    spawn.start_early(2, "octopipe", ())  # no run at all (refused before): stopped
+    spawn.stop_early()
+    assert set(_children()) - before == set()
+    assert _left_behind(tmp_path) == []
+
+
+@linux_only
+@pytest.mark.timeout(120)
+def test_a_run_refused_after_its_early_start_leaves_nothing(tmp_path, monkeypatch, capsys):
+    from octopipe.cli import main
+    from octopipe.runtime.launch import spawn
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", None)
+    import octopipe as op
+    from octopipe.plan import save_plan
+
+    profile = op.profile_from_config("tiny-moe", devices=2)
+    save_plan(op.baseline(profile, "1f1b", "uniform", 4), tmp_path / "plan.json")
+    started, start = [], spawn.start_early
+    monkeypatch.setattr(spawn, "start_early", lambda *a: (started.append(a[0]), start(*a)))
+    before = set(_children())
+    argv = ["run", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-moe"]
+    assert main([*argv, "--ep", "3", "--dp", "3"]) == 2  # refused by the launcher's checks
+    assert "3 must divide them" in capsys.readouterr().err
+    assert started == [6]  # its starter was on its way: TP 1 x PP 2 x DP 3
+    assert spawn._early is None and set(_children()) - before == set()
+    assert _left_behind(tmp_path / "tmp") == []

@@ -23,19 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from octopipe.commands._run_progress import RunProgress
     from octopipe.config.sources import from_flags
-    from octopipe.outfiles import (
-        JSON,
-        PICTURE,
-        check_output_file,
-        check_output_folder,
-    )
+    from octopipe.outfiles import JSON, PICTURE, check_output_file, check_output_folder
     from octopipe.plan import load_plan
-    from octopipe.runtime.launch.launcher import RankFailure, Stopped, under_torchrun
-    from octopipe.trace import from_records, write_trace
-    from octopipe.training import run as train
-    from octopipe.training import run_shape
+    from octopipe.runtime.launch import spawn
 
     config = from_flags(args)
     _require(config)
@@ -44,8 +35,24 @@ def run(args: argparse.Namespace) -> int:
     check_output_file("--png", out.png, PICTURE)
     if out.dir is not None:
         check_output_folder("--log-dir", out.dir, ("log.jsonl",))
-    plan_file = config.plan.file
-    plan = load_plan(plan_file)
+    plan = load_plan(config.plan.file)
+    try:
+        _start_ranks_early(config, plan)
+        return _run(config, plan)
+    finally:
+        spawn.stop_early()  # a run refused before its ranks started takes its starter along
+
+
+def _run(config, plan) -> int:
+    """The run once its starter is on its way: checked, trained, reported."""
+    from octopipe.commands._run_progress import RunProgress
+    from octopipe.runtime.failures import RankFailure, Stopped
+    from octopipe.runtime.launch.launcher import under_torchrun
+    from octopipe.trace import from_records, write_trace
+    from octopipe.training import run as train
+    from octopipe.training import run_shape
+
+    out, plan_file = config.logging, config.plan.file
     profile = _prediction_profile(config, plan)
     logs = _logs(out.dir)
     steps = config.training.steps
@@ -106,6 +113,25 @@ def run(args: argparse.Namespace) -> int:
     if under_torchrun():
         _leave_rank()
     return 0
+
+
+def _start_ranks_early(config, plan) -> None:
+    """Spawn the ranks' starter before this process imports torch and checks the run, so that
+    the two imports share the host's cores (`spawn.start_early`); where the count cannot be
+    told yet (a shape the checks will refuse), the run starts its ranks as it would."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this is a rank
+        return
+    from octopipe.errors import OctoPipeError
+    from octopipe.runtime.launch import forks, spawn
+    from octopipe.training import run_job_shape
+
+    try:
+        data = config.data
+        seq_len = data.seq_len or 2**20  # divides into any CP the world size may hold
+        shape = run_job_shape(config, plan, seq_len, data.micro_batch_size or 1)
+    except (OctoPipeError, ValueError):
+        return
+    spawn.start_early(config.launch.nproc or shape.world_size, "octopipe", forks.RANK_MODULES)
 
 
 def _calibrated_name(profile: str) -> str:

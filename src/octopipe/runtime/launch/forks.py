@@ -2,8 +2,10 @@
 forks the ranks from itself, so N ranks pay for one import of torch and the runtime instead of
 N at once on the host's cores.
 
-The launcher spawns the starter as soon as it knows the number of ranks, checks the run
-meanwhile, then sends it what the ranks run (`go`); a refused run stops it instead. The
+The launcher spawns the starter as soon as it knows the number of ranks (`octopipe run` even
+before it imports torch: `spawn.start_early`), checks the run meanwhile, then sends it what the
+ranks run (`go`); a refused run stops it instead. `Forked`, at the end, is the launcher's
+handle on it. The
 starter forks the ranks, reports each one's pid and exit code to the launcher (`status`), and
 exits when the last is gone. It never initializes CUDA or starts a thread of its own before
 forking, so each rank starts from a process that only imported modules.
@@ -31,7 +33,12 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from octopipe.runtime.launch.watch import TRACEBACK
+from octopipe.runtime.launch.watch import GRACE_S, TRACEBACK
+
+# What every rank imports before it trains, imported once by the starter, not by the launcher,
+# which only checks and watches: the session (the whole runtime) and torch._dynamo, which torch
+# imports the first time a rank builds a model on the meta device or steps an optimizer.
+RANK_MODULES = ("octopipe.runtime.job.session", "torch._dynamo")
 
 _PR_SET_PDEATHSIG = 1
 _DEATH_SIGNAL = signal.SIGUSR2  # what the starter gets when the launcher dies
@@ -197,3 +204,97 @@ def _name_process(title: str) -> None:
     """The kernel's name of this process (15 bytes shown by ps, top and /proc/PID/comm)."""
     PR_SET_NAME = 15
     _libc().prctl(PR_SET_NAME, title.encode()[:15], 0, 0, 0)
+
+
+# --- in the launcher ---------------------------------------------------------------------------
+
+
+class Forked:
+    """The launcher's side (`spawn.py`): the ranks forked by one starter process, started
+    before what they run is known (`go`); their pids and exit codes come from the starter."""
+
+    def __init__(
+        self, ctx, name: str, tmp: Path, writers: list[Connection], preload: Sequence[str]
+    ) -> None:
+        go_reader, self._go = ctx.Pipe(duplex=False)
+        self._status, status_writer = ctx.Pipe(duplex=False)
+        self.starter = ctx.Process(
+            target=starter_entry,
+            args=(os.getpid(), tmp, name, tuple(preload), writers, go_reader, status_writer),
+            name=f"{name}-fork",
+            daemon=True,
+        )
+        self.starter.start()
+        go_reader.close()
+        status_writer.close()
+        self._eof = False
+        self.forked = [False] * len(writers)
+        self.codes: list[int | None] = [None] * len(writers)
+        self.procs = [ForkedRank(self, rank) for rank in range(len(writers))]
+
+    def go(self, run: Callable, args: tuple, warm: Callable[[], None] | None = None) -> None:
+        """Start the ranks: `warm()` once in the starter, then `run(rank, world, writer, *args)`
+        in each."""
+        from multiprocessing.reduction import ForkingPickler
+
+        try:
+            self._go.send_bytes(bytes(ForkingPickler.dumps((run, args, warm))))
+        except OSError:  # the starter is gone: its exit code tells (`poll`)
+            pass
+        self._go.close()
+
+    def poll(self) -> None:
+        """Take in what the starter reported; once it is gone, every rank it did not report
+        went with it (killed by the death signal), or never started."""
+        self._drain()
+        if self.starter.exitcode is None:
+            return
+        self._drain()  # all it wrote before it went is in the pipe by now
+        for rank, code in enumerate(self.codes):
+            if code is None:
+                gone = -signal.SIGKILL if self.forked[rank] else self.starter.exitcode
+                self.codes[rank] = gone or 1
+
+    def _drain(self) -> None:
+        while not self._eof and self._status.poll(0):
+            try:
+                what, rank, value = self._status.recv()
+            except (EOFError, OSError):
+                self._eof = True
+                return
+            if what == "pid":
+                self.forked[rank] = True
+            else:
+                self.codes[rank] = value
+
+    def stop(self) -> None:
+        """Leave nothing running: ask the starter (it kills its ranks and reports them), then
+        force."""
+        if self.stopped:
+            return
+        self._go.close()  # a starter still waiting leaves
+        if self.starter.is_alive():
+            self.starter.terminate()
+        self.starter.join(GRACE_S)
+        if self.starter.is_alive():
+            self.starter.kill()
+            self.starter.join()
+        self.poll()
+        self._status.close()
+
+    @property
+    def stopped(self) -> bool:
+        return self._status.closed
+
+
+class ForkedRank:
+    """One forked rank, as `_watch` and `_failure` look at a process."""
+
+    def __init__(self, group: Forked, rank: int) -> None:
+        self._group, self._rank = group, rank
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._group.codes[self._rank] is None and not self._group.stopped:
+            self._group.poll()
+        return self._group.codes[self._rank]

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from octopipe.errors import InputError
 from octopipe.limits import DEFAULT_TIMEOUT_S
 from octopipe.runtime.job.progress import OnReport, say
+from octopipe.runtime.launch.forks import RANK_MODULES
 from octopipe.runtime.launch.made_for import check_made_for_model
 from octopipe.runtime.launch.preflight import (
     check_checkpoint_room,
@@ -52,11 +53,6 @@ if TYPE_CHECKING:
     from octopipe.runtime.job.result import RunResult
     from octopipe.runtime.job.run_config import Job
 
-# What every rank imports before it trains, imported once by the process the ranks are forked
-# from (`forks`), not by the launcher, which only checks and watches: the session (the whole
-# runtime) and torch._dynamo, which torch imports the first time a rank builds a model on the
-# meta device or steps an optimizer.
-RANK_MODULES = ("octopipe.runtime.job.session", "torch._dynamo")
 
 _CHECKING = "checking the plan against the model, the data and the checkpoints"
 

@@ -3,7 +3,9 @@ of the first failure; nothing is left running, whatever happens to the launching
 
 On Linux the ranks are forked from one spawned process, the starter (`forks`), which imports
 what every rank needs once, while the launcher checks the run: N ranks then pay for one import
-of torch and the runtime, not N at once on the host's cores. Elsewhere each rank is spawned.
+of torch and the runtime, not N at once on the host's cores. `octopipe run` spawns it before it
+imports torch itself (`start_early`), so the two imports share the cores. Elsewhere each rank is
+spawned.
 
 When the parent stops the ranks: only when one of them fails or dies, or when the parent is told
 to stop (SIGTERM, SIGINT, SIGHUP; it then raises `Stopped`). A healthy run of any length
@@ -21,6 +23,7 @@ import io
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -28,16 +31,16 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from octopipe.errors import OctoPipeError
 from octopipe.runtime.failures import RankFailure, Stopped
 from octopipe.runtime.launch import forks, lifeline
+from octopipe.runtime.launch.forks import Forked
 from octopipe.runtime.launch.watch import BAD_INPUT, GRACE_S, TRACEBACK, WHOLE, Inbox, watch
 
 # Every process that times or trains (ranks, and the profiler's) starts with these unless the
@@ -83,19 +86,20 @@ def spawn_ranks(
             '`if __name__ == "__main__":` (or move what the run uses into a module)'
         )
     ctx = mp.get_context("spawn")
-    pipes = [ctx.Pipe(duplex=False) for _ in range(nproc)]  # (parent's end, the rank's)
-    inbox = Inbox([reader for reader, _ in pipes])
-    ranks: _Forked | _Spawned | None = None
-    with _stop_on_signals(), tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+    early = _adopt_early(nproc, name, preload)
+    pipes = early.pipes if early else [ctx.Pipe(duplex=False) for _ in range(nproc)]
+    inbox = Inbox([reader for reader, _ in pipes])  # (the parent's ends, the ranks')
+    ranks: Forked | _Spawned | None = early.ranks if early else None
+    with _stop_on_signals(), _run_folder(name, early) as tmp:
         store = str(Path(tmp) / "store")
         try:
-            if forks.available():
+            if forks.available() and ranks is None:
                 with _starting(body, args, Path(tmp)):
-                    ranks = _Forked(ctx, name, Path(tmp), [w for _, w in pipes], preload)
+                    ranks = Forked(ctx, name, Path(tmp), [w for _, w in pipes], preload)
                 _close_writers(pipes)
             if check is not None:
                 args = check(args)
-            if isinstance(ranks, _Forked):
+            if isinstance(ranks, Forked):
                 ranks.go(
                     _forked_rank, (body, store, args), None if warm is None else partial(warm, args)
                 )
@@ -115,7 +119,77 @@ def spawn_ranks(
             _close_writers(pipes)
     # Not a file: the bytes rank 0 (our own child) put in this run's queue a moment ago.
     # Results hold dataclasses, so they need the full unpickler; nothing from disk is read here.
+    import torch
+
     return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+@dataclass
+class _Early:
+    """A starter spawned before the run's own modules are imported (`start_early`)."""
+
+    nproc: int
+    name: str
+    preload: tuple[str, ...]
+    tmp: Path
+    pipes: list[tuple[Connection, Connection]]
+    ranks: Forked
+
+
+_early: _Early | None = None
+
+
+def start_early(nproc: int, name: str, preload: Sequence[str]) -> None:
+    """Spawn the starter of `nproc` ranks now (Linux), before the launcher imports torch and
+    checks the run, so that both imports share the host's cores; `spawn_ranks` of the same
+    count, name and preload takes it over, any other call finds none (`stop_early`). Only for
+    a run whose ranks need nothing of the main script (the command line's)."""
+    global _early
+    stop_early()
+    if not forks.available():
+        return
+    ctx = mp.get_context("spawn")
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    pipes = [ctx.Pipe(duplex=False) for _ in range(nproc)]
+    with _starting(None, (), tmp):
+        ranks = Forked(ctx, name, tmp, [w for _, w in pipes], preload)
+    _close_writers(pipes)
+    _early = _Early(nproc, name, tuple(preload), tmp, pipes, ranks)
+
+
+def stop_early() -> None:
+    """Stop a starter `start_early` spawned that no run took over, and remove its folder."""
+    global _early
+    early, _early = _early, None
+    if early is None:
+        return
+    early.ranks.stop()
+    for reader, _ in early.pipes:
+        reader.close()
+    shutil.rmtree(early.tmp, ignore_errors=True)
+
+
+def _adopt_early(nproc: int, name: str, preload: Sequence[str]) -> _Early | None:
+    global _early
+    early = _early
+    if early is None or (early.nproc, early.name, early.preload) != (nproc, name, tuple(preload)):
+        stop_early()
+        return None
+    _early = None
+    return early
+
+
+@contextmanager
+def _run_folder(name: str, early: _Early | None):
+    """The run's temporary folder: the early starter's, or a new one; removed at the end."""
+    if early is None:
+        with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+            yield tmp
+        return
+    try:
+        yield str(early.tmp)
+    finally:
+        shutil.rmtree(early.tmp, ignore_errors=True)
 
 
 @contextmanager
@@ -138,97 +212,6 @@ def _close_writers(pipes: list[tuple[Connection, Connection]]) -> None:
     """The ranks' ends, once they have their own copies: EOF here when a rank is gone."""
     for _, writer in pipes:
         writer.close()
-
-
-class _Forked:
-    """The ranks forked by one starter process (`forks`): started before what they run is
-    known (`go`); their pids and exit codes come from the starter."""
-
-    def __init__(
-        self, ctx, name: str, tmp: Path, writers: list[Connection], preload: Sequence[str]
-    ) -> None:
-        go_reader, self._go = ctx.Pipe(duplex=False)
-        self._status, status_writer = ctx.Pipe(duplex=False)
-        self.starter = ctx.Process(
-            target=forks.starter_entry,
-            args=(os.getpid(), tmp, name, tuple(preload), writers, go_reader, status_writer),
-            name=f"{name}-fork",
-            daemon=True,
-        )
-        self.starter.start()
-        go_reader.close()
-        status_writer.close()
-        self._eof = False
-        self.forked = [False] * len(writers)
-        self.codes: list[int | None] = [None] * len(writers)
-        self.procs = [_ForkedRank(self, rank) for rank in range(len(writers))]
-
-    def go(self, run: Callable, args: tuple, warm: Callable[[], None] | None = None) -> None:
-        """Start the ranks: `warm()` once in the starter, then `run(rank, world, writer, *args)`
-        in each."""
-        from multiprocessing.reduction import ForkingPickler
-
-        try:
-            self._go.send_bytes(bytes(ForkingPickler.dumps((run, args, warm))))
-        except OSError:  # the starter is gone: its exit code tells (`poll`)
-            pass
-        self._go.close()
-
-    def poll(self) -> None:
-        """Take in what the starter reported; once it is gone, every rank it did not report
-        went with it (killed by the death signal), or never started."""
-        self._drain()
-        if self.starter.exitcode is None:
-            return
-        self._drain()  # all it wrote before it went is in the pipe by now
-        for rank, code in enumerate(self.codes):
-            if code is None:
-                gone = -signal.SIGKILL if self.forked[rank] else self.starter.exitcode
-                self.codes[rank] = gone or 1
-
-    def _drain(self) -> None:
-        while not self._eof and self._status.poll(0):
-            try:
-                what, rank, value = self._status.recv()
-            except (EOFError, OSError):
-                self._eof = True
-                return
-            if what == "pid":
-                self.forked[rank] = True
-            else:
-                self.codes[rank] = value
-
-    def stop(self) -> None:
-        """Leave nothing running: ask the starter (it kills its ranks and reports them), then
-        force."""
-        if self.stopped:
-            return
-        self._go.close()  # a starter still waiting leaves
-        if self.starter.is_alive():
-            self.starter.terminate()
-        self.starter.join(GRACE_S)
-        if self.starter.is_alive():
-            self.starter.kill()
-            self.starter.join()
-        self.poll()
-        self._status.close()
-
-    @property
-    def stopped(self) -> bool:
-        return self._status.closed
-
-
-class _ForkedRank:
-    """One forked rank, as `_watch` and `_failure` look at a process."""
-
-    def __init__(self, group: _Forked, rank: int) -> None:
-        self._group, self._rank = group, rank
-
-    @property
-    def exitcode(self) -> int | None:
-        if self._group.codes[self._rank] is None and not self._group.stopped:
-            self._group.poll()
-        return self._group.codes[self._rank]
 
 
 class _Spawned:
@@ -286,6 +269,8 @@ def _rank_main(body, rank: int, world: int, store: str, args: tuple, pipe: Conne
     _to_parent = (pipe, rank)
     code = 0
     try:
+        import torch
+
         torch.set_num_threads(1)  # ranks share the host's cores; oversubscription only slows them
         results = body(rank, world, store, *args)
         if rank == 0:
@@ -336,7 +321,8 @@ class _ReferenceFinder(pickle.Pickler):
     is left out (no copy, and nothing put in shared memory as multiprocessing's pickler would)."""
 
     def reducer_override(self, obj):
-        if isinstance(obj, torch.Tensor):
+        torch = sys.modules.get("torch")  # no tensor without it
+        if torch is not None and isinstance(obj, torch.Tensor):
             return int, ()
         return NotImplemented
 
