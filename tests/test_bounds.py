@@ -10,41 +10,15 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_helpers import random_profile
 
 import octopipe as op
-from octopipe.profile import Device, LayerCost, Link, Profile
+from octopipe.profile import Device, LayerCost, Profile
 from octopipe.random_plans import random_plan
 from octopipe.sim import Simulator
 from octopipe.sim.bounds import _one_machine, joint_bound
 
 EPS = 1e-9
-
-
-def _profile(rng: random.Random, layers: int, devices: int) -> Profile:
-    costs = []
-    for i in range(layers):
-        heavy = rng.random() < 0.2  # a vocabulary head, a vision tower, a Mamba block
-        scale = rng.uniform(3, 8) if heavy else 1.0
-        costs.append(
-            LayerCost(
-                name=f"layers.{i}",
-                f=scale * rng.uniform(0.2, 1.0),
-                b=scale * rng.uniform(0.2, 2.0),
-                w=scale * rng.uniform(0.0, 1.0),
-                act_bytes=10,
-                wact_bytes=4,
-                param_bytes=100,
-                out_bytes=rng.randint(1, 10**6),
-            )
-        )
-    speeds = [rng.choice((0.5, 1.0, 1.0, 2.0)) for _ in range(devices)]
-    link = Link(latency=rng.uniform(0, 0.05), bandwidth=rng.choice((1e6, 1e7, 1e9)))
-    return Profile(
-        name="random",
-        layers=tuple(costs),
-        devices=tuple(Device(speed=s) for s in speeds),
-        link=link,
-    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -56,7 +30,7 @@ def _profile(rng: random.Random, layers: int, devices: int) -> Profile:
 )
 def test_no_random_plan_beats_its_bounds(seed, layers, devices, microbatches):
     rng = random.Random(seed)
-    profile = _profile(rng, layers, devices)
+    profile = random_profile(rng, layers, devices)
     sim = Simulator(profile)
     for _ in range(5):
         plan = random_plan(rng, layers, devices, microbatches)
@@ -70,7 +44,7 @@ def test_no_random_plan_beats_its_bounds(seed, layers, devices, microbatches):
 def test_no_generated_schedule_beats_its_bounds(schedule):
     rng = random.Random(7)
     for _ in range(5):
-        profile = _profile(rng, 16, 4)
+        profile = random_profile(rng, 16, 4)
         sim = Simulator(profile)
         for partition in ("uniform", "balanced"):
             plan = op.baseline(profile, schedule, partition, 8)

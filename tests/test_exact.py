@@ -14,6 +14,7 @@ from dataclasses import replace
 from importlib.util import find_spec
 
 import pytest
+from sim_helpers import random_profile
 
 import octopipe as op
 from octopipe.actions import Action, Kind
@@ -21,13 +22,7 @@ from octopipe.costs import stage_costs
 from octopipe.errors import DeadlockError, InputError
 from octopipe.plan import dependencies, make_plan, split_backwards
 from octopipe.profile import (
-    DataParallel,
-    Device,
-    LayerCost,
-    Link,
     Profile,
-    Recomputation,
-    Recomputed,
     save_profile,
 )
 from octopipe.random_plans import random_plan
@@ -37,72 +32,6 @@ from octopipe.tuner.exact import MAX_EXACT_ACTIONS, exact_schedule
 
 needs_solver = pytest.mark.skipif(find_spec("ortools") is None, reason="pip install '.[exact]'")
 REL = 1e-9  # the solver's optimum against an enumeration's: a few parts in 10^8 at most
-
-
-def _profile(
-    rng: random.Random,
-    layers: int,
-    devices: int,
-    *,
-    memory: bool = False,
-    data_parallel: bool = False,
-    recompute: bool = False,
-    blocking: bool = False,
-) -> Profile:
-    """A heterogeneous profile as tests/test_bounds.py draws them, with what else the
-    simulator prices where asked: a tight memory, data parallelism, recomputation."""
-    costs = []
-    for i in range(layers):
-        heavy = rng.random() < 0.2  # a vocabulary head, a vision tower, a Mamba block
-        scale = rng.uniform(3, 8) if heavy else 1.0
-        act = rng.randint(5, 20)
-        redo = None
-        if recompute:
-            redo = Recomputation(
-                selective=Recomputed(
-                    b=scale * rng.uniform(0.5, 2.5),
-                    act_bytes=rng.randint(1, act),
-                    wact_bytes=rng.randint(act, 2 * act),
-                )
-            )
-        costs.append(
-            LayerCost(
-                name=f"layers.{i}",
-                f=scale * rng.uniform(0.2, 1.0),
-                b=scale * rng.uniform(0.2, 2.0),
-                w=scale * rng.uniform(0.0, 1.0),
-                act_bytes=act,
-                wact_bytes=rng.randint(0, act),
-                param_bytes=0,
-                out_bytes=rng.randint(1, 10**6),
-                grad_bytes=rng.randint(0, 10**6) if data_parallel else 0,
-                recompute=redo,
-            )
-        )
-    dp = DataParallel()
-    if data_parallel:
-        dp = DataParallel(
-            degree=rng.choice((2, 4)),
-            bandwidth=rng.choice((1e6, 1e7)),
-            latency=rng.uniform(0, 0.1),
-            bucket_bytes=rng.choice((None, 200_000, 500_000)),
-            at_end=rng.random() < 0.3,
-            sharded=rng.random() < 0.3,
-        )
-    return Profile(
-        name="random",
-        layers=tuple(costs),
-        devices=tuple(
-            Device(
-                speed=rng.choice((0.5, 1.0, 1.0, 2.0)),
-                memory_bytes=rng.randint(10, 30) if memory else float("inf"),
-            )
-            for _ in range(devices)
-        ),
-        link=Link(latency=rng.uniform(0, 0.05), bandwidth=rng.choice((1e6, 1e7, 1e9))),
-        data_parallel=dp,
-        blocking_transfers=blocking,
-    )
 
 
 def _linear_extensions(acts, needs) -> list[tuple]:
@@ -168,7 +97,7 @@ def _enumerable_cases(count: int, seed: int = 3):
                 rng.choices((False, True), k=4),
             )
         )
-        profile = _profile(rng, layers, 2, **options)
+        profile = random_profile(rng, layers, 2, **options)
         split = rng.choice((0.0, 0.5, 1.0))
         if options["data_parallel"] and profile.data_parallel.bucket_bytes:
             split = rng.choice((0.0, 1.0))  # a stage mixing B and I + W: refused (below)
@@ -220,7 +149,7 @@ def _tuning_cases(count: int, seed: int = 11):
     for _ in range(count):
         P, M = rng.choice((2, 3)), rng.choice((2, 3, 4))
         layers = rng.randint(P + 1, 8)
-        profile = _profile(rng, layers, P)
+        profile = random_profile(rng, layers, P)
         if rng.random() < 0.4:  # room for one or two microbatches of every layer's activations
             held = sum(layer.act_bytes for layer in profile.layers) * rng.choice((1, 2))
             devices = tuple(d.model_copy(update={"memory_bytes": held}) for d in profile.devices)
@@ -269,7 +198,7 @@ def test_the_list_scheduler_never_beats_the_optimum(split):
     rng = random.Random(5)
     for _ in range(6):
         layers, P, M = rng.randint(3, 7), rng.choice((2, 3)), rng.choice((2, 3, 4))
-        profile = _profile(rng, layers, P, memory=rng.random() < 0.5)
+        profile = random_profile(rng, layers, P, memory=rng.random() < 0.5)
         skeleton = random_plan(rng, layers, P, M, max_stages=2 * P)
         budget = tuple(d.memory_bytes for d in profile.device_list(P))
         inflight = tuple(rng.randint(1, M) for _ in skeleton.stages)
@@ -288,7 +217,7 @@ def test_on_one_device_every_order_is_optimal_and_the_list_scheduler_finds_it():
     rng = random.Random(9)
     for _ in range(4):
         layers, M = rng.randint(2, 5), rng.choice((2, 3, 4))
-        profile = _profile(rng, layers, 1)
+        profile = random_profile(rng, layers, 1)
         skeleton = random_plan(rng, layers, 1, M, max_stages=3)
         plan = _list_plan(profile, skeleton, Rules(inflight=(M,) * skeleton.num_stages))
         listed = Simulator(profile).run(plan)
@@ -304,7 +233,7 @@ def test_a_time_limit_gives_an_order_no_slower_and_a_bound_below_it():
     # 96 actions on 3 devices: 0.3 s proves no optimum here (the order found is 0.2% faster
     # than the baseline's, 1.4% over the bound), whatever it finds in time.
     rng = random.Random(0)
-    profile = _profile(rng, 12, 3)
+    profile = random_profile(rng, 12, 3)
     plan = op.baseline(profile, "i1f1b", "balanced", 8)
     sim = Simulator(profile)
     given = sim.run(plan).iteration_time
@@ -318,7 +247,7 @@ def test_a_time_limit_gives_an_order_no_slower_and_a_bound_below_it():
 
 def test_refusals_are_one_line(monkeypatch):
     rng = random.Random(1)
-    profile = _profile(rng, 6, 2)
+    profile = random_profile(rng, 6, 2)
     big = op.baseline(profile, "1f1b", "uniform", MAX_EXACT_ACTIONS // 4 + 1)
     with pytest.raises(InputError, match=f"at most {MAX_EXACT_ACTIONS} actions"):
         exact_schedule(profile, big, 5)
@@ -334,7 +263,7 @@ def test_refusals_are_one_line(monkeypatch):
 @needs_solver
 def test_buckets_of_a_stage_that_mixes_b_and_i_w_are_refused():
     rng = random.Random(4)
-    profile = _profile(rng, 4, 2, data_parallel=True)
+    profile = random_profile(rng, 4, 2, data_parallel=True)
     dp = profile.data_parallel.model_copy(update={"bucket_bytes": 100_000})
     profile = profile.model_copy(update={"data_parallel": dp})
     plan = op.baseline(profile, "zbh1", "uniform", 2)  # I + W everywhere: taken
@@ -348,19 +277,15 @@ def test_buckets_of_a_stage_that_mixes_b_and_i_w_are_refused():
         exact_schedule(profile, plan, 10)
 
 
-def _write_profile(path, profile: Profile) -> None:
-    save_profile(profile, path)
-
-
 @needs_solver
 def test_plan_exact_writes_the_faster_order_and_says_so(tmp_path, capsys):
     from octopipe.cli import main
 
     # A case where the tuner's order is 0.94% over the optimum of its partition and placement.
     rng = random.Random(6)
-    profile = _profile(rng, rng.randint(4, 8), 2)
+    profile = random_profile(rng, rng.randint(4, 8), 2)
     path = tmp_path / "p.json"
-    _write_profile(path, profile)
+    save_profile(profile, path)
     out = tmp_path / "out"
     argv = ["plan", "--profile", str(path), "--microbatches", "4", "--max-chunks", "2"]
     argv += ["--no-png", "--time-budget", "60", "--exact", "60", "-o", str(out)]
@@ -382,7 +307,7 @@ def test_plan_exact_refusals_come_before_any_search(tmp_path, capsys, monkeypatc
     from octopipe.cli import main
 
     path = tmp_path / "p.json"
-    _write_profile(path, _profile(random.Random(0), 4, 2))
+    save_profile(random_profile(random.Random(0), 4, 2), path)
     argv = ["plan", "--profile", str(path), "--exact", "5", "-o", str(tmp_path / "out")]
     assert main([*argv, "--overlap-steps"]) == 2
     assert "--exact: solves one synchronous step" in capsys.readouterr().err

@@ -217,12 +217,17 @@ def test_a_checkpoint_with_checksums_is_chosen_without_a_word(tmp_path, recwarn)
     assert not [w for w in recwarn if issubclass(w.category, CheckpointUnverified)]
 
 
-def test_a_run_refused_after_choosing_it_keeps_its_one_error_line(tmp_path, capsys, no_ranks):
+def _resume_unverified(tmp_path, steps: int) -> tuple:
+    """A toy checkpoint without checksums and with a byte flipped, and the `run` resuming it."""
     folder = _toy_checkpoint(tmp_path / "ckpt")
     _without_checksums_and_a_byte_flipped(folder)
     save_plan(one_f_one_b(2, 2, num_layers=layer_count(TOY)), tmp_path / "plan.json")
-    argv = ["run", "--plan", str(tmp_path / "plan.json"), "--model", TOY, "--steps", "2"]
-    argv += [*SGD_FLAGS, "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume"]
+    argv = ["run", "--plan", str(tmp_path / "plan.json"), "--model", TOY, "--steps", str(steps)]
+    return folder, [*argv, *SGD_FLAGS, "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume"]
+
+
+def test_a_run_refused_after_choosing_it_keeps_its_one_error_line(tmp_path, capsys, no_ranks):
+    folder, argv = _resume_unverified(tmp_path, steps=2)
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == (
         f"octopipe run: error: --steps: {folder} is at step 2; --steps 2 is done"
@@ -233,11 +238,7 @@ def test_a_run_refused_after_choosing_it_keeps_its_one_error_line(tmp_path, caps
 @pytest.mark.slow  # two real processes
 @pytest.mark.timeout(180)
 def test_run_resume_says_the_checkpoint_was_not_verified_before_the_ranks_start(tmp_path, capsys):
-    folder = _toy_checkpoint(tmp_path / "ckpt")
-    _without_checksums_and_a_byte_flipped(folder)
-    save_plan(one_f_one_b(2, 2, num_layers=layer_count(TOY)), tmp_path / "plan.json")
-    argv = ["run", "--plan", str(tmp_path / "plan.json"), "--model", TOY, "--steps", "3"]
-    argv += [*SGD_FLAGS, "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume"]
+    folder, argv = _resume_unverified(tmp_path, steps=3)
     assert main(argv) == 0
     lines = capsys.readouterr().err.splitlines()
     warned = [i for i, x in enumerate(lines) if x.startswith("octopipe run: warning: ")]

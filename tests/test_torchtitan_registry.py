@@ -8,10 +8,10 @@ downloaded)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
+from published_configs import LLAMA31_8B, write_config
 
 from octopipe.cli import main
 from octopipe.costmodel import load_architecture
@@ -21,28 +21,6 @@ from octopipe.engines.torchtitan import SHIPPED_BASES, TorchtitanBase, base_conf
 from octopipe.engines.torchtitan.config import TORCHTITAN_MODELS
 from octopipe.engines.torchtitan.registry import CONFIGS, no_base_reason, shape_of
 
-LLAMA31_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 500000.0,
-    "rope_scaling": {
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
 QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
@@ -146,12 +124,6 @@ def gpt_oss(layers: int, experts: int) -> dict:
         "rope_theta": 150000,
         "tie_word_embeddings": False,
     }
-
-
-def write_config(folder: Path, data: dict) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(data))
-    return str(folder / "config.json")
 
 
 @pytest.mark.parametrize(
