@@ -19,7 +19,7 @@ from octopipe.plan import JobShape, Plan, load_plan
 from octopipe.profile import Profile, load_profile, save_profile
 from octopipe.runtime.job.result import RunResult
 from octopipe.runtime.job.run_config import Job, RunConfig
-from octopipe.runtime.step.worker import ActionRecord
+from octopipe.runtime.step.records import ActionRecord
 from octopipe.runtime.torch_pipelining import CSV_RUNTIME, TorchJob, TorchResult, launch_torch
 from octopipe.sim import Simulator
 

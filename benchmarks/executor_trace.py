@@ -14,7 +14,7 @@ from octopipe.actions import Action
 from octopipe.calibrate import collect_durations, profiled_duration, stage_scaled
 from octopipe.plan import Plan
 from octopipe.profile import Profile
-from octopipe.runtime.step.worker import ActionRecord
+from octopipe.runtime.step.records import ActionRecord
 
 
 @dataclass(frozen=True)

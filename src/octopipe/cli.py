@@ -52,16 +52,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {shortened(message)} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or only the subcommand `only` names (a command's own run need
+    not import every other command's modules: `run` reaches its ranks' start sooner)."""
     parser = _Parser(
         prog="octopipe",
         description="Plan, simulate and run pipeline-parallel training.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):  # a command's helper module, not a command
-            continue
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+    for name in [only] if only else _command_modules():
+        module = importlib.import_module(f"{commands.__name__}.{name}")
         cmd = sub.add_parser(
             module.NAME, help=module.HELP, description=module.HELP, formatter_class=_DefaultsShown
         )
@@ -70,8 +70,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_modules() -> list[str]:
+    """Every command's module name (a module whose name starts with `_` helps one)."""
+    found = pkgutil.iter_modules(commands.__path__)
+    return sorted(m.name for m in found if not m.name.startswith("_"))
+
+
+def _named_command(argv: list[str]) -> str | None:
+    """The module of the command `argv` starts with, if it names one exactly."""
+    if not argv or argv[0].startswith("-"):
+        return None
+    name = argv[0].replace("-", "_")
+    if argv[0] != name.replace("_", "-") or name not in _command_modules():
+        return None
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(only=_named_command(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # a bad flag (its one line is out) or --help: the exit code

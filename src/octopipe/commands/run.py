@@ -258,7 +258,7 @@ def _warnings_held(progress):
     while it is checked: a run refused after the choice keeps its one error line."""
     import warnings
 
-    from octopipe.runtime.checkpoint.folder import CheckpointUnverified
+    from octopipe.runtime.checkpoint.notices import CheckpointUnverified
 
     shown = warnings.showwarning
 

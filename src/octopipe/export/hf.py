@@ -150,7 +150,7 @@ def _checkpoint(path: Path):
         marker = read_marker(path)
         check_complete(path, marker)  # its bytes too: a changed shard is refused
         return Resumable(path, marker.step, marker)
-    from octopipe.runtime.checkpoint.folder import CheckpointSkipped
+    from octopipe.runtime.checkpoint.notices import CheckpointSkipped
 
     # A damaged newest checkpoint is refused, not exported around: the model a user asks for
     # by the folder is its latest; the intact one is named, to be exported by its own path.

@@ -38,11 +38,12 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from octopipe.errors import InputError, OctoPipeError, OctoPipeWarning
+from octopipe.errors import InputError, OctoPipeError
 from octopipe.jsonfile import read_json
 from octopipe.outfiles import refuse_not_regular
 from octopipe.runtime.checkpoint.checksums import DIGEST, verify
 from octopipe.runtime.checkpoint.metadata import METADATA_FILE, DamagedCheckpoint, read_metadata
+from octopipe.runtime.checkpoint.notices import CheckpointSkipped, CheckpointUnverified
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
@@ -52,14 +53,6 @@ MARKER = "octopipe.json"
 LOCK = ".octopipe.lock"
 STEP_DIR = re.compile(r"step-([0-9]{1,18})")
 _PER_TENSOR_BYTES = 4096  # what DCP adds to each tensor's data (torch.save's header, the index)
-
-
-class CheckpointSkipped(OctoPipeWarning):
-    """A damaged or unfinished checkpoint passed over for an earlier complete one."""
-
-
-class CheckpointUnverified(OctoPipeWarning):
-    """The checkpoint chosen carries no checksums: a changed byte would go unnoticed."""
 
 
 class NoSpace(OctoPipeError):

@@ -26,7 +26,7 @@ from octopipe.runtime.failures import RankFailure
 
 if TYPE_CHECKING:
     from octopipe.runtime.job.run_config import RunConfig
-    from octopipe.runtime.step.worker import StepRecord
+    from octopipe.runtime.step.records import StepRecord
 
 
 @dataclass(frozen=True)

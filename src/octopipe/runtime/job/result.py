@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from octopipe.plan import JobShape, Plan
 from octopipe.runtime.job.progress import StepReport
 from octopipe.runtime.parallel.dtensors import local, whole
-from octopipe.runtime.step.worker import ActionRecord, StepRecord, Worker
+from octopipe.runtime.step.records import ActionRecord, StepRecord
+
+if TYPE_CHECKING:  # the worker imports FSDP and DTensor: a launcher reads a result without them
+    from octopipe.runtime.step.worker import Worker
 
 
 @dataclass(frozen=True)

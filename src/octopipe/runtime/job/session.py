@@ -37,9 +37,10 @@ from octopipe.runtime.parallel.mesh import JobMesh, build_job_mesh
 from octopipe.runtime.parallel.parallelize import parallelizer
 from octopipe.runtime.step.experts import ExpertGrads
 from octopipe.runtime.step.overlap import OverlappedSteps
+from octopipe.runtime.step.records import StepRecord
 from octopipe.runtime.step.shapes import exchange_boundary_specs
 from octopipe.runtime.step.tied import tied_gradients
-from octopipe.runtime.step.worker import RankPlace, StepRecord, StepSettings, Worker
+from octopipe.runtime.step.worker import RankPlace, StepSettings, Worker
 
 # Recipes built before the ranks were forked (`build_recipes`), by the config they are of.
 _BUILT: dict[int, tuple[RunConfig, ModelRecipe]] = {}

@@ -14,7 +14,6 @@ from torch import nn
 
 from octopipe.errors import InputError
 from octopipe.runtime.model.recipe import ModelRecipe, from_module
-from octopipe.runtime.parallel.tp_plans import bundled_plan
 
 
 def bundled_recipe(name: str) -> ModelRecipe:
@@ -36,9 +35,8 @@ def arch_recipe(arch) -> ModelRecipe:
     from octopipe.models import ArchModel
 
     recipe = from_module(arch.name, lambda: ArchModel(arch))
-    recipe.tp_plan = lambda tp: bundled_plan(recipe.meta_model, tp)
+    recipe.plans_by("bundled_plan")
     recipe.max_positions = arch.learned_positions or arch.max_position_embeddings
-    recipe.expert_tp_plan = lambda tp: bundled_plan(recipe.meta_model, tp, expert_parallel=True)
     return recipe
 
 

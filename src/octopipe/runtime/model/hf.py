@@ -30,7 +30,6 @@ from octopipe.runtime.model.hf_attention import route_attention
 from octopipe.runtime.model.recipe import Activation, ModelRecipe, token_chains
 from octopipe.runtime.parallel.context import context_of
 from octopipe.runtime.parallel.tensor_parallel import tp_degree
-from octopipe.runtime.parallel.tp_plans import hf_plan
 
 # What every Llama-structured causal LM's config gives its shapes (transformers would fill a
 # missing one with its own default, e.g. hidden_size 4096: a model nobody asked for).
@@ -141,8 +140,7 @@ def hf_recipe(path: str) -> ModelRecipe:
         forward=run_causal_lm_stage,
     )
     _check_structure(recipe.meta_model)
-    recipe.tp_plan = lambda tp: hf_plan(recipe.meta_model, tp)
-    recipe.expert_tp_plan = lambda tp: hf_plan(recipe.meta_model, tp, expert_parallel=True)
+    recipe.plans_by("hf_plan")
     recipe.synthetic = token_chains(recipe)
     recipe.kinds = tuple(_kind(name) for name in recipe.layers)
     positions = getattr(config, "max_position_embeddings", None)

@@ -23,10 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from octopipe.errors import InputError
 from octopipe.runtime.model.split import (
@@ -40,7 +42,9 @@ from octopipe.runtime.model.split import (
     reset_parameters,
 )
 from octopipe.runtime.model.ties import Tie, alias_names, find_ties, init_copies, named_weights
-from octopipe.runtime.parallel.tp_plans import PlanOf, user_plan
+
+if TYPE_CHECKING:  # the styles import torch.distributed.tensor, which a launcher need not
+    from octopipe.runtime.parallel.tp_plans import PlanOf
 
 Activation = tuple[torch.Tensor, ...]
 Forward = Callable[[nn.Module, Activation], Activation]
@@ -135,7 +139,7 @@ class ModelRecipe:
 
     @cached_property
     def meta_model(self) -> nn.Module:
-        with torch.device("meta"):
+        with torch.device("meta"), _values_skipped():
             model = self.build()
         if not isinstance(model, nn.Module):
             raise InputError("--model", f"{self.name} built a {type(model).__name__}, no nn.Module")
@@ -153,6 +157,21 @@ class ModelRecipe:
     def ties(self) -> tuple[Tie, ...]:
         """The parameters several layers share (tied embeddings)."""
         return find_ties(self.meta_model, self.layers)
+
+    def plans_by(self, maker: str) -> None:
+        """TP plans, with and without expert parallelism, from `tp_plans.<maker>(meta model,
+        tp, expert_parallel)`: the styles' module is imported only by a run that shards (it
+        imports DTensor's, which a launcher's checks need not)."""
+
+        def plans(expert_parallel: bool) -> PlanOf:
+            def plan(tp: int):
+                from octopipe.runtime.parallel import tp_plans
+
+                return getattr(tp_plans, maker)(self.meta_model, tp, expert_parallel)
+
+            return plan
+
+        self.tp_plan, self.expert_tp_plan = plans(False), plans(True)
 
     def layer_kind(self, index: int) -> str:
         return self.kinds[index] if self.kinds else "layer"
@@ -191,6 +210,34 @@ class ModelRecipe:
         return self.synthetic(gen, seq_len)
 
 
+class _values_skipped(TorchFunctionMode):  # noqa: N801 - used as a context, like torch.device
+    """Random fills of meta tensors done as nothing: they only set values, which a meta tensor
+    does not hold, and torch runs some of them (`normal_`) through its Python references, whose
+    first call imports torch._dynamo (half a second; a launcher that only checks never needs
+    it)."""
+
+    FILLS = frozenset(
+        {
+            torch.Tensor.normal_,
+            torch.Tensor.exponential_,
+            torch.Tensor.log_normal_,
+            torch.Tensor.cauchy_,
+            torch.Tensor.geometric_,
+            torch.Tensor.erfinv_,
+            torch.nn.init.normal_,
+            torch.nn.init.xavier_normal_,
+            torch.nn.init.kaiming_normal_,
+        }
+    )
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        first = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by name
+        if func in self.FILLS and isinstance(first, torch.Tensor) and first.is_meta:
+            return first
+        return func(*args, **kwargs)
+
+
 def from_module(name: str, factory: Callable[[], nn.Module]) -> ModelRecipe:
     """The recipe of any `nn.Module` factory, a torchtitan-style model: its own forward, and
     its own loss and data when it has them."""
@@ -199,8 +246,23 @@ def from_module(name: str, factory: Callable[[], nn.Module]) -> ModelRecipe:
     recipe.loss = getattr(model, "loss", next_token_loss)
     recipe.synthetic = getattr(model, "synthetic_sequence", None) or token_chains(recipe)
     recipe.kinds = getattr(model, "layer_kinds", None)
-    recipe.tp_plan = user_plan(model)
+    recipe.tp_plan = _own_plan(model)
     return recipe
+
+
+def _own_plan(model: nn.Module) -> PlanOf | None:
+    """A model's `tp_plan`: a dict of FQN pattern -> style, or a function of the TP degree
+    returning one. None when the model has none."""
+    hook = getattr(model, "tp_plan", None)
+    if hook is None:
+        return None
+    if callable(hook):
+        return hook
+    if isinstance(hook, dict):
+        return lambda _tp: dict(hook)
+    raise InputError(
+        "--model", f"tp_plan is a {type(hook).__name__}: expected a dict or a function"
+    )
 
 
 def vocabulary_size(recipe: ModelRecipe) -> int | None:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from octopipe.runtime.model.split import InitModule, module_seed
+from octopipe.runtime.parallel.dtensors import is_dtensor
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,9 @@ def init_copies(
             init(model, first)
         full = getattr(first, leaf).detach()
         for p in copies:
-            if isinstance(p, DTensor):
+            if is_dtensor(p):
+                from torch.distributed.tensor import distribute_tensor
+
                 shard = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
                 p.to_local().copy_(shard.to_local())
             else:

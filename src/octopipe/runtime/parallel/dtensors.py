@@ -8,26 +8,33 @@ on each rank's local shard. A plain tensor is its own local shard.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
-from torch.distributed.tensor import DTensor
+
+
+def is_dtensor(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a DTensor, without importing DTensor's module (a second on a busy
+    host) where none can exist: a process that never imported it holds none."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """The rank's part of a DTensor (its storage, no copy), or the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
     """All of a tensor on this rank: a DTensor gathered (or its partial sums added; a
     collective of its mesh), a plain tensor as it is."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return tensor.full_tensor() if is_dtensor(tensor) else tensor
 
 
 def shard_count(tensor: torch.Tensor) -> int:
     """Into how many distinct pieces a tensor is cut over the ranks holding its stage: the
     product of the mesh sizes it is sharded over (1 for plain or replicated tensors)."""
-    if not isinstance(tensor, DTensor):
+    if not is_dtensor(tensor):
         return 1
     mesh = tensor.device_mesh
     # Anything neither replicated nor partial cuts the tensor: Shard, and the strided shard
@@ -41,8 +48,8 @@ def shard_count(tensor: torch.Tensor) -> int:
 
 def set_local_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
     """Give `param` the gradient whose local part is `grad` (laid out as the parameter)."""
-    if isinstance(param, DTensor):
-        grad = DTensor.from_local(
+    if is_dtensor(param):
+        grad = type(param).from_local(
             grad, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
         )
     param.grad = grad

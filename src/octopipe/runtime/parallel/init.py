@@ -13,13 +13,14 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+
+from octopipe.runtime.parallel.dtensors import is_dtensor
 
 
 def holds_shards(module: nn.Module) -> bool:
     """Whether the module's own tensors are DTensors (tensor parallelism, FSDP2)."""
     own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-    return any(isinstance(t, DTensor) for t in own)
+    return any(is_dtensor(t) for t in own)
 
 
 @torch.no_grad()
@@ -40,7 +41,9 @@ def init_sharded(module: nn.Module, init: Callable[[nn.Module], None]) -> None:
         init(module)
         for name, (table, tensor) in real.items():
             full = table[name].detach()
-            if isinstance(tensor, DTensor):
+            if is_dtensor(tensor):
+                from torch.distributed.tensor import distribute_tensor
+
                 full = distribute_tensor(
                     full, tensor.device_mesh, tensor.placements, src_data_rank=None
                 ).to_local()

@@ -15,7 +15,7 @@ EP group, the router replicated, the shared expert split by width (`moe_on_own_t
   Mamba mixers, latent attention (MLA), vision and cross-attention layers have no plan yet.
 - `hf_plan`: Hugging Face causal LMs of the Llama structure (Llama, Qwen2/3, Mistral, and
   Qwen2-MoE, Qwen3-MoE, Mixtral: routed experts replicated, shared experts split).
-- `user_plan`: a model's own `tp_plan` (docs/FORMATS.md).
+(A model's own `tp_plan`, docs/FORMATS.md, is read by `runtime.model.recipe`.)
 
 A plan that cannot apply (heads not divisible by the degree, a layer with no plan) is refused
 in one line before any rank starts.
@@ -253,18 +253,3 @@ def _has(module: nn.Module | None, *names: str) -> bool:
 
 
 # --- a user's own -------------------------------------------------------------------------------
-
-
-def user_plan(model: nn.Module) -> PlanOf | None:
-    """A model's `tp_plan`: a dict of FQN pattern -> style, or a function of the TP degree
-    returning one. None when the model has none."""
-    hook = getattr(model, "tp_plan", None)
-    if hook is None:
-        return None
-    if callable(hook):
-        return hook
-    if isinstance(hook, dict):
-        return lambda _tp: dict(hook)
-    raise InputError(
-        "--model", f"tp_plan is a {type(hook).__name__}: expected a dict or a function"
-    )

@@ -29,7 +29,8 @@ import torch.distributed as dist
 
 from octopipe.runtime.data.batches import Batch
 from octopipe.runtime.step.optim import clip_factor, scale_grads, set_lr, squared_norm
-from octopipe.runtime.step.worker import StepRecord, Worker
+from octopipe.runtime.step.records import StepRecord
+from octopipe.runtime.step.worker import Worker
 
 
 @dataclass

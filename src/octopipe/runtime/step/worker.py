@@ -36,32 +36,11 @@ from octopipe.runtime.step.optim import (
     set_lr,
     squared_norm,
 )
+from octopipe.runtime.step.records import ActionRecord, StepRecord
 from octopipe.runtime.step.reduce import GradientReducer
 from octopipe.runtime.step.shapes import BoundarySpec
 from octopipe.runtime.step.stage import StageCompute, as_leaves
 from octopipe.runtime.step.tied import TiedGradients
-
-
-@dataclass(frozen=True)
-class ActionRecord:
-    """When one action ran, in seconds since the job's common start (a barrier)."""
-
-    step: int
-    action: str
-    wait_start: float  # began waiting for its inputs
-    start: float  # inputs ready, compute began
-    end: float
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    losses: tuple[
-        float, ...
-    ]  # per microbatch, unscaled; empty unless this rank holds the last stage
-    duration: float  # from the step's start barrier to this rank's optimizer step end
-    # This rank's share of the squared gradient norm before clipping (`optim.squared_norm`);
-    # None where the step does not measure it (overlapped steps).
-    grad_squares: float | None = None
 
 
 @dataclass(frozen=True)
