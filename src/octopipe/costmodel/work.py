@@ -44,6 +44,8 @@ from octopipe.costmodel.kernels import (
 )
 from octopipe.costmodel.precision import FP8_BYTES, cast_bytes, quantized, saved_input_bytes
 
+NORM_STAT_BYTES = 4  # what a norm keeps per row besides its input: 1/rms (LayerNorm: and the mean)
+
 __all__ = [
     "F",
     "FLASH_BACKWARD_FACTOR",
@@ -278,10 +280,12 @@ class LayerWork:
         self.kernels.append(Kernel(I, ATTENTION, 2 * flops, 2 * nbytes))
 
     def norm(self, tokens: float, width: int, *, replicated: bool = True, bias: bool = False):
-        """RMSNorm/LayerNorm: reads and writes the tensor, saves its input; the weight's
-        gradient is reduced in the same backward kernel. LayerNorm adds a bias."""
+        """RMSNorm/LayerNorm: reads and writes the tensor, saves its input and each row's
+        1/rms (float32; LayerNorm also its mean); the weight's gradient is reduced in the same
+        backward kernel. LayerNorm adds a bias."""
         nbytes = tokens * width * self.dtype_bytes
-        saved = self._shard_replicated(nbytes) if replicated else nbytes
+        stats = tokens * NORM_STAT_BYTES * (2 if bias else 1)
+        saved = self._shard_replicated(nbytes + stats) if replicated else nbytes + stats
         self.elementwise(2 * nbytes, 3 * nbytes, saved)
         self.params += width * (2 if bias else 1)
 

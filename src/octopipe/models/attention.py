@@ -1,7 +1,10 @@
 """Attention building blocks: RMSNorm, rotary embeddings, self-attention and cross-attention.
 
 Plain torch, one small module per idea, shapes passed in explicitly (the caller reads them from
-the architecture config). Nothing here knows about pipeline layers or activation tuples.
+the architecture config). Nothing here knows about pipeline layers or activation tuples. Norms
+and rotary embeddings keep what fused kernels keep (`lean`); the attention core runs the fused
+kernel with its own causal mask and grouped heads wherever it can, so that it keeps q, k, v, its
+output and the log-sum-exp only.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from octopipe.models import lean
 
 
 class RMSNorm(nn.Module):
@@ -22,7 +27,7 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return lean.rms_norm(x, self.weight, self.eps)
 
 
 def apply_rope(
@@ -30,14 +35,7 @@ def apply_rope(
 ) -> torch.Tensor:
     """Rotate [batch, heads, seq, head_dim] by position (rotate-half layout, as in HF LLaMA);
     `positions` of the tokens along seq (default 0, 1, ...)."""
-    seq, head_dim = x.shape[-2], x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=x.device, dtype=x.dtype) / head_dim)
-    if positions is None:
-        positions = torch.arange(seq, device=x.device)
-    angles = torch.outer(positions.to(x.dtype), inv_freq)
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], -1) * sin
+    return lean.rope(x, theta, positions)
 
 
 def causal_mask(seq: int, window: int | None, device: torch.device) -> torch.Tensor:
@@ -59,11 +57,14 @@ def attend(
     softcap: float | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention over [batch, heads, seq, head_dim]; k/v may have fewer heads."""
+    if softcap is None:
+        grouped = k.shape[1] != q.shape[1]
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=grouped
+        )
+    # Gemma-2 caps the logits with tanh, which the fused kernel cannot express.
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    if softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    # Gemma-2 caps the logits with tanh, which the fused kernel cannot express.
     scores = softcap * torch.tanh((q @ k.transpose(-2, -1)) * scale / softcap)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -88,7 +89,10 @@ class AttentionCore(nn.Module):
         if self.context is not None:
             return self.context.attend(q, k, v, self.scale)
         if self.causal:  # the fused kernel's own mask
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+            grouped = k.shape[1] != q.shape[1]
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scale, enable_gqa=grouped
+            )
         return attend(q, k, v, mask, self.scale, self.softcap)
 
 
@@ -119,7 +123,9 @@ class SelfAttention(nn.Module):
         self.causal, self.rope_theta = causal, rope_theta
         self.window, self.softcap = window, softcap
         self.scale = scale if scale is not None else head_dim**-0.5
-        self.core = AttentionCore(self.scale, softcap)
+        # Causal, unwindowed and uncapped: the fused kernel masks by itself (no mask to keep).
+        plain_causal = causal and window is None and softcap is None
+        self.core = AttentionCore(self.scale, softcap, causal=plain_causal)
         self.wq = nn.Linear(dim, n_heads * head_dim, bias=bias)
         self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
         self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
@@ -140,7 +146,7 @@ class SelfAttention(nn.Module):
         if self.rope_theta is not None:
             q, k = apply_rope(q, self.rope_theta, where), apply_rope(k, self.rope_theta, where)
         mask = None
-        if self.causal and self.context is None:
+        if self.causal and self.context is None and not self.core.causal:
             mask = causal_mask(x.shape[1], self.window, x.device)
         out = self.core(q, k, v, mask)
         return self.wo(out.transpose(1, 2).flatten(2))

@@ -47,8 +47,9 @@ class ArchModel(PipelineModel):
         self.layer_kinds = [spec.kind for spec in specs]
 
     def loss(self, output: Activation, target: torch.Tensor) -> torch.Tensor:
+        # In float32, as Megatron-Core's cross-entropy runs it and the cost model prices it.
         logits = output[0]
-        return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
 
     def synthetic_sequence(
         self, gen: torch.Generator, seq_len: int

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octopipe.models import lean
+
 ACTIVATIONS = {
     "silu": F.silu,
     "gelu": F.gelu,
@@ -41,7 +43,7 @@ class GatedMLP(nn.Module):
         self.w_down = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(self.act(self.w_gate(x)) * self.w_up(x))
+        return self.w_down(lean.gated(self.w_gate(x), self.w_up(x), self.act))
 
 
 class MLP(nn.Module):

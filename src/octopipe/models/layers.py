@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from octopipe.costmodel.arch import GEMMA, Architecture, LayerSpec
+from octopipe.models import lean
 from octopipe.models.attention import CrossAttention, LatentAttention, RMSNorm, SelfAttention
 from octopipe.models.feedforward import MLP, GatedMLP, MoE
 from octopipe.models.mamba import Mamba2Mixer
@@ -29,7 +30,8 @@ class TokenEmbedding(nn.Module):
         self.scale = arch.embed_scale
 
     def forward(self, tokens: torch.Tensor, *context: torch.Tensor) -> Streams:
-        return (self.embed(tokens) * self.scale, *context)
+        # The residual stream in the compute dtype (BF16 under autocast), as `lean` says why.
+        return (lean.in_compute_dtype(self.embed(tokens) * self.scale), *context)
 
 
 class TextLayer(nn.Module):
