@@ -63,6 +63,7 @@ class CostTable:
         self.work = [f + b + w for f, b, w in zip(self.f, self.b, self.w)]  # prefix of f + b + w
         self.act = prefix_sums(l.act_bytes for l in layers)
         self.wact = prefix_sums(l.wact_bytes for l in layers)
+        self.wgrad = prefix_sums(l.wgrad_bytes for l in layers)
         self.param = prefix_sums(l.param_bytes for l in layers)
         self.grad = prefix_sums(l.grad_bytes for l in layers)
         self.out_bytes = [l.out_bytes for l in layers]
@@ -93,10 +94,12 @@ class CostTable:
         return [f + b + w for f, b, w in zip(self.f, table.b, self.w)]
 
     def held_bytes(self, start: int, end: int, kind: str = NO_RECOMPUTE) -> tuple[float, float]:
-        """(act, wact) of layers [start, end): held from F, and after I until W."""
+        """(act, wact) of layers [start, end): held from F, and after I until W (W's inputs and
+        the output gradients it needs)."""
         table = self.recompute.get(kind) if kind != NO_RECOMPUTE else None
         act, wact = (table.act, table.wact) if table else (self.act, self.wact)
-        return act[end] - act[start], wact[end] - wact[start]
+        grads = self.wgrad[end] - self.wgrad[start]
+        return act[end] - act[start], wact[end] - wact[start] + grads
 
     def stage_times(
         self, start: int, end: int, kind: str = NO_RECOMPUTE

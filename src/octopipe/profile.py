@@ -75,6 +75,9 @@ class LayerCost(_Frozen):
     param_bytes: ByteCount = Field(description="static: weights, gradients, optimizer state")
     out_bytes: ByteCount = Field(description="output size: what crosses a stage boundary")
     grad_bytes: ByteCount = Field(default=0, description="gradients data parallelism reduces")
+    wgrad_bytes: ByteCount = Field(
+        default=0, description="output gradients W needs, held from I until W"
+    )
     recompute: Recomputation | None = Field(
         default=None, description="its costs when its stage recomputes it, per kind"
     )

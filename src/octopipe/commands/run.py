@@ -372,6 +372,21 @@ def _planned(plan, degree: str) -> int | None:
     return getattr(plan.shape, degree) if plan.shape is not None else None
 
 
+def _high_water_line(summary: dict, comparable: bool) -> str:
+    """Each rank's high-water mark, from its tensors, beside the plan's peak for its device."""
+    parts = []
+    for r, (held, planned) in enumerate(
+        zip(summary["high_water_bytes"], summary["predicted_peak_bytes"])
+    ):
+        part = f"rank {r}: {fmt_bytes(held)}"
+        if planned and comparable:
+            part += f" (plan {fmt_bytes(planned)}, {held / planned - 1:+.1%})"
+        parts.append(part)
+    what = "plus the most kept for backwards at once, from the tensors"
+    tail = "" if comparable else "; the plan's peaks are for another job (note above)"
+    return f"held at the high-water mark (that state {what}): {', '.join(parts)}{tail}"
+
+
 def _print_human(summary: dict, comparable: bool = True) -> None:
     losses = ", ".join(f"{x:.6g}" for x in summary["losses"])
     print(f"losses per step: {losses}")
@@ -389,3 +404,4 @@ def _print_human(summary: dict, comparable: bool = True) -> None:
     print(f"peak memory ({summary['peak_memory_source']}): {mems}")
     held = ", ".join(f"rank {r}: {fmt_bytes(b)}" for r, b in enumerate(summary["state_bytes"]))
     print(f"weights, gradients and optimizer state held: {held}")
+    print(_high_water_line(summary, comparable))

@@ -47,6 +47,7 @@ class LayerEstimate:
     params: int
     act_bytes: int
     wact_bytes: int
+    wgrad_bytes: int
     param_bytes: int
     grad_bytes: int
     """What data parallelism reduces: this TP rank's parameters x gradient bytes."""
@@ -129,6 +130,7 @@ def _estimate(
         params=work.params,
         act_bytes=int(act),
         wact_bytes=int(min(wact, act)),
+        wgrad_bytes=int(work.wgrad_bytes),
         param_bytes=math.ceil(
             work.params * s.bytes_per_param + work.fp8_params * weight_cache_bytes(s.precision)
         ),
@@ -197,6 +199,7 @@ def build_profile(
             w=e.w,
             act_bytes=e.act_bytes,
             wact_bytes=e.wact_bytes,
+            wgrad_bytes=e.wgrad_bytes,
             param_bytes=e.param_bytes,
             grad_bytes=e.grad_bytes,
             out_bytes=e.out_bytes,

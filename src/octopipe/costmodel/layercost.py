@@ -150,6 +150,7 @@ def _embedding(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings
     ids = t * TOKEN_ID_BYTES
     work.act_bytes += ids
     work.wact_bytes += ids
+    work.wgrad_bytes += out  # W scatters it into the table
 
 
 def _final_norm(work: LayerWork, arch: Architecture, spec: LayerSpec, s: Settings) -> None:

@@ -88,6 +88,7 @@ class LayerWork:
     fp8_params: int = 0  # of which run as FP8 GEMMs (and have FP8 copies)
     act_bytes: float = 0.0
     wact_bytes: float = 0.0
+    wgrad_bytes: float = 0.0  # the output gradients W needs, from I on
     core_forward: list[Kernel] = field(default_factory=list)
     """The attention core's forward kernels: what selective recomputation redoes."""
     core_saved_bytes: float = 0.0
@@ -183,6 +184,7 @@ class LayerWork:
             self.elementwise(0.0, cast_grad if input_grad else 0.0)
             if not input_grad:
                 self.elementwise(0.0, 0.0, w_bytes=cast_grad)
+        self.wgrad_bytes += tokens * n * a  # W multiplies the input by this gradient
         if save_input:
             saved = saved_input_bytes(tokens * k, self.precision) if fp8 else tokens * k * a
             saved = self._shard_replicated(saved) if replicated_input else saved

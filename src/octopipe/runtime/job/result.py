@@ -33,6 +33,7 @@ class RankReport:
     parameter_bytes: int  # of the rank's stages: what it allocated of the model
     redone_steps: int = 0  # overlapped steps run again after a failed post-validation
     state_bytes: int = 0  # its weights, gradients and optimizer state at the end (its shards)
+    held_peak_bytes: int = 0  # the most it held for backwards at once (`step.records.HeldTensors`)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class RunResult:
     first_step: int = 0  # the step the run started at (a resumed run's checkpoint step)
     redone_steps: int = 0  # overlapped steps: how many were rolled back and run again
     state_bytes: tuple[int, ...] = ()  # per rank: weights, gradients, optimizer state held
+    held_peak_bytes: tuple[int, ...] = ()  # per rank: the most held for backwards at once
+    predicted_peak_bytes: tuple[float | None, ...] = ()  # per rank: its device's, by the plan
     reports: tuple[StepReport, ...] = ()  # per step, as rank 0 reported them
     shape: JobShape | None = None  # the job's shape as it ran: which rank ran what
 
@@ -71,6 +74,9 @@ class RunResult:
             "peak_memory_source": self.peak_memory_source,
             "parameter_bytes": list(self.parameter_bytes),
             "state_bytes": list(self.state_bytes),
+            "held_peak_bytes": list(self.held_peak_bytes),
+            "high_water_bytes": [s + h for s, h in zip(self.state_bytes, self.held_peak_bytes)],
+            "predicted_peak_bytes": list(self.predicted_peak_bytes),
             "redone_steps": self.redone_steps,
             "learning_rates": [r.lr for r in self.reports],
             "grad_norms": [r.grad_norm for r in self.reports],
@@ -124,9 +130,20 @@ def assemble(
         first_step,
         max(r.redone_steps for r in reports),
         tuple(r.state_bytes for r in reports),
+        tuple(r.held_peak_bytes for r in reports),
+        _predicted_peaks(plan, shape, len(reports)),
         step_reports,
         shape,
     )
+
+
+def _predicted_peaks(plan: Plan, shape: JobShape, ranks: int) -> tuple[float | None, ...]:
+    """Each rank's device's peak as the plan predicted it (None where the plan has none)."""
+    peaks = (plan.predicted or {}).get("peak_memory_bytes")
+    if not peaks:
+        return (None,) * ranks
+    places = [shape.place(r) for r in range(ranks)]
+    return tuple(None if p is None else float(peaks[p.device]) for p in places)
 
 
 def gathered_state(worker: Worker) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

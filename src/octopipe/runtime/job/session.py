@@ -154,7 +154,9 @@ def _build(
     # every replica runs its stages.
     runs = modules if place.replica == 0 or cfg.shape.zero == 3 or cfg.shape.ep > 1 else {}
     say(on_report, "stages built; running one microbatch to learn the shapes between stages")
-    specs = exchange_boundary_specs(owners, runs, sample, device, cfg.shape.tp, place.tp_rank)
+    specs = exchange_boundary_specs(
+        owners, runs, sample, device, cfg.shape.tp, place.tp_rank, cfg.stepping.autocast_dtype
+    )
     sharded = None
     if cfg.shape.zero == 3:
         sharded = ShardedStages(fsdp_units(modules), plan.schedule.get(place.device, ()))
@@ -239,6 +241,7 @@ def _rank_report(built: _Built, rank: int, steps: list[StepRecord], redone: int)
         sum(parameter_bytes(m) for m in built.modules.values()),
         redone,
         state_bytes(worker),
+        worker.held.peak,
     )
 
 

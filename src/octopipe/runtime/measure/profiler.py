@@ -59,6 +59,7 @@ class LayerMemory:
     wact_bytes: int
     param_bytes: int
     out_bytes: int
+    wgrad_bytes: int = 0
 
 
 def nbytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -191,17 +192,17 @@ def measure_memory(
         _, pending = backward_input(roots, seeds, wanted, calls, params)
     finally:
         tape.remove()
-    # What I leaves for W: the deferred layers' inputs and output gradients.
+    # What I leaves for W: the deferred layers' inputs (saved from F) and output gradients.
     held = {_storage_key(t): t.untyped_storage().nbytes() for t in pending.held}
     act = sum(saved.values())
+    kept_inputs = sum(n for key, n in held.items() if key in saved)
     layer.zero_grad(set_to_none=True)
     return LayerMemory(
         act_bytes=act,
-        # The format has wact <= act; the output gradients W holds could in principle exceed
-        # what F saved, and that excess cannot be expressed.
-        wact_bytes=min(sum(held.values()), act),
+        wact_bytes=min(kept_inputs, act),
         param_bytes=param_bytes(layer),
         out_bytes=nbytes(outputs),  # the last layer's output is its loss
+        wgrad_bytes=sum(held.values()) - kept_inputs,
     )
 
 
@@ -245,6 +246,7 @@ def profile_model(
                 w=times.w,
                 act_bytes=memory.act_bytes,
                 wact_bytes=memory.wact_bytes,
+                wgrad_bytes=memory.wgrad_bytes,
                 param_bytes=memory.param_bytes,
                 out_bytes=memory.out_bytes,
             )

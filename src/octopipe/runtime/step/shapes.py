@@ -64,6 +64,7 @@ def exchange_boundary_specs(
     device: torch.device,
     tp: int = 1,
     tp_rank: int = 0,
+    autocast: torch.dtype | None = None,
 ) -> list[BoundarySpec]:
     """What enters every stage (index s) and what leaves the last (index S), on every rank.
 
@@ -72,14 +73,16 @@ def exchange_boundary_specs(
     `owners[s]`) broadcasts what came out. Nobody builds more than its own stages. Under
     tensor parallelism the owner is a group of `tp` consecutive ranks from `owners[s]`, whose
     runs communicate; each broadcasts the spec of its own shard, and every rank keeps the one
-    of its `tp_rank`.
+    of its `tp_rank`. `autocast`: the dtype the steps' forwards autocast to (what crosses a
+    boundary is in it).
     """
     specs = [spec_of(sample)]
     for s, owner in enumerate(owners):
         found: list[BoundarySpec | None] = [None]
         if s in stages:
             inputs = tuple(t.to(device) for t in sample) if s == 0 else stand_in(specs[s], device)
-            with torch.no_grad():
+            casting = torch.autocast(device.type, dtype=autocast, enabled=autocast is not None)
+            with torch.no_grad(), casting:
                 found = [spec_of(tuple(local(t) for t in stages[s](*inputs)))]
         kept = None
         for t in range(tp):

@@ -14,11 +14,12 @@ output crosses a boundary as each rank's local shard.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from octopipe.runtime.model.recipe import Activation, Loss, StageModule
 from octopipe.runtime.model.weightgrad import (
@@ -28,6 +29,7 @@ from octopipe.runtime.model.weightgrad import (
     backward_input,
 )
 from octopipe.runtime.parallel.dtensors import local
+from octopipe.runtime.step.records import HeldTensors
 
 
 @dataclass
@@ -35,10 +37,13 @@ class _InFlight:
     """What one microbatch leaves on the stage between its F and its last backward action."""
 
     inputs: Activation
-    roots: list[torch.Tensor]  # outputs that need a gradient (the scaled loss on the last stage)
+    # Where the backward starts: the edges of the outputs that need a gradient, or the scaled
+    # loss on the last stage.
+    roots: list[GradientEdge | torch.Tensor]
     output_mask: list[bool] = field(default_factory=list)  # which float outputs are roots
     calls: list[LayerCall] = field(default_factory=list)  # deferred layers' calls in F
     pending: PendingWeightGrad | None = None  # set by I, run by W
+    kept: list = field(default_factory=list)  # what `HeldTensors` counts the stage keeping
 
 
 def as_leaves(tensors: Sequence[torch.Tensor]) -> Activation:
@@ -57,10 +62,11 @@ class StageCompute:
         loss_scale: float,
         autocast: torch.dtype | None = None,
         loss_context: Callable[[], AbstractContextManager] = nullcontext,
+        held: HeldTensors | None = None,
     ) -> None:
         """`autocast`: run the forward (and the loss) under `torch.autocast` to this dtype.
         `loss_context`: where the last stage's loss and backward run (tensor parallelism's
-        parallel loss)."""
+        parallel loss). `held`: counts what the stage holds for its backward (its rank's)."""
         self.module, self.is_last, self.autocast = module, is_last, autocast
         self.loss_fn, self.loss_scale = loss, loss_scale
         self._loss_context = loss_context if is_last else nullcontext
@@ -69,25 +75,36 @@ class StageCompute:
         self.params = self._trainable()
         self._tape = WeightGradTape([module], module.recomputed)
         self._flight: dict[int, _InFlight] = {}
+        self._held = held
+        self._checkpointed: list[torch.Tensor] = []  # this F's recomputed modules' inputs
+        self._in_forward = False
+        if held is not None:
+            held.exclude([*module.parameters(), *module.buffers()])
+            for block in module.recomputed:  # their checkpoints keep their inputs
+                block.register_forward_pre_hook(self._note_checkpointed)
 
     def forward(
         self, mb: int, inputs: Activation, target: torch.Tensor | None
     ) -> tuple[Activation, float | None]:
         """Run the layers; return the outputs (graph attached) and, on the last stage, the loss."""
-        with self._tape.recording() as calls, self._autocast(inputs):
+        with self._tape.recording() as calls, self._autocast(inputs), self._saving():
             outputs = self.module(*inputs)
             with self._loss_context():
                 loss = self.loss_fn(outputs, target) if self.is_last else None
         if loss is not None:
             self._flight[mb] = _InFlight(inputs, [loss / self.loss_scale], calls=calls)
+            self._keep(mb, [*inputs, *self._checkpointed])
             return outputs, float(loss.detach())
         # What crosses a stage boundary is each rank's shard: a sharded output goes as its
         # local part (differentiably: its gradient comes back the same way).
         outputs = tuple(local(t) for t in outputs)
         floats = [t for t in outputs if t.is_floating_point()]
         mask = [t.requires_grad for t in floats]
-        roots = [t for t, m in zip(floats, mask) if m]
+        # The backward starts from the outputs' autograd edges, not the outputs: once sent,
+        # their bytes are freed, as Megatron-Core frees a stage's output after its send.
+        roots = [get_gradient_edge(t) for t, m in zip(floats, mask) if m]
         self._flight[mb] = _InFlight(inputs, roots, mask, calls)
+        self._keep(mb, [*inputs, *self._checkpointed])
         return outputs, None
 
     def evaluate(
@@ -130,6 +147,8 @@ class StageCompute:
                 self._tape.not_deferred(self._trainable()),
             )
         flight.inputs, flight.roots, flight.calls = (), [], []  # the graph is gone
+        if self._held is not None and flight.pending is not None:
+            flight.kept = self._held.keep(flight.pending.held)
         return [self._zero_if_none(g, x) for g, x in zip(got, wanted)]
 
     def backward_weight(self, mb: int) -> None:
@@ -137,6 +156,29 @@ class StageCompute:
         pending = self._flight.pop(mb).pending
         assert pending is not None, f"W of microbatch {mb} before its I"
         pending.run()
+
+    @contextmanager
+    def _saving(self) -> Iterator[None]:
+        """Inside F: what autograd saves and the recomputed modules' inputs are counted."""
+        if self._held is None:
+            yield
+            return
+        self._in_forward = True
+        try:
+            with self._held.saving():
+                yield
+        finally:
+            self._in_forward = False
+
+    def _note_checkpointed(self, _module, args) -> None:
+        if self._in_forward:  # not the redone forward inside a backward
+            self._checkpointed.extend(a for a in args if isinstance(a, torch.Tensor))
+
+    def _keep(self, mb: int, tensors: list[torch.Tensor]) -> None:
+        """Count what the stage keeps of microbatch `mb` until its backward frees it."""
+        if self._held is not None:
+            self._flight[mb].kept = self._held.keep(tensors)
+        self._checkpointed = []
 
     def _autocast(self, inputs: Activation):
         device = inputs[0].device.type if inputs else "cpu"

@@ -36,7 +36,7 @@ from octopipe.runtime.step.optim import (
     set_lr,
     squared_norm,
 )
-from octopipe.runtime.step.records import ActionRecord, StepRecord
+from octopipe.runtime.step.records import ActionRecord, HeldTensors, StepRecord
 from octopipe.runtime.step.reduce import GradientReducer
 from octopipe.runtime.step.shapes import BoundarySpec
 from octopipe.runtime.step.stage import StageCompute, as_leaves
@@ -102,6 +102,7 @@ class Worker:
         # their gradients as replicas do (`dp_group` is then all D x C of them).
         copies, dp_group = shape.copies, where.dp_group
         context = loss_context if shape.tp > 1 else nullcontext
+        self.held = HeldTensors()  # what the rank's stages hold for their backward
         self.stages = {
             s: StageCompute(
                 module,
@@ -110,6 +111,7 @@ class Worker:
                 plan.num_microbatches * accumulation,
                 settings.autocast,
                 context,
+                self.held,
             )
             for s, module in stages.items()
         }
