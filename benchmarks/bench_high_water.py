@@ -1,7 +1,7 @@
 """Each rank's high-water mark in `octopipe run`, from its tensors, beside the plan's peak for its
 device (the simulator's: static memory plus the highest level of held activations).
 
-    .venv/bin/python benchmarks/bench_high_water.py [--seq-len 128] [--mbs 2]
+    .venv/bin/python benchmarks/bench_high_water.py [--seq-len 128] [--mbs 2] [--write]
 
 tiny-llama on gloo ranks for 2 steps of AdamW, each plan priced as the run holds it: FP32
 weights, gradients and activations and 8 bytes of optimizer state a parameter, or, with
@@ -11,13 +11,17 @@ backwards at once (`HeldTensors`: what autograd saved, the recomputed modules' i
 inputs and output gradients), counted once per storage. Rows: every schedule the planner
 offers, recomputation, tensor parallelism (sequence parallel), ZeRO-1 and ZeRO-3 data
 parallelism. Error = measured / predicted - 1, per rank; the table shows the worst rank.
+`--write` keeps the rows in `src/octopipe/costmodel/measurements/high_water.json`, whence
+`octopipe estimate` quotes the memory model's measured error (`costmodel/memory_band.py`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from octopipe import baseline, simulate
 from octopipe.config import JobConfig
@@ -80,6 +84,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--mbs", type=int, default=2)
+    parser.add_argument("--write", action="store_true", help="keep the rows for `estimate`")
     args = parser.parse_args()
     size = dict(seq_len=args.seq_len, mbs=args.mbs)
     cases = [case(s, **size) for s in ("gpipe", "1f1b", "i1f1b", "zbh1", "zbh2", "zbv")]
@@ -94,7 +99,7 @@ def main() -> int:
     for nproc in sorted({n for _, _, n in cases}):
         group = [(label, job) for label, job, n in cases if n == nproc]
         results = launch([job for _, job in group], nproc, "gloo", timeout_s=300)
-        for (label, job), result in zip(group, results):
+        for (label, _job), result in zip(group, results):
             summary = result.summary()
             pairs = list(zip(summary["high_water_bytes"], summary["predicted_peak_bytes"]))
             errors = [held / peak - 1 for held, peak in pairs]
@@ -106,6 +111,19 @@ def main() -> int:
     for label, nproc, held, peak, error, worst in rows:
         print(f"| {label} | {nproc} | {held:,} | {peak:,.0f} | {error:+.2%} | {worst:.2%} |")
     print(f"\n{time.perf_counter() - start:.0f} s")
+    if args.write:
+        from octopipe.costmodel.memory_band import HIGH_WATER
+
+        keys = ("run", "ranks", "measured", "predicted", "worst_rank_error", "max_abs_error")
+        data = {
+            "command": "benchmarks/bench_high_water.py --write",
+            "model": MODEL,
+            "seq_len": args.seq_len,
+            "micro_batch_size": args.mbs,
+            "rows": [dict(zip(keys, row)) for row in rows],
+        }
+        Path(HIGH_WATER).write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {HIGH_WATER}")
     return 0
 
 

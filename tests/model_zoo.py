@@ -118,3 +118,26 @@ def token_batches(steps: int, sequences: int, seq_len: int = 12, seed: int = 0):
 def label_smoothed_loss(outputs, target):
     """A loss of the caller's own, picklable, for the Python API."""
     return F.cross_entropy(outputs[0].flatten(0, 1), target.flatten(), label_smoothing=0.1)
+
+
+# The families `hf:` adapts, each a tiny config of HF_CONFIGS' (base, changes).
+FAMILIES = {
+    "llama": ("llama", {}),
+    "qwen2": ("llama", {"model_type": "qwen2"}),
+    "qwen3": ("llama", {"model_type": "qwen3", "head_dim": 8}),
+    "mistral": ("llama", {"model_type": "mistral", "sliding_window": 4}),
+    "mixtral": (
+        "llama",
+        {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
+    "qwen2_moe": ("qwen2_moe", {}),
+    "qwen3_moe": ("qwen2_moe", {"model_type": "qwen3_moe", "head_dim": 8}),
+}
+
+
+def hf_family_models(root: Path) -> dict[str, str]:
+    """Every family's `--model hf:PATH`, its config written under `root`."""
+    return {
+        name: f"hf:{write_hf_config(root / name, base, **changes)}"
+        for name, (base, changes) in FAMILIES.items()
+    }

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 from executor_helpers import batch_of, greedy, recomputing_job, stage_of
-from model_zoo import titan_style, write_hf_config
+from model_zoo import FAMILIES, hf_family_models, titan_style
 
 import octopipe as op
 from octopipe.actions import B, I
@@ -27,20 +27,6 @@ from octopipe.runtime.step.stage import StageCompute, as_leaves
 
 pytest.importorskip("transformers")
 
-# The families `hf:` adapts, each a tiny config of model_zoo's (base, changes).
-FAMILIES = {
-    "llama": ("llama", {}),
-    "qwen2": ("llama", {"model_type": "qwen2"}),
-    "qwen3": ("llama", {"model_type": "qwen3", "head_dim": 8}),
-    "mistral": ("llama", {"model_type": "mistral", "sliding_window": 4}),
-    "mixtral": (
-        "llama",
-        {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
-    ),
-    "qwen2_moe": ("qwen2_moe", {}),
-    "qwen3_moe": ("qwen2_moe", {"model_type": "qwen3_moe", "head_dim": 8}),
-}
-
 
 def test_the_families_tested_here_are_those_hf_runs():
     # HF_RUNNABLE is the one rule `hf:` and `profile-arch --layer-names hf` refuse by: a model
@@ -53,11 +39,7 @@ CUT = 3  # stage 0: the embedding and layers 0, 1; stage 1: layer 2, the norm an
 
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf")
-    return {
-        name: f"hf:{write_hf_config(root / name, base, **changes)}"
-        for name, (base, changes) in FAMILIES.items()
-    }
+    return hf_family_models(tmp_path_factory.mktemp("hf"))
 
 
 def stage(recipe, start, end, kind, num_mb):

@@ -119,6 +119,7 @@ def _print(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from octopipe.costmodel.memory_band import memory_band
     from octopipe.units import fmt_bytes, fmt_time
 
     lay, job = result.given.layout, result.job
@@ -149,6 +150,9 @@ def _print(result) -> None:
         f"usable, {job.memory_headroom:.0%} kept free): {fits}"
     )
     summary.add_row("peak memory per GPU", memory)
+    static = result.static_memory_bytes
+    summary.add_row("  weights, gradients, optimizer state", fmt_bytes(static))
+    summary.add_row("  activations held at the peak", fmt_bytes(result.peak_memory_bytes - static))
     parts = Table(title="where the step goes (the busiest device)")
     parts.add_column("part")
     parts.add_column("time", justify="right")
@@ -171,3 +175,4 @@ def _print(result) -> None:
     console.print(summary)
     console.print(parts)
     console.print(f"the model's error: {result.band.describe()}")
+    console.print(f"the memory model's error: {memory_band().describe()}")

@@ -105,7 +105,9 @@ class Estimate:
 
     def summary(self) -> dict[str, Any]:
         """Everything `--json` prints, as plain JSON values (seconds, bytes, FLOP/s)."""
-        lay = self.given.layout
+        from octopipe.costmodel.memory_band import memory_band
+
+        lay, memory = self.given.layout, memory_band()
         return {
             "model": self.job.config,
             "gpus": self.job.cluster.size,
@@ -127,6 +129,7 @@ class Estimate:
             "fits": self.sim.fits,
             "breakdown": vars(self.breakdown),
             "error_band": {**self.band.summary(), "like": self.band.describe()},
+            "memory_error": {**memory.summary(), "describe": memory.describe()},
         }
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octopipe.models import lean
+from octopipe.models.lean import rms_norm, rope
 
 
 class RMSNorm(nn.Module):
@@ -27,7 +27,7 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return lean.rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def apply_rope(
@@ -35,7 +35,7 @@ def apply_rope(
 ) -> torch.Tensor:
     """Rotate [batch, heads, seq, head_dim] by position (rotate-half layout, as in HF LLaMA);
     `positions` of the tokens along seq (default 0, 1, ...)."""
-    return lean.rope(x, theta, positions)
+    return rope(x, theta, positions)
 
 
 def causal_mask(seq: int, window: int | None, device: torch.device) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octopipe.models import lean
+from octopipe.models.lean import gated
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -43,7 +43,7 @@ class GatedMLP(nn.Module):
         self.w_down = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(lean.gated(self.w_gate(x), self.w_up(x), self.act))
+        return self.w_down(gated(self.w_gate(x), self.w_up(x), self.act))
 
 
 class MLP(nn.Module):

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from octopipe.costmodel.arch import GEMMA, Architecture, LayerSpec
-from octopipe.models import lean
 from octopipe.models.attention import CrossAttention, LatentAttention, RMSNorm, SelfAttention
 from octopipe.models.feedforward import MLP, GatedMLP, MoE
+from octopipe.models.lean import in_compute_dtype
 from octopipe.models.mamba import Mamba2Mixer
 from octopipe.models.vision import PatchEmbed, ViTBlock
 
@@ -31,7 +31,7 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor, *context: torch.Tensor) -> Streams:
         # The residual stream in the compute dtype (BF16 under autocast), as `lean` says why.
-        return (lean.in_compute_dtype(self.embed(tokens) * self.scale), *context)
+        return (in_compute_dtype(self.embed(tokens) * self.scale), *context)
 
 
 class TextLayer(nn.Module):

@@ -27,6 +27,7 @@ from torch import nn
 from octopipe.errors import InputError
 from octopipe.jsonfile import read_json
 from octopipe.runtime.model.hf_attention import route_attention
+from octopipe.runtime.model.hf_lean import make_lean
 from octopipe.runtime.model.recipe import Activation, ModelRecipe, token_chains
 from octopipe.runtime.parallel.context import context_of
 from octopipe.runtime.parallel.tensor_parallel import tp_degree
@@ -131,6 +132,7 @@ def hf_recipe(path: str) -> ModelRecipe:
         finally:
             logging.set_verbosity(verbosity)
         route_attention(model.config)  # its attention cores run where a stage may recompute them
+        make_lean(model)  # its norms and gated MLPs keep what fused kernels keep
         return model
 
     recipe = ModelRecipe(
