@@ -107,8 +107,8 @@ def test_saved_tensors_are_counted_once_and_split_between_i_and_w():
     assert scaled.act_bytes == 400 and scaled.wact_bytes == 0
     wide = measure_memory(_Wide(), x, None, True)
     # exp's output and x (for the product), and the product (for the linear): 3 x 400 bytes.
-    # W keeps the product and the output's gradient (10x2 floats).
-    assert wide.act_bytes == 1200 and wide.wact_bytes == 400 + 80
+    # W keeps the product (an input saved from F) and the output's gradient (10x2 floats).
+    assert wide.act_bytes == 1200 and wide.wact_bytes == 400 and wide.wgrad_bytes == 80
 
 
 def _split_backward_grads(model, x, target):
