@@ -46,6 +46,8 @@ def case(schedule, *, seq_len, mbs, bf16=False, recompute=None, tp=1, dp=1, zero
         activation_bytes=2 if bf16 else 4,
         tensor_parallel=tp,
         sequence_parallel=tp > 1,
+        tp_keeps_gathered=True,  # torch's tensor parallelism, as octopipe run runs it
+        weight_copies=bf16,  # autocast's BF16 copies of the FP32 weights, per microbatch
         **FP32_STATE,
     )
     profile = build_profile(load_architecture(MODEL), hardware_preset("h100"), settings)

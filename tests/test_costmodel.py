@@ -257,3 +257,52 @@ def test_zero_link_latency_is_allowed_negative_is_not(tmp_path, capsys):
     assert "argument --link-latency: expected a number in [0, 1e+06], got -1" in (
         capsys.readouterr().err
     )
+
+
+def test_torchs_tensor_parallelism_keeps_the_gathered_inputs_of_column_parallel_linears():
+    # Under sequence parallelism Megatron-Core keeps a column-parallel linear's input shard;
+    # torch's tensor parallelism (octopipe run, torchtitan) keeps the all-gathered input. A
+    # dense decoder has two such inputs (the attention's and the MLP's): each t h a / 2 more.
+    arch, hw = load_architecture("llama3-8b"), hardware_preset("h100")
+    base = Settings(seq_len=4096, tensor_parallel=2, sequence_parallel=True)
+    megatron, torch_tp = (
+        estimate_layers(arch, hw, replace(base, tp_keeps_gathered=kept))[1]
+        for kept in (False, True)
+    )
+    half_input = 4096 * arch.hidden_size * 2 // 2
+    assert torch_tp.act_bytes - megatron.act_bytes == 2 * half_input
+    assert torch_tp.wact_bytes - megatron.wact_bytes == 2 * half_input
+
+
+def test_the_engines_price_their_own_tensor_parallelism():
+    from octopipe.engines import get_engine
+    from octopipe.layouts.cluster import Cluster, parse_gpus
+    from octopipe.layouts.layout import Job
+    from octopipe.layouts.stack import Stack
+
+    job = Job("llama3-8b", Cluster(parse_gpus("8", "h100"), 8), 64, 4096, Stack(), 0.05)
+    stacks = {name: get_engine(name).price(job).stack for name in ENGINES}
+    assert {n: s.tp_keeps_gathered for n, s in stacks.items()} == {
+        "octopipe": True,
+        "torchtitan": True,
+        "megatron": False,
+    }
+
+
+def test_autocast_weight_copies_are_each_microbatchs_activations():
+    arch, hw = load_architecture("llama3-8b"), hardware_preset("h100")
+    base = Settings(seq_len=4096)
+    plain, copies = (
+        estimate_layers(arch, hw, replace(base, weight_copies=kept))[1] for kept in (False, True)
+    )
+    matmul_weights = plain.params - 2 * arch.hidden_size  # all but the two norms'
+    assert copies.act_bytes - plain.act_bytes == 2 * matmul_weights
+    assert copies.wact_bytes == plain.wact_bytes  # I frees them: W does not need the weights
+    fp8 = replace(base, weight_copies=True, precision="fp8")
+    assert (
+        estimate_layers(arch, hw, fp8)[1].act_bytes
+        == estimate_layers(arch, hw, replace(fp8, weight_copies=False))[1].act_bytes
+    )
+
+
+ENGINES = ("octopipe", "torchtitan", "megatron")

@@ -30,6 +30,8 @@ def layer_work(arch: Architecture, spec: LayerSpec, settings: Settings) -> Layer
         settings.precision,
         settings.fp8_scaling,
         ep_overlap=settings.moe_a2a_overlap,
+        keeps_gathered=settings.tp_keeps_gathered,
+        weight_copies=settings.weight_copies and settings.precision == "bf16",
     )
     builder = _BUILDERS[spec.kind]
     builder(work, arch, spec, settings)

@@ -26,6 +26,15 @@ class Settings:
     """Megatron tensor-parallel degree: heads, MLP width, experts and vocabulary are split."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: activations TP replicates are stored and sent split."""
+    tp_keeps_gathered: bool = False
+    """Under sequence parallelism, a column-parallel linear keeps its all-gathered input for the
+    backward, as torch's tensor parallelism does (`octopipe run`, torchtitan); Megatron-Core
+    keeps the shard and gathers it again in the backward (False)."""
+    weight_copies: bool = False
+    """Each microbatch's backward keeps its own BF16 copy of every linear weight, as autocast
+    over FP32 weights does (`octopipe run --bf16`): the copies count as that microbatch's
+    activations. False: the weights are BF16 themselves (Megatron-Core, FSDP2's mixed
+    precision)."""
     split_boundary: bool = False
     """Each TP rank sends only its 1/t of the tensor crossing a stage boundary (Megatron-LM's
     scatter/gather; sequence parallelism implies it)."""

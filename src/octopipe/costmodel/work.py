@@ -82,6 +82,11 @@ class LayerWork:
     fp8_scaling: str = "delayed"
     """FP8's per-tensor scaling: "delayed" (amax history) or "current" (amax pass first)."""
     ep_overlap: bool = False
+    keeps_gathered: bool = False
+    """A column-parallel linear keeps its all-gathered input under sequence parallelism
+    (torch's tensor parallelism), not its shard (`Settings.tp_keeps_gathered`)."""
+    weight_copies: bool = False
+    """Each linear's BF16 weight copy is kept per microbatch (`Settings.weight_copies`)."""
     kernels: list[Kernel] = field(default_factory=list)
     params: int = 0
     expert_params: int = 0  # of which MoE experts' (held by one expert-parallel rank)
@@ -185,9 +190,12 @@ class LayerWork:
             if not input_grad:
                 self.elementwise(0.0, 0.0, w_bytes=cast_grad)
         self.wgrad_bytes += tokens * n * a  # W multiplies the input by this gradient
+        if self.weight_copies:  # autocast's copy, kept for I's product with the weight
+            self.act_bytes += experts * k * n * a
         if save_input:
             saved = saved_input_bytes(tokens * k, self.precision) if fp8 else tokens * k * a
-            saved = self._shard_replicated(saved) if replicated_input else saved
+            if replicated_input and not self.keeps_gathered:
+                saved = self._shard_replicated(saved)
             self.act_bytes += saved
             self.wact_bytes += saved
 

@@ -111,7 +111,11 @@ class OctoPipeEngine(Engine):
     def price(self, job: Job) -> Job:
         """Its FSDP2 holds a stage's gathered weights across the step's microbatches even
         without PP (`runtime/parallel/fsdp.py`); its FP8 is torchao's float8 with per-tensor
-        scales computed at each cast (current scaling), and it has no MXFP8."""
+        scales computed at each cast (current scaling), and it has no MXFP8; its tensor
+        parallelism (torch's) keeps a column-parallel linear's gathered input. Not priced yet:
+        its BF16 is autocast over FP32 weights, each microbatch keeping its own BF16 weight
+        copies (`Stack.weight_copies`, measured by benchmarks/bench_high_water.py), which the
+        executor should cast once a step instead."""
         if job.stack.precision == "mxfp8":
             raise InputError(
                 "--precision",
@@ -119,7 +123,7 @@ class OctoPipeEngine(Engine):
                 "MXFP8 is priced for --runner torchtitan or megatron",
             )
         scaling = "current" if job.stack.precision == "fp8" else job.stack.fp8_scaling
-        return self._with_stack(job, zero3_held=True, fp8_scaling=scaling)
+        return self._with_stack(job, zero3_held=True, fp8_scaling=scaling, tp_keeps_gathered=True)
 
     def launch(self, answer: Answer, out: Path) -> list[str]:
         """`torchrun` on every node, for `octopipe run` of the written plan: each rank takes its

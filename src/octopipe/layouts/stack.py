@@ -70,6 +70,14 @@ class Stack:
     """ZeRO-3 gathers a stage's weights once a step and holds them across its microbatches
     even without PP (OctoPipe's executor: FSDP2 with `reshard_after_forward=False`); False:
     only under PP, gathering per microbatch without it (FSDP2's and torchtitan's default)."""
+    tp_keeps_gathered: bool = False
+    """Under sequence parallelism a column-parallel linear keeps its all-gathered input (torch's
+    tensor parallelism: OctoPipe's executor, torchtitan); False: its shard, gathered again in the
+    backward (Megatron-Core)."""
+    weight_copies: bool = False
+    """BF16 runs autocast over FP32 weights, each microbatch keeping its own BF16 copies for
+    its backward (OctoPipe's executor); False: BF16 weights (Megatron-Core, FSDP2's mixed
+    precision)."""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
@@ -114,6 +122,8 @@ def layer_settings(
         micro_batch_size=microbatch_size,
         tensor_parallel=tp,
         sequence_parallel=stack.sequence_parallel and tp > 1,
+        tp_keeps_gathered=stack.tp_keeps_gathered,
+        weight_copies=stack.weight_copies,
         split_boundary=stack.scatter_gather and tp > 1,
         context_parallel=cp,
         cp_across_nodes=cp_across_nodes,

@@ -75,9 +75,10 @@ class TorchtitanEngine(SynchronousEngine):
 
     def price(self, job: Job) -> Job:
         # It reshards after each forward without PP; its FP8 recipes (tensorwise up to 0.2,
-        # rowwise in 0.3) compute each scale at the cast: current scaling.
+        # rowwise in 0.3) compute each scale at the cast: current scaling. Its tensor
+        # parallelism is torch's: a column-parallel linear keeps its gathered input.
         scaling = "current" if job.stack.precision == "fp8" else job.stack.fp8_scaling
-        return self._with_stack(job, zero3_held=False, fp8_scaling=scaling)
+        return self._with_stack(job, zero3_held=False, fp8_scaling=scaling, tp_keeps_gathered=True)
 
     def variants(self, shape: JobShape, gpus_per_node: int) -> list[JobShape]:
         """The shape and its HSDP variant: FSDP within a node's GPUs (shard groups of a node's
