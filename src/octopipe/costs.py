@@ -62,8 +62,8 @@ class CostTable:
         self.w = prefix_sums(l.w for l in layers)
         self.work = [f + b + w for f, b, w in zip(self.f, self.b, self.w)]  # prefix of f + b + w
         self.act = prefix_sums(l.act_bytes for l in layers)
-        self.wact = prefix_sums(l.wact_bytes for l in layers)
-        self.wgrad = prefix_sums(l.wgrad_bytes for l in layers)
+        # What W holds from I on: its inputs and the output gradients it needs.
+        self.wact = prefix_sums(l.wact_bytes + l.wgrad_bytes for l in layers)
         self.param = prefix_sums(l.param_bytes for l in layers)
         self.grad = prefix_sums(l.grad_bytes for l in layers)
         self.out_bytes = [l.out_bytes for l in layers]
@@ -98,8 +98,7 @@ class CostTable:
         the output gradients it needs)."""
         table = self.recompute.get(kind) if kind != NO_RECOMPUTE else None
         act, wact = (table.act, table.wact) if table else (self.act, self.wact)
-        grads = self.wgrad[end] - self.wgrad[start]
-        return act[end] - act[start], wact[end] - wact[start] + grads
+        return act[end] - act[start], wact[end] - wact[start]
 
     def stage_times(
         self, start: int, end: int, kind: str = NO_RECOMPUTE
@@ -128,9 +127,9 @@ def _recompute_table(profile: Profile, kind: str) -> RecomputeTable:
     for layer in profile.layers:
         alt = layer.recompute.of(kind) if layer.recompute is not None else None
         if alt is None:
-            rows.append((layer.b, layer.act_bytes, layer.wact_bytes, 0))
-        else:
-            rows.append((alt.b, alt.act_bytes, alt.wact_bytes, 1))
+            rows.append((layer.b, layer.act_bytes, layer.wact_bytes + layer.wgrad_bytes, 0))
+        else:  # W needs the same output gradients whatever the forward redoes
+            rows.append((alt.b, alt.act_bytes, alt.wact_bytes + layer.wgrad_bytes, 1))
     b, act, wact, offered = zip(*rows)
     return RecomputeTable(prefix_sums(b), prefix_sums(act), prefix_sums(wact), prefix_sums(offered))
 

@@ -90,9 +90,9 @@ def _run(config, plan) -> int:
         write_trace(out.trace, from_records(result.records), "measured")
     if out.png:
         _draw_last_step(result, out.png, plan, profile, layout)
-    comparable = _note_other_shape(config, plan)
+    same_shape = _note_other_shape(config, plan)
     summary = result.summary()
-    comparable = not _other_device(plan, plan_file, summary, ran_on) and comparable
+    comparable = not _other_device(plan, plan_file, summary, ran_on) and same_shape
     summary["seq_len"], summary["micro_batch_size"] = run_shape(
         plan, config.data.seq_len, config.data.micro_batch_size
     )
@@ -100,7 +100,7 @@ def _run(config, plan) -> int:
     if out.json:
         print(dumps(summary))
     else:
-        _print_human(summary, comparable)
+        _print_human(summary, comparable, same_shape)
         if layout.dp > 1 or layout.tp > 1 or layout.cp > 1:
             print(layout.rank_rule())
         if out.trace and summary["predicted_iteration_time"] is not None:
@@ -373,7 +373,8 @@ def _planned(plan, degree: str) -> int | None:
 
 
 def _high_water_line(summary: dict, comparable: bool) -> str:
-    """Each rank's high-water mark, from its tensors, beside the plan's peak for its device."""
+    """Each rank's high-water mark, from its tensors, beside the plan's peak for its device
+    (bytes: comparable on another kind of device, not for another sequence or microbatch)."""
     parts = []
     for r, (held, planned) in enumerate(
         zip(summary["high_water_bytes"], summary["predicted_peak_bytes"])
@@ -387,7 +388,7 @@ def _high_water_line(summary: dict, comparable: bool) -> str:
     return f"held at the high-water mark (that state {what}): {', '.join(parts)}{tail}"
 
 
-def _print_human(summary: dict, comparable: bool = True) -> None:
+def _print_human(summary: dict, comparable: bool = True, same_shape: bool = True) -> None:
     losses = ", ".join(f"{x:.6g}" for x in summary["losses"])
     print(f"losses per step: {losses}")
     predicted = summary["predicted_iteration_time"]
@@ -404,4 +405,4 @@ def _print_human(summary: dict, comparable: bool = True) -> None:
     print(f"peak memory ({summary['peak_memory_source']}): {mems}")
     held = ", ".join(f"rank {r}: {fmt_bytes(b)}" for r, b in enumerate(summary["state_bytes"]))
     print(f"weights, gradients and optimizer state held: {held}")
-    print(_high_water_line(summary, comparable))
+    print(_high_water_line(summary, same_shape))

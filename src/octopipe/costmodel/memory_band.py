@@ -4,7 +4,7 @@ written by `benchmarks/bench_high_water.py --write`: every schedule, recomputati
 TP and ZeRO).
 
     band = memory_band()
-    band.describe()   # "each rank's measured high-water mark within 2.3% ... over 15 runs"
+    band.describe()   # "each rank's measured high-water mark within X% ... over N runs ..."
 
 `octopipe estimate` prints it under its memory; the margin a plan keeps free is
 `--memory-headroom` (5% by default), which the runs that meet the model stay within.

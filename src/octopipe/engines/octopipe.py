@@ -114,7 +114,7 @@ class OctoPipeEngine(Engine):
         scales computed at each cast (current scaling), and it has no MXFP8; its tensor
         parallelism (torch's) keeps a column-parallel linear's gathered input. Not priced yet:
         its BF16 is autocast over FP32 weights, each microbatch keeping its own BF16 weight
-        copies (`Stack.weight_copies`, measured by benchmarks/bench_high_water.py), which the
+        copies (`Settings.weight_copies`, measured by benchmarks/bench_high_water.py), which the
         executor should cast once a step instead."""
         if job.stack.precision == "mxfp8":
             raise InputError(

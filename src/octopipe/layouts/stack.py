@@ -74,10 +74,6 @@ class Stack:
     """Under sequence parallelism a column-parallel linear keeps its all-gathered input (torch's
     tensor parallelism: OctoPipe's executor, torchtitan); False: its shard, gathered again in the
     backward (Megatron-Core)."""
-    weight_copies: bool = False
-    """BF16 runs autocast over FP32 weights, each microbatch keeping its own BF16 copies for
-    its backward (OctoPipe's executor); False: BF16 weights (Megatron-Core, FSDP2's mixed
-    precision)."""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
@@ -123,7 +119,6 @@ def layer_settings(
         tensor_parallel=tp,
         sequence_parallel=stack.sequence_parallel and tp > 1,
         tp_keeps_gathered=stack.tp_keeps_gathered,
-        weight_copies=stack.weight_copies,
         split_boundary=stack.scatter_gather and tp > 1,
         context_parallel=cp,
         cp_across_nodes=cp_across_nodes,

@@ -30,14 +30,6 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def apply_rope(
-    x: torch.Tensor, theta: float, positions: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Rotate [batch, heads, seq, head_dim] by position (rotate-half layout, as in HF LLaMA);
-    `positions` of the tokens along seq (default 0, 1, ...)."""
-    return rope(x, theta, positions)
-
-
 def causal_mask(seq: int, window: int | None, device: torch.device) -> torch.Tensor:
     """True where query i may attend key j: j <= i, and within `window` tokens when given."""
     i = torch.arange(seq, device=device)[:, None]
@@ -144,7 +136,7 @@ class SelfAttention(nn.Module):
         v = self._heads(self.wv(x))
         where = None if self.context is None else self.context.positions(x.shape[1], x.device)
         if self.rope_theta is not None:
-            q, k = apply_rope(q, self.rope_theta, where), apply_rope(k, self.rope_theta, where)
+            q, k = rope(q, self.rope_theta, where), rope(k, self.rope_theta, where)
         mask = None
         if self.causal and self.context is None and not self.core.causal:
             mask = causal_mask(x.shape[1], self.window, x.device)
@@ -222,8 +214,8 @@ class LatentAttention(nn.Module):
         latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], -1)
         kv = self.wkv_b(self.kv_norm(latent)).view(batch, seq, self.n_heads, -1).transpose(1, 2)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], -1)
-        k_rope = apply_rope(k_rope[:, None], self.rope_theta).expand(-1, self.n_heads, -1, -1)
-        q = torch.cat([q_nope, apply_rope(q_rope, self.rope_theta)], -1)
+        k_rope = rope(k_rope[:, None], self.rope_theta).expand(-1, self.n_heads, -1, -1)
+        q = torch.cat([q_nope, rope(q_rope, self.rope_theta)], -1)
         k = torch.cat([k_nope, k_rope], -1)
         out = self.core(q, k, v)
         return self.wo(out.transpose(1, 2).flatten(2))

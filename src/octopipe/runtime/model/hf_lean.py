@@ -17,18 +17,15 @@ from torch import nn
 from octopipe.models.lean import gated, in_compute_dtype, rms_norm
 
 
-def make_lean(model: nn.Module) -> int:
-    """Swap the forwards of `model`'s RMSNorms and gated MLPs; the number swapped."""
-    swapped = 0
+def make_lean(model: nn.Module) -> None:
+    """Swap the forwards of `model`'s RMSNorms and gated MLPs."""
     for module in model.modules():
         forward = _lean_forward(module)
         if forward is not None:
             module.forward = MethodType(forward, module)
-            swapped += 1
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if isinstance(embeddings, nn.Module):
         embeddings.register_forward_hook(_in_compute_dtype)
-    return swapped
 
 
 def _lean_forward(module: nn.Module):
@@ -43,7 +40,8 @@ def _lean_forward(module: nn.Module):
 
 
 def _epsilon(module: nn.Module) -> float:
-    return getattr(module, "variance_epsilon", None) or module.eps
+    eps = getattr(module, "variance_epsilon", None)  # Llama's name; Gemma's is `eps`
+    return module.eps if eps is None else eps
 
 
 def _norm(self, hidden_states):

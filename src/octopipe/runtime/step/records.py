@@ -12,7 +12,8 @@ storage counts once, for as long as anything holds it:
   keep them, out of autograd's sight), and after a split backward's I what W still needs.
 The model's own parameters and buffers are not counted (the static part, weighed apart with
 gradients and optimizer state). `peak` is the most held at once. On CPU this is the only such
-figure (the allocator reports none).
+figure (the allocator reports none). Counting costs Python work on every saved tensor, and a
+rank's passes repeat one pattern: the worker counts its first `COUNTED_PASSES` only.
 """
 
 from __future__ import annotations
@@ -57,12 +58,16 @@ class _Holder:
         self._owner._release(self._key)
 
 
+COUNTED_PASSES = 2  # the first pass's, then one with every buffer of the step in place
+
+
 class HeldTensors:
     def __init__(self) -> None:
         self._own: set[int] = set()
         self._counts: dict[int, list[int]] = {}  # storage -> [bytes, holders]
         self.live = 0
         self.peak = 0
+        self.counting = True  # off: nothing new is counted (what is held is still released)
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
         """Storages never counted: the model's parameters and buffers."""
@@ -74,6 +79,8 @@ class HeldTensors:
 
     def keep(self, tensors: Iterable[torch.Tensor | None]) -> list[_Holder]:
         """Count `tensors` for as long as the returned holders live."""
+        if not self.counting:
+            return []
         return [h for t in tensors if t is not None and (h := self._hold(t)) is not None]
 
     def reset(self) -> None:

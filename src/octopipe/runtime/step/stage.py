@@ -160,7 +160,7 @@ class StageCompute:
     @contextmanager
     def _saving(self) -> Iterator[None]:
         """Inside F: what autograd saves and the recomputed modules' inputs are counted."""
-        if self._held is None:
+        if self._held is None or not self._held.counting:
             yield
             return
         self._in_forward = True

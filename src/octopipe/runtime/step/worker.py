@@ -36,7 +36,12 @@ from octopipe.runtime.step.optim import (
     set_lr,
     squared_norm,
 )
-from octopipe.runtime.step.records import ActionRecord, HeldTensors, StepRecord
+from octopipe.runtime.step.records import (
+    COUNTED_PASSES,
+    ActionRecord,
+    HeldTensors,
+    StepRecord,
+)
 from octopipe.runtime.step.reduce import GradientReducer
 from octopipe.runtime.step.shapes import BoundarySpec
 from octopipe.runtime.step.stage import StageCompute, as_leaves
@@ -103,6 +108,7 @@ class Worker:
         copies, dp_group = shape.copies, where.dp_group
         context = loss_context if shape.tp > 1 else nullcontext
         self.held = HeldTensors()  # what the rank's stages hold for their backward
+        self._passes_run = 0
         self.stages = {
             s: StageCompute(
                 module,
@@ -226,6 +232,8 @@ class Worker:
         self._batch, self._step, self._origin = batch, step, origin
         self._losses = {}
         self.comm.reset()
+        self.held.counting = self._passes_run < COUNTED_PASSES
+        self._passes_run += 1
         for i, act in enumerate(self.actions):
             if self.sharded is not None:
                 self.sharded.before_action(i)
